@@ -1,0 +1,21 @@
+// Dense (f32 / bf16, MODEL.md §5.3: 16 f64 lanes, fixed reduction tree) and MXFP4 (§5.4: per-group
+// 8-lane f64 partials, scale multiply, f64 accumulate) matrix-vector products. Output rows are
+// computed in parallel on oneTBB when rows > 64; the per-row arithmetic never depends on it.
+#pragma once
+#include <span>
+
+#include "kernels/weights.hpp"
+
+namespace k3::kernels {
+
+// y[rows] = W x[cols].
+void matvec(const Matrix& w, std::span<const float> x, std::span<float> y);
+
+// Several tokens per pass over the weights (prefill): x is [tokens][cols], y is [tokens][rows].
+// Bit-identical to calling matvec per token.
+void matmul(const Matrix& w, std::span<const float> x, size_t tokens, std::span<float> y);
+
+// One output row, for tests and the router-free callers: exactly what matvec writes to y[row].
+float dot_row(const Matrix& w, size_t row, std::span<const float> x);
+
+}  // namespace k3::kernels

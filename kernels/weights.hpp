@@ -1,0 +1,45 @@
+// Weight views: the tag and the pointer cannot disagree. Row-major [rows][cols] (PyTorch Linear:
+// y = W x, y[o] = sum_i W[o][i] x[i]). Views never own memory.
+#pragma once
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <variant>
+
+namespace k3::kernels {
+
+struct F32Matrix {
+  std::span<const float> data;  // rows * cols
+  size_t rows = 0, cols = 0;
+};
+
+struct Bf16Matrix {
+  std::span<const uint16_t> data;  // rows * cols raw bf16 bits; widened exactly (bits << 16)
+  size_t rows = 0, cols = 0;
+};
+
+// OCP MXFP4 (MODEL.md §4): element i of a row is the LOW nibble of byte i/2 when i is even, the high
+// nibble when odd; one E8M0 scale byte per 32 consecutive elements. `cols` is the logical width.
+struct Mxfp4Matrix {
+  std::span<const uint8_t> packed;  // rows * cols/2
+  std::span<const uint8_t> scales;  // rows * ceil(cols/32)
+  size_t rows = 0, cols = 0;
+};
+
+using DenseMatrix = std::variant<F32Matrix, Bf16Matrix>;
+using Matrix = std::variant<F32Matrix, Bf16Matrix, Mxfp4Matrix>;
+
+inline size_t rows_of(const Matrix& m) {
+  return std::visit([](const auto& w) { return w.rows; }, m);
+}
+inline size_t cols_of(const Matrix& m) {
+  return std::visit([](const auto& w) { return w.cols; }, m);
+}
+
+// bf16 -> f32 is exact: the bits move to the top half.
+inline float bf16_to_f32(uint16_t bits) {
+  return std::bit_cast<float>(static_cast<uint32_t>(bits) << 16);
+}
+
+}  // namespace k3::kernels

@@ -1,0 +1,15 @@
+// The k3flow subcommands. Each lives in its own pipeline/cmd_<name>.cpp, declares its flags on the
+// subcommand it is given and returns the action to run when that subcommand is chosen. Errors are
+// thrown as k3::io::Error; main.cpp maps them to exit codes in one place.
+#pragma once
+#include <CLI/CLI.hpp>
+#include <functional>
+
+namespace k3::pipeline {
+
+using Action = std::function<int()>;
+
+Action add_inspect(CLI::App& sub);
+Action add_synth(CLI::App& sub);
+
+}  // namespace k3::pipeline

@@ -1,0 +1,1 @@
+// Keeps k3_stages a real library while stages/ is being filled in.
