@@ -1,0 +1,210 @@
+#include "pipeline/trace.hpp"
+
+#include <unistd.h>
+#include <sys/syscall.h>
+
+#include <cstdio>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "io/error.hpp"
+
+namespace k3::pipeline {
+
+namespace {
+
+enum class Phase : char { complete = 'X', begin = 'b', end = 'e', counter = 'C', thread_name = 'M' };
+
+struct Event {
+  Phase phase;
+  const char* name;
+  const char* cat;
+  uint64_t ts, dur, id;
+  int64_t value;
+  TraceArgs args;
+  std::string label;  // thread name metadata only
+};
+
+struct ThreadBuffer {
+  int tid;
+  std::vector<Event> events;
+};
+
+struct Registry {
+  std::mutex mu;  // taken when a thread first records and when writing, never per event
+  std::vector<std::unique_ptr<ThreadBuffer>> buffers;
+  std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
+};
+
+Registry& registry() {
+  static Registry r;
+  return r;
+}
+
+ThreadBuffer& local_buffer() {
+  thread_local ThreadBuffer* buf = nullptr;
+  if (!buf) {
+    auto owned = std::make_unique<ThreadBuffer>();
+    owned->tid = static_cast<int>(::syscall(SYS_gettid));
+    owned->events.reserve(4096);
+    buf = owned.get();
+    std::lock_guard lock(registry().mu);
+    registry().buffers.push_back(std::move(owned));
+  }
+  return *buf;
+}
+
+void append(Event e) { local_buffer().events.push_back(std::move(e)); }
+
+void json_string(std::string& out, std::string_view s) {
+  out += '"';
+  for (char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      char esc[8];
+      std::snprintf(esc, sizeof esc, "\\u%04x", c);
+      out += esc;
+    } else {
+      out += c;
+    }
+  }
+  out += '"';
+}
+
+void json_args(std::string& out, const TraceArgs& a) {
+  out += ",\"args\":{";
+  bool first = true;
+  auto field = [&](const char* k, int64_t v) {
+    if (v < 0) return;
+    if (!first) out += ',';
+    first = false;
+    out += '"';
+    out += k;
+    out += "\":";
+    out += std::to_string(v);
+  };
+  field("layer", a.layer);
+  field("expert", a.expert);
+  field("slot", a.slot);
+  field("bytes", a.bytes);
+  field("offset", a.offset);
+  field("token", a.token);
+  out += '}';
+}
+
+}  // namespace
+
+std::atomic<bool> Trace::enabled_{false};
+
+void Trace::enable() {
+  registry().t0 = std::chrono::steady_clock::now();
+  enabled_.store(true, std::memory_order_relaxed);
+}
+
+void Trace::disable() { enabled_.store(false, std::memory_order_relaxed); }
+
+void Trace::clear() {
+  std::lock_guard lock(registry().mu);
+  for (auto& b : registry().buffers) b->events.clear();
+}
+
+uint64_t Trace::now_us() {
+  auto d = std::chrono::steady_clock::now() - registry().t0;
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(d).count());
+}
+
+void Trace::complete(const char* name, const char* cat, uint64_t begin_us, uint64_t end_us,
+                     const TraceArgs& args) {
+  if (!enabled()) return;
+  append({Phase::complete, name, cat, begin_us, end_us > begin_us ? end_us - begin_us : 0, 0, 0, args, {}});
+}
+
+void Trace::async_begin(const char* name, const char* cat, uint64_t id, const TraceArgs& args) {
+  if (!enabled()) return;
+  append({Phase::begin, name, cat, now_us(), 0, id, 0, args, {}});
+}
+
+void Trace::async_end(const char* name, const char* cat, uint64_t id) {
+  if (!enabled()) return;
+  append({Phase::end, name, cat, now_us(), 0, id, 0, {}, {}});
+}
+
+void Trace::counter(const char* name, int64_t value) {
+  if (!enabled()) return;
+  append({Phase::counter, name, "counter", now_us(), 0, 0, value, {}, {}});
+}
+
+void Trace::name_thread(const std::string& name) {
+  if (!enabled()) return;
+  append({Phase::thread_name, "thread_name", "__metadata", 0, 0, 0, 0, {}, name});
+}
+
+size_t Trace::event_count() {
+  std::lock_guard lock(registry().mu);
+  size_t n = 0;
+  for (auto& b : registry().buffers) n += b->events.size();
+  return n;
+}
+
+void Trace::write(const std::filesystem::path& path) {
+  std::string out = "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n";
+  const int pid = static_cast<int>(::getpid());
+  out += "{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":" + std::to_string(pid) +
+         ",\"tid\":0,\"args\":{\"name\":\"k3flow\"}}";
+  {
+    std::lock_guard lock(registry().mu);
+    for (auto& b : registry().buffers) {
+      for (const Event& e : b->events) {
+        out += ",\n{\"ph\":\"";
+        out += static_cast<char>(e.phase);
+        out += "\",\"name\":";
+        json_string(out, e.name);
+        if (e.phase != Phase::thread_name) {
+          out += ",\"cat\":";
+          json_string(out, e.cat);
+        }
+        out += ",\"pid\":" + std::to_string(pid) + ",\"tid\":" + std::to_string(b->tid) +
+               ",\"ts\":" + std::to_string(e.ts);
+        switch (e.phase) {
+          case Phase::complete:
+            out += ",\"dur\":" + std::to_string(e.dur);
+            json_args(out, e.args);
+            break;
+          case Phase::begin:
+            out += ",\"id\":" + std::to_string(e.id);
+            json_args(out, e.args);
+            break;
+          case Phase::end:
+            out += ",\"id\":" + std::to_string(e.id);
+            break;
+          case Phase::counter:
+            out += ",\"args\":{\"value\":" + std::to_string(e.value) + "}";
+            break;
+          case Phase::thread_name:
+            out += ",\"args\":{\"name\":";
+            json_string(out, e.label);
+            out += "}";
+            break;
+        }
+        out += '}';
+      }
+    }
+  }
+  out += "\n]}\n";
+  std::filesystem::path tmp = path;
+  tmp += ".tmp";
+  std::FILE* f = std::fopen(tmp.c_str(), "wb");
+  if (!f) throw io::runtime_error(path.string() + ": cannot write trace");
+  bool ok = std::fwrite(out.data(), 1, out.size(), f) == out.size();
+  ok = (std::fclose(f) == 0) && ok;
+  if (!ok) {
+    std::filesystem::remove(tmp);
+    throw io::runtime_error(path.string() + ": cannot write trace (disk full?)");
+  }
+  std::filesystem::rename(tmp, path);
+}
+
+}  // namespace k3::pipeline
