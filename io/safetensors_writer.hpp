@@ -1,0 +1,91 @@
+// Writes one safetensors shard (ENGINE.md §1.2): [u64 LE header length][JSON header][data].
+// The header is laid out before any byte is written (tensors back to back in the order given),
+// compact JSON like the released files, space-padded so the data starts 8-byte aligned.
+// Bytes go to `<name>.partial`; only commit() renames it to its final name, so an interrupted or
+// failed write never leaves a file that looks like a finished shard.
+#pragma once
+#include <cstdint>
+#include <filesystem>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "io/safetensors.hpp"
+
+namespace k3::io {
+
+struct TensorEntry {
+  std::string name;
+  DType dtype;
+  std::vector<uint64_t> shape;  // rank 0..4
+  uint64_t numel() const;
+  uint64_t nbytes() const { return numel() * dtype_size(dtype); }
+};
+
+using Metadata = std::vector<std::pair<std::string, std::string>>;
+
+struct ShardLayout {
+  std::string header;             // JSON, padded with spaces to a multiple of 8
+  std::vector<uint64_t> offsets;  // per tensor, relative to the data start
+  uint64_t data_bytes = 0;
+  uint64_t data_start() const { return 8 + header.size(); }
+  uint64_t file_size() const { return data_start() + data_bytes; }
+};
+
+// Lays tensors out back to back. Throws usage Error on an empty or duplicate name, or rank > 4.
+ShardLayout layout_shard(std::span<const TensorEntry> tensors, const Metadata& metadata);
+
+// `s` as a JSON string literal (quotes included).
+std::string json_quote(std::string_view s);
+
+// The name a shard is written under until commit().
+std::filesystem::path partial_path(const std::filesystem::path& final_path);
+
+class SafetensorsWriter {
+ public:
+  // Creates `partial_path(path)` (refusing to overwrite one) and writes the length and header.
+  // Throws runtime Error naming the file on any failure.
+  SafetensorsWriter(std::filesystem::path path, std::vector<TensorEntry> tensors,
+                    const Metadata& metadata = {{"format", "pt"}});
+  SafetensorsWriter(SafetensorsWriter&&) noexcept;
+  SafetensorsWriter& operator=(SafetensorsWriter&&) noexcept;
+  SafetensorsWriter(const SafetensorsWriter&) = delete;
+  SafetensorsWriter& operator=(const SafetensorsWriter&) = delete;
+  ~SafetensorsWriter();  // removes the partial file unless committed
+
+  const std::filesystem::path& path() const { return path_; }
+  const std::vector<TensorEntry>& tensors() const { return tensors_; }
+  const ShardLayout& layout() const { return layout_; }
+  uint64_t data_written() const { return written_; }
+
+  // Appends tensor bytes in declared order; may cross tensor boundaries. Refuses to write past
+  // the declared data size.
+  void append(std::span<const std::byte> bytes);
+
+  // Ends the data: every declared byte must have been appended. Flushes to disk and drops the
+  // file from the page cache (a freshly written checkpoint should read cold).
+  void finish();
+  // Ends a header-only file: extends it to its full logical size without writing the data, so the
+  // data region reads as zeros and occupies no blocks (a sparse replica). No bytes may have been
+  // appended.
+  void finish_sparse();
+  // Renames the finished file to its final name. Until then the destructor deletes it.
+  void commit();
+
+ private:
+  void close_fd();
+  void discard() noexcept;  // closes and removes the partial file unless committed
+  void append_fd(std::span<const std::byte> bytes);
+  void append_raw(std::string_view bytes);
+  std::filesystem::path path_;
+  std::vector<TensorEntry> tensors_;
+  ShardLayout layout_;
+  uint64_t written_ = 0;
+  int fd_ = -1;
+  bool finished_ = false;
+  bool committed_ = false;
+};
+
+}  // namespace k3::io
