@@ -1,0 +1,324 @@
+// config.json reader (MODEL.md §1). Parsing rules follow the Rust reference where the two references
+// differ (§1.2): ints and full_attn_layers entries must be JSON integer literals; bools take
+// true/false or an integer literal, anything else keeps the default.
+#include "io/config.hpp"
+
+#include <fmt/format.h>
+#include <simdjson.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "io/error.hpp"
+
+namespace k3::io {
+
+namespace dom = simdjson::dom;
+
+namespace {
+
+Error cfg_error(const std::string& source, const std::string& what) {
+  return runtime_error(fmt::format("k3_cfg: {}: {}", source, what));
+}
+
+enum class Kind { integer, real, boolean, layer_list };
+
+struct Field {
+  const char* key;
+  const char* alias;  // nullptr when none
+  Kind kind;
+  int ModelConfig::*i = nullptr;
+  float ModelConfig::*f = nullptr;
+  bool ModelConfig::*b = nullptr;
+};
+
+constexpr Field I(const char* k, const char* a, int ModelConfig::*m) { return {k, a, Kind::integer, m}; }
+constexpr Field F(const char* k, const char* a, float ModelConfig::*m) {
+  return {k, a, Kind::real, nullptr, m};
+}
+constexpr Field B(const char* k, bool ModelConfig::*m) {
+  return {k, nullptr, Kind::boolean, nullptr, nullptr, m};
+}
+
+// Every field of MODEL.md §1.2, in the order the missing-field report lists them.
+const Field kFields[] = {
+    I("hidden_size", nullptr, &ModelConfig::hidden),
+    I("num_hidden_layers", nullptr, &ModelConfig::n_layers),
+    I("vocab_size", nullptr, &ModelConfig::vocab),
+    F("rms_norm_eps", nullptr, &ModelConfig::rms_eps),
+    I("num_heads", "kda_num_heads", &ModelConfig::kda_heads),
+    I("head_dim", "kda_head_dim", &ModelConfig::kda_head_dim),
+    I("short_conv_kernel_size", nullptr, &ModelConfig::conv_kernel),
+    F("gate_lower_bound", nullptr, &ModelConfig::gate_lower_bound),
+    I("num_attention_heads", nullptr, &ModelConfig::mla_heads),
+    I("q_lora_rank", nullptr, &ModelConfig::q_lora_rank),
+    I("kv_lora_rank", nullptr, &ModelConfig::kv_lora_rank),
+    I("qk_nope_head_dim", nullptr, &ModelConfig::qk_nope),
+    I("qk_rope_head_dim", nullptr, &ModelConfig::qk_rope),
+    I("v_head_dim", nullptr, &ModelConfig::v_head),
+    B("mla_use_output_gate", &ModelConfig::mla_out_gate),
+    I("num_experts", nullptr, &ModelConfig::n_experts),
+    I("num_experts_per_token", nullptr, &ModelConfig::top_k),
+    I("num_shared_experts", nullptr, &ModelConfig::n_shared),
+    I("routed_expert_hidden_size", nullptr, &ModelConfig::latent),
+    I("moe_intermediate_size", nullptr, &ModelConfig::moe_inter),
+    F("routed_scaling_factor", nullptr, &ModelConfig::routed_scale),
+    B("moe_renormalize", &ModelConfig::moe_renormalize),
+    B("latent_moe_use_norm", &ModelConfig::latent_norm),
+    I("first_k_dense_replace", nullptr, &ModelConfig::first_dense),
+    I("intermediate_size", nullptr, &ModelConfig::dense_inter),
+    I("attn_res_block_size", nullptr, &ModelConfig::attn_res_block),
+    F("activation_situ_beta", "situ_beta", &ModelConfig::situ_beta),
+    F("activation_situ_linear_beta", "situ_linear_beta", &ModelConfig::situ_linear_beta),
+    {"full_attn_layers", nullptr, Kind::layer_list},
+};
+
+// Candidate objects in lookup order (§1.1): text_config, linear_attn_config, root.
+struct Lookup {
+  std::vector<dom::object> objects;
+
+  bool find(const char* key, const char* alias, dom::element& out) const {
+    for (const dom::object& o : objects) {
+      if (o.at_key(key).get(out) == simdjson::SUCCESS) return true;
+      if (alias && o.at_key(alias).get(out) == simdjson::SUCCESS) return true;
+    }
+    return false;
+  }
+};
+
+bool member_object(const dom::object& parent, const char* key, dom::object& out,
+                   const std::string& source) {
+  dom::element e;
+  if (parent.at_key(key).get(e) != simdjson::SUCCESS) return false;
+  if (e.get(out) != simdjson::SUCCESS) throw cfg_error(source, fmt::format("`{}` is not an object", key));
+  return true;
+}
+
+std::string number_text(const dom::element& e) {
+  std::ostringstream os;
+  os << e;
+  return os.str();
+}
+
+}  // namespace
+
+bool ModelConfig::is_mla(int l) const {
+  return std::find(full_attn_layers.begin(), full_attn_layers.end(), l + 1) != full_attn_layers.end();
+}
+
+LayerKind ModelConfig::layer(int l) const {
+  return LayerKind{is_mla(l) ? LayerAttention::mla : LayerAttention::kda,
+                   is_dense(l) ? LayerFfn::dense : LayerFfn::moe,
+                   attn_res_block > 0 && l % attn_res_block == 0};
+}
+
+int ModelConfig::mla_layer_count() const { return static_cast<int>(full_attn_layers.size()); }
+
+std::string ModelConfig::summary() const {
+  return fmt::format(
+      "config: {} ({} shape) | hidden={} layers={} vocab={} | {} MLA + {} KDA | experts {} top{} "
+      "shared{} | latent={}",
+      source, nested ? "nested" : "flat", hidden, n_layers, vocab, mla_layer_count(),
+      kda_layer_count(), n_experts, top_k, n_shared, latent);
+}
+
+ModelConfig parse_config(std::string_view json, const std::string& source) {
+  dom::parser parser;
+  simdjson::padded_string text(json);
+  dom::element doc;
+  if (auto err = parser.parse(text).get(doc)) {
+    throw cfg_error(source, fmt::format("not valid JSON ({})", simdjson::error_message(err)));
+  }
+  dom::object root;
+  if (doc.get(root) != simdjson::SUCCESS) throw cfg_error(source, "top level is not a JSON object");
+  dom::object wrapped;
+  if (member_object(root, "config", wrapped, source)) root = wrapped;
+
+  ModelConfig cfg;
+  cfg.source = source;
+  Lookup lookup;
+  dom::object text_config, linear;
+  cfg.nested = member_object(root, "text_config", text_config, source);
+  if (cfg.nested) lookup.objects.push_back(text_config);
+  if ((cfg.nested && member_object(text_config, "linear_attn_config", linear, source)) ||
+      member_object(root, "linear_attn_config", linear, source)) {
+    lookup.objects.push_back(linear);
+  }
+  lookup.objects.push_back(root);
+
+  std::vector<std::string> missing;
+  std::vector<int64_t> layers;
+  for (const Field& f : kFields) {
+    dom::element e;
+    const bool present = lookup.find(f.key, f.alias, e);
+    switch (f.kind) {
+      case Kind::integer: {
+        int64_t v = 0;
+        if (!present) {
+          missing.emplace_back(f.key);
+        } else if (e.type() == dom::element_type::INT64) {
+          v = int64_t(e);
+          if (v < INT_MIN || v > INT_MAX) {
+            throw cfg_error(source, fmt::format("{} = {} does not fit a 32-bit int", f.key, v));
+          }
+          cfg.*(f.i) = static_cast<int>(v);
+        } else if (e.type() == dom::element_type::UINT64) {
+          throw cfg_error(source, fmt::format("{} = {} does not fit a 32-bit int", f.key, number_text(e)));
+        } else {
+          // A number with a fraction or exponent (e.g. 4.0) is not an integer: counted as missing.
+          missing.push_back(fmt::format("{} (not an integer: {})", f.key, number_text(e)));
+        }
+        break;
+      }
+      case Kind::real: {
+        if (!present) {
+          missing.emplace_back(f.key);
+        } else if (e.is_number()) {
+          cfg.*(f.f) = static_cast<float>(double(e));
+        } else {
+          missing.push_back(fmt::format("{} (not a number)", f.key));
+        }
+        break;
+      }
+      case Kind::boolean: {
+        if (!present) break;  // optional, default true
+        if (e.type() == dom::element_type::BOOL) {
+          cfg.*(f.b) = bool(e);
+        } else if (e.type() == dom::element_type::INT64) {
+          cfg.*(f.b) = int64_t(e) != 0;
+        } else if (e.type() == dom::element_type::UINT64) {
+          cfg.*(f.b) = true;
+        }
+        break;
+      }
+      case Kind::layer_list: {
+        dom::array arr;
+        if (!present) {
+          missing.emplace_back(f.key);
+        } else if (e.get(arr) != simdjson::SUCCESS) {
+          missing.push_back(fmt::format("{} (not an array)", f.key));
+        } else if (arr.size() == 0) {
+          missing.push_back(fmt::format("{} (empty)", f.key));
+        } else {
+          // Entry errors end the load at once, before the missing-field report (§1.2).
+          size_t i = 0;
+          for (dom::element v : arr) {
+            if (v.type() == dom::element_type::INT64) {
+              layers.push_back(int64_t(v));
+            } else if (v.type() == dom::element_type::UINT64) {
+              layers.push_back(INT64_MAX);  // out of 1..n_layers by construction
+            } else {
+              throw cfg_error(source, fmt::format("full_attn_layers[{}] is not a number", i));
+            }
+            ++i;
+          }
+        }
+        break;
+      }
+    }
+  }
+
+  if (!missing.empty()) {
+    std::string names;
+    for (const std::string& m : missing) names += (names.empty() ? "" : ", ") + m;
+    throw runtime_error(fmt::format(
+        "k3_cfg: {} is missing {} required field(s): {} -- refusing to substitute defaults: a config "
+        "this reader cannot fully understand would silently produce a DIFFERENT model.",
+        source, missing.size(), names));
+  }
+
+  // Structural refusals of MODEL.md §1.3, in the references' order.
+  if (cfg.n_layers <= 0 || cfg.hidden <= 0 || cfg.vocab <= 0) {
+    throw cfg_error(source, fmt::format("has non-positive layers/hidden/vocab (layers={} hidden={} vocab={})",
+                                        cfg.n_layers, cfg.hidden, cfg.vocab));
+  }
+  if (layers.size() >= static_cast<size_t>(cfg.n_layers)) {
+    throw cfg_error(source, fmt::format("full_attn_layers marks {} of {} layers as full attention, leaving no "
+                                        "KDA layers",
+                                        layers.size(), cfg.n_layers));
+  }
+  for (size_t i = 0; i < layers.size(); ++i) {
+    if (layers[i] < 1 || layers[i] > cfg.n_layers) {
+      const std::string v = layers[i] == INT64_MAX ? std::string("(too large)") : std::to_string(layers[i]);
+      throw cfg_error(source, fmt::format("full_attn_layers[{}] = {} is outside 1..{} (the list is ONE-based: "
+                                          "layer l is full attention iff l+1 is listed)",
+                                          i, v, cfg.n_layers));
+    }
+  }
+  if (cfg.top_k > kMaxTopK) {
+    throw cfg_error(source, fmt::format("num_experts_per_token selects top-{}, but this build supports at most {} "
+                                        "(hint: raise k3::io::kMaxTopK and rebuild)",
+                                        cfg.top_k, kMaxTopK));
+  }
+  if (cfg.top_k > cfg.n_experts) {
+    throw cfg_error(source, fmt::format("num_experts_per_token selects {} of {} experts", cfg.top_k,
+                                        cfg.n_experts));
+  }
+  if (cfg.attn_res_block <= 0) {
+    throw cfg_error(source, fmt::format("attn_res_block_size = {} must be positive (AttnRes block boundaries "
+                                        "divide by it)",
+                                        cfg.attn_res_block));
+  }
+  if (cfg.conv_kernel < 1) {
+    throw cfg_error(source, fmt::format("short_conv_kernel_size = {} must be at least 1", cfg.conv_kernel));
+  }
+
+  // Stricter than both references (they accept these and fail later, or index out of bounds):
+  // sizes the engine allocates or divides by must be positive.
+  struct Positive {
+    const char* key;
+    int value;
+    int min;
+  };
+  const Positive sizes[] = {
+      {"num_experts_per_token", cfg.top_k, 1},
+      {"num_experts", cfg.n_experts, 1},
+      {"num_heads", cfg.kda_heads, 1},
+      {"head_dim", cfg.kda_head_dim, 1},
+      {"num_attention_heads", cfg.mla_heads, 1},
+      {"q_lora_rank", cfg.q_lora_rank, 1},
+      {"kv_lora_rank", cfg.kv_lora_rank, 1},
+      {"qk_nope_head_dim", cfg.qk_nope, 1},
+      {"qk_rope_head_dim", cfg.qk_rope, 0},
+      {"v_head_dim", cfg.v_head, 1},
+      {"num_shared_experts", cfg.n_shared, 0},
+      {"routed_expert_hidden_size", cfg.latent, 1},
+      {"moe_intermediate_size", cfg.moe_inter, 1},
+      {"first_k_dense_replace", cfg.first_dense, 0},
+  };
+  for (const Positive& p : sizes) {
+    if (p.value < p.min) {
+      throw cfg_error(source, fmt::format("{} = {} must be at least {}", p.key, p.value, p.min));
+    }
+  }
+  if (cfg.first_dense > cfg.n_layers) {
+    throw cfg_error(source, fmt::format("first_k_dense_replace = {} exceeds num_hidden_layers = {}",
+                                        cfg.first_dense, cfg.n_layers));
+  }
+  if (cfg.first_dense > 0 && cfg.dense_inter < 1) {
+    throw cfg_error(source, fmt::format("intermediate_size = {} must be at least 1 (layers below "
+                                        "first_k_dense_replace = {} are dense)",
+                                        cfg.dense_inter, cfg.first_dense));
+  }
+
+  cfg.full_attn_layers.assign(layers.begin(), layers.end());
+  return cfg;
+}
+
+ModelConfig load_config(const std::filesystem::path& path) {
+  std::filesystem::path file = path;
+  std::error_code ec;
+  if (std::filesystem::is_directory(file, ec)) file /= "config.json";
+  std::ifstream in(file, std::ios::binary);
+  if (!in) throw cfg_error(file.string(), fmt::format("cannot open ({})", std::strerror(errno)));
+  std::ostringstream buf;
+  buf << in.rdbuf();
+  if (in.bad()) throw cfg_error(file.string(), "read failed");
+  return parse_config(buf.str(), file.string());
+}
+
+}  // namespace k3::io
