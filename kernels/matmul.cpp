@@ -1,0 +1,178 @@
+#include "kernels/matmul.hpp"
+
+#include <tbb/blocked_range.h>
+#include <tbb/parallel_for.h>
+
+#include <cmath>
+#include <vector>
+
+#include "kernels/dispatch.hpp"
+#include "kernels/matmul_bodies.hpp"
+#include "kernels/mxfp4.hpp"
+
+namespace k3::kernels {
+
+namespace {
+
+// Serial below this many output rows (the reference's threshold), row-parallel above it. Rows are
+// independent, so the split never changes a bit.
+constexpr size_t kParallelRows = 64;
+
+detail::MatmulBodies bodies() {
+  switch (active_isa()) {
+    case Isa::avx512: return detail::matmul_bodies_avx512();
+    case Isa::avx2: return detail::matmul_bodies_avx2();
+    case Isa::scalar: break;
+  }
+  return detail::matmul_bodies_scalar();
+}
+
+template <class Body>
+void for_rows(size_t rows, size_t cols, const Body& body) {
+  if (rows <= kParallelRows) {
+    body(0, rows);
+    return;
+  }
+  const size_t grain = std::max<size_t>(1, 16384 / std::max<size_t>(cols, 1));
+  tbb::parallel_for(tbb::blocked_range<size_t>(0, rows, grain),
+                    [&](const tbb::blocked_range<size_t>& r) { body(r.begin(), r.end()); });
+}
+
+// Rows [r0, r1) (all rows, split over threads, when `parallel`); y[t * y_stride + (r - r0)].
+void run(const Matrix& w, const double* xw, size_t tokens, float* y, size_t y_stride, size_t r0,
+         size_t r1, bool parallel) {
+  const detail::MatmulBodies b = bodies();
+  std::visit(
+      [&](const auto& m) {
+        using M = std::decay_t<decltype(m)>;
+        auto body = [&](size_t a, size_t e) {
+          float* yr = y + (a - r0);
+          if constexpr (std::is_same_v<M, F32Matrix>) {
+            b.f32(m.data.data() + a * m.cols, e - a, m.cols, xw, tokens, yr, y_stride);
+          } else if constexpr (std::is_same_v<M, Bf16Matrix>) {
+            b.bf16(m.data.data() + a * m.cols, e - a, m.cols, xw, tokens, yr, y_stride);
+          } else {
+            b.mxfp4(m.packed.data() + a * mxfp4_packed_cols(m.cols),
+                    m.scales.data() + a * mxfp4_scale_cols(m.cols), e - a, m.cols, xw, tokens, yr,
+                    y_stride);
+          }
+        };
+        if (parallel) {
+          for_rows(m.rows, m.cols, body);
+        } else {
+          body(r0, r1);
+        }
+      },
+      w);
+}
+
+std::vector<double> widen(std::span<const float> x) {
+  std::vector<double> xw(x.size());
+  for (size_t i = 0; i < x.size(); ++i) xw[i] = static_cast<double>(x[i]);
+  return xw;
+}
+
+}  // namespace
+
+void matvec(const Matrix& w, std::span<const float> x, std::span<float> y) { matmul(w, x, 1, y); }
+
+void matmul(const Matrix& w, std::span<const float> x, size_t tokens, std::span<float> y) {
+  const std::vector<double> xw = widen(x.first(tokens * cols_of(w)));
+  run(w, xw.data(), tokens, y.data(), rows_of(w), 0, rows_of(w), true);
+}
+
+float dot_row(const Matrix& w, size_t row, std::span<const float> x) {
+  const std::vector<double> xw = widen(x.first(cols_of(w)));
+  float out = 0.0f;
+  run(w, xw.data(), 1, &out, 1, row, row + 1, false);
+  return out;
+}
+
+float e8m0_to_f32(uint8_t b) { return std::ldexp(1.0f, static_cast<int>(b) - 127); }
+
+namespace detail {
+
+namespace {
+
+
+// §5.3: 16 f64 lanes over full blocks of 16, fixed tree, then a sequential tail. Every product of
+// two f32-representable values is exact in f64, so multiply-then-add equals fma64 here.
+template <class T, class Widen>
+float dense_dot(const T* w, const double* x, size_t n, Widen widen) {
+  double a[16] = {};
+  const size_t full = n / 16 * 16;
+  for (size_t i = 0; i < full; i += 16) {
+    for (size_t l = 0; l < 16; ++l) a[l] += widen(w[i + l]) * x[i + l];
+  }
+  double b[4];
+  for (size_t j = 0; j < 4; ++j) b[j] = (a[j] + a[j + 4]) + (a[j + 8] + a[j + 12]);
+  double acc = (b[0] + b[1]) + (b[2] + b[3]);
+  for (size_t i = full; i < n; ++i) acc += widen(w[i]) * x[i];
+  return static_cast<float>(acc);
+}
+
+void f32_dot_rows(const float* w, size_t rows, size_t cols, const double* x, size_t tokens, float* y,
+                  size_t y_stride) {
+  auto widen = [](float v) { return static_cast<double>(v); };
+  for (size_t r = 0; r < rows; ++r) {
+    for (size_t t = 0; t < tokens; ++t) {
+      y[t * y_stride + r] = dense_dot(w + r * cols, x + t * cols, cols, widen);
+    }
+  }
+}
+
+void bf16_dot_rows(const uint16_t* w, size_t rows, size_t cols, const double* x, size_t tokens,
+                   float* y, size_t y_stride) {
+  auto widen = [](uint16_t v) { return static_cast<double>(bf16_to_f32(v)); };
+  for (size_t r = 0; r < rows; ++r) {
+    for (size_t t = 0; t < tokens; ++t) {
+      y[t * y_stride + r] = dense_dot(w + r * cols, x + t * cols, cols, widen);
+    }
+  }
+}
+
+// §5.4: per group, 8 f64 lanes (lane l takes elements l, 8+l, 16+l, 24+l), fixed tree, sequential
+// tail, then ONE multiply by the scale and an f64 add into the row accumulator.
+float mxfp4_dot(const uint8_t* packed, const uint8_t* scales, size_t cols, const double* x) {
+  double acc = 0.0;
+  const size_t groups = mxfp4_scale_cols(cols);
+  for (size_t g = 0; g < groups; ++g) {
+    if (scales[g] == kE8m0Skip) continue;  // skipped, not multiplied by 0 (0 * inf would be NaN)
+    const size_t n = std::min(kMxfp4Group, cols - g * kMxfp4Group);
+    const uint8_t* bytes = packed + g * kMxfp4Group / 2;
+    const double* xg = x + g * kMxfp4Group;
+    // Low nibble = even element, high nibble = odd element.
+    auto elem = [&](size_t i) {
+      const uint8_t b = bytes[i >> 1];
+      return static_cast<double>(kE2m1[(i & 1) ? (b >> 4) : (b & 0xF)]);
+    };
+    double s[8] = {};
+    const size_t full = n / 8 * 8;
+    for (size_t c = 0; c < full; c += 8) {
+      for (size_t l = 0; l < 8; ++l) s[l] += elem(c + l) * xg[c + l];
+    }
+    double sub = ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
+    for (size_t i = full; i < n; ++i) sub += elem(i) * xg[i];
+    acc = acc + sub * static_cast<double>(e8m0_to_f32(scales[g]));
+  }
+  return static_cast<float>(acc);
+}
+
+void mxfp4_dot_rows(const uint8_t* packed, const uint8_t* scales, size_t rows, size_t cols,
+                    const double* x, size_t tokens, float* y, size_t y_stride) {
+  const size_t pc = mxfp4_packed_cols(cols);
+  const size_t sc = mxfp4_scale_cols(cols);
+  for (size_t r = 0; r < rows; ++r) {
+    for (size_t t = 0; t < tokens; ++t) {
+      y[t * y_stride + r] = mxfp4_dot(packed + r * pc, scales + r * sc, cols, x + t * cols);
+    }
+  }
+}
+
+}  // namespace
+
+MatmulBodies matmul_bodies_scalar() { return {f32_dot_rows, bf16_dot_rows, mxfp4_dot_rows}; }
+
+}  // namespace detail
+
+}  // namespace k3::kernels

@@ -1,0 +1,32 @@
+// Per-ISA row bodies of the matmuls (MODEL.md §5.3 dense, §5.4 MXFP4). Raw pointers only: the ISA
+// translation units must not instantiate inline code shared with baseline ones (the linker may keep
+// any one copy). Every body writes identical bits.
+//
+// A body computes `rows` consecutive rows starting at the given weight pointer(s) for `tokens`
+// inputs: x is [tokens][cols] already widened to f64 (exact), and row r of token t goes to
+// y[t * y_stride + r].
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+namespace k3::kernels::detail {
+
+using F32Rows = void (*)(const float* w, size_t rows, size_t cols, const double* x, size_t tokens, float* y,
+                         size_t y_stride);
+using Bf16Rows = void (*)(const uint16_t* w, size_t rows, size_t cols, const double* x, size_t tokens, float* y,
+                          size_t y_stride);
+// packed rows are (cols + 1) / 2 bytes, scale rows (cols + 31) / 32 bytes.
+using Mxfp4Rows = void (*)(const uint8_t* packed, const uint8_t* scales, size_t rows, size_t cols, const double* x,
+                           size_t tokens, float* y, size_t y_stride);
+
+struct MatmulBodies {
+  F32Rows f32;
+  Bf16Rows bf16;
+  Mxfp4Rows mxfp4;
+};
+
+MatmulBodies matmul_bodies_scalar();
+MatmulBodies matmul_bodies_avx2();
+MatmulBodies matmul_bodies_avx512();
+
+}  // namespace k3::kernels::detail

@@ -1,0 +1,233 @@
+// Bit-identity of the dense (MODEL.md §5.3) and MXFP4 (§5.4) matmuls: every available body, at
+// thread counts 1, 2 and 7, at awkward sizes, equals a scalar reference written here from the
+// spec's pseudo-code.
+#include "kernels/matmul.hpp"
+
+#include <doctest/doctest.h>
+#include <tbb/task_arena.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "kernels/dispatch.hpp"
+#include "kernels/mxfp4.hpp"
+
+using namespace k3::kernels;
+
+namespace {
+
+struct Rng {
+  uint32_t s;
+  uint32_t next() {
+    s ^= s << 13;
+    s ^= s >> 17;
+    s ^= s << 5;
+    return s;
+  }
+  float unit() { return static_cast<float>(next() >> 8) / 8388608.0f - 1.0f; }  // [-1, 1)
+};
+
+// §5.3, straight from the pseudo-code.
+float ref_dense(const std::vector<float>& w, size_t row, size_t n, const float* x) {
+  const float* W = w.data() + row * n;
+  double a[16] = {};
+  for (size_t blk = 0; blk < n / 16; ++blk) {
+    for (size_t l = 0; l < 16; ++l) {
+      a[l] = std::fma(static_cast<double>(W[16 * blk + l]), static_cast<double>(x[16 * blk + l]), a[l]);
+    }
+  }
+  double b[4];
+  for (size_t j = 0; j < 4; ++j) b[j] = (a[j] + a[j + 4]) + (a[j + 8] + a[j + 12]);
+  double acc = (b[0] + b[1]) + (b[2] + b[3]);
+  for (size_t i = 16 * (n / 16); i < n; ++i) acc = std::fma(static_cast<double>(W[i]), static_cast<double>(x[i]), acc);
+  return static_cast<float>(acc);
+}
+
+// §5.4, straight from the pseudo-code (element i: byte i>>1, low nibble when i is even).
+float ref_mxfp4(const std::vector<uint8_t>& packed, const std::vector<uint8_t>& scales, size_t row,
+                size_t in, const float* x) {
+  static const float e2m1[16] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6, -0.0f, -0.5f, -1, -1.5f, -2, -3, -4, -6};
+  const size_t G = 32, pc = (in + 1) / 2, sc = (in + G - 1) / G;
+  const uint8_t* P = packed.data() + row * pc;
+  const uint8_t* S = scales.data() + row * sc;
+  double acc = 0.0;
+  for (size_t g = 0; g < sc; ++g) {
+    if (S[g] == 255) continue;
+    const size_t n = std::min(G, in - g * G);
+    double w[32];
+    for (size_t i = 0; i < n; ++i) {
+      const uint8_t byte = P[g * G / 2 + (i >> 1)];
+      w[i] = e2m1[(i & 1) ? byte >> 4 : byte & 0xF];
+    }
+    double s[8] = {};
+    for (size_t c = 0; c < n / 8; ++c) {
+      for (size_t l = 0; l < 8; ++l) s[l] = std::fma(w[8 * c + l], static_cast<double>(x[g * G + 8 * c + l]), s[l]);
+    }
+    double sub = ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
+    for (size_t i = 8 * (n / 8); i < n; ++i) sub = std::fma(w[i], static_cast<double>(x[g * G + i]), sub);
+    const float scale = std::ldexp(1.0f, static_cast<int>(S[g]) - 127);
+    acc = acc + sub * static_cast<double>(scale);
+  }
+  return static_cast<float>(acc);
+}
+
+// Random bf16 bit patterns, exponent 0xFF excluded, with extra subnormals and zeros of both signs.
+std::vector<uint16_t> bf16_patterns(Rng& rng, size_t n) {
+  std::vector<uint16_t> out(n);
+  for (auto& b : out) {
+    do {
+      b = static_cast<uint16_t>(rng.next() >> 16);
+    } while ((b & 0x7F80) == 0x7F80);
+    const uint32_t pick = rng.next() % 16;
+    if (pick == 0) b &= 0x807F;  // subnormal (or zero)
+    if (pick == 1) b &= 0x8000;  // +-0
+  }
+  return out;
+}
+
+std::vector<float> inputs(Rng& rng, size_t n) {
+  std::vector<float> x(n);
+  for (size_t i = 0; i < n; ++i) {
+    x[i] = rng.unit();
+    if (rng.next() % 8 == 0) x[i] = std::ldexp(x[i], static_cast<int>(rng.next() % 40) - 20);
+  }
+  return x;
+}
+
+// Runs `f` under every body and thread count; every result must equal `want` bit for bit.
+template <class F>
+void every_body_and_thread_count(const std::vector<float>& want, F&& f) {
+  const Isa saved = active_isa();
+  for (Isa isa : supported_isas()) {
+    set_active_isa(isa);
+    for (int threads : {1, 2, 7}) {
+      CAPTURE(isa_name(isa));
+      CAPTURE(threads);
+      std::vector<float> got(want.size(), NAN);
+      tbb::task_arena arena(threads);
+      arena.execute([&] { f(got); });
+      CHECK(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)) == 0);
+    }
+  }
+  set_active_isa(saved);
+}
+
+}  // namespace
+
+TEST_CASE("dense f32 and bf16 matmul: every body and thread count equals the §5.3 reference") {
+  Rng rng{0x1234567};
+  for (size_t cols : {1, 15, 16, 17, 31, 48, 257, 1040}) {
+    for (size_t rows : {1, 3, 64, 65, 129}) {
+      for (size_t tokens : {1, 3}) {
+        CAPTURE(cols);
+        CAPTURE(rows);
+        CAPTURE(tokens);
+        const auto bits = bf16_patterns(rng, rows * cols);
+        std::vector<float> wf(bits.size());
+        for (size_t i = 0; i < bits.size(); ++i) wf[i] = bf16_to_f32(bits[i]);
+        const auto x = inputs(rng, tokens * cols);
+        std::vector<float> want(tokens * rows);
+        for (size_t t = 0; t < tokens; ++t) {
+          for (size_t r = 0; r < rows; ++r) want[t * rows + r] = ref_dense(wf, r, cols, x.data() + t * cols);
+        }
+        const F32Matrix mf{wf, rows, cols};
+        const Bf16Matrix mb{bits, rows, cols};
+        every_body_and_thread_count(want, [&](std::vector<float>& y) { matmul(mf, x, tokens, y); });
+        every_body_and_thread_count(want, [&](std::vector<float>& y) { matmul(mb, x, tokens, y); });
+        if (tokens == 1) {
+          every_body_and_thread_count(want, [&](std::vector<float>& y) { matvec(mb, x, y); });
+          every_body_and_thread_count(want, [&](std::vector<float>& y) {
+            for (size_t r = 0; r < rows; ++r) y[r] = dot_row(mf, r, x);
+          });
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("bf16 and f32 weights of equal values give identical bits (257 in, 129 out)") {
+  uint32_t s = 0xC0FFEE;
+  auto next = [&] {
+    s ^= s << 13;
+    s ^= s >> 17;
+    s ^= s << 5;
+    return s;
+  };
+  const size_t in = 257, out = 129;
+  std::vector<uint16_t> bits(in * out);
+  std::vector<float> wf(in * out), x(in);
+  for (size_t i = 0; i < bits.size(); ++i) {
+    do {
+      bits[i] = static_cast<uint16_t>(next() >> 16);
+    } while ((bits[i] & 0x7F80) == 0x7F80);
+    wf[i] = bf16_to_f32(bits[i]);
+  }
+  for (auto& v : x) v = static_cast<float>(next() >> 8) / 8388608.0f - 1.0f;
+  for (Isa isa : supported_isas()) {
+    CAPTURE(isa_name(isa));
+    set_active_isa(isa);
+    std::vector<float> yf(out), yb(out);
+    matvec(F32Matrix{wf, out, in}, x, yf);
+    matvec(Bf16Matrix{bits, out, in}, x, yb);
+    CHECK(std::memcmp(yf.data(), yb.data(), out * sizeof(float)) == 0);
+  }
+  set_active_isa(supported_isas().back());
+}
+
+TEST_CASE("MXFP4 matmul: every body and thread count equals the §5.4 reference") {
+  Rng rng{0xABCDEF};
+  const uint8_t special[] = {0, 1, 254, 255};
+  for (size_t cols : {2, 8, 14, 31, 32, 33, 38, 64, 70, 71, 96, 250, 3584}) {
+    for (size_t rows : {1, 5, 65, 70}) {
+      for (size_t tokens : {1, 2}) {
+        CAPTURE(cols);
+        CAPTURE(rows);
+        CAPTURE(tokens);
+        const size_t pc = mxfp4_packed_cols(cols), sc = mxfp4_scale_cols(cols);
+        std::vector<uint8_t> packed(rows * pc), scales(rows * sc);
+        for (auto& b : packed) b = static_cast<uint8_t>(rng.next() >> 24);
+        for (size_t r = 0; r < rows; ++r) {
+          for (size_t g = 0; g < sc; ++g) {
+            uint8_t b = static_cast<uint8_t>(112 + rng.next() % 32);  // realistic scales
+            const uint32_t pick = rng.next() % 8;
+            if (pick == 0) b = special[rng.next() % 4];
+            if (r % 4 == 3) b = static_cast<uint8_t>(rng.next() >> 24);  // anything, 0..255
+            scales[r * sc + g] = b;
+          }
+        }
+        const auto x = inputs(rng, tokens * cols);
+        std::vector<float> want(tokens * rows);
+        for (size_t t = 0; t < tokens; ++t) {
+          for (size_t r = 0; r < rows; ++r) {
+            want[t * rows + r] = ref_mxfp4(packed, scales, r, cols, x.data() + t * cols);
+          }
+        }
+        const Mxfp4Matrix m{packed, scales, rows, cols};
+        every_body_and_thread_count(want, [&](std::vector<float>& y) { matmul(m, x, tokens, y); });
+        if (tokens == 1) {
+          every_body_and_thread_count(want, [&](std::vector<float>& y) {
+            for (size_t r = 0; r < rows; ++r) y[r] = dot_row(m, r, x);
+          });
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("MXFP4: a scale byte of 255 skips its group even against inf / NaN inputs") {
+  const size_t cols = 64;
+  std::vector<uint8_t> packed(32, 0x11), scales{255, 127};
+  std::vector<float> x(cols, 1.0f);
+  x[3] = INFINITY;
+  x[7] = NAN;
+  const Mxfp4Matrix m{packed, scales, 1, cols};
+  for (Isa isa : supported_isas()) {
+    CAPTURE(isa_name(isa));
+    set_active_isa(isa);
+    std::vector<float> y(1);
+    matvec(m, x, y);
+    CHECK(y[0] == 16.0f);  // 32 elements of 0.5 in the second group
+  }
+  set_active_isa(supported_isas().back());
+}

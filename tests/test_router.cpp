@@ -1,0 +1,148 @@
+#include "kernels/router.hpp"
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "tests/fixture_json.hpp"
+
+using namespace k3::kernels;
+using k3::test::Fixture;
+
+TEST_CASE("router matches fixtures/ops/router.json (index sets, weights by expert id)") {
+  const Fixture f("ops/router.json");
+  const auto tol = k3::test::manifest_tolerance();
+  const size_t k = f.count("top_k");
+  const size_t E = f.count("n_experts");
+  const auto gate = f.tensor("gate_weight");
+  const auto bias = f.tensor("bias");
+  const auto in = f.tensor("in");
+  const auto want_idx = f.tensor("topk_idx");
+  const auto want_w = f.tensor("topk_weight");
+  const size_t hidden = gate.shape[1];
+  const F32Matrix g{gate.data, E, hidden};
+  const RouterParams p{k, true, 1.0f};
+
+  size_t changed = 0;
+  for (size_t t = 0; t < in.shape[0]; ++t) {
+    std::vector<float> scores(E), w(k);
+    std::vector<int32_t> idx(k);
+    route(g, in.row(t), bias.data, p, scores, idx, w);
+    for (size_t j = 0; j < k; ++j) {
+      CAPTURE(t);
+      CAPTURE(j);
+      CHECK(std::isfinite(w[j]));
+      // The fixture's order is unsorted: match by expert id.
+      size_t m = k;
+      for (size_t i = 0; i < k; ++i) {
+        if (static_cast<int32_t>(want_idx.row(t)[i]) == idx[j]) m = i;
+      }
+      REQUIRE(m < k);
+      const float want = want_w.row(t)[m];
+      CHECK(std::fabs(w[j] - want) <= tol.atol + tol.rtol * std::fabs(want));
+    }
+    std::vector<int32_t> plain(k);
+    std::vector<float> pw(k);
+    route(g, in.row(t), {}, p, scores, plain, pw);
+    bool same = true;
+    for (size_t j = 0; j < k; ++j) same = same && plain[j] == idx[j];
+    changed += same ? 0 : 1;
+  }
+  // The fixture is built so that the bias changes the selection on most rows.
+  CHECK(changed == f.count("rows_where_bias_changed_selection"));
+}
+
+namespace {
+
+// Written from MODEL.md §5.2 independently of the kernel.
+void reference_route(const std::vector<float>& W, size_t E, size_t n, const std::vector<float>& x,
+                     const std::vector<float>& bias, size_t k, bool renorm, float scale,
+                     std::vector<int32_t>& idx, std::vector<float>& w) {
+  std::vector<float> s(E), c(E);
+  for (size_t e = 0; e < E; ++e) {
+    double acc = 0.0;
+    for (size_t i = 0; i < n; ++i) acc = acc + static_cast<double>(W[e * n + i]) * static_cast<double>(x[i]);
+    s[e] = 1.0f / (1.0f + ::expf(-static_cast<float>(acc)));
+    c[e] = s[e] + (bias.empty() ? 0.0f : bias[e]);
+  }
+  idx.assign(k, 0);
+  w.assign(k, 0.0f);
+  for (size_t j = 0; j < k; ++j) {
+    float best = -INFINITY;
+    bool found = false;
+    for (size_t e = 0; e < E; ++e) {
+      if (c[e] > best) {
+        best = c[e];
+        idx[j] = static_cast<int32_t>(e);
+        found = true;
+      }
+    }
+    if (!found) continue;
+    w[j] = s[idx[j]];
+    c[idx[j]] = -INFINITY;
+  }
+  if (renorm && k > 1) {
+    double sum = 0.0;
+    for (float v : w) sum = sum + static_cast<double>(v);
+    const float inv = static_cast<float>(1.0 / (sum + 1e-20));
+    for (float& v : w) v = v * inv;
+  }
+  for (float& v : w) v = v * scale;
+}
+
+uint32_t xorshift(uint32_t& s) {
+  s ^= s << 13;
+  s ^= s >> 17;
+  s ^= s << 5;
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("router: f32 and bf16 gates of equal values, parallel experts, bits equal a reference") {
+  const size_t E = 131, n = 257, k = 6;  // > 64 experts: the parallel scoring path
+  uint32_t seed = 0xC0FFEE;
+  std::vector<uint16_t> wb(E * n);
+  std::vector<float> wf(E * n), x(n), bias(E);
+  for (size_t i = 0; i < wb.size(); ++i) {
+    wb[i] = static_cast<uint16_t>(xorshift(seed) >> 16);
+    wb[i] &= 0xBFFF;  // exponent < 0x80: finite, |w| < 2, sigmoids unsaturated
+    wf[i] = bf16_to_f32(wb[i]);
+  }
+  for (auto& v : x) v = static_cast<float>(xorshift(seed) >> 8) / 8388608.0f - 1.0f;
+  for (auto& v : bias) v = (static_cast<float>(xorshift(seed) >> 8) / 8388608.0f - 1.0f) * 0.1f;
+
+  std::vector<int32_t> ri;
+  std::vector<float> rw;
+  reference_route(wf, E, n, x, bias, k, true, 2.5f, ri, rw);
+  const RouterParams p{k, true, 2.5f};
+  for (const DenseMatrix& g : {DenseMatrix(F32Matrix{wf, E, n}), DenseMatrix(Bf16Matrix{wb, E, n})}) {
+    std::vector<float> scores(E), w(k);
+    std::vector<int32_t> idx(k);
+    route(g, x, bias, p, scores, idx, w);
+    CHECK(idx == ri);
+    CHECK(std::memcmp(w.data(), rw.data(), k * sizeof(float)) == 0);
+  }
+  // No renormalisation: weights are the raw unbiased sigmoids times the scale.
+  reference_route(wf, E, n, x, {}, k, false, 1.0f, ri, rw);
+  std::vector<float> scores(E), w(k);
+  std::vector<int32_t> idx(k);
+  route(F32Matrix{wf, E, n}, x, {}, RouterParams{k, false, 1.0f}, scores, idx, w);
+  CHECK(idx == ri);
+  CHECK(std::memcmp(w.data(), rw.data(), k * sizeof(float)) == 0);
+}
+
+TEST_CASE("router ties go to the lower expert index; all -inf/NaN selects expert 0 with weight 0") {
+  const std::vector<float> W(4 * 2, 0.0f);  // every score sigmoid(0) = 0.5
+  const std::vector<float> x{1.0f, 2.0f};
+  std::vector<float> scores(4), w(2);
+  std::vector<int32_t> idx(2);
+  route(F32Matrix{W, 4, 2}, x, {}, RouterParams{2, false, 1.0f}, scores, idx, w);
+  CHECK(idx == std::vector<int32_t>{0, 1});
+  const std::vector<float> bias(4, -INFINITY);
+  route(F32Matrix{W, 4, 2}, x, bias, RouterParams{2, true, 1.0f}, scores, idx, w);
+  CHECK(idx == std::vector<int32_t>{0, 0});
+  CHECK(w == std::vector<float>{0.0f, 0.0f});
+}
