@@ -1,0 +1,445 @@
+#include "io/uring_reader.hpp"
+
+#include <fmt/format.h>
+#include <liburing.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "io/aligned.hpp"
+#include "io/error.hpp"
+
+namespace k3::io {
+
+namespace {
+
+constexpr size_t kMaxSyscallBytes = size_t{1} << 30;  // ENGINE.md §1.2: cap every read syscall
+constexpr uint64_t kWakeTag = 0;                      // user_data of the eventfd poll
+
+struct Job;
+
+// One chunk of a request. Lives in its job's vector, so its address is stable for user_data.
+struct Op {
+  Job* job;
+  int fd;
+  bool direct;
+  uint64_t off;
+  std::byte* dst;
+  size_t len;
+};
+
+struct Job {
+  ReadRequest req;
+  UringReader::Callback on_done;
+  std::vector<Op> ops;
+  size_t next = 0;         // first op not yet handed out
+  size_t outstanding = 0;  // handed out (in the kernel or waiting for resubmission), not finished
+  int error = 0;
+  std::string message;
+  bool queued = true;  // still in the reaper's issue queue; finished only once it has left it
+
+  bool finished() const { return !queued && next == ops.size() && outstanding == 0; }
+  void fail(int err, std::string msg) {
+    if (error == 0) {
+      error = err;
+      message = std::move(msg);
+    }
+    next = ops.size();  // nothing more of this request is read
+  }
+};
+
+// Splits a request into chunks: the 4096-aligned interior through O_DIRECT when the File has it
+// and destination and offset agree modulo 4096, the rest through the buffered descriptor.
+void split(Job& job, size_t chunk) {
+  const File& f = *job.req.file;
+  uint64_t off = job.req.offset;
+  std::byte* p = job.req.dst.data();
+  size_t n = job.req.dst.size();
+  size_t head = n, body = 0;
+  if (f.direct() && (off - reinterpret_cast<uintptr_t>(p)) % kDirectAlign == 0) {
+    head = std::min(n, size_t((kDirectAlign - off % kDirectAlign) % kDirectAlign));
+    body = align_down(n - head, kDirectAlign);
+  }
+  size_t tail = n - head - body;
+  job.ops.reserve((n + chunk - 1) / chunk + 2);
+  auto add = [&](size_t len, bool direct) {
+    while (len > 0) {
+      size_t c = std::min(len, chunk);
+      job.ops.push_back(Op{&job, direct ? f.direct_fd() : f.buffered_fd(), direct, off, p, c});
+      off += c;
+      p += c;
+      len -= c;
+    }
+  };
+  add(head, false);
+  add(body, true);
+  add(tail, false);
+}
+
+bool aligned_op(const Op& op) {
+  return op.off % kDirectAlign == 0 && reinterpret_cast<uintptr_t>(op.dst) % kDirectAlign == 0 &&
+         op.len % kDirectAlign == 0;
+}
+
+// Moves an op past `got` delivered bytes; leaves O_DIRECT once the remainder is unaligned.
+void advance(Op& op, size_t got) {
+  op.off += got;
+  op.dst += got;
+  op.len -= got;
+  if (op.direct && !aligned_op(op)) {
+    op.direct = false;
+    op.fd = op.job->req.file->buffered_fd();
+  }
+}
+
+void to_buffered(Op& op) {
+  op.direct = false;
+  op.fd = op.job->req.file->buffered_fd();
+}
+
+std::string read_error(const Op& op, int err) {
+  return fmt::format("read failed: {}: {} ({} bytes at offset {})", op.job->req.file->path().string(),
+                     std::strerror(err), op.len, op.off);
+}
+
+std::string eof_error(const Op& op) {
+  struct stat st {};
+  long long now = fstat(op.job->req.file->buffered_fd(), &st) == 0 ? (long long)st.st_size : -1;
+  return fmt::format("read failed: {}: unexpected end of file ({} bytes wanted at offset {}, file is {} bytes)",
+                     op.job->req.file->path().string(), op.len, op.off, now);
+}
+
+bool env_flag(const char* name) {
+  const char* v = std::getenv(name);
+  return v && *v && std::strcmp(v, "0") != 0;
+}
+
+}  // namespace
+
+struct UringReader::Impl {
+  Options opt;
+  Backend backend = Backend::pread;
+  std::string reason;
+
+  std::mutex mu;
+  std::condition_variable cv;       // pread thread: work arrived / stop
+  std::condition_variable idle_cv;  // wait_idle
+  std::deque<Job*> pending;         // submitted, not yet taken by the thread
+  bool stopping = false;
+  uint64_t submitted = 0, completed = 0;
+
+  std::atomic<uint64_t> n_requests{0}, n_failed{0}, n_uring_chunks{0}, n_uring_bytes{0}, n_pread_bytes{0},
+      n_direct_bytes{0}, n_resubmissions{0};
+
+  io_uring ring{};
+  int wake_fd = -1;
+  std::thread thread;
+
+  explicit Impl(Options o) : opt(o) {
+    opt.chunk_bytes = std::clamp(align_up(std::max<size_t>(opt.chunk_bytes, 1), kDirectAlign), kDirectAlign,
+                                 kMaxSyscallBytes);
+    opt.queue_depth = std::clamp(opt.queue_depth, 1u, 4096u);
+    if (opt.force_pread || env_flag("K3FLOW_NO_URING")) {
+      reason = opt.force_pread ? "pread forced by option" : "pread forced by K3FLOW_NO_URING";
+    } else if (int e = io_uring_queue_init(opt.queue_depth + 1, &ring, 0); e < 0) {
+      reason = fmt::format("io_uring_queue_init failed: {}", std::strerror(-e));
+    } else if ((wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) < 0) {
+      reason = fmt::format("eventfd failed: {}", std::strerror(errno));
+      io_uring_queue_exit(&ring);
+    } else {
+      backend = Backend::uring;
+    }
+    if (backend == Backend::uring)
+      thread = std::thread([this] { uring_loop(); });
+    else
+      thread = std::thread([this] { pread_loop(); });
+  }
+
+  ~Impl() {
+    {
+      std::lock_guard lk(mu);
+      stopping = true;
+    }
+    wake();
+    thread.join();
+    if (backend == Backend::uring) {
+      io_uring_queue_exit(&ring);
+      close(wake_fd);
+    }
+  }
+
+  void wake() {
+    if (backend == Backend::uring) {
+      uint64_t one = 1;
+      // Only EAGAIN (counter saturated) can fail here, and then a wake-up is already pending.
+      [[maybe_unused]] ssize_t w = write(wake_fd, &one, sizeof one);
+    } else {
+      cv.notify_one();
+    }
+  }
+
+  void enqueue(std::vector<Job*> jobs) {
+    {
+      std::lock_guard lk(mu);
+      for (Job* j : jobs) pending.push_back(j);
+      submitted += jobs.size();
+    }
+    n_requests += jobs.size();
+    wake();
+  }
+
+  void finish(Job* job) {
+    ReadCompletion c{job->req.tag, job->req.dst, job->error, std::move(job->message)};
+    if (!c.ok()) ++n_failed;
+    try {
+      job->on_done(c);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "k3flow: read completion callback threw: %s\n", e.what());
+    } catch (...) {
+      std::fprintf(stderr, "k3flow: read completion callback threw\n");
+    }
+    delete job;
+    {
+      std::lock_guard lk(mu);
+      ++completed;
+    }
+    idle_cv.notify_all();
+  }
+
+  // ---- io_uring backend: this thread alone prepares, submits and reaps ----
+
+  void uring_loop() {
+    std::deque<Job*> issuing;  // jobs with ops not yet handed out, FIFO
+    std::deque<Op*> retry;     // ops to resubmit, before any new op
+    unsigned inflight = 0;     // read SQEs in the kernel
+    bool poll_armed = false;
+    bool stop = false;
+
+    auto cancel_unread = [&] {
+      for (Job* j : issuing) j->fail(ECANCELED, fmt::format("read cancelled: {}: reader shut down",
+                                                            j->req.file->path().string()));
+      for (Op* op : retry) op->job->fail(ECANCELED, fmt::format("read cancelled: {}: reader shut down",
+                                                                op->job->req.file->path().string()));
+    };
+    auto next_op = [&]() -> Op* {
+      while (!retry.empty()) {
+        Op* op = retry.front();
+        retry.pop_front();
+        if (op->job->error == 0) return op;
+        --op->job->outstanding;
+        if (op->job->finished()) finish(op->job);
+      }
+      while (!issuing.empty()) {
+        Job* j = issuing.front();
+        if (j->next < j->ops.size()) {
+          ++j->outstanding;
+          ++n_uring_chunks;
+          return &j->ops[j->next++];
+        }
+        issuing.pop_front();
+        j->queued = false;
+        if (j->finished()) finish(j);  // zero-length, or failed with nothing outstanding
+      }
+      return nullptr;
+    };
+    auto op_done = [&](Op* op) {
+      --op->job->outstanding;
+      if (op->job->finished()) finish(op->job);
+    };
+
+    for (;;) {
+      {
+        std::lock_guard lk(mu);
+        for (Job* j : pending) issuing.push_back(j);
+        pending.clear();
+        stop = stopping;
+      }
+      if (stop) cancel_unread();
+      if (!poll_armed) {
+        io_uring_sqe* sqe = io_uring_get_sqe(&ring);
+        io_uring_prep_poll_add(sqe, wake_fd, POLLIN);
+        io_uring_sqe_set_data64(sqe, kWakeTag);
+        poll_armed = true;
+      }
+      while (inflight < opt.queue_depth) {
+        Op* op = next_op();
+        if (!op) break;
+        io_uring_sqe* sqe = io_uring_get_sqe(&ring);
+        io_uring_prep_read(sqe, op->fd, op->dst, unsigned(op->len), op->off);
+        io_uring_sqe_set_data(sqe, op);
+        ++inflight;
+      }
+      if (stop && inflight == 0 && issuing.empty() && retry.empty()) break;
+
+      int r = io_uring_submit_and_wait(&ring, 1);
+      if (r < 0 && r != -EINTR && r != -EAGAIN && r != -EBUSY) {
+        std::fprintf(stderr, "k3flow: io_uring_submit_and_wait: %s\n", std::strerror(-r));
+        io_uring_cqe* cqe = nullptr;
+        io_uring_wait_cqe(&ring, &cqe);  // wait for anything at all rather than spin
+      }
+
+      io_uring_cqe* cqe;
+      unsigned head, seen = 0;
+      io_uring_for_each_cqe(&ring, head, cqe) {
+        ++seen;
+        if (cqe->user_data == kWakeTag) {
+          uint64_t v;
+          [[maybe_unused]] ssize_t rd = read(wake_fd, &v, sizeof v);
+          poll_armed = false;
+          continue;
+        }
+        --inflight;
+        Op* op = static_cast<Op*>(io_uring_cqe_get_data(cqe));
+        int res = cqe->res;
+        if (res > 0) {
+          n_uring_bytes += uint64_t(res);
+          if (op->direct) n_direct_bytes += uint64_t(res);
+          if (size_t(res) < op->len) {
+            advance(*op, size_t(res));
+            ++n_resubmissions;
+            retry.push_back(op);
+          } else {
+            op_done(op);
+          }
+        } else if (res == 0) {
+          op->job->fail(ENODATA, eof_error(*op));
+          op_done(op);
+        } else if (res == -EINTR || res == -EAGAIN) {
+          ++n_resubmissions;
+          retry.push_back(op);
+        } else if (res == -EINVAL && op->direct) {
+          to_buffered(*op);
+          ++n_resubmissions;
+          retry.push_back(op);
+        } else {
+          op->job->fail(-res, read_error(*op, -res));
+          op_done(op);
+        }
+      }
+      io_uring_cq_advance(&ring, seen);
+    }
+  }
+
+  // ---- pread fallback: one thread, requests in order ----
+
+  void pread_loop() {
+    for (;;) {
+      Job* job;
+      {
+        std::unique_lock lk(mu);
+        cv.wait(lk, [&] { return stopping || !pending.empty(); });
+        if (pending.empty()) return;
+        job = pending.front();
+        pending.pop_front();
+      }
+      job->queued = false;
+      for (Op& op : job->ops) {
+        if (stop_requested()) {
+          job->fail(ECANCELED, fmt::format("read cancelled: {}: reader shut down", job->req.file->path().string()));
+          break;
+        }
+        if (!pread_op(op)) break;
+      }
+      finish(job);
+    }
+  }
+
+  bool stop_requested() {
+    std::lock_guard lk(mu);
+    return stopping;
+  }
+
+  bool pread_op(Op& op) {
+    while (op.len > 0) {
+      ssize_t r = pread(op.fd, op.dst, std::min(op.len, kMaxSyscallBytes), off_t(op.off));
+      if (r > 0) {
+        n_pread_bytes += uint64_t(r);
+        if (op.direct) n_direct_bytes += uint64_t(r);
+        if (size_t(r) < op.len) ++n_resubmissions;
+        advance(op, size_t(r));
+      } else if (r == 0) {
+        op.job->fail(ENODATA, eof_error(op));
+        return false;
+      } else if (errno == EINTR || errno == EAGAIN) {
+        ++n_resubmissions;
+      } else if (errno == EINVAL && op.direct) {
+        to_buffered(op);
+        ++n_resubmissions;
+      } else {
+        op.job->fail(errno, read_error(op, errno));
+        return false;
+      }
+    }
+    return true;
+  }
+};
+
+UringReader::UringReader() : UringReader(Options{}) {}
+UringReader::UringReader(Options options) : impl_(std::make_unique<Impl>(options)) {}
+UringReader::~UringReader() = default;
+
+void UringReader::submit(const ReadRequest& request, Callback on_done) {
+  submit(std::span<const ReadRequest>(&request, 1), on_done);
+}
+
+void UringReader::submit(std::span<const ReadRequest> requests, const Callback& on_done) {
+  std::vector<Job*> jobs;
+  jobs.reserve(requests.size());
+  try {
+    for (const ReadRequest& r : requests) {
+      if (!r.file) throw usage_error("UringReader::submit: request without a file");
+      if (!on_done) throw usage_error("UringReader::submit: request without a completion callback");
+      auto* j = new Job;
+      j->req = r;
+      j->on_done = on_done;
+      jobs.push_back(j);
+      split(*j, impl_->opt.chunk_bytes);
+    }
+  } catch (...) {
+    for (Job* j : jobs) delete j;
+    throw;
+  }
+  impl_->enqueue(std::move(jobs));
+}
+
+void UringReader::wait_idle() {
+  std::unique_lock lk(impl_->mu);
+  uint64_t target = impl_->submitted;
+  impl_->idle_cv.wait(lk, [&] { return impl_->completed >= target; });
+}
+
+UringReader::Backend UringReader::backend() const { return impl_->backend; }
+const std::string& UringReader::fallback_reason() const { return impl_->reason; }
+const UringReader::Options& UringReader::options() const { return impl_->opt; }
+
+ReaderCounters UringReader::counters() const {
+  const Impl& i = *impl_;
+  return ReaderCounters{i.n_requests.load(),   i.n_failed.load(),      i.n_uring_chunks.load(),
+                        i.n_uring_bytes.load(), i.n_pread_bytes.load(), i.n_direct_bytes.load(),
+                        i.n_resubmissions.load()};
+}
+
+size_t UringReader::ring_bytes(unsigned queue_depth) {
+  size_t entries = 1;
+  while (entries < size_t(queue_depth) + 1) entries <<= 1;
+  size_t sq = align_up(entries * 64, 4096) + align_up(entries * 4 + 256, 4096);  // SQEs + SQ ring
+  size_t cq = align_up(2 * entries * 16 + 256, 4096);                             // CQ ring (2x)
+  return sq + cq;
+}
+
+const char* backend_name(UringReader::Backend b) { return b == UringReader::Backend::uring ? "io_uring" : "pread"; }
+
+}  // namespace k3::io

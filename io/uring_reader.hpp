@@ -1,0 +1,104 @@
+// Asynchronous positioned reads into caller memory (PIPELINE.md §4, ENGINE.md §3.2 / §3.4).
+//
+// One reader owns one io_uring and one reaper thread; that thread alone touches the ring (it
+// prepares submissions and reaps completions), so submit() from any thread only appends to a queue
+// and wakes it through an eventfd the ring polls. Each request is split into chunks (default
+// 8 MiB, a multiple of 4096) so one large layer read keeps the device queue deep; up to
+// `queue_depth` chunks are in flight, and everything ready is handed to the kernel with one
+// io_uring_submit per loop turn. Short reads, -EINTR and -EAGAIN are resubmitted at the right
+// offset; an O_DIRECT chunk the filesystem refuses (-EINVAL) is retried on the buffered descriptor.
+//
+// O_DIRECT is used for the 4096-aligned interior of a request when the File has a direct
+// descriptor and the destination address and file offset agree modulo 4096; an unaligned head or
+// tail goes through the buffered descriptor.
+//
+// When io_uring is unavailable (K3FLOW_NO_URING=1, or io_uring_queue_init fails, e.g. under
+// seccomp) the same API is served by one thread doing pread(2): the engine runs either way.
+//
+// Completion contract: every submitted request completes EXACTLY ONCE through its callback, on the
+// reader's thread, after the kernel has stopped writing into its destination (also on error and on
+// shutdown). A failed read completes with errno + a one-line message naming the file; it never
+// hangs. Callbacks must be short and must not throw (the graph calls gateway.try_put() there);
+// they must not destroy the reader.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "io/file.hpp"
+
+namespace k3::io {
+
+struct ReadRequest {
+  const File* file = nullptr;  // must outlive the request
+  uint64_t offset = 0;         // byte offset in the file
+  std::span<std::byte> dst;    // exactly dst.size() bytes are read; must stay valid until completion
+  uint64_t tag = 0;            // echoed in the completion (e.g. layer/expert/slot packed by the caller)
+};
+
+struct ReadCompletion {
+  uint64_t tag = 0;
+  std::span<std::byte> dst;  // the request's destination
+  int error = 0;             // 0 on success, else an errno value (ECANCELED when the reader shut down)
+  std::string message;       // empty on success, else one line naming the file
+  bool ok() const { return error == 0; }
+};
+
+struct ReaderCounters {
+  uint64_t requests = 0;         // requests submitted
+  uint64_t failed = 0;           // requests completed with an error (cancellations included)
+  uint64_t uring_chunks = 0;     // chunks first submitted through io_uring (resubmissions excluded)
+  uint64_t uring_bytes = 0;      // bytes delivered by io_uring completions
+  uint64_t pread_bytes = 0;      // bytes delivered by pread (fallback backend)
+  uint64_t direct_bytes = 0;     // of those, bytes read through the O_DIRECT descriptor
+  uint64_t resubmissions = 0;    // short reads, EINTR/EAGAIN, O_DIRECT refusals retried
+};
+
+class UringReader {
+ public:
+  enum class Backend { uring, pread };
+  struct Options {
+    size_t chunk_bytes = size_t{8} << 20;  // rounded up to 4096, capped at 1 GiB
+    unsigned queue_depth = 32;             // chunks in flight (1..4096)
+    bool force_pread = false;              // also forced by env K3FLOW_NO_URING=1
+  };
+  using Callback = std::function<void(const ReadCompletion&)>;
+
+  UringReader();
+  explicit UringReader(Options options);
+  // Safe with requests in flight: chunks already in the kernel are waited for (their destination
+  // is written until they complete); every request not fully read then completes with ECANCELED.
+  // Callbacks run here, on the reader's thread, before the destructor returns.
+  ~UringReader();
+  UringReader(const UringReader&) = delete;
+  UringReader& operator=(const UringReader&) = delete;
+
+  // Queues one read; `on_done` runs once on the reader's thread. Throws usage Error if file is null.
+  void submit(const ReadRequest& request, Callback on_done);
+  // Queues several reads under one wake-up; `on_done` runs once per request (distinguish by tag).
+  void submit(std::span<const ReadRequest> requests, const Callback& on_done);
+
+  // Blocks until every request submitted so far has completed (its callback has returned).
+  void wait_idle();
+
+  Backend backend() const;
+  const std::string& fallback_reason() const;  // why pread was chosen; empty for io_uring
+  ReaderCounters counters() const;
+  const Options& options() const;
+
+  // Kernel + user memory one reader's ring takes for `queue_depth` (SQ/CQ rings, SQE array), for
+  // the memory planner. An upper bound; rounded to pages.
+  static size_t ring_bytes(unsigned queue_depth);
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+const char* backend_name(UringReader::Backend b);
+
+}  // namespace k3::io

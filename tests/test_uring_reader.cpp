@@ -1,0 +1,326 @@
+// io/uring_reader: real files in the build directory (not tmpfs: O_DIRECT must really be in effect
+// where the filesystem allows it), many concurrent requests at awkward sizes, both backends,
+// errors that must complete (never hang) and shutdown with reads in flight.
+#include "io/uring_reader.hpp"
+
+#include <doctest/doctest.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "io/aligned.hpp"
+#include "io/error.hpp"
+#include "io/file.hpp"
+
+namespace fs = std::filesystem;
+using k3::io::AlignedBuffer;
+using k3::io::File;
+using k3::io::ReadCompletion;
+using k3::io::ReadRequest;
+using k3::io::UringReader;
+
+namespace {
+
+constexpr size_t kFileBytes = size_t{64} << 20;
+
+uint64_t splitmix(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+// The pattern file, written once per test run in the working (build) directory.
+struct Pattern {
+  fs::path path;
+  std::vector<std::byte> bytes;
+  Pattern() : path(fs::absolute("uring_reader_pattern.bin")), bytes(kFileBytes) {
+    for (size_t i = 0; i < kFileBytes / 8; ++i) {
+      uint64_t v = splitmix(i);
+      std::memcpy(&bytes[i * 8], &v, 8);
+    }
+    write_file(path, bytes);
+  }
+  static void write_file(const fs::path& p, std::span<const std::byte> b) {
+    int fd = ::open(p.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    REQUIRE(fd >= 0);
+    size_t done = 0;
+    while (done < b.size()) {
+      ssize_t w = ::write(fd, b.data() + done, b.size() - done);
+      REQUIRE(w > 0);
+      done += size_t(w);
+    }
+    ::fdatasync(fd);
+    ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);  // read cold where the kernel obliges
+    ::close(fd);
+  }
+};
+
+const Pattern& pattern() {
+  static Pattern p;
+  return p;
+}
+
+// Collects completions; checks each tag completes exactly once.
+struct Sink {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::map<uint64_t, int> calls;
+  std::map<uint64_t, ReadCompletion> last;
+  std::atomic<size_t> total{0};
+
+  UringReader::Callback callback() {
+    return [this](const ReadCompletion& c) {
+      std::lock_guard lk(mu);
+      ++calls[c.tag];
+      last[c.tag] = c;
+      ++total;
+      cv.notify_all();
+    };
+  }
+  bool wait_for(size_t n, std::chrono::seconds limit) {
+    std::unique_lock lk(mu);
+    return cv.wait_for(lk, limit, [&] { return total >= n; });
+  }
+};
+
+struct Case {
+  uint64_t offset;
+  size_t length;
+  size_t dst_shift;  // destination = aligned buffer + dst_shift
+};
+
+// Aligned, unaligned, multi-chunk, head/body/tail (offset and address agree mod 4096), tiny, empty.
+std::vector<Case> awkward_cases() {
+  std::vector<Case> cs = {
+      {0, 4096, 0},
+      {4096 * 3, size_t{20} << 20, 0},          // several 8 MiB chunks, all O_DIRECT
+      {1, 1, 0},
+      {12345, 777777, 0},                        // unaligned offset, buffered
+      {8192 + 100, (size_t{9} << 20) + 5, 100},  // head + O_DIRECT body + tail
+      {kFileBytes - 4096, 4096, 0},              // last page
+      {kFileBytes - 13, 13, 7},                  // ends exactly at EOF
+      {0, 0, 0},                                 // empty request still completes
+      {(size_t{1} << 20) - 1, (size_t{3} << 20) + 2, 4095},
+  };
+  std::mt19937_64 rng(42);
+  for (int i = 0; i < 40; ++i) {
+    size_t len = 1 + rng() % (size_t{3} << 20);
+    uint64_t off = rng() % (kFileBytes - len);
+    if (i % 3 == 0) {
+      off = k3::io::align_down(off, 4096);
+      len = k3::io::align_up(len, 4096);
+      if (off + len > kFileBytes) off = kFileBytes - len;
+    }
+    cs.push_back({off, len, i % 3 == 0 ? 0 : size_t(rng() % 4096)});
+  }
+  return cs;
+}
+
+// Reads every case concurrently (half batched, half from a second thread) and checks the bytes.
+void read_and_compare(UringReader& reader, const File& f) {
+  const auto& pat = pattern();
+  auto cases = awkward_cases();
+  std::vector<AlignedBuffer> bufs;
+  std::vector<ReadRequest> reqs;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    bufs.emplace_back(cases[i].length + cases[i].dst_shift + 1);
+    reqs.push_back({&f, cases[i].offset, bufs.back().bytes().subspan(cases[i].dst_shift, cases[i].length), i});
+  }
+  Sink sink;
+  size_t half = reqs.size() / 2;
+  std::thread other([&] {
+    for (size_t i = half; i < reqs.size(); ++i) reader.submit(reqs[i], sink.callback());
+  });
+  reader.submit(std::span(reqs).first(half), sink.callback());
+  other.join();
+  REQUIRE(sink.wait_for(reqs.size(), std::chrono::seconds(60)));
+  reader.wait_idle();
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    CAPTURE(i);
+    CAPTURE(cases[i].offset);
+    CAPTURE(cases[i].length);
+    REQUIRE(sink.calls[i] == 1);
+    REQUIRE(sink.last[i].ok());
+    CHECK(sink.last[i].dst.data() == reqs[i].dst.data());
+    CHECK(std::memcmp(reqs[i].dst.data(), pat.bytes.data() + cases[i].offset, cases[i].length) == 0);
+  }
+}
+
+size_t total_bytes(const std::vector<Case>& cs) {
+  size_t n = 0;
+  for (const Case& c : cs) n += c.length;
+  return n;
+}
+
+// Sets an environment variable for one scope.
+struct ScopedEnv {
+  const char* name;
+  ScopedEnv(const char* n, const char* v) : name(n) { ::setenv(n, v, 1); }
+  ~ScopedEnv() { ::unsetenv(name); }
+};
+
+}  // namespace
+
+TEST_CASE("io_uring backend reads awkward concurrent requests exactly, O_DIRECT where aligned") {
+  const auto& pat = pattern();
+  File f = File::open_read(pat.path, File::Mode::direct_preferred);
+  if (!f.direct()) MESSAGE("filesystem refused O_DIRECT: only buffered reads are exercised");
+  UringReader reader;
+  if (reader.backend() != UringReader::Backend::uring)
+    FAIL("io_uring unavailable on this machine: " << reader.fallback_reason());
+  read_and_compare(reader, f);
+
+  auto c = reader.counters();
+  MESSAGE("requests " << c.requests << ", chunks " << c.uring_chunks << ", io_uring bytes " << c.uring_bytes
+                      << ", O_DIRECT bytes " << c.direct_bytes << ", resubmissions " << c.resubmissions);
+  const auto cases = awkward_cases();
+  CHECK(c.requests == cases.size());
+  CHECK(c.failed == 0);
+  CHECK(c.uring_bytes == total_bytes(cases));  // every byte came through io_uring
+  CHECK(c.pread_bytes == 0);
+  CHECK(c.uring_chunks >= cases.size() - 1);  // the empty request has no chunk
+  if (f.direct()) {
+    CHECK(c.direct_bytes >= (size_t{20} << 20));  // the aligned multi-chunk case at least
+    CHECK(c.direct_bytes < c.uring_bytes);          // unaligned pieces went buffered
+  }
+}
+
+TEST_CASE("large requests are split into chunk_bytes pieces and the queue depth is respected") {
+  const auto& pat = pattern();
+  File f = File::open_read(pat.path, File::Mode::direct_preferred);
+  UringReader reader(UringReader::Options{.chunk_bytes = 256 << 10, .queue_depth = 4});
+  REQUIRE(reader.backend() == UringReader::Backend::uring);
+  AlignedBuffer buf(kFileBytes);
+  Sink sink;
+  reader.submit({&f, 0, buf.bytes(), 7}, sink.callback());
+  REQUIRE(sink.wait_for(1, std::chrono::seconds(60)));
+  REQUIRE(sink.last[7].ok());
+  CHECK(std::memcmp(buf.data(), pat.bytes.data(), kFileBytes) == 0);
+  auto c = reader.counters();
+  CHECK(c.uring_chunks == kFileBytes / (256 << 10));
+  CHECK(c.uring_bytes == kFileBytes);
+  if (f.direct()) CHECK(c.direct_bytes == kFileBytes);
+}
+
+TEST_CASE("pread fallback gives identical bytes (forced by option and by K3FLOW_NO_URING)") {
+  const auto& pat = pattern();
+  File f = File::open_read(pat.path, File::Mode::direct_preferred);
+  SUBCASE("option") {
+    UringReader reader(UringReader::Options{.force_pread = true});
+    REQUIRE(reader.backend() == UringReader::Backend::pread);
+    read_and_compare(reader, f);
+    auto c = reader.counters();
+    CHECK(c.pread_bytes == total_bytes(awkward_cases()));
+    CHECK(c.uring_bytes == 0);
+    CHECK(c.uring_chunks == 0);
+  }
+  SUBCASE("environment") {
+    ScopedEnv env("K3FLOW_NO_URING", "1");
+    UringReader reader;
+    REQUIRE(reader.backend() == UringReader::Backend::pread);
+    CHECK(reader.fallback_reason().find("K3FLOW_NO_URING") != std::string::npos);
+    read_and_compare(reader, f);
+    CHECK(reader.counters().pread_bytes == total_bytes(awkward_cases()));
+  }
+}
+
+TEST_CASE("reads past EOF and on a truncated file complete with an error naming the file") {
+  const auto& pat = pattern();
+  fs::path trunc_path = fs::absolute("uring_reader_truncated.bin");
+  Pattern::write_file(trunc_path, std::span(pat.bytes).first(size_t{4} << 20));
+  File whole = File::open_read(pat.path, File::Mode::direct_preferred);
+  File shrinking = File::open_read(trunc_path, File::Mode::direct_preferred);
+  REQUIRE(::truncate(trunc_path.c_str(), 1 << 20) == 0);  // shrinks after open: size() is stale
+
+  for (bool force_pread : {false, true}) {
+    CAPTURE(force_pread);
+    UringReader reader(UringReader::Options{.force_pread = force_pread});
+    AlignedBuffer a(8192), b(size_t{3} << 20), ok(4096);
+    Sink sink;
+    auto t0 = std::chrono::steady_clock::now();
+    reader.submit({&whole, kFileBytes - 4096, a.bytes(), 1}, sink.callback());        // 4 KiB past EOF
+    reader.submit({&shrinking, size_t{1} << 19, b.bytes(), 2}, sink.callback());       // crosses new end
+    reader.submit({&whole, 0, ok.bytes(), 3}, sink.callback());                         // unaffected
+    REQUIRE(sink.wait_for(3, std::chrono::seconds(10)));
+    CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10));
+    CHECK_FALSE(sink.last[1].ok());
+    CHECK(sink.last[1].message.find(pat.path.string()) != std::string::npos);
+    CHECK(sink.last[1].message.find('\n') == std::string::npos);
+    CHECK_FALSE(sink.last[2].ok());
+    CHECK(sink.last[2].message.find(trunc_path.string()) != std::string::npos);
+    CHECK(sink.last[3].ok());
+    CHECK(reader.counters().failed == 2);
+  }
+  fs::remove(trunc_path);
+}
+
+TEST_CASE("a completion callback may submit the next read (the graph re-arms from completions)") {
+  const auto& pat = pattern();
+  File f = File::open_read(pat.path, File::Mode::direct_preferred);
+  UringReader reader;
+  constexpr size_t kStep = size_t{1} << 20;
+  AlignedBuffer buf(kFileBytes);
+  std::atomic<int> done{0};
+  std::function<void(const ReadCompletion&)> chain = [&](const ReadCompletion& c) {
+    REQUIRE(c.ok());
+    uint64_t next = c.tag + 1;
+    if (next * kStep < kFileBytes)
+      reader.submit({&f, next * kStep, buf.bytes().subspan(next * kStep, kStep), next}, chain);
+    ++done;
+  };
+  reader.submit({&f, 0, buf.bytes().first(kStep), 0}, chain);
+  for (int i = 0; i < 600 && done < int(kFileBytes / kStep); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  reader.wait_idle();
+  CHECK(done == int(kFileBytes / kStep));
+  CHECK(std::memcmp(buf.data(), pat.bytes.data(), kFileBytes) == 0);
+}
+
+TEST_CASE("destroying the reader with requests in flight completes each exactly once") {
+  const auto& pat = pattern();
+  File f = File::open_read(pat.path, File::Mode::direct_preferred);
+  for (bool force_pread : {false, true}) {
+    CAPTURE(force_pread);
+    constexpr size_t kN = 256, kLen = size_t{1} << 20;
+    AlignedBuffer buf(kN * kLen);
+    Sink sink;
+    {
+      UringReader reader(UringReader::Options{.queue_depth = 8, .force_pread = force_pread});
+      std::vector<ReadRequest> reqs;
+      for (size_t i = 0; i < kN; ++i)
+        reqs.push_back({&f, (i * kLen) % kFileBytes, buf.bytes().subspan(i * kLen, kLen), i});
+      reader.submit(reqs, sink.callback());
+      for (int i = 0; i < 10000 && sink.total == 0; ++i) std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }  // some requests done, some in the kernel, most queued: the destructor waits, cancels the rest
+    REQUIRE(sink.total == kN);
+    CHECK(sink.total > 0);
+    size_t ok = 0;
+    for (size_t i = 0; i < kN; ++i) {
+      REQUIRE(sink.calls[i] == 1);
+      if (sink.last[i].ok()) {
+        ++ok;
+        CHECK(std::memcmp(buf.data() + i * kLen, pat.bytes.data() + (i * kLen) % kFileBytes, kLen) == 0);
+      } else {
+        CHECK(sink.last[i].error == ECANCELED);
+      }
+    }
+    MESSAGE("completed before shutdown: " << ok << " of " << kN);
+  }
+}
+
+TEST_CASE("ring memory estimate grows with queue depth") {
+  CHECK(UringReader::ring_bytes(32) >= 4096);
+  CHECK(UringReader::ring_bytes(1024) > UringReader::ring_bytes(32));
+}
