@@ -2,11 +2,15 @@
 // when asked for and the filesystem accepts it (tmpfs and some others refuse: buffered fallback).
 // Every syscall is capped at 1 GiB; short reads and EINTR are resumed at the right offset.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <filesystem>
 #include <span>
 
 namespace k3::io {
+
+// No read syscall asks for more than this (Linux stops at 0x7ffff000 anyway; macOS rejects >= 2^31).
+constexpr size_t kMaxReadSyscall = size_t{1} << 30;
 
 class File {
  public:
