@@ -5,9 +5,13 @@
 
 namespace k3::kernels {
 
-float sigmoid(float x) { return 1.0f / (1.0f + ::expf(-x)); }
+float sigmoid(float x) {
+  return 1.0f / (1.0f + ::expf(-x));
+}
 
-float silu(float x) { return x * sigmoid(x); }
+float silu(float x) {
+  return x * sigmoid(x);
+}
 
 void situ_glu(std::span<const float> gate, std::span<const float> up, float beta1, float beta2,
               std::span<float> y) {

@@ -6,12 +6,14 @@
 
 namespace k3::kernels {
 
-float mla_score(std::span<const float> q_nope, std::span<const float> k_nope,
-                std::span<const float> q_rope, std::span<const float> k_rope, float scale) {
+float mla_score(std::span<const float> q_nope, std::span<const float> k_nope, std::span<const float> q_rope,
+                std::span<const float> k_rope, float scale) {
   // One sequential f64 sum running through the NoPE part and on into the rope part.
   double d = 0.0;
-  for (size_t i = 0; i < q_nope.size(); ++i) d += static_cast<double>(q_nope[i]) * static_cast<double>(k_nope[i]);
-  for (size_t i = 0; i < q_rope.size(); ++i) d += static_cast<double>(q_rope[i]) * static_cast<double>(k_rope[i]);
+  for (size_t i = 0; i < q_nope.size(); ++i)
+    d += static_cast<double>(q_nope[i]) * static_cast<double>(k_nope[i]);
+  for (size_t i = 0; i < q_rope.size(); ++i)
+    d += static_cast<double>(q_rope[i]) * static_cast<double>(k_rope[i]);
   return static_cast<float>(d) * scale;
 }
 

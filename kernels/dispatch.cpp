@@ -45,9 +45,12 @@ std::atomic<int>& active_slot() {
 
 const char* isa_name(Isa isa) {
   switch (isa) {
-    case Isa::scalar: return "scalar";
-    case Isa::avx2: return "avx2";
-    case Isa::avx512: return "avx512";
+    case Isa::scalar:
+      return "scalar";
+    case Isa::avx2:
+      return "avx2";
+    case Isa::avx512:
+      return "avx512";
   }
   return "unknown";
 }
@@ -56,9 +59,12 @@ bool isa_supported(Isa isa) {
   static const bool avx2 = cpu_has_avx2();
   static const bool avx512 = cpu_has_avx512();
   switch (isa) {
-    case Isa::scalar: return true;
-    case Isa::avx2: return avx2;
-    case Isa::avx512: return avx512;
+    case Isa::scalar:
+      return true;
+    case Isa::avx2:
+      return avx2;
+    case Isa::avx512:
+      return avx512;
   }
   return false;
 }
@@ -71,7 +77,9 @@ std::vector<Isa> supported_isas() {
   return out;
 }
 
-Isa active_isa() { return static_cast<Isa>(active_slot().load(std::memory_order_relaxed)); }
+Isa active_isa() {
+  return static_cast<Isa>(active_slot().load(std::memory_order_relaxed));
+}
 
 void set_active_isa(Isa isa) {
   if (isa_supported(isa)) active_slot().store(static_cast<int>(isa), std::memory_order_relaxed);

@@ -3,14 +3,13 @@
 #include <cmath>
 
 #include "kernels/activations.hpp"
-#include "kernels/kda_bodies.hpp"
 #include "kernels/dispatch.hpp"
+#include "kernels/kda_bodies.hpp"
 
 namespace k3::kernels {
 
 void kda_decay(std::span<const float> z, std::span<const float> a_log, std::span<const float> dt_bias,
-               size_t heads, size_t head_dim, float lower_bound, std::span<float> g,
-               std::span<float> alpha) {
+               size_t heads, size_t head_dim, float lower_bound, std::span<float> g, std::span<float> alpha) {
   for (size_t h = 0; h < heads; ++h) {
     const float a = ::expf(a_log[h]);  // A_log is per HEAD: only its first `heads` values are used
     for (size_t d = 0; d < head_dim; ++d) {
@@ -23,21 +22,24 @@ void kda_decay(std::span<const float> z, std::span<const float> a_log, std::span
   }
 }
 
-float kda_q_scale(size_t head_dim) { return 1.0f / ::sqrtf(static_cast<float>(head_dim)); }
+float kda_q_scale(size_t head_dim) {
+  return 1.0f / ::sqrtf(static_cast<float>(head_dim));
+}
 
 void kda_step(std::span<float> S, std::span<const float> alpha, std::span<const float> k,
-              std::span<const float> v, float beta, std::span<const float> q_scaled,
-              std::span<float> o, size_t head_dim) {
+              std::span<const float> v, float beta, std::span<const float> q_scaled, std::span<float> o,
+              size_t head_dim) {
   switch (active_isa()) {
     case Isa::avx512:
-      detail::kda_step_avx512(S.data(), alpha.data(), k.data(), v.data(), beta, q_scaled.data(),
-                              o.data(), head_dim);
+      detail::kda_step_avx512(S.data(), alpha.data(), k.data(), v.data(), beta, q_scaled.data(), o.data(),
+                              head_dim);
       return;
     case Isa::avx2:
-      detail::kda_step_avx2(S.data(), alpha.data(), k.data(), v.data(), beta, q_scaled.data(),
-                            o.data(), head_dim);
+      detail::kda_step_avx2(S.data(), alpha.data(), k.data(), v.data(), beta, q_scaled.data(), o.data(),
+                            head_dim);
       return;
-    case Isa::scalar: break;
+    case Isa::scalar:
+      break;
   }
   detail::kda_step_scalar(S.data(), alpha.data(), k.data(), v.data(), beta, q_scaled.data(), o.data(),
                           head_dim);
@@ -47,8 +49,8 @@ namespace detail {
 
 // The reference order, vectorisable across j only: every S[i][j] and u_j / o_j sees the same f32
 // operations in the same i order whatever the vector width.
-void kda_step_scalar(float* S, const float* alpha, const float* k, const float* v, float beta,
-                     const float* q, float* o, size_t D) {
+void kda_step_scalar(float* S, const float* alpha, const float* k, const float* v, float beta, const float* q,
+                     float* o, size_t D) {
   float u[kMaxKdaHeadDim];
   for (size_t i = 0; i < D; ++i) {
     float* row = S + i * D;

@@ -6,8 +6,8 @@
 
 namespace k3::kernels::detail {
 
-void kda_step_avx2(float* S, const float* alpha, const float* k, const float* v, float beta,
-                   const float* q, float* o, size_t D) {
+void kda_step_avx2(float* S, const float* alpha, const float* k, const float* v, float beta, const float* q,
+                   float* o, size_t D) {
   alignas(32) float diff[kMaxKdaHeadDim];
   alignas(32) float acc[kMaxKdaHeadDim];
   const size_t full = D / 8 * 8;

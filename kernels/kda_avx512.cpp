@@ -8,12 +8,14 @@ namespace k3::kernels::detail {
 
 namespace {
 
-__mmask16 tail_mask(size_t n) { return static_cast<__mmask16>((1u << n) - 1u); }
+__mmask16 tail_mask(size_t n) {
+  return static_cast<__mmask16>((1u << n) - 1u);
+}
 
 }  // namespace
 
-void kda_step_avx512(float* S, const float* alpha, const float* k, const float* v, float beta,
-                     const float* q, float* o, size_t D) {
+void kda_step_avx512(float* S, const float* alpha, const float* k, const float* v, float beta, const float* q,
+                     float* o, size_t D) {
   alignas(64) float diff[kMaxKdaHeadDim];
   alignas(64) float acc[kMaxKdaHeadDim];
   const size_t full = D / 16 * 16;

@@ -7,11 +7,11 @@ namespace k3::kernels::detail {
 
 inline constexpr size_t kMaxKdaHeadDim = 256;  // u/o scratch lives on the stack
 
-void kda_step_scalar(float* S, const float* alpha, const float* k, const float* v, float beta,
-                     const float* q, float* o, size_t D);
-void kda_step_avx2(float* S, const float* alpha, const float* k, const float* v, float beta,
-                   const float* q, float* o, size_t D);
-void kda_step_avx512(float* S, const float* alpha, const float* k, const float* v, float beta,
-                     const float* q, float* o, size_t D);
+void kda_step_scalar(float* S, const float* alpha, const float* k, const float* v, float beta, const float* q,
+                     float* o, size_t D);
+void kda_step_avx2(float* S, const float* alpha, const float* k, const float* v, float beta, const float* q,
+                   float* o, size_t D);
+void kda_step_avx512(float* S, const float* alpha, const float* k, const float* v, float beta, const float* q,
+                     float* o, size_t D);
 
 }  // namespace k3::kernels::detail

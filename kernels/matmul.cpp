@@ -20,9 +20,12 @@ constexpr size_t kParallelRows = 64;
 
 detail::MatmulBodies bodies() {
   switch (active_isa()) {
-    case Isa::avx512: return detail::matmul_bodies_avx512();
-    case Isa::avx2: return detail::matmul_bodies_avx2();
-    case Isa::scalar: break;
+    case Isa::avx512:
+      return detail::matmul_bodies_avx512();
+    case Isa::avx2:
+      return detail::matmul_bodies_avx2();
+    case Isa::scalar:
+      break;
   }
   return detail::matmul_bodies_scalar();
 }
@@ -39,8 +42,8 @@ void for_rows(size_t rows, size_t cols, const Body& body) {
 }
 
 // Rows [r0, r1) (all rows, split over threads, when `parallel`); y[t * y_stride + (r - r0)].
-void run(const Matrix& w, const double* xw, size_t tokens, float* y, size_t y_stride, size_t r0,
-         size_t r1, bool parallel) {
+void run(const Matrix& w, const double* xw, size_t tokens, float* y, size_t y_stride, size_t r0, size_t r1,
+         bool parallel) {
   const detail::MatmulBodies b = bodies();
   std::visit(
       [&](const auto& m) {
@@ -53,8 +56,7 @@ void run(const Matrix& w, const double* xw, size_t tokens, float* y, size_t y_st
             b.bf16(m.data.data() + a * m.cols, e - a, m.cols, xw, tokens, yr, y_stride);
           } else {
             b.mxfp4(m.packed.data() + a * mxfp4_packed_cols(m.cols),
-                    m.scales.data() + a * mxfp4_scale_cols(m.cols), e - a, m.cols, xw, tokens, yr,
-                    y_stride);
+                    m.scales.data() + a * mxfp4_scale_cols(m.cols), e - a, m.cols, xw, tokens, yr, y_stride);
           }
         };
         if (parallel) {
@@ -74,7 +76,9 @@ std::vector<double> widen(std::span<const float> x) {
 
 }  // namespace
 
-void matvec(const Matrix& w, std::span<const float> x, std::span<float> y) { matmul(w, x, 1, y); }
+void matvec(const Matrix& w, std::span<const float> x, std::span<float> y) {
+  matmul(w, x, 1, y);
+}
 
 void matmul(const Matrix& w, std::span<const float> x, size_t tokens, std::span<float> y) {
   const std::vector<double> xw = widen(x.first(tokens * cols_of(w)));
@@ -88,12 +92,13 @@ float dot_row(const Matrix& w, size_t row, std::span<const float> x) {
   return out;
 }
 
-float e8m0_to_f32(uint8_t b) { return std::ldexp(1.0f, static_cast<int>(b) - 127); }
+float e8m0_to_f32(uint8_t b) {
+  return std::ldexp(1.0f, static_cast<int>(b) - 127);
+}
 
 namespace detail {
 
 namespace {
-
 
 // §5.3: 16 f64 lanes over full blocks of 16, fixed tree, then a sequential tail. Every product of
 // two f32-representable values is exact in f64, so multiply-then-add equals fma64 here.
@@ -121,8 +126,8 @@ void f32_dot_rows(const float* w, size_t rows, size_t cols, const double* x, siz
   }
 }
 
-void bf16_dot_rows(const uint16_t* w, size_t rows, size_t cols, const double* x, size_t tokens,
-                   float* y, size_t y_stride) {
+void bf16_dot_rows(const uint16_t* w, size_t rows, size_t cols, const double* x, size_t tokens, float* y,
+                   size_t y_stride) {
   auto widen = [](uint16_t v) { return static_cast<double>(bf16_to_f32(v)); };
   for (size_t r = 0; r < rows; ++r) {
     for (size_t t = 0; t < tokens; ++t) {
@@ -158,8 +163,8 @@ float mxfp4_dot(const uint8_t* packed, const uint8_t* scales, size_t cols, const
   return static_cast<float>(acc);
 }
 
-void mxfp4_dot_rows(const uint8_t* packed, const uint8_t* scales, size_t rows, size_t cols,
-                    const double* x, size_t tokens, float* y, size_t y_stride) {
+void mxfp4_dot_rows(const uint8_t* packed, const uint8_t* scales, size_t rows, size_t cols, const double* x,
+                    size_t tokens, float* y, size_t y_stride) {
   const size_t pc = mxfp4_packed_cols(cols);
   const size_t sc = mxfp4_scale_cols(cols);
   for (size_t r = 0; r < rows; ++r) {
@@ -171,7 +176,9 @@ void mxfp4_dot_rows(const uint8_t* packed, const uint8_t* scales, size_t rows, s
 
 }  // namespace
 
-MatmulBodies matmul_bodies_scalar() { return {f32_dot_rows, bf16_dot_rows, mxfp4_dot_rows}; }
+MatmulBodies matmul_bodies_scalar() {
+  return {f32_dot_rows, bf16_dot_rows, mxfp4_dot_rows};
+}
 
 }  // namespace detail
 

@@ -1,7 +1,295 @@
+// AVX-512 bodies of the dense (MODEL.md §5.3) and MXFP4 (§5.4) matmuls. Raw pointers and
+// internal-linkage helpers only (see matmul_bodies.hpp). Every f64 product here is of two
+// f32-representable values, hence exact, so vfmadd...pd equals the contract's fma64.
+// GCC 12 warns inside its own AVX-512 headers (_mm512_undefined_* placeholders); not our code.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#include <immintrin.h>
+
+#include <cstddef>
+#include <cstdint>
+
 #include "kernels/matmul_bodies.hpp"
 
 namespace k3::kernels::detail {
 
-MatmulBodies matmul_bodies_avx512() { return matmul_bodies_scalar(); }
+namespace {
+
+// ---- dense ----------------------------------------------------------------------------------
+
+// Elements i..i+7 and i+8..i+15 of a row, widened exactly to f64.
+struct F32Load {
+  const float* w;
+  void operator()(size_t i, __m512d& lo, __m512d& hi) const {
+    lo = _mm512_cvtps_pd(_mm256_loadu_ps(w + i));
+    hi = _mm512_cvtps_pd(_mm256_loadu_ps(w + i + 8));
+  }
+  double at(size_t i) const { return static_cast<double>(w[i]); }
+};
+
+struct Bf16Load {
+  const uint16_t* w;
+  void operator()(size_t i, __m512d& lo, __m512d& hi) const {
+    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + i));
+    const __m512 f = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+    lo = _mm512_cvtps_pd(_mm512_castps512_ps256(f));
+    hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(f), 1)));
+  }
+  double at(size_t i) const {
+    const uint32_t bits = static_cast<uint32_t>(w[i]) << 16;
+    float f;
+    __builtin_memcpy(&f, &bits, sizeof f);
+    return static_cast<double>(f);
+  }
+};
+
+// A holds lanes a0..a7, B holds a8..a15. The §5.3 tree pairs a_j with a_{j+4} first:
+// P = lo(A)+hi(A), Q = lo(B)+hi(B), R = P+Q (= b_j), then (R0+R1)+(R2+R3). Not A+B first.
+double reduce16(__m512d A, __m512d B) {
+  const __m256d P = _mm256_add_pd(_mm512_castpd512_pd256(A), _mm512_extractf64x4_pd(A, 1));
+  const __m256d Q = _mm256_add_pd(_mm512_castpd512_pd256(B), _mm512_extractf64x4_pd(B, 1));
+  const __m256d R = _mm256_add_pd(P, Q);
+  const __m128d lo = _mm256_castpd256_pd128(R);
+  const __m128d hi = _mm256_extractf128_pd(R, 1);
+  const double r01 = _mm_cvtsd_f64(lo) + _mm_cvtsd_f64(_mm_unpackhi_pd(lo, lo));
+  const double r23 = _mm_cvtsd_f64(hi) + _mm_cvtsd_f64(_mm_unpackhi_pd(hi, hi));
+  return r01 + r23;
+}
+
+// NR rows (loaders) against one input: independent accumulators interleave the FMA chains.
+template <int NR, class Load>
+void dense_rows(const Load* rows, size_t n, const double* x, float* out) {
+  __m512d A[NR], B[NR];
+  for (int r = 0; r < NR; ++r) A[r] = B[r] = _mm512_setzero_pd();
+  const size_t full = n / 16 * 16;
+  for (size_t i = 0; i < full; i += 16) {
+    const __m512d x0 = _mm512_loadu_pd(x + i);
+    const __m512d x1 = _mm512_loadu_pd(x + i + 8);
+    for (int r = 0; r < NR; ++r) {
+      __m512d lo, hi;
+      rows[r](i, lo, hi);
+      A[r] = _mm512_fmadd_pd(lo, x0, A[r]);
+      B[r] = _mm512_fmadd_pd(hi, x1, B[r]);
+    }
+  }
+  for (int r = 0; r < NR; ++r) {
+    double acc = reduce16(A[r], B[r]);
+    for (size_t i = full; i < n; ++i) acc = acc + rows[r].at(i) * x[i];  // exact product: = fma64
+    out[r] = static_cast<float>(acc);
+  }
+}
+
+// One row against NT inputs: the weights are widened once per block for all tokens.
+template <int NT, class Load>
+void dense_tokens(const Load& row, size_t n, const double* x, size_t x_stride, float* y, size_t y_stride) {
+  __m512d A[NT], B[NT];
+  for (int t = 0; t < NT; ++t) A[t] = B[t] = _mm512_setzero_pd();
+  const size_t full = n / 16 * 16;
+  for (size_t i = 0; i < full; i += 16) {
+    __m512d lo, hi;
+    row(i, lo, hi);
+    for (int t = 0; t < NT; ++t) {
+      A[t] = _mm512_fmadd_pd(lo, _mm512_loadu_pd(x + t * x_stride + i), A[t]);
+      B[t] = _mm512_fmadd_pd(hi, _mm512_loadu_pd(x + t * x_stride + i + 8), B[t]);
+    }
+  }
+  for (int t = 0; t < NT; ++t) {
+    double acc = reduce16(A[t], B[t]);
+    for (size_t i = full; i < n; ++i) acc = acc + row.at(i) * x[t * x_stride + i];
+    y[t * y_stride] = static_cast<float>(acc);
+  }
+}
+
+template <class T, class Load>
+void dense(const T* w, size_t rows, size_t cols, const double* x, size_t tokens, float* y, size_t y_stride) {
+  if (tokens == 1) {
+    size_t r = 0;
+    for (; r + 4 <= rows; r += 4) {
+      const Load l[4] = {{w + r * cols}, {w + (r + 1) * cols}, {w + (r + 2) * cols}, {w + (r + 3) * cols}};
+      dense_rows<4>(l, cols, x, y + r);
+    }
+    for (; r < rows; ++r) {
+      const Load l[1] = {{w + r * cols}};
+      dense_rows<1>(l, cols, x, y + r);
+    }
+    return;
+  }
+  for (size_t r = 0; r < rows; ++r) {
+    const Load l{w + r * cols};
+    size_t t = 0;
+    for (; t + 4 <= tokens; t += 4)
+      dense_tokens<4>(l, cols, x + t * cols, cols, y + t * y_stride + r, y_stride);
+    for (; t < tokens; ++t) dense_tokens<1>(l, cols, x + t * cols, cols, y + t * y_stride + r, y_stride);
+  }
+}
+
+void f32_rows(const float* w, size_t rows, size_t cols, const double* x, size_t tokens, float* y,
+              size_t y_stride) {
+  dense<float, F32Load>(w, rows, cols, x, tokens, y, y_stride);
+}
+
+void bf16_rows(const uint16_t* w, size_t rows, size_t cols, const double* x, size_t tokens, float* y,
+               size_t y_stride) {
+  dense<uint16_t, Bf16Load>(w, rows, cols, x, tokens, y, y_stride);
+}
+
+// ---- MXFP4 ----------------------------------------------------------------------------------
+
+constexpr size_t G = 32;
+
+// 2^(b-127) as f64 (exact, = f64 of the f32 E8M0 value for b <= 254).
+double e8m0(uint8_t b) {
+  const uint64_t bits = static_cast<uint64_t>(b + 896) << 52;
+  double d;
+  __builtin_memcpy(&d, &bits, sizeof d);
+  return d;
+}
+
+double e2m1(uint8_t nib) {
+  static const double t[16] = {0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6};
+  return t[nib & 0xF];
+}
+
+// A group the fast path does not take (partial last group): the pseudo-code as written.
+double group_generic(const uint8_t* bytes, size_t n, const double* x) {
+  auto elem = [&](size_t i) { return e2m1((i & 1) ? bytes[i >> 1] >> 4 : bytes[i >> 1]); };
+  double s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  const size_t full = n / 8 * 8;
+  for (size_t c = 0; c < full; c += 8) {
+    for (size_t l = 0; l < 8; ++l) s[l] = s[l] + elem(c + l) * x[c + l];
+  }
+  double sub = ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
+  for (size_t i = full; i < n; ++i) sub = sub + elem(i) * x[i];
+  return sub;
+}
+
+// The 32 E2M1 values of a full group as four f64 vectors: chunk c holds elements 8c..8c+7, so
+// lane l of the group's accumulator receives elements l, 8+l, 16+l, 24+l in that order.
+struct Group {
+  __m512d w[4];
+};
+
+Group decode(const uint8_t* bytes) {
+  const __m512d pos = _mm512_setr_pd(0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0);
+  const __m512d neg = _mm512_setr_pd(-0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0);
+  const __m128i mask = _mm_set1_epi8(0x0F);
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes));
+  const __m128i lo = _mm_and_si128(b, mask);
+  const __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), mask);
+  const __m128i e0 = _mm_unpacklo_epi8(lo, hi);  // elements 0..15: low nibble = even element
+  const __m128i e1 = _mm_unpackhi_epi8(lo, hi);  // elements 16..31
+  Group g;
+  // permutex2var: index bit 3 picks the negative half, i.e. the E2M1 sign bit.
+  g.w[0] = _mm512_permutex2var_pd(pos, _mm512_cvtepu8_epi64(e0), neg);
+  g.w[1] = _mm512_permutex2var_pd(pos, _mm512_cvtepu8_epi64(_mm_srli_si128(e0, 8)), neg);
+  g.w[2] = _mm512_permutex2var_pd(pos, _mm512_cvtepu8_epi64(e1), neg);
+  g.w[3] = _mm512_permutex2var_pd(pos, _mm512_cvtepu8_epi64(_mm_srli_si128(e1, 8)), neg);
+  return g;
+}
+
+// s_l over the four chunks, then t_j = s_j + s_{j+4} (lo256 + hi256).
+__m256d group_partial(const Group& g, const double* x) {
+  __m512d s = _mm512_fmadd_pd(g.w[0], _mm512_loadu_pd(x), _mm512_setzero_pd());
+  s = _mm512_fmadd_pd(g.w[1], _mm512_loadu_pd(x + 8), s);
+  s = _mm512_fmadd_pd(g.w[2], _mm512_loadu_pd(x + 16), s);
+  s = _mm512_fmadd_pd(g.w[3], _mm512_loadu_pd(x + 24), s);
+  return _mm256_add_pd(_mm512_castpd512_pd256(s), _mm512_extractf64x4_pd(s, 1));
+}
+
+// Four groups' t vectors -> their subs (t0+t1)+(t2+t3), one per lane, in group order.
+__m256d subs4(__m256d t0, __m256d t1, __m256d t2, __m256d t3) {
+  const __m256d h01 = _mm256_hadd_pd(t0, t1);  // [t0_0+t0_1, t1_0+t1_1, t0_2+t0_3, t1_2+t1_3]
+  const __m256d h23 = _mm256_hadd_pd(t2, t3);
+  const __m256d a = _mm256_permute2f128_pd(h01, h23, 0x20);  // (t_k0 + t_k1) for k = 0..3
+  const __m256d b = _mm256_permute2f128_pd(h01, h23, 0x31);  // (t_k2 + t_k3)
+  return _mm256_add_pd(a, b);
+}
+
+double sub1(__m256d t) {
+  const __m128d lo = _mm256_castpd256_pd128(t);
+  const __m128d hi = _mm256_extractf128_pd(t, 1);
+  return (_mm_cvtsd_f64(lo) + _mm_cvtsd_f64(_mm_unpackhi_pd(lo, lo))) +
+         (_mm_cvtsd_f64(hi) + _mm_cvtsd_f64(_mm_unpackhi_pd(hi, hi)));
+}
+
+// Scales of four groups as f64, and which of them are not skipped (byte != 255).
+__m256d scales4(const uint8_t* s, __mmask8& keep) {
+  uint32_t raw;
+  __builtin_memcpy(&raw, s, 4);
+  const __m128i b = _mm_cvtsi32_si128(static_cast<int>(raw));
+  keep = static_cast<__mmask8>(~_mm_cmpeq_epi8_mask(b, _mm_set1_epi8(static_cast<char>(0xFF))) & 0xF);
+  const __m256i e = _mm256_slli_epi64(_mm256_add_epi64(_mm256_cvtepu8_epi64(b), _mm256_set1_epi64x(896)), 52);
+  return _mm256_castsi256_pd(e);
+}
+
+// acc + p0 + p1 + p2 + p3 in that order (a skipped group's lane is +0; acc is never -0, so adding
+// +0 leaves it unchanged, exactly like skipping).
+double add4(double acc, __m256d p) {
+  const __m128d lo = _mm256_castpd256_pd128(p);
+  const __m128d hi = _mm256_extractf128_pd(p, 1);
+  acc = acc + _mm_cvtsd_f64(lo);
+  acc = acc + _mm_cvtsd_f64(_mm_unpackhi_pd(lo, lo));
+  acc = acc + _mm_cvtsd_f64(hi);
+  acc = acc + _mm_cvtsd_f64(_mm_unpackhi_pd(hi, hi));
+  return acc;
+}
+
+// One row for NT inputs (x rows cols apart): each group is decoded once for all of them.
+template <int NT>
+void mxfp4_row(const uint8_t* packed, const uint8_t* scales, size_t cols, const double* x, float* y,
+               size_t y_stride) {
+  const size_t groups = (cols + G - 1) / G;
+  const size_t full = cols / G;  // complete 32-element groups
+  double acc[NT];
+  for (int t = 0; t < NT; ++t) acc[t] = 0.0;
+  size_t g = 0;
+  for (; g + 4 <= full; g += 4) {
+    __mmask8 keep;
+    const __m256d sc = scales4(scales + g, keep);
+    __m256d tv[NT][4];
+    for (int k = 0; k < 4; ++k) {
+      // A skipped group's lanes are computed (the inputs may hold inf / NaN) but masked out below.
+      const Group w = decode(packed + (g + k) * G / 2);
+      for (int t = 0; t < NT; ++t) tv[t][k] = group_partial(w, x + t * cols + (g + k) * G);
+    }
+    for (int t = 0; t < NT; ++t) {
+      const __m256d sub = subs4(tv[t][0], tv[t][1], tv[t][2], tv[t][3]);
+      acc[t] = add4(acc[t], _mm256_maskz_mul_pd(keep, sub, sc));  // separate multiply, then add
+    }
+  }
+  for (; g < groups; ++g) {
+    if (scales[g] == 255) continue;
+    const double s = e8m0(scales[g]);
+    if (g < full) {
+      const Group w = decode(packed + g * G / 2);
+      for (int t = 0; t < NT; ++t) acc[t] = acc[t] + sub1(group_partial(w, x + t * cols + g * G)) * s;
+    } else {
+      for (int t = 0; t < NT; ++t) {
+        acc[t] = acc[t] + group_generic(packed + g * G / 2, cols - g * G, x + t * cols + g * G) * s;
+      }
+    }
+  }
+  for (int t = 0; t < NT; ++t) y[t * y_stride] = static_cast<float>(acc[t]);
+}
+
+void mxfp4_rows(const uint8_t* packed, const uint8_t* scales, size_t rows, size_t cols, const double* x,
+                size_t tokens, float* y, size_t y_stride) {
+  const size_t pc = (cols + 1) / 2, sc = (cols + G - 1) / G;
+  for (size_t r = 0; r < rows; ++r) {
+    size_t t = 0;
+    for (; t + 2 <= tokens; t += 2) {
+      mxfp4_row<2>(packed + r * pc, scales + r * sc, cols, x + t * cols, y + t * y_stride + r, y_stride);
+    }
+    for (; t < tokens; ++t) {
+      mxfp4_row<1>(packed + r * pc, scales + r * sc, cols, x + t * cols, y + t * y_stride + r, y_stride);
+    }
+  }
+}
+
+}  // namespace
+
+MatmulBodies matmul_bodies_avx512() {
+  return {f32_rows, bf16_rows, mxfp4_rows};
+}
 
 }  // namespace k3::kernels::detail

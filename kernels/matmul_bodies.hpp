@@ -13,11 +13,11 @@ namespace k3::kernels::detail {
 
 using F32Rows = void (*)(const float* w, size_t rows, size_t cols, const double* x, size_t tokens, float* y,
                          size_t y_stride);
-using Bf16Rows = void (*)(const uint16_t* w, size_t rows, size_t cols, const double* x, size_t tokens, float* y,
-                          size_t y_stride);
+using Bf16Rows = void (*)(const uint16_t* w, size_t rows, size_t cols, const double* x, size_t tokens,
+                          float* y, size_t y_stride);
 // packed rows are (cols + 1) / 2 bytes, scale rows (cols + 31) / 32 bytes.
-using Mxfp4Rows = void (*)(const uint8_t* packed, const uint8_t* scales, size_t rows, size_t cols, const double* x,
-                           size_t tokens, float* y, size_t y_stride);
+using Mxfp4Rows = void (*)(const uint8_t* packed, const uint8_t* scales, size_t rows, size_t cols,
+                           const double* x, size_t tokens, float* y, size_t y_stride);
 
 struct MatmulBodies {
   F32Rows f32;

@@ -16,8 +16,12 @@ inline constexpr float kE2m1[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.
 inline constexpr uint8_t kE8m0Skip = 255;
 
 // Bytes per packed row / scale row of a matrix with `cols` logical elements per row.
-inline constexpr size_t mxfp4_packed_cols(size_t cols) { return (cols + 1) / 2; }
-inline constexpr size_t mxfp4_scale_cols(size_t cols) { return (cols + kMxfp4Group - 1) / kMxfp4Group; }
+inline constexpr size_t mxfp4_packed_cols(size_t cols) {
+  return (cols + 1) / 2;
+}
+inline constexpr size_t mxfp4_scale_cols(size_t cols) {
+  return (cols + kMxfp4Group - 1) / kMxfp4Group;
+}
 
 // 2^(b - 127) as f32 for b <= 254 (b = 0 is the subnormal 2^-127).
 float e8m0_to_f32(uint8_t b);

@@ -26,7 +26,9 @@ void rmsnorm(std::span<const float> x, std::span<const float> w, float eps, std:
   for (size_t i = 0; i < x.size(); ++i) y[i] = (w[i] * x[i]) * inv;
 }
 
-void rmsnorm_inplace(std::span<float> x, std::span<const float> w, float eps) { rmsnorm(x, w, eps, x); }
+void rmsnorm_inplace(std::span<float> x, std::span<const float> w, float eps) {
+  rmsnorm(x, w, eps, x);
+}
 
 void l2norm_inplace(std::span<float> x) {
   const float inv = static_cast<float>(1.0 / std::sqrt(sum_squares(x) + static_cast<double>(1e-6f)));

@@ -11,8 +11,12 @@ namespace k3::kernels {
 
 namespace {
 
-inline double widen(float v) { return static_cast<double>(v); }
-inline double widen(uint16_t v) { return static_cast<double>(bf16_to_f32(v)); }
+inline double widen(float v) {
+  return static_cast<double>(v);
+}
+inline double widen(uint16_t v) {
+  return static_cast<double>(bf16_to_f32(v));
+}
 
 // Logits of experts [e0, e1): one sequential f64 accumulator per expert (NOT the 16-lane tree).
 // Four experts run interleaved only so their independent chains overlap in the pipeline.
@@ -60,8 +64,7 @@ void score_all(const T* w, size_t n_experts, size_t hidden, const float* x, floa
 }  // namespace
 
 void route(const DenseMatrix& gate, std::span<const float> x, std::span<const float> bias,
-           const RouterParams& p, std::span<float> scores, std::span<int32_t> idx,
-           std::span<float> weight) {
+           const RouterParams& p, std::span<float> scores, std::span<int32_t> idx, std::span<float> weight) {
   size_t n = 0;
   std::visit(
       [&](const auto& g) {

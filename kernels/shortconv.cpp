@@ -4,8 +4,8 @@
 
 namespace k3::kernels {
 
-void shortconv_step(std::span<const float> x, std::span<const float> w, size_t K,
-                    std::span<float> hist, std::span<float> y) {
+void shortconv_step(std::span<const float> x, std::span<const float> w, size_t K, std::span<float> hist,
+                    std::span<float> y) {
   const size_t H = K - 1;
   for (size_t c = 0; c < x.size(); ++c) {
     const float cur = x[c];

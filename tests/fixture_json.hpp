@@ -107,9 +107,7 @@ class Fixture {
     return 0.0;
   }
 
-  [[noreturn]] void fail(const std::string& what) const {
-    throw std::runtime_error(path_ + ": " + what);
-  }
+  [[noreturn]] void fail(const std::string& what) const { throw std::runtime_error(path_ + ": " + what); }
 
   std::string path_;
   std::unique_ptr<simdjson::dom::parser> parser_;

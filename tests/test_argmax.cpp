@@ -1,9 +1,9 @@
-#include "kernels/argmax.hpp"
-
 #include <doctest/doctest.h>
 
 #include <cmath>
 #include <vector>
+
+#include "kernels/argmax.hpp"
 
 using k3::kernels::argmax;
 

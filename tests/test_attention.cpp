@@ -1,9 +1,9 @@
-#include "kernels/attention.hpp"
-
 #include <doctest/doctest.h>
 
 #include <cmath>
 #include <vector>
+
+#include "kernels/attention.hpp"
 
 using namespace k3::kernels;
 

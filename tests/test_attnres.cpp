@@ -1,11 +1,10 @@
-#include "kernels/attnres.hpp"
-
 #include <doctest/doctest.h>
 
 #include <cmath>
 #include <cstring>
 #include <vector>
 
+#include "kernels/attnres.hpp"
 #include "tests/fixture_json.hpp"
 
 using namespace k3::kernels;
@@ -15,7 +14,7 @@ TEST_CASE("attnres matches fixtures/ops/attnres.json (8 blocks then the prefix; 
   const Fixture f("ops/attnres.json");
   const auto tol = k3::test::manifest_tolerance();
   const float eps = static_cast<float>(f.number("eps"));
-  const auto prefix = f.tensor("prefix_sum");     // [T][E]
+  const auto prefix = f.tensor("prefix_sum");      // [T][E]
   const auto blocks = f.tensor("block_residual");  // [T][nb][E]
   const auto fold_hint = f.tensor("fold_hint");
   const auto want = f.tensor("out");
@@ -31,7 +30,8 @@ TEST_CASE("attnres matches fixtures/ops/attnres.json (8 blocks then the prefix; 
   std::vector<float> got(T * E), scores(nb + 1);
   for (size_t t = 0; t < T; ++t) {
     std::vector<std::span<const float>> src;
-    for (size_t b = 0; b < nb; ++b) src.push_back(std::span<const float>(blocks.data).subspan((t * nb + b) * E, E));
+    for (size_t b = 0; b < nb; ++b)
+      src.push_back(std::span<const float>(blocks.data).subspan((t * nb + b) * E, E));
     src.push_back(prefix.row(t));
     attnres(src, fold_hint.data, eps, scores, std::span<float>(got).subspan(t * E, E));
   }
@@ -53,9 +53,11 @@ TEST_CASE("attnres arithmetic equals a reference written from MODEL.md §5.2") {
   for (size_t s = 0; s < n; ++s) {
     double ss = 0.0;
     for (float x : v[s]) ss = ss + static_cast<double>(x) * static_cast<double>(x);
-    const float inv = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(E) + static_cast<double>(eps)));
+    const float inv =
+        static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(E) + static_cast<double>(eps)));
     double acc = 0.0;
-    for (size_t i = 0; i < E; ++i) acc = acc + static_cast<double>(v[s][i] * inv) * static_cast<double>(fold[i]);
+    for (size_t i = 0; i < E; ++i)
+      acc = acc + static_cast<double>(v[s][i] * inv) * static_cast<double>(fold[i]);
     sc[s] = static_cast<float>(acc);
   }
   float m = sc[0];

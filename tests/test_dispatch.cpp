@@ -1,8 +1,8 @@
-#include "kernels/dispatch.hpp"
-
 #include <doctest/doctest.h>
 
 #include <cstring>
+
+#include "kernels/dispatch.hpp"
 
 using namespace k3::kernels;
 

@@ -1,12 +1,12 @@
-#include "kernels/kda.hpp"
-
 #include <doctest/doctest.h>
 
 #include <cmath>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "kernels/dispatch.hpp"
+#include "kernels/kda.hpp"
 #include "tests/fixture_json.hpp"
 
 using namespace k3::kernels;
@@ -60,7 +60,8 @@ void check_recurrence(const char* file) {
   const auto want = f.tensor("out"), want_state = f.tensor("state_out");
 
   for (Isa isa : supported_isas()) {
-    CAPTURE(isa_name(isa));
+    const std::string isa_s = isa_name(isa);
+    CAPTURE(isa_s);
     set_active_isa(isa);
     std::vector<float> S(H * D * D, 0.0f), out(T * H * D), qs(D);
     for (size_t t = 0; t < T; ++t) {
@@ -85,8 +86,12 @@ void check_recurrence(const char* file) {
 
 }  // namespace
 
-TEST_CASE("kda recurrence matches fixtures/ops/kda_recur1.json") { check_recurrence("ops/kda_recur1.json"); }
-TEST_CASE("kda recurrence matches fixtures/ops/kda_recur8.json") { check_recurrence("ops/kda_recur8.json"); }
+TEST_CASE("kda recurrence matches fixtures/ops/kda_recur1.json") {
+  check_recurrence("ops/kda_recur1.json");
+}
+TEST_CASE("kda recurrence matches fixtures/ops/kda_recur8.json") {
+  check_recurrence("ops/kda_recur8.json");
+}
 
 namespace {
 
@@ -124,7 +129,9 @@ uint32_t xorshift(uint32_t& s) {
   return s;
 }
 
-float uniform(uint32_t& s) { return static_cast<float>(xorshift(s) >> 8) / 8388608.0f - 1.0f; }
+float uniform(uint32_t& s) {
+  return static_cast<float>(xorshift(s) >> 8) / 8388608.0f - 1.0f;
+}
 
 }  // namespace
 
@@ -153,7 +160,8 @@ TEST_CASE("kda_step: every body equals the reference bit for bit, zero k/q rows 
     reference_step(Sr, alpha, k, v, beta, q, orf, D);
     for (size_t j = 0; j < D; ++j) CHECK(!std::isnan(orf[j]));
     for (Isa isa : supported_isas()) {
-      CAPTURE(isa_name(isa));
+      const std::string isa_s = isa_name(isa);
+      CAPTURE(isa_s);
       set_active_isa(isa);
       std::vector<float> S = S0, o(D);
       kda_step(S, alpha, k, v, beta, q, o, D);

@@ -1,16 +1,18 @@
 // Bit-identity of the dense (MODEL.md §5.3) and MXFP4 (§5.4) matmuls: every available body, at
 // thread counts 1, 2 and 7, at awkward sizes, equals a scalar reference written here from the
 // spec's pseudo-code.
-#include "kernels/matmul.hpp"
-
 #include <doctest/doctest.h>
 #include <tbb/task_arena.h>
 
+#include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "kernels/dispatch.hpp"
+#include "kernels/matmul.hpp"
 #include "kernels/mxfp4.hpp"
 
 using namespace k3::kernels;
@@ -40,13 +42,14 @@ float ref_dense(const std::vector<float>& w, size_t row, size_t n, const float* 
   double b[4];
   for (size_t j = 0; j < 4; ++j) b[j] = (a[j] + a[j + 4]) + (a[j + 8] + a[j + 12]);
   double acc = (b[0] + b[1]) + (b[2] + b[3]);
-  for (size_t i = 16 * (n / 16); i < n; ++i) acc = std::fma(static_cast<double>(W[i]), static_cast<double>(x[i]), acc);
+  for (size_t i = 16 * (n / 16); i < n; ++i)
+    acc = std::fma(static_cast<double>(W[i]), static_cast<double>(x[i]), acc);
   return static_cast<float>(acc);
 }
 
 // §5.4, straight from the pseudo-code (element i: byte i>>1, low nibble when i is even).
-float ref_mxfp4(const std::vector<uint8_t>& packed, const std::vector<uint8_t>& scales, size_t row,
-                size_t in, const float* x) {
+float ref_mxfp4(const std::vector<uint8_t>& packed, const std::vector<uint8_t>& scales, size_t row, size_t in,
+                const float* x) {
   static const float e2m1[16] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6, -0.0f, -0.5f, -1, -1.5f, -2, -3, -4, -6};
   const size_t G = 32, pc = (in + 1) / 2, sc = (in + G - 1) / G;
   const uint8_t* P = packed.data() + row * pc;
@@ -62,7 +65,8 @@ float ref_mxfp4(const std::vector<uint8_t>& packed, const std::vector<uint8_t>& 
     }
     double s[8] = {};
     for (size_t c = 0; c < n / 8; ++c) {
-      for (size_t l = 0; l < 8; ++l) s[l] = std::fma(w[8 * c + l], static_cast<double>(x[g * G + 8 * c + l]), s[l]);
+      for (size_t l = 0; l < 8; ++l)
+        s[l] = std::fma(w[8 * c + l], static_cast<double>(x[g * G + 8 * c + l]), s[l]);
     }
     double sub = ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
     for (size_t i = 8 * (n / 8); i < n; ++i) sub = std::fma(w[i], static_cast<double>(x[g * G + i]), sub);
@@ -102,7 +106,8 @@ void every_body_and_thread_count(const std::vector<float>& want, F&& f) {
   for (Isa isa : supported_isas()) {
     set_active_isa(isa);
     for (int threads : {1, 2, 7}) {
-      CAPTURE(isa_name(isa));
+      const std::string isa_s = isa_name(isa);
+      CAPTURE(isa_s);
       CAPTURE(threads);
       std::vector<float> got(want.size(), NAN);
       tbb::task_arena arena(threads);
@@ -146,6 +151,93 @@ TEST_CASE("dense f32 and bf16 matmul: every body and thread count equals the §5
   }
 }
 
+// Random data rarely shows a different reduction tree after the final f32 rounding: the f64
+// sums differ by ~1e-16 of their size. Here a few inputs are huge and their weights come from a
+// small set, so the huge products often cancel exactly and the f64 rounding of the small remainder
+// shows in the f32 result. The test first proves it can tell the §5.3 tree from "A+B first".
+TEST_CASE("dense reduction tree is pinned: cancellation-heavy inputs") {
+  Rng rng{0xFEED};
+  const size_t cols = 272, rows = 300;  // 17 blocks of 16, no tail; > 64 rows
+  std::vector<float> x(cols);
+  for (auto& v : x) v = rng.unit();
+  const size_t big[] = {3, 11, 7, 15};
+  for (size_t p : big) x[p] = 0x1p40f;
+  std::vector<uint16_t> bits(rows * cols);
+  for (size_t r = 0; r < rows; ++r) {
+    for (size_t i = 0; i < cols; ++i) {
+      bits[r * cols + i] = static_cast<uint16_t>(std::bit_cast<uint32_t>(rng.unit()) >> 16);
+    }
+    for (size_t p : big) {
+      bits[r * cols + p] = rng.next() % 2 ? 0x3F80 : 0xBF80;  // +-1: the huge products often cancel
+    }
+  }
+  std::vector<float> wf(bits.size());
+  for (size_t i = 0; i < bits.size(); ++i) wf[i] = bf16_to_f32(bits[i]);
+  std::vector<float> want(rows);
+  size_t differs = 0;
+  for (size_t r = 0; r < rows; ++r) {
+    want[r] = ref_dense(wf, r, cols, x.data());
+    // The tempting AVX-512 reduction: A+B first pairs a_j with a_{j+8}.
+    double a[16] = {};
+    for (size_t i = 0; i < cols; ++i) a[i % 16] += static_cast<double>(wf[r * cols + i]) * x[i];
+    double c[8];
+    for (size_t j = 0; j < 8; ++j) c[j] = a[j] + a[j + 8];
+    const double alt = ((c[0] + c[4]) + (c[1] + c[5])) + ((c[2] + c[6]) + (c[3] + c[7]));
+    differs += static_cast<float>(alt) != want[r] ? 1 : 0;
+  }
+  CHECK(differs > rows / 20);
+  const F32Matrix mf{wf, rows, cols};
+  const Bf16Matrix mb{bits, rows, cols};
+  every_body_and_thread_count(want, [&](std::vector<float>& y) { matvec(mf, x, y); });
+  every_body_and_thread_count(want, [&](std::vector<float>& y) { matvec(mb, x, y); });
+  std::vector<float> x3(3 * cols), want3(3 * rows);
+  for (size_t t = 0; t < 3; ++t) std::copy(x.begin(), x.end(), x3.begin() + t * cols);
+  for (size_t t = 0; t < 3; ++t) std::copy(want.begin(), want.end(), want3.begin() + t * rows);
+  every_body_and_thread_count(want3, [&](std::vector<float>& y) { matmul(mb, x3, 3, y); });
+}
+
+TEST_CASE("MXFP4 reduction tree is pinned: cancellation-heavy inputs") {
+  Rng rng{0xBEEF};
+  const size_t cols = 256, rows = 300;
+  std::vector<float> x(cols);
+  for (auto& v : x) v = rng.unit();
+  const size_t big[] = {0, 1, 4, 13};
+  for (size_t p : big) x[p] = 0x1p40f;
+  std::vector<uint8_t> packed(rows * cols / 2), scales(rows * cols / 32, 127);
+  for (auto& b : packed) b = static_cast<uint8_t>(rng.next() >> 24);
+  for (size_t r = 0; r < rows; ++r) {
+    for (size_t p : big) {  // E2M1 +-1 (nibble 2 / 10) where x is huge: the products often cancel
+      uint8_t& b = packed[r * cols / 2 + p / 2];
+      const uint8_t nib = rng.next() % 2 ? 0x2 : 0xA;
+      b = (p % 2) ? static_cast<uint8_t>((b & 0x0F) | (nib << 4)) : static_cast<uint8_t>((b & 0xF0) | nib);
+    }
+  }
+  std::vector<float> want(rows);
+  size_t differs = 0;
+  for (size_t r = 0; r < rows; ++r) {
+    want[r] = ref_mxfp4(packed, scales, r, cols, x.data());
+    // A plausible wrong tree: adjacent lanes first.
+    static const float e2m1[16] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6, -0.0f, -0.5f, -1, -1.5f, -2, -3, -4, -6};
+    double acc = 0.0;
+    for (size_t g = 0; g < cols / 32; ++g) {
+      double s[8] = {};
+      for (size_t i = 0; i < 32; ++i) {
+        const uint8_t b = packed[r * cols / 2 + g * 16 + i / 2];
+        s[i % 8] += static_cast<double>(e2m1[(i & 1) ? b >> 4 : b & 0xF]) * x[g * 32 + i];
+      }
+      acc = acc + (((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7])));
+    }
+    differs += static_cast<float>(acc) != want[r] ? 1 : 0;
+  }
+  CHECK(differs > rows / 20);
+  const Mxfp4Matrix m{packed, scales, rows, cols};
+  every_body_and_thread_count(want, [&](std::vector<float>& y) { matvec(m, x, y); });
+  std::vector<float> x3(3 * cols), want3(3 * rows);
+  for (size_t t = 0; t < 3; ++t) std::copy(x.begin(), x.end(), x3.begin() + t * cols);
+  for (size_t t = 0; t < 3; ++t) std::copy(want.begin(), want.end(), want3.begin() + t * rows);
+  every_body_and_thread_count(want3, [&](std::vector<float>& y) { matmul(m, x3, 3, y); });
+}
+
 TEST_CASE("bf16 and f32 weights of equal values give identical bits (257 in, 129 out)") {
   uint32_t s = 0xC0FFEE;
   auto next = [&] {
@@ -165,7 +257,8 @@ TEST_CASE("bf16 and f32 weights of equal values give identical bits (257 in, 129
   }
   for (auto& v : x) v = static_cast<float>(next() >> 8) / 8388608.0f - 1.0f;
   for (Isa isa : supported_isas()) {
-    CAPTURE(isa_name(isa));
+    const std::string isa_s = isa_name(isa);
+    CAPTURE(isa_s);
     set_active_isa(isa);
     std::vector<float> yf(out), yb(out);
     matvec(F32Matrix{wf, out, in}, x, yf);
@@ -223,7 +316,8 @@ TEST_CASE("MXFP4: a scale byte of 255 skips its group even against inf / NaN inp
   x[7] = NAN;
   const Mxfp4Matrix m{packed, scales, 1, cols};
   for (Isa isa : supported_isas()) {
-    CAPTURE(isa_name(isa));
+    const std::string isa_s = isa_name(isa);
+    CAPTURE(isa_s);
     set_active_isa(isa);
     std::vector<float> y(1);
     matvec(m, x, y);

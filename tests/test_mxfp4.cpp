@@ -1,14 +1,14 @@
 // fixtures/mxfp4.json: real checkpoint bytes (MODEL.md §6.3). Dequantisation lives here, in the test:
 // the engine never builds a dequantised copy; its matmul reads the nibbles (§5.4).
-#include "kernels/mxfp4.hpp"
-
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <string>
 #include <vector>
 
 #include "kernels/dispatch.hpp"
 #include "kernels/matmul.hpp"
+#include "kernels/mxfp4.hpp"
 #include "tests/fixture_json.hpp"
 
 using namespace k3::kernels;
@@ -107,7 +107,8 @@ TEST_CASE("fused MXFP4 matvec on the checkpoint bytes equals dequantise-then-f64
   }
   const Mxfp4Matrix m{p.packed, p.scales, p.rows, p.cols};
   for (Isa isa : supported_isas()) {
-    CAPTURE(isa_name(isa));
+    const std::string isa_s = isa_name(isa);
+    CAPTURE(isa_s);
     set_active_isa(isa);
     std::vector<float> y(p.rows);
     matvec(m, x, y);

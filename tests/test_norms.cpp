@@ -1,10 +1,9 @@
-#include "kernels/norms.hpp"
-
 #include <doctest/doctest.h>
 
 #include <cmath>
 #include <vector>
 
+#include "kernels/norms.hpp"
 #include "tests/fixture_json.hpp"
 
 using namespace k3::kernels;

@@ -1,11 +1,10 @@
-#include "kernels/router.hpp"
-
 #include <doctest/doctest.h>
 
 #include <cmath>
 #include <cstring>
 #include <vector>
 
+#include "kernels/router.hpp"
 #include "tests/fixture_json.hpp"
 
 using namespace k3::kernels;

@@ -1,10 +1,9 @@
-#include "kernels/shortconv.hpp"
-
 #include <doctest/doctest.h>
 
 #include <cmath>
 #include <vector>
 
+#include "kernels/shortconv.hpp"
 #include "tests/fixture_json.hpp"
 
 using namespace k3::kernels;
