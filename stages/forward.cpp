@@ -1,0 +1,81 @@
+#include "stages/forward.hpp"
+
+#include <algorithm>
+#include <fmt/format.h>
+
+#include "io/error.hpp"
+#include "stages/attnres.hpp"
+#include "stages/head.hpp"
+#include "stages/kda.hpp"
+#include "stages/mla.hpp"
+
+namespace k3::stages {
+
+DecodeState::DecodeState(const io::ModelConfig& c, int n_bound, size_t kv_capacity)
+    : cfg_(&c),
+      n_bound_(n_bound),
+      capacity_(kv_capacity),
+      kper_(kda_state_floats(c)),
+      kvpp_(mla_kv_floats_per_position(c)),
+      ropepp_(mla_rope_floats_per_position(c)),
+      mla_ordinal_(n_bound, -1) {
+  for (int l = 0; l < n_bound; ++l)
+    if (c.is_mla(l)) mla_ordinal_[l] = n_mla_++;
+  kda_.assign(kper_ * n_bound, 0.0f);
+  kv_.assign(capacity_ * kvpp_ * n_mla_, 0.0f);
+  rope_.assign(capacity_ * ropepp_ * n_mla_, 0.0f);
+}
+
+void DecodeState::reset() {
+  std::fill(kda_.begin(), kda_.end(), 0.0f);
+  cached = 0;  // cache rows past `cached` are never read, so they need no clearing
+}
+
+LayerState DecodeState::layer(int l) {
+  LayerState s;
+  s.cached = cached;
+  s.kda = kda_state_view(*cfg_, std::span(kda_).subspan(l * kper_, kper_));
+  if (mla_ordinal_[l] >= 0) {
+    const size_t m = static_cast<size_t>(mla_ordinal_[l]);
+    s.mla = {std::span(kv_).subspan(m * capacity_ * kvpp_, capacity_ * kvpp_),
+             std::span(rope_).subspan(m * capacity_ * ropepp_, capacity_ * ropepp_), capacity_};
+  }
+  return s;
+}
+
+void forward(const WeightSource& ws, DecodeState& st, std::span<const int32_t> ids, HeadAt head_at,
+             std::span<float> logits, Scratch& scratch) {
+  const io::ModelConfig& c = ws.config();
+  const size_t T = ids.size(), E = static_cast<size_t>(c.hidden), V = static_cast<size_t>(c.vocab);
+  if (T == 0) throw io::runtime_error("forward: no tokens to feed");
+  for (int32_t id : ids)
+    if (id < 0 || id >= c.vocab) throw io::runtime_error(fmt::format("forward: token id {} outside 0..{}", id, V - 1));
+  if (st.cached + T > st.capacity())
+    throw io::runtime_error(fmt::format("MLA KV cache overflow: {} positions needed, capacity {}", st.cached + T,
+                                        st.capacity()));
+
+  const size_t maxb = static_cast<size_t>(c.max_blocks());
+  const size_t n_out = head_at == HeadAt::all ? T : 1, t_out = T - n_out;
+  const size_t layer_sc = decoder_layer_scratch(c, T, st.cached);
+  const size_t total = T * E + maxb * T * E + std::max(layer_sc, 2 * n_out * E + attnres_scratch(c, maxb));
+  Carver cut(scratch.get(total));
+  std::span<float> P = cut.take(T * E), blocks_mem = cut.take(maxb * T * E);
+  std::span<float> rest = cut.take(total - T * E - maxb * T * E);
+
+  embed_tokens(ws.head(), c, ids, P);
+  BlockStack B(blocks_mem, maxb, T, E);  // per call: the stack is per token, never carried
+  for (int l = 0; l < ws.bound_layers(); ++l) {
+    const ExpertFn expert = [&ws, l](int e) -> const ExpertWeights& { return ws.expert(l, e); };
+    decoder_layer(ws.layer(l), expert, c, P, T, B, st.layer(l), rest);
+  }
+
+  // Model-level aggregation, then the head, only where logits are wanted.
+  Carver tail(rest);
+  std::span<float> h = tail.take(n_out * E), head_sc = tail.take(n_out * E), agg_sc = tail.take(attnres_scratch(c, maxb));
+  const HeadWeights& hw = ws.head();
+  attnres_stage(B, P, hw.out_res_norm, hw.out_res_proj, c, t_out, T, h, agg_sc);
+  lm_head(hw, c, h, n_out, logits.first(n_out * V), head_sc);
+  st.cached += T;
+}
+
+}  // namespace k3::stages

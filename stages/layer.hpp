@@ -1,0 +1,33 @@
+// One decoder layer with attention residuals (MODEL.md §3.3), composed from the stage functions:
+//   P := h;  if |B| > 0: h := AttnRes(B ++ [P]; self_attention_res)
+//   if l mod S == 0: B.push(P); P := NONE            (snapshot, then CLEAR)
+//   a := Attention(RMSNorm(h; input_layernorm));  P := P is NONE ? a : P + a
+//   h := AttnRes(B ++ [P]; mlp_res)                 (unconditional)
+//   P := P + FFN(RMSNorm(h; post_attention_layernorm))
+#pragma once
+#include <cstddef>
+#include <span>
+
+#include "io/config.hpp"
+#include "stages/attnres.hpp"
+#include "stages/bind.hpp"
+#include "stages/kda.hpp"
+#include "stages/mla.hpp"
+#include "stages/moe.hpp"
+
+namespace k3::stages {
+
+// Where a layer's carried state lives: KDA state for KDA layers, the KV cache for MLA layers.
+struct LayerState {
+  KdaState kda;
+  MlaCache mla;
+  size_t cached = 0;  // positions already in the MLA cache (new tokens start here)
+};
+
+size_t decoder_layer_scratch(const io::ModelConfig&, size_t T, size_t cached);
+
+// prefix: [T][hidden], the layer's input on entry and its output P on return.
+void decoder_layer(const LayerWeights&, const ExpertFn& expert, const io::ModelConfig&, std::span<float> prefix,
+                   size_t T, BlockStack& blocks, LayerState state, std::span<float> scratch);
+
+}  // namespace k3::stages

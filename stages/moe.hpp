@@ -1,0 +1,56 @@
+// Feed-forward stages (MODEL.md §3.7, §3.8). Stable LatentMoE is split into the nodes a flow
+// graph schedules separately: route -> (latent down-projection, shared experts) -> one
+// expert_compute per selected expert -> moe_combine. moe_forward chains them for resident weights.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <span>
+
+#include "io/config.hpp"
+#include "stages/bind.hpp"
+
+namespace k3::stages {
+
+// Router on the FULL-width post-normed input: idx/weight [T][top_k] in selection order (descending
+// biased score, ties -> lower expert). The bias steers selection only; weights are the unbiased
+// sigmoids, renormalised, times routed_scale. scratch: n_experts floats.
+void route(const MoeWeights&, const io::ModelConfig&, std::span<const float> x, size_t T,
+           std::span<int32_t> idx, std::span<float> weight, std::span<float> scratch);
+size_t route_scratch(const io::ModelConfig&);
+
+// z = W_down x: [T][latent]. Routing uses x, never z.
+void moe_latent(const MoeWeights&, std::span<const float> x, size_t T, std::span<float> z);
+
+// One routed expert on n latent rows (the tokens that selected it): out = W2 SiTU(W1 z, W3 z),
+// [n][latent]. Any number of rows per call gives the same bits per row.
+void expert_compute(const ExpertWeights&, const io::ModelConfig&, std::span<const float> z, size_t n,
+                    std::span<float> out, std::span<float> scratch);
+size_t expert_scratch(const io::ModelConfig&, size_t n);
+
+// Shared experts on the ORIGINAL full-width x, unweighted: [T][hidden].
+void shared_experts(const MoeWeights&, const io::ModelConfig&, std::span<const float> x, size_t T,
+                    std::span<float> out, std::span<float> scratch);
+size_t shared_scratch(const io::ModelConfig&, size_t T);
+
+// out[t] = W_up RMSNorm(sum_j w[t][j] e[t][j]) + shared[t]; the aggregate is accumulated strictly in
+// top-k order j = 0..k-1 and normed ONCE (never per expert). expert_out: [T][top_k][latent].
+void moe_combine(const MoeWeights&, const io::ModelConfig&, std::span<const float> weight,
+                 std::span<const float> expert_out, std::span<const float> shared, size_t T, std::span<float> out,
+                 std::span<float> scratch);
+size_t combine_scratch(const io::ModelConfig&, size_t T);
+
+using ExpertFn = std::function<const ExpertWeights&(int expert)>;
+
+// The whole MoE block over T tokens with experts fetched through `expert` (expert-major: each
+// selected expert runs once over all the rows that chose it).
+void moe_forward(const MoeWeights&, const ExpertFn& expert, const io::ModelConfig&, std::span<const float> x,
+                 size_t T, std::span<float> out, std::span<float> scratch);
+size_t moe_scratch(const io::ModelConfig&, size_t T);
+
+// Layer-0 dense FFN: out = W_down SiTU(W_gate x, W_up x).
+void dense_ffn(const DenseFfnWeights&, const io::ModelConfig&, std::span<const float> x, size_t T,
+               std::span<float> out, std::span<float> scratch);
+size_t dense_scratch(const io::ModelConfig&, size_t T);
+
+}  // namespace k3::stages

@@ -1,0 +1,110 @@
+// What every layer needs from the checkpoint, under the released names (MODEL.md §2.1): a plan is a
+// list of {name, expected shape, field}, independent of where the bytes live. The streaming engine
+// packs / reads a layer's bytes from it; bind.hpp turns bytes already in memory into weight views.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "io/config.hpp"
+#include "io/safetensors.hpp"
+
+namespace k3::stages {
+
+// Which weight a tensor is; the binder assigns views by field, never by name.
+enum class Field : uint8_t {
+  // every layer
+  input_norm, post_attn_norm, attn_res_norm, attn_res_proj, mlp_res_norm, mlp_res_proj,
+  // KDA attention
+  kda_q, kda_k, kda_v, kda_g, kda_o, kda_q_conv, kda_k_conv, kda_v_conv, kda_f_a, kda_f_b, kda_b,
+  kda_a_log, kda_dt_bias, kda_o_norm,
+  // MLA attention
+  mla_q_a, mla_q_a_norm, mla_q_b, mla_kv_a, mla_kv_a_norm, mla_kv_b, mla_o, mla_g,
+  // dense FFN (layers < first_dense)
+  dense_gate, dense_up, dense_down,
+  // Stable LatentMoE trunk part
+  moe_router, moe_bias, moe_down, moe_up, moe_norm, shared_gate, shared_up, shared_down,
+  // one routed expert: w1 = gate, w3 = up, w2 = down; MXFP4 form splits each into packed + scale
+  expert_w1, expert_w2, expert_w3,
+  expert_w1_packed, expert_w1_scale, expert_w2_packed, expert_w2_scale, expert_w3_packed,
+  expert_w3_scale,
+  // model level
+  embed, final_norm, out_res_norm, out_res_proj, lm_head,
+};
+
+enum class Storage : uint8_t {
+  matrix,  // projection: viewed as F32/BF16 in place (widened only if F16 or misaligned)
+  vector,  // small vector: always widened exactly to f32 at bind
+  mxfp4,   // U8 packed nibbles or E8M0 scales of a routed expert
+};
+
+const char* field_name(Field);
+Storage storage_of(Field);
+
+struct TensorSpec {
+  std::string name;              // full released name
+  std::vector<uint64_t> shape;   // expected shape; the binder checks the element count only
+  Field field;
+  uint64_t numel() const;
+};
+
+// A layer's trunk (everything of `layers.L.` except the routed experts), in a fixed order.
+struct LayerPlan {
+  int layer = 0;
+  io::LayerKind kind{};
+  std::vector<TensorSpec> tensors;
+};
+
+LayerPlan plan_layer(const io::ModelConfig&, int layer);
+
+// embed_tokens, norm, output_attn_res_norm, output_attn_res_proj, lm_head.
+std::vector<TensorSpec> plan_model(const io::ModelConfig&);
+
+enum class ExpertFormat : uint8_t {
+  mxfp4,  // experts.E.wN.weight_packed + .weight_scale, U8 (the released checkpoint)
+  dense,  // experts.E.wN.weight, F32 / BF16 (the tiny oracle)
+};
+
+// One routed expert's tensors in canonical order (w1, w2, w3; packed before scale).
+std::vector<TensorSpec> plan_expert(const io::ModelConfig&, int layer, int expert, ExpertFormat);
+
+// Name helpers (prefix `language_model.model.`; the head is `language_model.lm_head.weight`).
+std::string layer_prefix(int layer);  // "language_model.model.layers.L."
+std::string expert_prefix(int layer, int expert);
+
+// Where a planned set of tensors lives and how to lay it out in one byte buffer.
+struct Placement {
+  io::TensorInfo info;     // from the shard index
+  uint64_t offset = 0;     // of the tensor's first byte inside the layer buffer
+};
+
+struct Layout {
+  std::vector<TensorSpec> specs;
+  std::vector<Placement> places;  // parallel to specs
+  // contiguous: every tensor is in one shard and together they tile [run_begin, run_end) with no
+  // gap, so one read of that range fills the buffer (offsets = file offset - run_begin). Else the
+  // tensors are read one by one to 64-byte aligned offsets.
+  bool contiguous = false;
+  uint32_t shard = 0;
+  uint64_t run_begin = 0, run_end = 0;
+  uint64_t buffer_bytes = 0;  // bytes of the layer buffer the offsets index
+  // The buffer's first byte must sit at an address congruent to this modulo 8 (run_begin % 8 for
+  // a contiguous run, 0 otherwise), so that F32 / BF16 tensors keep their natural alignment.
+  uint32_t base_mod8 = 0;
+  uint64_t widen_floats = 0;  // f32 scratch the binder needs for widened vectors / matrices
+};
+
+// Looks every spec up, refusing `missing tensor <name>` or `<name> has N elements, engine expects
+// M` (io::Error, runtime kind). A KDA A_log may hold D values (released) or exactly H (tiny).
+Layout locate(std::vector<TensorSpec> specs, const io::ShardSet&, const io::ModelConfig&);
+
+// plan_expert in whichever form the checkpoint holds (MXFP4 preferred), located and validated:
+// U8, 2-D, equal rows, scale_cols * 32 == 2 * packed_cols, logical shape as the config says.
+Layout locate_expert(const io::ShardSet&, const io::ModelConfig&, int layer, int expert);
+
+// Reads a layout's tensors into `dst` (buffer_bytes long, at an address honouring base_mod8).
+void read_layout(const Layout&, const io::ShardSet&, std::span<std::byte> dst);
+
+}  // namespace k3::stages

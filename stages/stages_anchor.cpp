@@ -1,1 +1,0 @@
-// Keeps k3_stages a real library while stages/ is being filled in.
