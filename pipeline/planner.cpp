@@ -1,0 +1,237 @@
+#include "pipeline/planner.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <numeric>
+
+#include "io/aligned.hpp"
+#include "io/error.hpp"
+
+namespace k3::pipeline {
+
+namespace {
+
+constexpr uint64_t kGiB = uint64_t{1} << 30;
+using io::align_up;
+using io::kDirectAlign;
+
+uint64_t footprint(const LayerFootprint& l) { return align_up(l.read_bytes, kDirectAlign) + align_up(l.widen_bytes, kDirectAlign); }
+
+struct Ring {
+  int slots = 0;
+  uint64_t read = 0, widen = 0;
+  int spanning = -1, span = 0;
+  uint64_t bytes() const { return uint64_t(slots) * (read + widen); }
+};
+
+// The ring for the unpinned layers: S uniform slots; one outlier may span up to S adjacent slots.
+Ring ring_for(const std::vector<LayerFootprint>& layers, const std::vector<bool>& pinned, int S) {
+  Ring r;
+  int big = -1;
+  uint64_t a1 = 0, a2 = 0, widen = 0;
+  for (size_t l = 0; l < layers.size(); ++l) {
+    if (pinned[l]) continue;
+    uint64_t b = align_up(layers[l].read_bytes, kDirectAlign);
+    widen = std::max(widen, align_up(layers[l].widen_bytes, kDirectAlign));
+    if (big < 0 || b > a1) {
+      a2 = big < 0 ? 0 : a1;
+      a1 = b;
+      big = int(l);
+    } else {
+      a2 = std::max(a2, b);
+    }
+  }
+  if (big < 0) return r;  // everything pinned: no ring
+  r.slots = S;
+  r.widen = widen;
+  r.read = std::max(a2, align_up((a1 + S - 1) / S, kDirectAlign));
+  if (a1 > r.read) {
+    r.spanning = big;
+    r.span = int((a1 + r.read - 1) / r.read);
+  }
+  return r;
+}
+
+uint64_t sum_terms(const std::vector<PlanTerm>& ts) {
+  return std::accumulate(ts.begin(), ts.end(), uint64_t{0}, [](uint64_t s, const PlanTerm& t) { return s + t.bytes; });
+}
+
+uint64_t expert_slot(uint64_t expert_bytes) {
+  // + one page: an expert that does not start on a 4096 boundary is read as its enclosing window.
+  return expert_bytes ? align_up(expert_bytes, kDirectAlign) + kDirectAlign : 0;
+}
+
+std::string gib(uint64_t b) { return fmt::format("{:.2f} GiB", double(b) / double(kGiB)); }
+
+std::string bytes_h(uint64_t b) {
+  if (b >= kGiB) return gib(b);
+  if (b >= (uint64_t{1} << 20)) return fmt::format("{:.1f} MiB", double(b) / double(1 << 20));
+  if (b >= 1024) return fmt::format("{:.1f} KiB", double(b) / 1024.0);
+  return fmt::format("{} B", b);
+}
+
+}  // namespace
+
+uint64_t Plan::total() const { return sum_terms(pools); }
+
+uint64_t plan_floor(const PlanInputs& in, int ring_slots) {
+  std::vector<bool> none(in.layers.size(), false);
+  uint64_t all = 0;
+  for (const LayerFootprint& l : in.layers) all += footprint(l);
+  uint64_t ring = std::min(ring_for(in.layers, none, ring_slots).bytes(), all);
+  return sum_terms(in.resident) + uint64_t(in.top_k) * expert_slot(in.expert_bytes) + ring;
+}
+
+Plan make_plan(const PlanInputs& in, const PlanBudget& want) {
+  if (want.ring_slots < 2) throw io::usage_error(fmt::format("plan: a trunk ring needs at least 2 slots, got {}", want.ring_slots));
+  Plan p;
+  p.request = want;
+  const uint64_t resident = sum_terms(in.resident);
+  const bool split = want.trunk.has_value();
+  p.budget = split ? resident + *want.trunk + want.experts.value_or(0) : want.total;
+  p.floor = plan_floor(in, want.ring_slots);
+  p.expert_slot_bytes = expert_slot(in.expert_bytes);
+  const uint64_t inflight = p.expert_slot_bytes ? uint64_t(in.top_k) : 0;
+  const uint64_t inflight_bytes = inflight * p.expert_slot_bytes;
+  const uint64_t n = in.layers.size();
+  p.n_layers = int(n);
+  for (const LayerFootprint& l : in.layers) p.trunk_bytes += footprint(l);
+
+  if (p.budget < p.floor)
+    throw io::usage_error(fmt::format("plan: budget {} ({} B, {}) is {} B short of the floor {} ({} B: resident {}, "
+                                      "{} expert slots, {}-slot trunk ring)",
+                                      gib(p.budget), p.budget, want.source, p.floor - p.budget, gib(p.floor), p.floor,
+                                      bytes_h(resident), inflight, want.ring_slots));
+  if (split) {
+    uint64_t ring_min = p.floor - resident - inflight_bytes;
+    if (*want.trunk < ring_min)
+      throw io::usage_error(fmt::format("plan: trunk budget {} is {} B short of the {}-slot ring ({} B)", gib(*want.trunk),
+                                        ring_min - *want.trunk, want.ring_slots, ring_min));
+    if (want.experts.value_or(0) < inflight_bytes)
+      throw io::usage_error(fmt::format("plan: expert budget {} is {} B short of {} in-flight expert slots ({} B)",
+                                        gib(want.experts.value_or(0)), inflight_bytes - want.experts.value_or(0),
+                                        inflight, inflight_bytes));
+  }
+
+  // Trunk: what the ring + pins may use, and what is left for the experts after them.
+  uint64_t trunk_avail = split ? *want.trunk : p.budget - resident - inflight_bytes;
+  uint64_t lookahead_bytes = 0;
+  if (want.lookahead && inflight) {
+    uint64_t ring0 = p.floor - resident - inflight_bytes;
+    uint64_t room = split ? want.experts.value_or(0) - inflight_bytes : trunk_avail - ring0;
+    if (room >= inflight_bytes) {
+      p.lookahead_slots = inflight;
+      lookahead_bytes = inflight_bytes;
+      if (!split) trunk_avail -= lookahead_bytes;
+    }
+  }
+
+  // Largest-first pinning to a fixed point: pins only ever shrink the ring, so every pass stays
+  // within the budget, and a pass that pins nothing ends the loop.
+  std::vector<bool> pinned(n, false);
+  std::vector<int> order(n);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int a, int b) { return footprint(in.layers[a]) > footprint(in.layers[b]); });
+  uint64_t pinned_bytes = 0;
+  Ring ring = ring_for(in.layers, pinned, want.ring_slots);
+  for (bool changed = true; changed;) {
+    changed = false;
+    uint64_t unpinned = p.trunk_bytes - pinned_bytes;
+    if (unpinned && unpinned <= trunk_avail - pinned_bytes) {  // everything fits without a ring
+      std::fill(pinned.begin(), pinned.end(), true);
+      pinned_bytes = p.trunk_bytes;
+      ring = Ring{};
+      break;
+    }
+    uint64_t avail = trunk_avail - pinned_bytes - ring.bytes();
+    for (int l : order) {
+      uint64_t b = footprint(in.layers[l]);
+      if (!pinned[l] && b <= avail) {
+        pinned[l] = true;
+        pinned_bytes += b;
+        avail -= b;
+        changed = true;
+      }
+    }
+    ring = ring_for(in.layers, pinned, want.ring_slots);
+  }
+  for (size_t l = 0; l < n; ++l)
+    if (pinned[l]) p.pinned.push_back(int(l));
+  p.ring_slots = ring.slots;
+  p.slot_read_bytes = ring.read;
+  p.slot_widen_bytes = ring.widen;
+  p.spanning_layer = ring.spanning;
+  p.span_slots = ring.span;
+  p.streamed_bytes = p.trunk_bytes - pinned_bytes;
+
+  // Experts: in-flight, lookahead, then whole cache slots from what is left.
+  p.inflight_slots = inflight;
+  uint64_t used = resident + ring.bytes() + pinned_bytes + inflight_bytes + lookahead_bytes;
+  uint64_t left = split ? (want.experts.value_or(0) - inflight_bytes - lookahead_bytes) : p.budget - used;
+  p.cache_slots = p.expert_slot_bytes ? left / p.expert_slot_bytes : 0;
+
+  p.pools = in.resident;
+  std::string ring_name = "trunk ring slots";
+  if (ring.spanning >= 0) ring_name += fmt::format(" (layer {} spans {})", ring.spanning, ring.span);
+  p.pools.push_back({ring_name, uint64_t(ring.slots), ring.read + ring.widen, ring.bytes()});
+  p.pools.push_back({fmt::format("pinned trunk layers ({} of {})", p.pinned.size(), n), p.pinned.size(), 0, pinned_bytes});
+  p.pools.push_back({"expert in-flight slots", inflight, p.expert_slot_bytes, inflight_bytes});
+  p.pools.push_back({"expert lookahead slots", p.lookahead_slots, p.expert_slot_bytes, lookahead_bytes});
+  p.pools.push_back({"expert cache slots", p.cache_slots, p.expert_slot_bytes, p.cache_slots * p.expert_slot_bytes});
+  return p;
+}
+
+std::vector<std::string> preset_names() { return {"ultra", "laptop", "desktop", "workstation", "server", "max"}; }
+
+uint64_t preset_budget(std::string_view name, const PlanInputs& in) {
+  if (name == "ultra") return plan_floor(in);
+  static const std::pair<const char*, uint64_t> presets[] = {
+      {"laptop", 8}, {"desktop", 32}, {"workstation", 96}, {"server", 128}, {"max", 224}};
+  for (const auto& [n, g] : presets)
+    if (name == n) return g * kGiB;
+  throw io::usage_error(fmt::format("--preset: unknown preset '{}' (known: ultra, laptop, desktop, workstation, server, max)", name));
+}
+
+std::string format_plan(const Plan& p) {
+  std::string s = fmt::format("plan: budget {} ({})\n", gib(p.budget), p.request.source);
+  s += fmt::format("  {:<46} {:>6}   {:>11}   {:>11}\n", "pool", "count", "each", "total");
+  for (const PlanTerm& t : p.pools)
+    s += fmt::format("  {:<46} {:>6} x {:>11} = {:>11}\n", t.name, t.count, t.each ? bytes_h(t.each) : "varies",
+                     bytes_h(t.bytes));
+  s += fmt::format("  {:<46} {:>6}   {:>11}   {:>11}\n", "unassigned", "", "", bytes_h(p.unassigned()));
+  s += fmt::format("  {:<46} {:>6}   {:>11}   {:>11}  of {} budget; floor {}\n", "TOTAL", "", "", bytes_h(p.total()),
+                   gib(p.budget), gib(p.floor));
+  s += fmt::format("  trunk read per token: {} of {} ({} of {} layers streamed); expert slots {}\n",
+                   bytes_h(p.streamed_bytes), bytes_h(p.trunk_bytes), p.n_layers - int(p.pinned.size()), p.n_layers,
+                   p.inflight_slots + p.lookahead_slots + p.cache_slots);
+  return s;
+}
+
+std::string plan_json(const Plan& p) {
+  auto q = [](const std::string& s) {
+    std::string o = "\"";
+    for (char c : s) {
+      if (c == '"' || c == '\\') o += '\\';
+      o += c;
+    }
+    return o + "\"";
+  };
+  std::string pools;
+  for (const PlanTerm& t : p.pools)
+    pools += fmt::format("{}{{\"name\":{},\"count\":{},\"each\":{},\"bytes\":{}}}", pools.empty() ? "" : ",", q(t.name),
+                         t.count, t.each, t.bytes);
+  std::string pinned;
+  for (int l : p.pinned) pinned += fmt::format("{}{}", pinned.empty() ? "" : ",", l);
+  return fmt::format(
+      "{{\"budget\":{},\"source\":{},\"floor\":{},\"total\":{},\"unassigned\":{},\"pools\":[{}],"
+      "\"trunk\":{{\"ring_slots\":{},\"slot_read_bytes\":{},\"slot_widen_bytes\":{},\"spanning_layer\":{},"
+      "\"span_slots\":{},\"pinned\":[{}],\"trunk_bytes\":{},\"streamed_bytes\":{}}},"
+      "\"experts\":{{\"slot_bytes\":{},\"inflight\":{},\"lookahead\":{},\"cache\":{}}}}}",
+      p.budget, q(p.request.source), p.floor, p.total(), p.unassigned(), pools, p.ring_slots, p.slot_read_bytes,
+      p.slot_widen_bytes, p.spanning_layer, p.span_slots, pinned, p.trunk_bytes, p.streamed_bytes,
+      p.expert_slot_bytes, p.inflight_slots, p.lookahead_slots, p.cache_slots);
+}
+
+}  // namespace k3::pipeline

@@ -1,0 +1,116 @@
+// The memory planner (PIPELINE.md §3, ENGINE.md §3.1-3.2, §4): one budget, split once into pools.
+//
+//   1. always resident: embedding + lm_head + head vectors, KDA recurrent/conv state (KDA layers
+//      only), MLA KV cache for the requested context, activation scratch, tensor index, reader rings;
+//   2. expert in-flight slots: top_k (one MoE layer's experts being read / computed);
+//   3. trunk ring: S >= 2 uniform slots (unless the whole trunk is pinned);
+//   4. expert lookahead slots: top_k more, when the budget allows;
+//   5. pinned trunk layers: largest first, iterated to a fixed point (each pin can shrink the slot);
+//   6. expert cache: whatever is left, in whole expert slots.
+// 1-3 are the floor; a budget below it is refused naming the missing bytes.
+//
+// Slot sizing: a slot is the largest unpinned layer's read bytes (4096-multiples) plus its widen
+// area, EXCEPT that one outlier layer may span adjacent slots of the ring arena: the slot is
+// max(second-largest unpinned layer, largest / S). For K3 this is layer 0 (dense FFN, 2.34 GB vs
+// 1.27 GB for the next): without it the floor is 2 x 2.34 GB of ring and no 8 GiB plan exists
+// (ENGINE.md §3.3, the split-first arena of the C fork). The price: while the spanning layer is
+// read or computed no other trunk layer is in memory, so two trunk reads per token do not overlap
+// compute. The graph must allocate the ring as one arena of S x slot_read_bytes so that adjacent
+// slots are contiguous; a spanning layer takes slots [0, span).
+//
+// All byte counts are exact (no guessed constants): they come from the config, the shard index
+// and, when given, the packed trunk. Budgets are in GiB (2^30 B), as RAM and cgroup limits are.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "io/config.hpp"
+#include "io/safetensors.hpp"
+
+namespace k3::io {
+class PackedTrunk;
+}
+
+namespace k3::pipeline {
+
+struct LayerFootprint {
+  uint64_t read_bytes = 0;   // bytes read into a slot (the packed layer, a 4096-multiple)
+  uint64_t widen_bytes = 0;  // f32 area the binder widens vectors into, beside the read bytes
+};
+
+// A named amount of memory: count x each (each == 0 when the items differ in size).
+struct PlanTerm {
+  std::string name;
+  uint64_t count = 0;
+  uint64_t each = 0;
+  uint64_t bytes = 0;
+};
+
+// What the planner needs to know about a model, in bytes. Built from a checkpoint by
+// plan_inputs(); unit tests write it by hand.
+struct PlanInputs {
+  std::vector<LayerFootprint> layers;  // index = zero-based layer
+  std::vector<PlanTerm> resident;      // always-resident terms, in print order
+  uint64_t expert_bytes = 0;           // one routed expert on disk (0: no routed experts)
+  int top_k = 0;
+};
+
+struct PlanBudget {
+  // Either one total, or (when split) separate trunk (ring + pins) and expert (slots + cache)
+  // budgets on top of the resident terms.
+  uint64_t total = 0;
+  std::optional<uint64_t> trunk, experts;
+  std::string source;  // how it was asked for, for the printout
+  int ring_slots = 2;
+  bool lookahead = true;
+};
+
+struct Plan {
+  PlanBudget request;
+  uint64_t budget = 0;  // total bytes available (split: resident + trunk + experts)
+  uint64_t floor = 0;   // smallest budget that plans (resident + in-flight experts + minimal ring)
+  std::vector<PlanTerm> pools;  // everything allocated, in print order; sum == total()
+
+  // trunk
+  int n_layers = 0;
+  int ring_slots = 0;  // 0 when every layer is pinned (resident trunk)
+  uint64_t slot_read_bytes = 0, slot_widen_bytes = 0;
+  int spanning_layer = -1;  // the one unpinned layer larger than a slot (-1: none)
+  int span_slots = 0;       // adjacent slots it occupies
+  std::vector<int> pinned;  // ascending
+  uint64_t trunk_bytes = 0, streamed_bytes = 0;  // whole trunk; unpinned part read every token
+
+  // experts
+  uint64_t expert_slot_bytes = 0;
+  uint64_t inflight_slots = 0, lookahead_slots = 0, cache_slots = 0;
+
+  uint64_t total() const;
+  uint64_t unassigned() const { return budget - total(); }
+};
+
+// Throws usage Error (one line: budget, floor, missing bytes) when the budget is below the floor.
+Plan make_plan(const PlanInputs& in, const PlanBudget& budget);
+
+// The smallest budget make_plan accepts for these inputs.
+uint64_t plan_floor(const PlanInputs& in, int ring_slots = 2);
+
+// Preset name -> total budget in bytes: laptop 8, desktop 32, workstation 96, server 128, max 224
+// GiB; "ultra" is the floor itself. Throws usage Error listing the names for an unknown one.
+uint64_t preset_budget(std::string_view name, const PlanInputs& in);
+std::vector<std::string> preset_names();
+
+// Inputs from a checkpoint: layer footprints from the packed trunk when given, else as pack-trunk
+// would lay the layers out from the shard index; resident terms for `context` positions.
+PlanInputs plan_inputs(const io::ModelConfig& config, const io::ShardSet& shards, const io::PackedTrunk* trunk,
+                       uint64_t context);
+
+// Activation scratch for `context` positions (the estimate is documented in planner.cpp).
+uint64_t scratch_bytes(const io::ModelConfig& config, uint64_t context);
+
+std::string format_plan(const Plan& plan);  // the human table
+std::string plan_json(const Plan& plan);    // one JSON object; pools sum to "total"
+
+}  // namespace k3::pipeline

@@ -1,0 +1,207 @@
+// pipeline/planner on hand-made byte counts: K3-shaped layers (ENGINE.md §1.4) and small cases
+// that pin down slot spanning, largest-first pinning, the fixed point and the refusals.
+#include "pipeline/planner.hpp"
+
+#include <doctest/doctest.h>
+#include <simdjson.h>
+
+#include <algorithm>
+#include <string>
+
+#include "io/error.hpp"
+
+using k3::pipeline::LayerFootprint;
+using k3::pipeline::Plan;
+using k3::pipeline::PlanBudget;
+using k3::pipeline::PlanInputs;
+
+namespace {
+
+constexpr uint64_t kGiB = uint64_t{1} << 30;
+constexpr uint64_t kPage = 4096;
+
+// K3 as ENGINE.md §1.4 describes it: layer 0 dense 2.341 GB, 68 KDA+MoE layers ~1.27 GB, 24 MLA+MoE
+// layers ~0.845 GB; head 4.70 GB; 69 KDA states; 24 MLA layers of KV per position.
+PlanInputs k3_like(uint64_t context = 128) {
+  PlanInputs in;
+  for (int l = 0; l < 93; ++l) {
+    bool mla = l % 4 == 3 || l == 92;
+    uint64_t b = l == 0 ? 2'341'216'112 : mla ? 845'000'000 : 1'270'000'000;
+    in.layers.push_back({(b + kPage - 1) / kPage * kPage, 4 * 60'000});
+  }
+  in.resident = {{"embedding + lm_head + head vectors", 1, 4'697'706'496, 4'697'706'496},
+                 {"KDA state", 69, 6'733'824, 69 * 6'733'824},
+                 {"MLA KV cache", context, 2'365'440, context * 2'365'440},
+                 {"scratch", 1, 40'000'000, 40'000'000},
+                 {"tensor index", 1, 50'000'000, 50'000'000}};
+  in.expert_bytes = 17'547'264;
+  in.top_k = 16;
+  return in;
+}
+
+PlanBudget total(uint64_t bytes, std::string source = "test") {
+  PlanBudget b;
+  b.total = bytes;
+  b.source = std::move(source);
+  return b;
+}
+
+void check_consistent(const Plan& p) {
+  uint64_t sum = 0;
+  for (const auto& t : p.pools) {
+    CAPTURE(t.name);
+    if (t.each) CHECK(t.bytes == t.count * t.each);
+    sum += t.bytes;
+  }
+  CHECK(sum == p.total());
+  CHECK(p.total() <= p.budget);
+  auto it = std::find_if(p.pools.begin(), p.pools.end(), [](auto& t) { return t.name.rfind("pinned", 0) == 0; });
+  REQUIRE(it != p.pools.end());
+  CHECK(it->count == p.pinned.size());
+  CHECK(p.streamed_bytes + it->bytes == p.trunk_bytes);
+  if (!p.request.trunk && p.expert_slot_bytes) CHECK(p.unassigned() < p.expert_slot_bytes);
+}
+
+}  // namespace
+
+TEST_CASE("laptop (8 GiB) plans K3 with a 2-slot ring, layer 0 spanning both, and >= 16 expert slots") {
+  PlanInputs in = k3_like();
+  PlanBudget b = total(k3::pipeline::preset_budget("laptop", in), "preset laptop");
+  CHECK(b.total == 8 * kGiB);
+  Plan p = k3::pipeline::make_plan(in, b);
+  MESSAGE(k3::pipeline::format_plan(p));
+  check_consistent(p);
+  CHECK(p.total() <= 8 * kGiB);
+  CHECK(p.ring_slots >= 2);
+  CHECK(p.inflight_slots + p.lookahead_slots + p.cache_slots >= 16);
+  CHECK(p.spanning_layer == 0);
+  CHECK(p.span_slots == 2);
+  CHECK(p.slot_read_bytes == (1'270'000'000 + kPage - 1) / kPage * kPage);  // the largest other layer
+  CHECK(p.expert_slot_bytes == 17'547'264 + kPage);
+}
+
+TEST_CASE("bigger budgets pin more layers, largest first; the ring shrinks once layer 0 is pinned") {
+  PlanInputs in = k3_like();
+  Plan p8 = k3::pipeline::make_plan(in, total(8 * kGiB));
+  Plan p32 = k3::pipeline::make_plan(in, total(32 * kGiB));
+  Plan p128 = k3::pipeline::make_plan(in, total(128 * kGiB));
+  for (const Plan* p : {&p8, &p32, &p128}) check_consistent(*p);
+  CHECK(p32.pinned.size() > p8.pinned.size());
+  CHECK(p128.pinned.size() > p32.pinned.size());
+  // Layer 0 is the largest, so it is the first pinned; then slots hold the largest KDA layer.
+  REQUIRE(!p32.pinned.empty());
+  CHECK(p32.pinned.front() == 0);
+  CHECK(p32.spanning_layer == -1);
+  CHECK(p32.slot_read_bytes == p8.slot_read_bytes);
+  // KDA layers (1.27 GB) are pinned before any MLA layer (0.845 GB) is.
+  bool mla_pinned = std::any_of(p32.pinned.begin(), p32.pinned.end(), [](int l) { return l % 4 == 3 || l == 92; });
+  bool kda_left = false;
+  for (int l = 1; l < 93; ++l)
+    if (!(l % 4 == 3 || l == 92) && !std::binary_search(p32.pinned.begin(), p32.pinned.end(), l)) kda_left = true;
+  CHECK(!(mla_pinned && kda_left));
+  // 128 GiB holds the whole K3 trunk (~109 GB) with the head: resident trunk, no ring.
+  CHECK(p128.pinned.size() == 93);
+  CHECK(p128.ring_slots == 0);
+  CHECK(p128.streamed_bytes == 0);
+}
+
+TEST_CASE("a budget below the floor is refused naming the missing bytes") {
+  PlanInputs in = k3_like();
+  uint64_t floor = k3::pipeline::plan_floor(in);
+  CHECK(k3::pipeline::preset_budget("ultra", in) == floor);
+  CHECK_NOTHROW(k3::pipeline::make_plan(in, total(floor)));
+  try {
+    k3::pipeline::make_plan(in, total(2 * kGiB, "--mem-gb 2"));
+    FAIL("2 GiB was accepted");
+  } catch (const k3::io::Error& e) {
+    std::string m = e.what();
+    CHECK(e.kind() == k3::io::ErrorKind::usage);
+    CHECK(m.find(std::to_string(floor - 2 * kGiB) + " B short") != std::string::npos);
+    CHECK(m.find('\n') == std::string::npos);
+  }
+  CHECK_THROWS_AS(k3::pipeline::preset_budget("phone", in), k3::io::Error);
+}
+
+TEST_CASE("the ultra preset is exactly the floor and still gives every pool its minimum") {
+  PlanInputs in = k3_like(0);
+  Plan p = k3::pipeline::make_plan(in, total(k3::pipeline::preset_budget("ultra", in)));
+  check_consistent(p);
+  CHECK(p.total() == p.floor);
+  CHECK(p.ring_slots == 2);
+  CHECK(p.inflight_slots == 16);
+  CHECK(p.lookahead_slots == 0);
+  CHECK(p.pinned.empty());
+}
+
+TEST_CASE("pinning iterates to a fixed point: a pin that shrinks the slot frees room for more") {
+  // Pages: one 10-page outlier and three 4-page layers, ring of 2.
+  PlanInputs in;
+  in.layers = {{10 * kPage, 0}, {4 * kPage, 0}, {4 * kPage, 0}, {4 * kPage, 0}};
+  // Floor: slot = max(4, 10/2 = 5) pages, the outlier spans 2 slots: ring 10 pages.
+  CHECK(k3::pipeline::plan_floor(in) == 10 * kPage);
+  Plan floor = k3::pipeline::make_plan(in, total(10 * kPage));
+  CHECK(floor.spanning_layer == 0);
+  CHECK(floor.span_slots == 2);
+  CHECK(floor.slot_read_bytes == 5 * kPage);
+  // 24 pages: pass 1 pins the outlier and one 4-page layer (ring still 10); pass 2 sees the ring
+  // would now be 2 x 4 pages and the last two layers fit in its place: the trunk becomes resident.
+  Plan p = k3::pipeline::make_plan(in, total(24 * kPage));
+  check_consistent(p);
+  CHECK(p.pinned.size() == 4);
+  CHECK(p.ring_slots == 0);
+  CHECK(p.total() == 22 * kPage);
+  // 20 pages: the outlier is pinned and the ring is 8 pages; 2 pages stay unassigned.
+  Plan q = k3::pipeline::make_plan(in, total(20 * kPage));
+  CHECK(q.pinned == std::vector<int>{0});
+  CHECK(q.ring_slots == 2);
+  CHECK(q.slot_read_bytes == 4 * kPage);
+  CHECK(q.total() == 18 * kPage);
+}
+
+TEST_CASE("a trunk smaller than the ring is planned resident") {
+  PlanInputs in;
+  in.layers = {{3 * kPage, kPage}, {3 * kPage, kPage}};
+  CHECK(k3::pipeline::plan_floor(in) == 8 * kPage);
+  Plan p = k3::pipeline::make_plan(in, total(8 * kPage));
+  CHECK(p.ring_slots == 0);
+  CHECK(p.pinned.size() == 2);
+}
+
+TEST_CASE("split budgets: ring + pins within --trunk-gb, expert slots within --cache-gb") {
+  PlanInputs in = k3_like();
+  PlanBudget b;
+  b.trunk = 16 * kGiB;
+  b.experts = 2 * kGiB;
+  b.source = "--trunk-gb 16 --cache-gb 2";
+  Plan p = k3::pipeline::make_plan(in, b);
+  check_consistent(p);
+  uint64_t trunk = 0, experts = 0;
+  for (const auto& t : p.pools) {
+    if (t.name.find("trunk") != std::string::npos) trunk += t.bytes;
+    if (t.name.find("expert") != std::string::npos) experts += t.bytes;
+  }
+  CHECK(trunk <= 16 * kGiB);
+  CHECK(experts <= 2 * kGiB);
+  CHECK(2 * kGiB - experts < p.expert_slot_bytes);
+  CHECK(!p.pinned.empty());
+  b.trunk = kGiB;  // below the 2-slot ring
+  CHECK_THROWS_AS(k3::pipeline::make_plan(in, b), k3::io::Error);
+  b.trunk = 16 * kGiB;
+  b.experts = 100 << 20;  // below 16 in-flight slots
+  CHECK_THROWS_AS(k3::pipeline::make_plan(in, b), k3::io::Error);
+}
+
+TEST_CASE("plan JSON: pools sum to total, fields agree with the plan") {
+  Plan p = k3::pipeline::make_plan(k3_like(), total(32 * kGiB, "--mem-gb 32"));
+  std::string j = k3::pipeline::plan_json(p);
+  simdjson::dom::parser parser;
+  simdjson::dom::element doc = parser.parse(j);
+  uint64_t sum = 0;
+  for (simdjson::dom::element pool : doc["pools"].get_array()) sum += uint64_t(pool["bytes"]);
+  CHECK(sum == uint64_t(doc["total"]));
+  CHECK(uint64_t(doc["total"]) == p.total());
+  CHECK(uint64_t(doc["budget"]) == 32 * kGiB);
+  CHECK(uint64_t(doc["total"]) + uint64_t(doc["unassigned"]) == uint64_t(doc["budget"]));
+  CHECK(doc["trunk"]["pinned"].get_array().size() == p.pinned.size());
+  CHECK(std::string_view(doc["source"]) == "--mem-gb 32");
+}
