@@ -138,6 +138,8 @@ SafetensorsWriter::SafetensorsWriter(SafetensorsWriter&& o) noexcept
       tensors_(std::move(o.tensors_)),
       layout_(std::move(o.layout_)),
       written_(o.written_),
+      started_(o.started_),
+      settled_(o.settled_),
       fd_(o.fd_),
       finished_(o.finished_),
       committed_(o.committed_) {
@@ -152,6 +154,8 @@ SafetensorsWriter& SafetensorsWriter::operator=(SafetensorsWriter&& o) noexcept 
     tensors_ = std::move(o.tensors_);
     layout_ = std::move(o.layout_);
     written_ = o.written_;
+    started_ = o.started_;
+    settled_ = o.settled_;
     fd_ = o.fd_;
     finished_ = o.finished_;
     committed_ = o.committed_;
@@ -202,6 +206,28 @@ void SafetensorsWriter::append(std::span<const std::byte> bytes) {
                                     written_ + bytes.size(), layout_.data_bytes));
   append_fd(bytes);
   written_ += bytes.size();
+  stream_out();
+}
+
+// Streaming writeback: start writing each appended range at once and, a window behind, wait for
+// it and drop it from the page cache. Dirty memory stays bounded on multi-GB shards and the final
+// flush in finish() has little left to do.
+void SafetensorsWriter::stream_out() {
+  constexpr uint64_t kWindow = uint64_t{64} << 20;
+  const uint64_t end = layout_.data_start() + written_;
+  if (end - started_ >= (uint64_t{8} << 20)) {
+    ::sync_file_range(fd_, static_cast<off_t>(started_), static_cast<off_t>(end - started_),
+                      SYNC_FILE_RANGE_WRITE);
+    started_ = end;
+  }
+  if (started_ >= settled_ + 2 * kWindow) {
+    const uint64_t upto = started_ - kWindow;
+    ::sync_file_range(fd_, static_cast<off_t>(settled_), static_cast<off_t>(upto - settled_),
+                      SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER);
+    ::posix_fadvise(fd_, static_cast<off_t>(settled_), static_cast<off_t>(upto - settled_),
+                    POSIX_FADV_DONTNEED);
+    settled_ = upto;
+  }
 }
 
 void SafetensorsWriter::finish() {

@@ -79,10 +79,12 @@ class SafetensorsWriter {
   void discard() noexcept;  // closes and removes the partial file unless committed
   void append_fd(std::span<const std::byte> bytes);
   void append_raw(std::string_view bytes);
+  void stream_out();
   std::filesystem::path path_;
   std::vector<TensorEntry> tensors_;
   ShardLayout layout_;
   uint64_t written_ = 0;
+  uint64_t started_ = 0, settled_ = 0;  // file offsets handed to / completed by writeback
   int fd_ = -1;
   bool finished_ = false;
   bool committed_ = false;

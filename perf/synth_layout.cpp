@@ -1,0 +1,347 @@
+// Dimensions, presets, validation and the tensor list of dense synthetic checkpoints.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+
+#include "io/error.hpp"
+#include "perf/synth.hpp"
+
+namespace k3::perf {
+
+namespace {
+
+using io::DType;
+
+constexpr int kMxfp4Group = 32;  // MODEL.md §4; = quantization_config.group_size
+
+io::ModelConfig base_dims() {
+  io::ModelConfig c;
+  c.source = "synth";
+  c.nested = true;
+  c.rms_eps = 1e-5f;
+  c.conv_kernel = 4;
+  c.gate_lower_bound = -5.0f;
+  c.mla_out_gate = true;
+  c.routed_scale = 1.0f;
+  c.moe_renormalize = true;
+  c.latent_norm = true;
+  c.first_dense = 1;
+  c.situ_beta = 4.0f;
+  c.situ_linear_beta = 25.0f;
+  return c;
+}
+
+struct Preset {
+  const char* name;
+  int hidden, layers, vocab, heads, head_dim, mla_heads, q_lora, kv_lora, qk_nope, qk_rope, v_head;
+  int experts, top_k, shared, latent, moe_inter, dense_inter, block;
+};
+
+// Shaped like K3 (hidden : latent = 2 : 1, many experts, top-k a small fraction, one dense layer,
+// MLA every 4th layer and last), only with fewer layers and narrower matrices.
+constexpr Preset kPresets[] = {
+    {"tiny", 256, 4, 1024, 4, 32, 4, 64, 32, 32, 16, 32, 32, 4, 1, 128, 128, 512, 2},
+    {"small", 1024, 6, 8192, 8, 64, 8, 256, 128, 64, 32, 64, 96, 8, 1, 512, 512, 2048, 3},
+    {"medium", 2048, 8, 32768, 16, 128, 16, 512, 256, 128, 64, 128, 192, 8, 1, 1024, 1024, 4096, 4},
+    {"large", 3072, 12, 65536, 24, 128, 24, 768, 256, 128, 64, 128, 224, 8, 2, 1536, 1536, 8192, 4},
+};
+
+[[noreturn]] void refuse(const char* flag, const std::string& why) {
+  throw io::usage_error(fmt::format("{} {}", flag, why));
+}
+
+void positive(const char* flag, long v, long max) {
+  if (v < 1) refuse(flag, fmt::format("must be at least 1 (got {})", v));
+  if (v > max) refuse(flag, fmt::format("is too large (got {}, at most {})", v, max));
+}
+
+io::TensorEntry entry(std::string name, DType dt, std::vector<uint64_t> shape) {
+  return io::TensorEntry{std::move(name), dt, std::move(shape)};
+}
+
+SynthTensor matrix(std::string name, uint64_t out, uint64_t in, int layer) {
+  return {entry(std::move(name), DType::BF16, {out, in}), layer, -1, Fill::normal,
+          static_cast<float>(1.0 / std::sqrt(double(in)))};
+}
+
+SynthTensor gain(std::string name, uint64_t n, int layer) {
+  return {entry(std::move(name), DType::BF16, {n}), layer, -1, Fill::gain, 0.02f};
+}
+
+SynthTensor vector_f32(std::string name, uint64_t n, float sd, int layer) {
+  return {entry(std::move(name), DType::F32, {n}), layer, -1, Fill::normal, sd};
+}
+
+// E8M0 exponent that gives an expert matrix with this fan-in values of standard deviation about
+// 1/sqrt(fan_in): random E2M1 codes have an RMS of ~2.93, so 2^(e-127) ≈ 1/(2.93·sqrt(fan_in)).
+int scale_center(uint64_t fan_in) {
+  int e = 127 + static_cast<int>(std::lround(-std::log2(2.93 * std::sqrt(double(fan_in)))));
+  return std::clamp(e, 2, 253);  // jitter ±1 stays inside 1..254
+}
+
+void add_expert(std::vector<SynthTensor>& v, const std::string& p, int layer, int e, uint64_t I, uint64_t L) {
+  const std::string base = fmt::format("{}block_sparse_moe.experts.{}.", p, e);
+  auto add = [&](const char* w, uint64_t rows, uint64_t in) {
+    v.push_back(
+        {entry(base + w + ".weight_packed", DType::U8, {rows, in / 2}), layer, e, Fill::mxfp4_packed});
+    v.push_back({entry(base + w + ".weight_scale", DType::U8, {rows, in / kMxfp4Group}), layer, e,
+                 Fill::mxfp4_scale, 0, scale_center(in)});
+  };
+  add("w1", I, L);  // gate
+  add("w2", L, I);  // down
+  add("w3", I, L);  // up
+}
+
+bool by_name(const SynthTensor& a, const SynthTensor& b) {
+  return a.entry.name < b.entry.name;
+}
+
+// One layer: its trunk tensors (sorted by name, one contiguous run) then its experts in order.
+std::vector<SynthTensor> layer_tensors(const io::ModelConfig& c, int l) {
+  const std::string p = fmt::format("language_model.model.layers.{}.", l);
+  const uint64_t h = c.hidden;
+  std::vector<SynthTensor> t;
+  t.push_back(gain(p + "input_layernorm.weight", h, l));
+  t.push_back(gain(p + "post_attention_layernorm.weight", h, l));
+  t.push_back(gain(p + "self_attention_res_norm.weight", h, l));
+  t.push_back(matrix(p + "self_attention_res_proj.weight", 1, h, l));
+  t.push_back(gain(p + "mlp_res_norm.weight", h, l));
+  t.push_back(matrix(p + "mlp_res_proj.weight", 1, h, l));
+  const std::string a = p + "self_attn.";
+  if (c.is_mla(l)) {
+    const uint64_t nh = c.mla_heads;
+    t.push_back(matrix(a + "q_a_proj.weight", c.q_lora_rank, h, l));
+    t.push_back(gain(a + "q_a_layernorm.weight", c.q_lora_rank, l));
+    t.push_back(matrix(a + "q_b_proj.weight", nh * (c.qk_nope + c.qk_rope), c.q_lora_rank, l));
+    t.push_back(matrix(a + "kv_a_proj_with_mqa.weight", c.kv_lora_rank + c.qk_rope, h, l));
+    t.push_back(gain(a + "kv_a_layernorm.weight", c.kv_lora_rank, l));
+    t.push_back(matrix(a + "kv_b_proj.weight", nh * (c.qk_nope + c.v_head), c.kv_lora_rank, l));
+    t.push_back(matrix(a + "o_proj.weight", h, nh * c.v_head, l));
+    if (c.mla_out_gate) t.push_back(matrix(a + "g_proj.weight", nh * c.v_head, h, l));
+  } else {
+    const uint64_t H = c.kda_heads, D = c.kda_head_dim, P = H * D, K = c.conv_kernel;
+    for (const char* n : {"q_proj", "k_proj", "v_proj", "g_proj"})
+      t.push_back(matrix(a + n + ".weight", P, h, l));
+    t.push_back(matrix(a + "o_proj.weight", h, P, l));
+    for (const char* n : {"q_conv1d", "k_conv1d", "v_conv1d"}) {
+      SynthTensor conv = matrix(a + n + ".weight", P, K, l);
+      conv.entry.shape = {P, 1, K};  // depthwise: [channel][1][tap]
+      t.push_back(conv);
+    }
+    t.push_back(matrix(a + "f_a_proj.weight", D, h, l));
+    t.push_back(matrix(a + "f_b_proj.weight", P, D, l));
+    t.push_back(matrix(a + "b_proj.weight", H, h, l));
+    t.push_back(vector_f32(a + "dt_bias", P, 0.1f, l));
+    t.push_back(gain(a + "o_norm.weight", D, l));
+    // A_log is per HEAD but stored with head_dim values; only the first H are used, the rest are
+    // exactly 0 as in the released file (MODEL.md §2.1).
+    t.push_back({entry(a + "A_log", DType::F32, {D}), l, -1, Fill::a_log, 0, 0, c.kda_heads});
+  }
+  if (c.is_dense(l)) {
+    t.push_back(matrix(p + "mlp.gate_proj.weight", c.dense_inter, h, l));
+    t.push_back(matrix(p + "mlp.up_proj.weight", c.dense_inter, h, l));
+    t.push_back(matrix(p + "mlp.down_proj.weight", h, c.dense_inter, l));
+  } else {
+    const std::string m = p + "block_sparse_moe.";
+    const uint64_t L = c.latent, S = uint64_t(c.moe_inter) * c.n_shared;
+    t.push_back(matrix(m + "gate.weight", c.n_experts, h, l));
+    t.push_back(vector_f32(m + "gate.e_score_correction_bias", c.n_experts, 0.05f, l));
+    t.push_back(matrix(m + "routed_expert_down_proj.weight", L, h, l));
+    t.push_back(matrix(m + "routed_expert_up_proj.weight", h, L, l));
+    t.push_back(gain(m + "routed_expert_norm.weight", L, l));
+    t.push_back(matrix(m + "shared_experts.gate_proj.weight", S, h, l));
+    t.push_back(matrix(m + "shared_experts.up_proj.weight", S, h, l));
+    t.push_back(matrix(m + "shared_experts.down_proj.weight", h, S, l));
+  }
+  std::sort(t.begin(), t.end(), by_name);
+  if (!c.is_dense(l))
+    for (int e = 0; e < c.n_experts; ++e) add_expert(t, p, l, e, c.moe_inter, c.latent);
+  return t;
+}
+
+std::vector<SynthTensor> model_level_tensors(const io::ModelConfig& c) {
+  const uint64_t h = c.hidden, V = c.vocab;
+  std::vector<SynthTensor> t;
+  SynthTensor embed = matrix("language_model.model.embed_tokens.weight", V, h, -1);
+  embed.scale = 1.0f;  // rows enter the stream directly: unit scale, like a layer's output
+  t.push_back(embed);
+  t.push_back(matrix("language_model.lm_head.weight", V, h, -1));
+  t.push_back(gain("language_model.model.norm.weight", h, -1));
+  t.push_back(gain("language_model.model.output_attn_res_norm.weight", h, -1));
+  t.push_back(matrix("language_model.model.output_attn_res_proj.weight", 1, h, -1));
+  std::sort(t.begin(), t.end(), by_name);
+  return t;
+}
+
+uint64_t bytes_of(const std::vector<SynthTensor>& v) {
+  uint64_t n = 0;
+  for (const SynthTensor& t : v) n += t.entry.nbytes();
+  return n;
+}
+
+}  // namespace
+
+uint64_t ShardPlan::data_bytes() const {
+  return bytes_of(tensors);
+}
+
+size_t CheckpointPlan::tensor_count() const {
+  size_t n = 0;
+  for (const ShardPlan& s : shards) n += s.tensors.size();
+  return n;
+}
+
+uint64_t CheckpointPlan::data_bytes() const {
+  uint64_t n = 0;
+  for (const ShardPlan& s : shards) n += s.data_bytes();
+  return n;
+}
+
+std::string shard_file_name(int index, int count) {
+  return fmt::format("model-{:05d}-of-{:06d}.safetensors", index + 1, count);
+}
+
+io::ModelConfig real_dims() {
+  io::ModelConfig c = base_dims();
+  c.hidden = 7168;
+  c.n_layers = 93;
+  c.vocab = 163840;
+  c.kda_heads = 96;
+  c.kda_head_dim = 128;
+  c.mla_heads = 96;
+  c.q_lora_rank = 1536;
+  c.kv_lora_rank = 512;
+  c.qk_nope = 128;
+  c.qk_rope = 64;
+  c.v_head = 128;
+  c.n_experts = 896;
+  c.top_k = 16;
+  c.n_shared = 2;
+  c.latent = 3584;
+  c.moe_inter = 3072;
+  c.dense_inter = 33792;
+  c.attn_res_block = 12;
+  c.full_attn_layers = default_full_attn(93);
+  return c;
+}
+
+io::ModelConfig preset_dims(std::string_view name) {
+  for (const Preset& p : kPresets) {
+    if (name != p.name) continue;
+    io::ModelConfig c = base_dims();
+    c.hidden = p.hidden;
+    c.n_layers = p.layers;
+    c.vocab = p.vocab;
+    c.kda_heads = p.heads;
+    c.kda_head_dim = p.head_dim;
+    c.mla_heads = p.mla_heads;
+    c.q_lora_rank = p.q_lora;
+    c.kv_lora_rank = p.kv_lora;
+    c.qk_nope = p.qk_nope;
+    c.qk_rope = p.qk_rope;
+    c.v_head = p.v_head;
+    c.n_experts = p.experts;
+    c.top_k = p.top_k;
+    c.n_shared = p.shared;
+    c.latent = p.latent;
+    c.moe_inter = p.moe_inter;
+    c.dense_inter = p.dense_inter;
+    c.attn_res_block = p.block;
+    c.full_attn_layers = default_full_attn(p.layers);
+    return c;
+  }
+  refuse("--size", fmt::format("must be one of tiny, small, medium, large (got '{}')", name));
+}
+
+std::vector<int> default_full_attn(int n_layers) {
+  std::vector<int> v;
+  for (int l = 4; l < n_layers; l += 4) v.push_back(l);
+  v.push_back(n_layers);
+  return v;
+}
+
+void validate_dims(const io::ModelConfig& c) {
+  constexpr long kDim = 1 << 20;
+  positive("--layers", c.n_layers, 4096);
+  positive("--hidden", c.hidden, kDim);
+  positive("--vocab", c.vocab, 1 << 24);
+  positive("--heads", c.kda_heads, 4096);
+  positive("--head-dim", c.kda_head_dim, 4096);
+  positive("--conv-kernel", c.conv_kernel, 64);
+  positive("--mla-heads", c.mla_heads, 4096);
+  positive("--q-lora", c.q_lora_rank, kDim);
+  positive("--kv-lora", c.kv_lora_rank, kDim);
+  positive("--qk-nope", c.qk_nope, 4096);
+  positive("--qk-rope", c.qk_rope, 4096);
+  positive("--v-head", c.v_head, 4096);
+  positive("--experts", c.n_experts, 1 << 16);
+  positive("--top-k", c.top_k, io::kMaxTopK);
+  positive("--shared", c.n_shared, 64);
+  positive("--latent", c.latent, kDim);
+  positive("--moe-inter", c.moe_inter, kDim);
+  positive("--dense-inter", c.dense_inter, kDim);
+  positive("--block-size", c.attn_res_block, 4096);
+  if (c.top_k > c.n_experts)
+    refuse("--top-k", fmt::format("selects {} of {} experts (--experts)", c.top_k, c.n_experts));
+  if (c.kda_heads > c.kda_head_dim)
+    refuse("--heads",
+           fmt::format("({}) must not exceed --head-dim ({}): A_log holds head-dim values, one per head",
+                       c.kda_heads, c.kda_head_dim));
+  if (c.latent % kMxfp4Group)
+    refuse("--latent",
+           fmt::format("must be a multiple of {} (the MXFP4 group) (got {})", kMxfp4Group, c.latent));
+  if (c.moe_inter % kMxfp4Group)
+    refuse("--moe-inter",
+           fmt::format("must be a multiple of {} (the MXFP4 group) (got {})", kMxfp4Group, c.moe_inter));
+  if (c.first_dense < 0 || c.first_dense > c.n_layers)
+    refuse("--first-dense", fmt::format("must be in 0..{} (--layers) (got {})", c.n_layers, c.first_dense));
+  if (c.full_attn_layers.empty()) refuse("--full-attn", "must name at least one layer");
+  std::set<int> seen;
+  for (int l : c.full_attn_layers) {
+    if (l < 1 || l > c.n_layers)
+      refuse("--full-attn", fmt::format("entry {} is outside 1..{} (the list is ONE-based)", l, c.n_layers));
+    if (!seen.insert(l).second) refuse("--full-attn", fmt::format("names layer {} twice", l));
+  }
+  if (static_cast<int>(seen.size()) >= c.n_layers)
+    refuse("--full-attn", fmt::format("marks all {} layers as MLA, leaving no KDA layer", c.n_layers));
+}
+
+CheckpointPlan plan_dense(const io::ModelConfig& c, int shards) {
+  validate_dims(c);
+  std::vector<std::vector<SynthTensor>> units;
+  for (int l = 0; l < c.n_layers; ++l) units.push_back(layer_tensors(c, l));
+  units.push_back(model_level_tensors(c));
+  const int U = static_cast<int>(units.size());
+  if (shards < 0 || shards > U)
+    refuse("--shards",
+           fmt::format("must be in 1..{} (whole layers per shard, plus the head) (got {})", U, shards));
+  const int N = shards == 0 ? U : shards;
+
+  // Contiguous groups of whole units, balanced by bytes, none empty.
+  std::vector<int> group(U);
+  uint64_t total = 0;
+  for (const auto& u : units) total += bytes_of(u);
+  uint64_t before = 0;
+  for (int i = 0, prev = 0; i < U; ++i) {
+    const uint64_t mid = before + bytes_of(units[i]) / 2;
+    int g = total ? static_cast<int>(static_cast<long double>(mid) * N / total) : i;
+    const int lo = std::max(prev, N - (U - i)), hi = i == 0 ? 0 : std::min(prev + 1, N - 1);
+    g = std::clamp(g, lo, std::max(lo, hi));
+    group[i] = prev = g;
+    before += bytes_of(units[i]);
+  }
+
+  CheckpointPlan plan;
+  plan.config = c;
+  plan.shards.resize(N);
+  for (int s = 0; s < N; ++s) plan.shards[s].file = shard_file_name(s, N);
+  for (int i = 0; i < U; ++i) {
+    auto& dst = plan.shards[group[i]].tensors;
+    dst.insert(dst.end(), std::make_move_iterator(units[i].begin()), std::make_move_iterator(units[i].end()));
+  }
+  return plan;
+}
+
+}  // namespace k3::perf

@@ -1,0 +1,293 @@
+// Writing a planned checkpoint: generation in parallel, big sequential writes in order, commit at
+// the end, and removal of everything this run created if anything fails.
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <sys/statvfs.h>
+#include <tbb/concurrent_queue.h>
+#include <tbb/info.h>
+#include <tbb/parallel_pipeline.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <set>
+
+#include "io/error.hpp"
+#include "perf/synth.hpp"
+
+namespace k3::perf {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr size_t kBlock = size_t{8} << 20;  // bytes generated as one unit of work and one write()
+
+bool is_checkpoint_file(const std::string& n) {
+  auto ends = [&](std::string_view s) {
+    return n.size() >= s.size() && n.compare(n.size() - s.size(), s.size(), s) == 0;
+  };
+  return n == "config.json" || n == "model.safetensors.index.json" || n == "config.json.partial" ||
+         n == "model.safetensors.index.json.partial" ||
+         (n.rfind("model-", 0) == 0 && (ends(".safetensors") || ends(".safetensors.partial")));
+}
+
+// Everything this run created; removed again unless the run is marked done.
+struct Rollback {
+  std::vector<fs::path> files;
+  std::vector<fs::path> dirs;  // outermost first
+  bool done = false;
+  ~Rollback() {
+    if (done) return;
+    std::error_code ec;
+    for (const fs::path& f : files) fs::remove(f, ec);
+    for (auto it = dirs.rbegin(); it != dirs.rend(); ++it) fs::remove(*it, ec);
+  }
+};
+
+void prepare_out_dir(const fs::path& out, Rollback& rb) {
+  std::error_code ec;
+  std::vector<fs::path> missing;
+  for (fs::path p = fs::absolute(out, ec); !p.empty(); p = p.parent_path()) {
+    if (fs::exists(p, ec)) break;
+    missing.push_back(p);
+    if (p == p.parent_path()) break;
+  }
+  for (auto it = missing.rbegin(); it != missing.rend(); ++it) {
+    if (!fs::create_directory(*it, ec) && ec)
+      throw io::runtime_error(
+          fmt::format("cannot create output directory {}: {}", out.string(), ec.message()));
+    rb.dirs.push_back(*it);
+  }
+  if (!fs::is_directory(out, ec))
+    throw io::runtime_error(fmt::format("output directory {} is not a directory", out.string()));
+  if (::access(out.c_str(), W_OK | X_OK) != 0)
+    throw io::runtime_error(
+        fmt::format("output directory {} is not writable: {}", out.string(), std::strerror(errno)));
+}
+
+std::vector<fs::path> existing_checkpoint_files(const fs::path& out) {
+  std::vector<fs::path> found;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(out, ec))
+    if (is_checkpoint_file(e.path().filename().string())) found.push_back(e.path());
+  std::sort(found.begin(), found.end());
+  return found;
+}
+
+void check_free_space(const fs::path& out, uint64_t need) {
+  struct statvfs st {};
+  if (::statvfs(out.c_str(), &st) != 0) return;
+  const uint64_t avail = uint64_t(st.f_bavail) * st.f_frsize;
+  if (need > avail)
+    throw io::runtime_error(
+        fmt::format("output directory {} has {:.2f} GB free, the checkpoint needs {:.2f} GB", out.string(),
+                    avail / 1e9, need / 1e9));
+}
+
+void write_text_file(const fs::path& path, const std::string& text, Rollback& rb) {
+  const fs::path tmp = io::partial_path(path);
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0)
+    throw io::runtime_error(fmt::format("cannot create {}: {}", tmp.string(), std::strerror(errno)));
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int err = errno;
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      throw io::runtime_error(fmt::format("cannot write {}: {}", tmp.string(), std::strerror(err)));
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (::fdatasync(fd) != 0 || ::close(fd) != 0 || ::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    throw io::runtime_error(fmt::format("cannot write {}: {}", path.string(), std::strerror(err)));
+  }
+  rb.files.push_back(path);
+}
+
+void sync_dir(const fs::path& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return;
+  ::fsync(fd);
+  ::close(fd);
+}
+
+uint64_t forced_failure_after() {
+  const char* v = std::getenv("K3_SYNTH_FAIL_AFTER");
+  if (!v || !*v) return UINT64_MAX;
+  return std::strtoull(v, nullptr, 10);
+}
+
+std::vector<io::TensorEntry> entries_of(const ShardPlan& s) {
+  std::vector<io::TensorEntry> v;
+  v.reserve(s.tensors.size());
+  for (const SynthTensor& t : s.tensors) v.push_back(t.entry);
+  return v;
+}
+
+// One block of a shard's data region: generated as a unit, written with one append.
+struct Block {
+  int shard = 0;
+  uint64_t offset = 0, size = 0;  // within the shard's data
+  bool first = false, last = false;
+  std::byte* buf = nullptr;
+};
+
+// Walks the shards' data regions in file order, handing out blocks.
+class BlockCursor {
+ public:
+  explicit BlockCursor(const CheckpointPlan& plan) : plan_(plan) {}
+  bool next(Block& b) {
+    if (shard_ >= static_cast<int>(plan_.shards.size())) return false;
+    const uint64_t total = plan_.shards[shard_].data_bytes();
+    b.shard = shard_;
+    b.offset = offset_;
+    b.size = std::min<uint64_t>(kBlock, total - offset_);
+    b.first = offset_ == 0;
+    offset_ += b.size;
+    b.last = offset_ >= total;
+    if (b.last) ++shard_, offset_ = 0;
+    return true;
+  }
+
+ private:
+  const CheckpointPlan& plan_;
+  int shard_ = 0;
+  uint64_t offset_ = 0;
+};
+
+// Tensor data offsets of every shard, so a block finds the tensors it overlaps.
+struct ShardOffsets {
+  std::vector<std::vector<uint64_t>> begin;
+  explicit ShardOffsets(const CheckpointPlan& plan) {
+    for (const ShardPlan& s : plan.shards) {
+      auto& v = begin.emplace_back();
+      uint64_t off = 0;
+      for (const SynthTensor& t : s.tensors) v.push_back(std::exchange(off, off + t.entry.nbytes()));
+    }
+  }
+};
+
+void generate(const CheckpointPlan& plan, const ShardOffsets& offs, uint64_t seed, const Block& b) {
+  const auto& tensors = plan.shards[b.shard].tensors;
+  const auto& begin = offs.begin[b.shard];
+  const uint64_t end = b.offset + b.size;
+  size_t i = std::upper_bound(begin.begin(), begin.end(), b.offset) - begin.begin();
+  i = i ? i - 1 : 0;
+  for (; i < tensors.size() && begin[i] < end; ++i) {
+    const uint64_t t_end = begin[i] + tensors[i].entry.nbytes();
+    const uint64_t from = std::max(b.offset, begin[i]), to = std::min(end, t_end);
+    if (from >= to) continue;
+    fill_bytes(tensors[i], seed, from - begin[i], {b.buf + (from - b.offset), to - from});
+  }
+}
+
+}  // namespace
+
+SynthReport write_checkpoint(const CheckpointPlan& plan, const fs::path& out_dir,
+                             const SynthOptions& options) {
+  const auto t0 = std::chrono::steady_clock::now();
+  Rollback rb;
+  prepare_out_dir(out_dir, rb);
+  std::vector<fs::path> stale = existing_checkpoint_files(out_dir);
+  if (!stale.empty() && !options.overwrite)
+    throw io::runtime_error(
+        fmt::format("output directory {} already holds checkpoint files ({}); pass --force to "
+                    "replace them or choose another directory",
+                    out_dir.string(), stale.front().filename().string()));
+  std::error_code ec;
+  for (const fs::path& p : stale)
+    if (p.extension() == ".partial") fs::remove(p, ec);
+
+  uint64_t logical = 0, header_bytes = 0;
+  std::vector<io::ShardLayout> layouts;
+  for (const ShardPlan& s : plan.shards) {
+    layouts.push_back(io::layout_shard(entries_of(s), {{"format", "pt"}}));
+    logical += layouts.back().file_size();
+    header_bytes += layouts.back().data_start();
+  }
+  const std::string index = index_json(plan);
+  const std::string config = config_json(plan.config);
+  check_free_space(out_dir,
+                   (plan.sparse ? header_bytes : logical) + index.size() + config.size() + (16 << 20));
+
+  SynthReport report;
+  report.shards = plan.shards.size();
+  report.tensors = plan.tensor_count();
+  report.logical_bytes = logical;
+  const uint64_t fail_after = forced_failure_after();
+  std::vector<std::optional<io::SafetensorsWriter>> writers(plan.shards.size());
+  auto shard_path = [&](size_t s) { return out_dir / plan.shards[s].file; };
+
+  if (plan.sparse) {
+    uint64_t done = 0;
+    for (size_t s = 0; s < plan.shards.size(); ++s) {
+      writers[s].emplace(shard_path(s), entries_of(plan.shards[s]));
+      writers[s]->finish_sparse();
+      done += writers[s]->layout().file_size();
+      if (options.progress) options.progress(done, logical);
+      if (done >= fail_after) throw io::runtime_error("forced failure (K3_SYNTH_FAIL_AFTER)");
+    }
+  } else {
+    const ShardOffsets offs(plan);
+    const uint64_t total = plan.data_bytes();
+    const size_t tokens = std::max<size_t>(4, 2 * static_cast<size_t>(tbb::info::default_concurrency()));
+    std::vector<std::unique_ptr<std::byte[]>> buffers;
+    tbb::concurrent_queue<std::byte*> free_buffers;
+    for (size_t i = 0; i < tokens; ++i) free_buffers.push(buffers.emplace_back(new std::byte[kBlock]).get());
+    BlockCursor cursor(plan);
+    uint64_t written = 0;
+
+    tbb::parallel_pipeline(
+        tokens, tbb::make_filter<void, Block>(tbb::filter_mode::serial_in_order, [&](tbb::flow_control& fc) {
+                  Block b;
+                  if (!cursor.next(b)) {
+                    fc.stop();
+                    return b;
+                  }
+                  // As many buffers as tokens: one is always free here.
+                  if (!free_buffers.try_pop(b.buf)) throw std::logic_error("synth: no free buffer");
+                  return b;
+                }) & tbb::make_filter<Block, Block>(tbb::filter_mode::parallel, [&](Block b) {
+                  generate(plan, offs, options.seed, b);
+                  return b;
+                }) & tbb::make_filter<Block, void>(tbb::filter_mode::serial_in_order, [&](Block b) {
+                  auto& w = writers[b.shard];
+                  if (b.first) w.emplace(shard_path(b.shard), entries_of(plan.shards[b.shard]));
+                  w->append({b.buf, b.size});
+                  free_buffers.push(b.buf);
+                  written += b.size;
+                  if (written >= fail_after) throw io::runtime_error("forced failure (K3_SYNTH_FAIL_AFTER)");
+                  if (b.last) w->finish();
+                  if (options.progress) options.progress(written, total);
+                }));
+    report.data_written = written;
+  }
+
+  // Every shard is complete: only now do the final names appear, then the config and index.
+  for (size_t s = 0; s < writers.size(); ++s) {
+    writers[s]->commit();
+    rb.files.push_back(shard_path(s));
+  }
+  write_text_file(out_dir / "model.safetensors.index.json", index, rb);
+  write_text_file(out_dir / "config.json", config, rb);
+  std::set<fs::path> ours(rb.files.begin(), rb.files.end());
+  for (const fs::path& p : stale)
+    if (!ours.count(p)) fs::remove(p, ec);
+  sync_dir(out_dir);
+  rb.done = true;
+  report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return report;
+}
+
+}  // namespace k3::perf
