@@ -61,19 +61,25 @@ double reduce16(const __m256d v[4]) {
 template <int NR, class Load>
 void dense_rows(const Load* rows, size_t n, const double* x, float* out) {
   __m256d a[NR][4];
+#pragma GCC unroll 8
   for (int r = 0; r < NR; ++r) {
+#pragma GCC unroll 8
     for (int m = 0; m < 4; ++m) a[r][m] = _mm256_setzero_pd();
   }
   const size_t full = n / 16 * 16;
   for (size_t i = 0; i < full; i += 16) {
     __m256d xv[4];
+#pragma GCC unroll 8
     for (int m = 0; m < 4; ++m) xv[m] = _mm256_loadu_pd(x + i + 4 * m);
+#pragma GCC unroll 8
     for (int r = 0; r < NR; ++r) {
       __m256d w[4];
       rows[r](i, w);
+#pragma GCC unroll 8
       for (int m = 0; m < 4; ++m) a[r][m] = _mm256_fmadd_pd(w[m], xv[m], a[r][m]);
     }
   }
+#pragma GCC unroll 8
   for (int r = 0; r < NR; ++r) {
     double acc = reduce16(a[r]);
     for (size_t i = full; i < n; ++i) acc = acc + rows[r].at(i) * x[i];  // exact product: = fma64
@@ -85,19 +91,24 @@ void dense_rows(const Load* rows, size_t n, const double* x, float* out) {
 template <int NT, class Load>
 void dense_tokens(const Load& row, size_t n, const double* x, size_t x_stride, float* y, size_t y_stride) {
   __m256d a[NT][4];
+#pragma GCC unroll 8
   for (int t = 0; t < NT; ++t) {
+#pragma GCC unroll 8
     for (int m = 0; m < 4; ++m) a[t][m] = _mm256_setzero_pd();
   }
   const size_t full = n / 16 * 16;
   for (size_t i = 0; i < full; i += 16) {
     __m256d w[4];
     row(i, w);
+#pragma GCC unroll 8
     for (int t = 0; t < NT; ++t) {
+#pragma GCC unroll 8
       for (int m = 0; m < 4; ++m) {
         a[t][m] = _mm256_fmadd_pd(w[m], _mm256_loadu_pd(x + t * x_stride + i + 4 * m), a[t][m]);
       }
     }
   }
+#pragma GCC unroll 8
   for (int t = 0; t < NT; ++t) {
     double acc = reduce16(a[t]);
     for (size_t i = full; i < n; ++i) acc = acc + row.at(i) * x[t * x_stride + i];
@@ -161,6 +172,7 @@ double group_generic(const uint8_t* bytes, size_t n, const double* x) {
   double s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   const size_t full = n / 8 * 8;
   for (size_t c = 0; c < full; c += 8) {
+#pragma GCC unroll 8
     for (size_t l = 0; l < 8; ++l) s[l] = s[l] + elem(c + l) * x[c + l];
   }
   double sub = ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
@@ -185,6 +197,7 @@ Group decode(const uint8_t* bytes) {
   const __m128i v1 = _mm_shuffle_epi8(lut, _mm_unpackhi_epi8(lo, hi));  // elements 16..31
   Group g;
   const __m128i q[4] = {v0, _mm_srli_si128(v0, 8), v1, _mm_srli_si128(v1, 8)};
+#pragma GCC unroll 8
   for (int h = 0; h < 4; ++h) {
     const __m256i i32 = _mm256_cvtepi8_epi32(q[h]);  // 8 elements
     g.w[2 * h] = _mm256_cvtepi32_pd(_mm256_castsi256_si128(i32));
@@ -198,6 +211,7 @@ Group decode(const uint8_t* bytes) {
 __m256d group_partial(const Group& g, const double* x) {
   __m256d v0 = _mm256_fmadd_pd(g.w[0], _mm256_loadu_pd(x), _mm256_setzero_pd());
   __m256d v1 = _mm256_fmadd_pd(g.w[1], _mm256_loadu_pd(x + 4), _mm256_setzero_pd());
+#pragma GCC unroll 8
   for (int c = 1; c < 4; ++c) {
     v0 = _mm256_fmadd_pd(g.w[2 * c], _mm256_loadu_pd(x + 8 * c), v0);
     v1 = _mm256_fmadd_pd(g.w[2 * c + 1], _mm256_loadu_pd(x + 8 * c + 4), v1);
@@ -247,17 +261,21 @@ void mxfp4_row(const uint8_t* packed, const uint8_t* scales, size_t cols, const 
   const size_t groups = (cols + G - 1) / G;
   const size_t full = cols / G;
   double acc[NT];
+#pragma GCC unroll 8
   for (int t = 0; t < NT; ++t) acc[t] = 0.0;
   size_t g = 0;
   for (; g + 4 <= full; g += 4) {
     __m256d keep;
     const __m256d hs = half_scales4(scales + g, keep);
     __m256d tv[NT][4];
+#pragma GCC unroll 8
     for (int k = 0; k < 4; ++k) {
       // A skipped group's lanes are computed (the inputs may hold inf / NaN) but masked out below.
       const Group w = decode(packed + (g + k) * G / 2);
+#pragma GCC unroll 8
       for (int t = 0; t < NT; ++t) tv[t][k] = group_partial(w, x + t * cols + (g + k) * G);
     }
+#pragma GCC unroll 8
     for (int t = 0; t < NT; ++t) {
       const __m256d prod = _mm256_mul_pd(subs4(tv[t][0], tv[t][1], tv[t][2], tv[t][3]), hs);
       acc[t] = add4(acc[t], _mm256_and_pd(prod, keep));  // separate multiply, then add
@@ -268,15 +286,18 @@ void mxfp4_row(const uint8_t* packed, const uint8_t* scales, size_t cols, const 
     const double s = e8m0(scales[g]);
     if (g < full) {
       const Group w = decode(packed + g * G / 2);
+#pragma GCC unroll 8
       for (int t = 0; t < NT; ++t) {
         acc[t] = acc[t] + sub1(group_partial(w, x + t * cols + g * G)) * (s * 0.5);
       }
     } else {
+#pragma GCC unroll 8
       for (int t = 0; t < NT; ++t) {
         acc[t] = acc[t] + group_generic(packed + g * G / 2, cols - g * G, x + t * cols + g * G) * s;
       }
     }
   }
+#pragma GCC unroll 8
   for (int t = 0; t < NT; ++t) y[t * y_stride] = static_cast<float>(acc[t]);
 }
 

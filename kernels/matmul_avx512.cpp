@@ -60,11 +60,13 @@ double reduce16(__m512d A, __m512d B) {
 template <int NR, class Load>
 void dense_rows(const Load* rows, size_t n, const double* x, float* out) {
   __m512d A[NR], B[NR];
+#pragma GCC unroll 8
   for (int r = 0; r < NR; ++r) A[r] = B[r] = _mm512_setzero_pd();
   const size_t full = n / 16 * 16;
   for (size_t i = 0; i < full; i += 16) {
     const __m512d x0 = _mm512_loadu_pd(x + i);
     const __m512d x1 = _mm512_loadu_pd(x + i + 8);
+#pragma GCC unroll 8
     for (int r = 0; r < NR; ++r) {
       __m512d lo, hi;
       rows[r](i, lo, hi);
@@ -72,6 +74,7 @@ void dense_rows(const Load* rows, size_t n, const double* x, float* out) {
       B[r] = _mm512_fmadd_pd(hi, x1, B[r]);
     }
   }
+#pragma GCC unroll 8
   for (int r = 0; r < NR; ++r) {
     double acc = reduce16(A[r], B[r]);
     for (size_t i = full; i < n; ++i) acc = acc + rows[r].at(i) * x[i];  // exact product: = fma64
@@ -83,16 +86,19 @@ void dense_rows(const Load* rows, size_t n, const double* x, float* out) {
 template <int NT, class Load>
 void dense_tokens(const Load& row, size_t n, const double* x, size_t x_stride, float* y, size_t y_stride) {
   __m512d A[NT], B[NT];
+#pragma GCC unroll 8
   for (int t = 0; t < NT; ++t) A[t] = B[t] = _mm512_setzero_pd();
   const size_t full = n / 16 * 16;
   for (size_t i = 0; i < full; i += 16) {
     __m512d lo, hi;
     row(i, lo, hi);
+#pragma GCC unroll 8
     for (int t = 0; t < NT; ++t) {
       A[t] = _mm512_fmadd_pd(lo, _mm512_loadu_pd(x + t * x_stride + i), A[t]);
       B[t] = _mm512_fmadd_pd(hi, _mm512_loadu_pd(x + t * x_stride + i + 8), B[t]);
     }
   }
+#pragma GCC unroll 8
   for (int t = 0; t < NT; ++t) {
     double acc = reduce16(A[t], B[t]);
     for (size_t i = full; i < n; ++i) acc = acc + row.at(i) * x[t * x_stride + i];
@@ -156,6 +162,7 @@ double group_generic(const uint8_t* bytes, size_t n, const double* x) {
   double s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   const size_t full = n / 8 * 8;
   for (size_t c = 0; c < full; c += 8) {
+#pragma GCC unroll 8
     for (size_t l = 0; l < 8; ++l) s[l] = s[l] + elem(c + l) * x[c + l];
   }
   double sub = ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
@@ -241,17 +248,21 @@ void mxfp4_row(const uint8_t* packed, const uint8_t* scales, size_t cols, const 
   const size_t groups = (cols + G - 1) / G;
   const size_t full = cols / G;  // complete 32-element groups
   double acc[NT];
+#pragma GCC unroll 8
   for (int t = 0; t < NT; ++t) acc[t] = 0.0;
   size_t g = 0;
   for (; g + 4 <= full; g += 4) {
     __mmask8 keep;
     const __m256d sc = scales4(scales + g, keep);
     __m256d tv[NT][4];
+#pragma GCC unroll 8
     for (int k = 0; k < 4; ++k) {
       // A skipped group's lanes are computed (the inputs may hold inf / NaN) but masked out below.
       const Group w = decode(packed + (g + k) * G / 2);
+#pragma GCC unroll 8
       for (int t = 0; t < NT; ++t) tv[t][k] = group_partial(w, x + t * cols + (g + k) * G);
     }
+#pragma GCC unroll 8
     for (int t = 0; t < NT; ++t) {
       const __m256d sub = subs4(tv[t][0], tv[t][1], tv[t][2], tv[t][3]);
       acc[t] = add4(acc[t], _mm256_maskz_mul_pd(keep, sub, sc));  // separate multiply, then add
@@ -262,13 +273,16 @@ void mxfp4_row(const uint8_t* packed, const uint8_t* scales, size_t cols, const 
     const double s = e8m0(scales[g]);
     if (g < full) {
       const Group w = decode(packed + g * G / 2);
+#pragma GCC unroll 8
       for (int t = 0; t < NT; ++t) acc[t] = acc[t] + sub1(group_partial(w, x + t * cols + g * G)) * s;
     } else {
+#pragma GCC unroll 8
       for (int t = 0; t < NT; ++t) {
         acc[t] = acc[t] + group_generic(packed + g * G / 2, cols - g * G, x + t * cols + g * G) * s;
       }
     }
   }
+#pragma GCC unroll 8
   for (int t = 0; t < NT; ++t) y[t * y_stride] = static_cast<float>(acc[t]);
 }
 

@@ -1,0 +1,316 @@
+// Kernel speed at the real shapes, against this machine's own DRAM roofline.
+//
+// First a streaming read over a buffer far larger than the LLC measures the read bandwidth at 1
+// and 2 threads; then the matmuls run at 1 and 2 threads for every body the CPU supports:
+//   bf16 matvec 12288x7168 (KDA q_proj), f32 matvec of the same shape,
+//   one MXFP4 routed expert (w1, w3 3072x3584 and w2 3584x3072) streamed from a set of experts
+//   larger than the LLC, and the single hot w1 matrix the C reference engine's own benchmark uses.
+// Counters: GB/s of weights read, GFLOP/s (2 per weight), roofline = GB/s / DRAM GB/s at the same
+// thread count, bitexact = output equal (memcmp) to the scalar body's.
+// The last line of the output is `roofline bf16_2t=<fraction> mxfp4_2t=<fraction>` for the body
+// the dispatcher would pick.
+#include <benchmark/benchmark.h>
+#include <emmintrin.h>
+#include <tbb/blocked_range.h>
+#include <tbb/parallel_for.h>
+#include <tbb/partitioner.h>
+#include <tbb/task_arena.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "kernels/dispatch.hpp"
+#include "kernels/matmul.hpp"
+#include "kernels/mxfp4.hpp"
+
+namespace {
+
+using namespace k3::kernels;
+using Clock = std::chrono::steady_clock;
+
+constexpr int kMaxThreads = 2;
+
+// Filled as the benchmarks run (in registration order: the DRAM probe first).
+struct Measured {
+  double dram_gbs[kMaxThreads + 1] = {};
+  double bf16_2t = 0.0, mxfp4_2t = 0.0;  // roofline fractions, best body
+} g_measured;
+
+Isa best_isa() {
+  return supported_isas().back();
+}
+
+uint32_t xorshift(uint32_t& s) {
+  s ^= s << 13;
+  s ^= s >> 17;
+  s ^= s << 5;
+  return s;
+}
+
+// Runs `body` per iteration inside an arena of `threads` threads with the given body selected;
+// returns seconds per iteration and sets the common counters.
+template <class F>
+double run_timed(benchmark::State& st, Isa isa, int threads, F&& body) {
+  const Isa saved = active_isa();
+  set_active_isa(isa);
+  tbb::task_arena arena(threads);
+  arena.execute(body);  // warm
+  const auto t0 = Clock::now();
+  for (auto _ : st) arena.execute(body);
+  const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  set_active_isa(saved);
+  st.SetLabel(std::string(isa_name(isa)) + " " + std::to_string(threads) + "t");
+  return st.iterations() > 0 ? secs / static_cast<double>(st.iterations()) : 0.0;
+}
+
+void set_rates(benchmark::State& st, double bytes, double flops, double secs, int threads, bool exact) {
+  const double gbs = bytes / secs / 1e9;
+  st.counters["GB/s"] = gbs;
+  if (flops > 0) st.counters["GFLOP/s"] = flops / secs / 1e9;
+  const double dram = g_measured.dram_gbs[threads];
+  if (dram > 0) st.counters["roofline"] = gbs / dram;
+  st.counters["bitexact"] = exact ? 1 : 0;
+}
+
+// ---- DRAM read bandwidth -------------------------------------------------------------------
+
+constexpr size_t kDramBytes = size_t{1} << 30;  // 1 GiB, far beyond a 32 MiB LLC
+
+const uint64_t* dram_buffer() {
+  static std::unique_ptr<uint64_t[]> buf = [] {
+    std::unique_ptr<uint64_t[]> b(new uint64_t[kDramBytes / 8]);
+    for (size_t i = 0; i < kDramBytes / 8; ++i) b[i] = i;  // touch every page
+    return b;
+  }();
+  return buf.get();
+}
+
+// Four independent 16-byte streams keep the loads, not the adds, the limit.
+uint64_t read_sum(const uint64_t* p, size_t n) {
+  __m128i a0 = _mm_setzero_si128(), a1 = a0, a2 = a0, a3 = a0;
+  const __m128i* v = reinterpret_cast<const __m128i*>(p);
+  for (size_t i = 0; i + 8 <= n / 2; i += 8) {
+    a0 = _mm_add_epi64(a0, _mm_add_epi64(_mm_load_si128(v + i), _mm_load_si128(v + i + 1)));
+    a1 = _mm_add_epi64(a1, _mm_add_epi64(_mm_load_si128(v + i + 2), _mm_load_si128(v + i + 3)));
+    a2 = _mm_add_epi64(a2, _mm_add_epi64(_mm_load_si128(v + i + 4), _mm_load_si128(v + i + 5)));
+    a3 = _mm_add_epi64(a3, _mm_add_epi64(_mm_load_si128(v + i + 6), _mm_load_si128(v + i + 7)));
+  }
+  const __m128i s = _mm_add_epi64(_mm_add_epi64(a0, a1), _mm_add_epi64(a2, a3));
+  uint64_t out[2];
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out), s);
+  return out[0] + out[1];
+}
+
+void BM_dram_read(benchmark::State& st) {
+  const int threads = static_cast<int>(st.range(0));
+  const uint64_t* buf = dram_buffer();
+  const size_t words = kDramBytes / 8;
+  std::atomic<uint64_t> sink{0};
+  const double secs = run_timed(st, Isa::scalar, threads, [&] {
+    // One contiguous slice per thread, like the row-parallel matmuls.
+    tbb::parallel_for(
+        tbb::blocked_range<size_t>(0, static_cast<size_t>(threads)),
+        [&](const tbb::blocked_range<size_t>& r) {
+          for (size_t t = r.begin(); t < r.end(); ++t) {
+            const size_t per = words / static_cast<size_t>(threads);
+            sink += read_sum(buf + t * per, per);
+          }
+        },
+        tbb::static_partitioner());
+  });
+  benchmark::DoNotOptimize(sink.load());
+  const double gbs = static_cast<double>(kDramBytes) / secs / 1e9;
+  g_measured.dram_gbs[threads] = gbs;
+  st.counters["GB/s"] = gbs;
+  st.SetLabel(std::to_string(threads) + "t");
+}
+
+// ---- dense matvec --------------------------------------------------------------------------
+
+constexpr size_t kRows = 12288, kCols = 7168;
+
+struct DenseData {
+  std::vector<uint16_t> bf16;
+  std::vector<float> f32;
+  std::vector<float> x;
+  std::vector<float> want_bf16, want_f32;  // scalar body's output
+};
+
+// Weights like a trained projection (|w| ~ 0.05), built as bf16 so both layouts hold equal values.
+const DenseData& dense_data() {
+  static const DenseData d = [] {
+    DenseData d;
+    uint32_t s = 12345;
+    d.bf16.resize(kRows * kCols);
+    for (auto& b : d.bf16) {
+      const float v = (static_cast<float>(xorshift(s) >> 8) / 8388608.0f - 1.0f) * 0.05f;
+      uint32_t bits;
+      std::memcpy(&bits, &v, 4);
+      b = static_cast<uint16_t>(bits >> 16);
+    }
+    d.f32.resize(d.bf16.size());
+    for (size_t i = 0; i < d.bf16.size(); ++i) d.f32[i] = bf16_to_f32(d.bf16[i]);
+    d.x.resize(kCols);
+    for (auto& v : d.x) v = static_cast<float>(xorshift(s) >> 8) / 8388608.0f - 1.0f;
+    const Isa saved = active_isa();
+    set_active_isa(Isa::scalar);
+    d.want_bf16.resize(kRows);
+    d.want_f32.resize(kRows);
+    matvec(Bf16Matrix{d.bf16, kRows, kCols}, d.x, d.want_bf16);
+    matvec(F32Matrix{d.f32, kRows, kCols}, d.x, d.want_f32);
+    set_active_isa(saved);
+    return d;
+  }();
+  return d;
+}
+
+void BM_bf16_matvec(benchmark::State& st) {
+  const Isa isa = static_cast<Isa>(st.range(0));
+  const int threads = static_cast<int>(st.range(1));
+  const DenseData& d = dense_data();
+  std::vector<float> y(kRows);
+  const Bf16Matrix w{d.bf16, kRows, kCols};
+  const double secs = run_timed(st, isa, threads, [&] { matvec(w, d.x, y); });
+  const bool exact = std::memcmp(y.data(), d.want_bf16.data(), kRows * sizeof(float)) == 0;
+  set_rates(st, kRows * kCols * 2.0, 2.0 * kRows * kCols, secs, threads, exact);
+  if (isa == best_isa() && threads == 2) g_measured.bf16_2t = st.counters["roofline"];
+}
+
+void BM_f32_matvec(benchmark::State& st) {
+  const Isa isa = static_cast<Isa>(st.range(0));
+  const int threads = static_cast<int>(st.range(1));
+  const DenseData& d = dense_data();
+  std::vector<float> y(kRows);
+  const F32Matrix w{d.f32, kRows, kCols};
+  const double secs = run_timed(st, isa, threads, [&] { matvec(w, d.x, y); });
+  const bool exact = std::memcmp(y.data(), d.want_f32.data(), kRows * sizeof(float)) == 0 &&
+                     std::memcmp(y.data(), d.want_bf16.data(), kRows * sizeof(float)) == 0;
+  set_rates(st, kRows * kCols * 4.0, 2.0 * kRows * kCols, secs, threads, exact);
+}
+
+// ---- MXFP4 experts -------------------------------------------------------------------------
+
+constexpr size_t kLatent = 3584, kInter = 3072;
+constexpr size_t kExperts = 8;  // 8 x 17.5 MB = 140 MB streamed, > 4x the LLC
+
+struct Mxfp4Mat {
+  std::vector<uint8_t> packed, scales;
+  size_t rows, cols;
+  Mxfp4Matrix view() const { return Mxfp4Matrix{packed, scales, rows, cols}; }
+};
+
+Mxfp4Mat random_mxfp4(size_t rows, size_t cols, uint32_t& s) {
+  Mxfp4Mat m{std::vector<uint8_t>(rows * mxfp4_packed_cols(cols)),
+             std::vector<uint8_t>(rows * mxfp4_scale_cols(cols)), rows, cols};
+  for (auto& b : m.packed) b = static_cast<uint8_t>(xorshift(s) >> 24);
+  for (auto& b : m.scales) b = static_cast<uint8_t>(118 + xorshift(s) % 6);  // like the checkpoint
+  return m;
+}
+
+struct Expert {
+  Mxfp4Mat w1, w3, w2;
+};
+
+struct ExpertData {
+  std::vector<Expert> experts;
+  std::vector<float> z, h;                 // latent input, intermediate input of w2
+  std::vector<float> want1, want3, want2;  // scalar body on expert 0
+};
+
+const ExpertData& expert_data() {
+  static const ExpertData d = [] {
+    ExpertData d;
+    uint32_t s = 777;
+    for (size_t e = 0; e < kExperts; ++e) {
+      Expert ex{random_mxfp4(kInter, kLatent, s), random_mxfp4(kInter, kLatent, s),
+                random_mxfp4(kLatent, kInter, s)};
+      d.experts.push_back(std::move(ex));
+    }
+    d.z.resize(kLatent);
+    d.h.resize(kInter);
+    for (auto& v : d.z) v = static_cast<float>(xorshift(s) >> 8) / 8388608.0f - 1.0f;
+    for (auto& v : d.h) v = static_cast<float>(xorshift(s) >> 8) / 8388608.0f - 1.0f;
+    const Isa saved = active_isa();
+    set_active_isa(Isa::scalar);
+    d.want1.resize(kInter);
+    d.want3.resize(kInter);
+    d.want2.resize(kLatent);
+    matvec(d.experts[0].w1.view(), d.z, d.want1);
+    matvec(d.experts[0].w3.view(), d.z, d.want3);
+    matvec(d.experts[0].w2.view(), d.h, d.want2);
+    set_active_isa(saved);
+    return d;
+  }();
+  return d;
+}
+
+constexpr double kExpertBytes = 3.0 * (kInter * kLatent / 2 + kInter * kLatent / 32);
+constexpr double kExpertFlops = 3.0 * 2.0 * kInter * kLatent;
+
+// One routed expert per iteration, cycling through experts so the weights come from DRAM.
+void BM_mxfp4_expert(benchmark::State& st) {
+  const Isa isa = static_cast<Isa>(st.range(0));
+  const int threads = static_cast<int>(st.range(1));
+  const ExpertData& d = expert_data();
+  std::vector<float> y1(kInter), y3(kInter), y2(kLatent);
+  size_t next = 0;
+  const double secs = run_timed(st, isa, threads, [&] {
+    const Expert& e = d.experts[next];
+    next = (next + 1) % kExperts;
+    matvec(e.w1.view(), d.z, y1);
+    matvec(e.w3.view(), d.z, y3);
+    matvec(e.w2.view(), d.h, y2);
+  });
+  // Bit check on expert 0.
+  const Isa saved = active_isa();
+  set_active_isa(isa);
+  matvec(d.experts[0].w1.view(), d.z, y1);
+  matvec(d.experts[0].w3.view(), d.z, y3);
+  matvec(d.experts[0].w2.view(), d.h, y2);
+  set_active_isa(saved);
+  const bool exact = std::memcmp(y1.data(), d.want1.data(), kInter * 4) == 0 &&
+                     std::memcmp(y3.data(), d.want3.data(), kInter * 4) == 0 &&
+                     std::memcmp(y2.data(), d.want2.data(), kLatent * 4) == 0;
+  set_rates(st, kExpertBytes, kExpertFlops, secs, threads, exact);
+  if (isa == best_isa() && threads == 2) g_measured.mxfp4_2t = st.counters["roofline"];
+}
+
+// The C reference's own benchmark shape: one w1 (3072x3584), hot in the LLC.
+void BM_mxfp4_w1_hot(benchmark::State& st) {
+  const Isa isa = static_cast<Isa>(st.range(0));
+  const int threads = static_cast<int>(st.range(1));
+  const ExpertData& d = expert_data();
+  std::vector<float> y(kInter);
+  const Mxfp4Matrix w = d.experts[0].w1.view();
+  const double secs = run_timed(st, isa, threads, [&] { matvec(w, d.z, y); });
+  const bool exact = std::memcmp(y.data(), d.want1.data(), kInter * 4) == 0;
+  set_rates(st, kExpertBytes / 3.0, kExpertFlops / 3.0, secs, threads, exact);
+}
+
+void isa_thread_args(benchmark::internal::Benchmark* b) {
+  for (Isa isa : supported_isas()) {
+    for (int t = 1; t <= kMaxThreads; ++t) b->Args({static_cast<int64_t>(isa), t});
+  }
+}
+
+}  // namespace
+
+BENCHMARK(BM_dram_read)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_bf16_matvec)->Apply(isa_thread_args)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_f32_matvec)->Apply(isa_thread_args)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_mxfp4_expert)->Apply(isa_thread_args)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_mxfp4_w1_hot)->Apply(isa_thread_args)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  std::printf("roofline bf16_2t=%.3f mxfp4_2t=%.3f\n", g_measured.bf16_2t, g_measured.mxfp4_2t);
+  return 0;
+}
