@@ -33,6 +33,8 @@ int main(int argc, char** argv) {
   };
   add("inspect", "summarise a checkpoint: config, layer map, tensor census, bytes", k3::pipeline::add_inspect);
   add("synth", "write a synthetic checkpoint in the released format", k3::pipeline::add_synth);
+  add("generate", "greedy decoding from token ids: STEP table, k3_run.json, state files",
+      k3::pipeline::add_generate);
 
   try {
     app.parse(argc, argv);

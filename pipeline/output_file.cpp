@@ -1,0 +1,43 @@
+#include "pipeline/output_file.hpp"
+
+#include <cerrno>
+#include <cstring>
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include "io/error.hpp"
+
+namespace k3::pipeline {
+
+void write_file_atomic(const std::filesystem::path& path, std::span<const std::byte> bytes) {
+  const std::filesystem::path tmp = path.string() + fmt::format(".tmp.{}", ::getpid());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw io::runtime_error(fmt::format("cannot write {}: {}", path.string(), std::strerror(errno)));
+  const std::byte* p = bytes.data();
+  size_t left = bytes.size();
+  int err = 0;
+  while (left > 0) {
+    const ssize_t n = ::write(fd, p, std::min<size_t>(left, size_t{1} << 30));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      err = n < 0 ? errno : EIO;
+      break;
+    }
+    p += n;
+    left -= static_cast<size_t>(n);
+  }
+  if (err == 0 && ::fsync(fd) != 0) err = errno;
+  if (::close(fd) != 0 && err == 0) err = errno;
+  if (err == 0 && ::rename(tmp.c_str(), path.c_str()) != 0) err = errno;
+  if (err != 0) {
+    ::unlink(tmp.c_str());
+    throw io::runtime_error(fmt::format("cannot write {}: {}", path.string(), std::strerror(err)));
+  }
+}
+
+void write_file_atomic(const std::filesystem::path& path, std::string_view text) {
+  write_file_atomic(path, std::as_bytes(std::span(text.data(), text.size())));
+}
+
+}  // namespace k3::pipeline

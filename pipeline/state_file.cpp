@@ -1,0 +1,146 @@
+#include "pipeline/state_file.hpp"
+
+#include <cstring>
+#include <fmt/format.h>
+#include <fstream>
+#include <string>
+
+#include "io/error.hpp"
+#include "pipeline/output_file.hpp"
+
+namespace k3::pipeline {
+
+namespace {
+
+constexpr char kMagic[4] = {'K', '3', 'S', 'T'};
+constexpr int32_t kVersion = 1;
+
+// Little-endian field access (the format is defined little-endian; x86-64 and AArch64 Linux are).
+template <class T>
+void put(std::vector<std::byte>& b, size_t at, T v) {
+  std::memcpy(b.data() + at, &v, sizeof v);
+}
+template <class T>
+T get(const std::byte* b, size_t at) {
+  T v;
+  std::memcpy(&v, b + at, sizeof v);
+  return v;
+}
+
+uint64_t expected_size(const StateHeader& h) {
+  return kStateHeaderBytes + 4ull * static_cast<uint64_t>(h.nseq) +
+         4ull * static_cast<uint64_t>(h.kper) * static_cast<uint64_t>(h.n_bound) +
+         4ull * static_cast<uint64_t>(h.cached) * static_cast<uint64_t>(h.kvpp + h.ropepp) *
+             static_cast<uint64_t>(h.n_mla);
+}
+
+[[noreturn]] void refuse(const std::filesystem::path& p, const std::string& why) {
+  throw io::runtime_error(fmt::format("--load-state {}: {}", p.string(), why));
+}
+
+}  // namespace
+
+std::array<int32_t, 12> state_fingerprint(const io::ModelConfig& c) {
+  return {c.hidden, c.n_layers, c.vocab,   c.kda_heads, c.kda_head_dim, c.conv_kernel,
+          c.mla_heads, c.qk_nope, c.qk_rope, c.v_head,  c.n_experts,    c.top_k};
+}
+
+StateHeader peek_state(const std::filesystem::path& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) refuse(path, "cannot open it");
+  std::byte raw[kStateHeaderBytes];
+  f.read(reinterpret_cast<char*>(raw), kStateHeaderBytes);
+  if (f.gcount() != static_cast<std::streamsize>(kStateHeaderBytes) || std::memcmp(raw, kMagic, 4) != 0)
+    refuse(path, "not a k3 state file (bad magic or shorter than its 96-byte header)");
+  StateHeader h;
+  h.version = get<int32_t>(raw, 4);
+  if (h.version != kVersion) refuse(path, fmt::format("state version {}, this build reads {}", h.version, kVersion));
+  for (size_t i = 0; i < 12; ++i) h.fingerprint[i] = get<int32_t>(raw, 8 + 4 * i);
+  h.n_bound = get<int32_t>(raw, 56);
+  h.n_mla = get<int32_t>(raw, 60);
+  h.cached = get<int32_t>(raw, 64);
+  h.nseq = get<int32_t>(raw, 68);
+  h.kper = get<int64_t>(raw, 72);
+  h.kvpp = get<int64_t>(raw, 80);
+  h.ropepp = get<int64_t>(raw, 88);
+  if (h.nseq < 0 || h.cached < 0 || h.cached > h.nseq || h.n_bound < 0 || h.n_mla < 0 || h.kper < 0 ||
+      h.kvpp < 0 || h.ropepp < 0)
+    refuse(path, "corrupt header (negative sizes or cached > nseq)");
+  return h;
+}
+
+void load_state(const std::filesystem::path& path, const io::ModelConfig& c, stages::DecodeState& st,
+                std::vector<int32_t>& seq) {
+  const StateHeader h = peek_state(path);
+  if (h.fingerprint != state_fingerprint(c))
+    refuse(path, "written by a different model architecture (config fingerprint mismatch); restoring it would "
+                 "produce fluent, wrong output");
+  if (h.n_bound != st.n_bound() || h.n_mla != st.n_mla())
+    refuse(path, fmt::format("holds {} bound layers and {} MLA layers, this run has {} and {}", h.n_bound, h.n_mla,
+                             st.n_bound(), st.n_mla()));
+  if (static_cast<size_t>(h.kper) != st.kper() || static_cast<size_t>(h.kvpp) != st.kvpp() ||
+      static_cast<size_t>(h.ropepp) != st.ropepp())
+    refuse(path, "per-layer state sizes disagree with this model");
+  if (static_cast<size_t>(h.cached) > st.capacity())
+    refuse(path, fmt::format("holds {} positions, this run's KV cache holds {}", h.cached, st.capacity()));
+  const uint64_t want = expected_size(h);
+  std::error_code ec;
+  const uint64_t have = std::filesystem::file_size(path, ec);
+  if (ec) refuse(path, "cannot stat it");
+  if (have < want) refuse(path, fmt::format("truncated: {} bytes, the header implies {}", have, want));
+  if (have > want) refuse(path, fmt::format("{} bytes, the header implies {} (trailing data)", have, want));
+
+  std::ifstream f(path, std::ios::binary);
+  f.seekg(kStateHeaderBytes);
+  auto read = [&](void* dst, size_t bytes) {
+    f.read(static_cast<char*>(dst), static_cast<std::streamsize>(bytes));
+    if (f.gcount() != static_cast<std::streamsize>(bytes)) refuse(path, "truncated while reading its payload");
+  };
+  seq.assign(static_cast<size_t>(h.nseq), 0);
+  read(seq.data(), seq.size() * 4);
+  read(st.kda_all().data(), st.kda_all().size() * 4);
+  for (int m = 0; m < h.n_mla; ++m) read(st.kv_rows(m, h.cached).data(), st.kv_rows(m, h.cached).size() * 4);
+  for (int m = 0; m < h.n_mla; ++m) read(st.rope_rows(m, h.cached).data(), st.rope_rows(m, h.cached).size() * 4);
+  for (int32_t id : seq)
+    if (id < 0 || id >= c.vocab) refuse(path, fmt::format("holds token id {} outside the vocabulary", id));
+  st.cached = static_cast<size_t>(h.cached);
+}
+
+uint64_t save_state(const std::filesystem::path& path, const io::ModelConfig& c, const std::vector<int32_t>& seq,
+                    stages::DecodeState& st) {
+  StateHeader h;
+  h.version = kVersion;
+  h.fingerprint = state_fingerprint(c);
+  h.n_bound = st.n_bound();
+  h.n_mla = st.n_mla();
+  h.cached = static_cast<int32_t>(st.cached);
+  h.nseq = static_cast<int32_t>(seq.size());
+  h.kper = static_cast<int64_t>(st.kper());
+  h.kvpp = static_cast<int64_t>(st.kvpp());
+  h.ropepp = static_cast<int64_t>(st.ropepp());
+
+  std::vector<std::byte> b(expected_size(h));
+  std::memcpy(b.data(), kMagic, 4);
+  put(b, 4, h.version);
+  for (size_t i = 0; i < 12; ++i) put(b, 8 + 4 * i, h.fingerprint[i]);
+  put(b, 56, h.n_bound);
+  put(b, 60, h.n_mla);
+  put(b, 64, h.cached);
+  put(b, 68, h.nseq);
+  put(b, 72, h.kper);
+  put(b, 80, h.kvpp);
+  put(b, 88, h.ropepp);
+  size_t at = kStateHeaderBytes;
+  auto append = [&](const void* src, size_t bytes) {
+    std::memcpy(b.data() + at, src, bytes);
+    at += bytes;
+  };
+  append(seq.data(), seq.size() * 4);
+  append(st.kda_all().data(), st.kda_all().size() * 4);
+  for (int m = 0; m < h.n_mla; ++m) append(st.kv_rows(m, st.cached).data(), st.kv_rows(m, st.cached).size() * 4);
+  for (int m = 0; m < h.n_mla; ++m) append(st.rope_rows(m, st.cached).data(), st.rope_rows(m, st.cached).size() * 4);
+  write_file_atomic(path, b);
+  return b.size();
+}
+
+}  // namespace k3::pipeline
