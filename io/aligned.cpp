@@ -19,10 +19,12 @@ constexpr size_t kHugePage = size_t{2} << 20;
 
 AlignedBuffer::AlignedBuffer(size_t bytes, size_t align) {
   if (align < sizeof(void*) || (align & (align - 1)) != 0) {
-    throw usage_error(fmt::format("AlignedBuffer: alignment {} is not a power of two >= {}", align, sizeof(void*)));
+    throw usage_error(
+        fmt::format("AlignedBuffer: alignment {} is not a power of two >= {}", align, sizeof(void*)));
   }
   if (bytes == 0) return;
-  if (bytes > SIZE_MAX - align) throw runtime_error(fmt::format("AlignedBuffer: {} bytes is too large", bytes));
+  if (bytes > SIZE_MAX - align)
+    throw runtime_error(fmt::format("AlignedBuffer: {} bytes is too large", bytes));
   const size_t size = align_up(bytes, align);
   // K3_NOHUGE=1 keeps 4 KiB pages (ENGINE.md §5.3), for A/B runs and hosts without THP.
   static const bool no_huge = [] {
@@ -33,7 +35,8 @@ AlignedBuffer::AlignedBuffer(size_t bytes, size_t align) {
   const size_t alignment = huge && align < kHugePage ? kHugePage : align;
   void* p = nullptr;
   if (const int err = ::posix_memalign(&p, alignment, size); err != 0) {
-    throw runtime_error(fmt::format("cannot allocate {} bytes aligned to {}: {}", size, alignment, std::strerror(err)));
+    throw runtime_error(
+        fmt::format("cannot allocate {} bytes aligned to {}: {}", size, alignment, std::strerror(err)));
   }
   if (huge) ::madvise(p, size, MADV_HUGEPAGE);  // advice only; no THP support is fine
   std::memset(p, 0, size);
@@ -53,6 +56,8 @@ AlignedBuffer& AlignedBuffer::operator=(AlignedBuffer&& o) noexcept {
   return *this;
 }
 
-AlignedBuffer::~AlignedBuffer() { std::free(data_); }
+AlignedBuffer::~AlignedBuffer() {
+  std::free(data_);
+}
 
 }  // namespace k3::io

@@ -36,7 +36,9 @@ struct Field {
   bool ModelConfig::*b = nullptr;
 };
 
-constexpr Field I(const char* k, const char* a, int ModelConfig::*m) { return {k, a, Kind::integer, m}; }
+constexpr Field I(const char* k, const char* a, int ModelConfig::*m) {
+  return {k, a, Kind::integer, m};
+}
 constexpr Field F(const char* k, const char* a, float ModelConfig::*m) {
   return {k, a, Kind::real, nullptr, m};
 }
@@ -90,8 +92,7 @@ struct Lookup {
   }
 };
 
-bool member_object(const dom::object& parent, const char* key, dom::object& out,
-                   const std::string& source) {
+bool member_object(const dom::object& parent, const char* key, dom::object& out, const std::string& source) {
   dom::element e;
   if (parent.at_key(key).get(e) != simdjson::SUCCESS) return false;
   if (e.get(out) != simdjson::SUCCESS) throw cfg_error(source, fmt::format("`{}` is not an object", key));
@@ -116,14 +117,16 @@ LayerKind ModelConfig::layer(int l) const {
                    attn_res_block > 0 && l % attn_res_block == 0};
 }
 
-int ModelConfig::mla_layer_count() const { return static_cast<int>(full_attn_layers.size()); }
+int ModelConfig::mla_layer_count() const {
+  return static_cast<int>(full_attn_layers.size());
+}
 
 std::string ModelConfig::summary() const {
   return fmt::format(
       "config: {} ({} shape) | hidden={} layers={} vocab={} | {} MLA + {} KDA | experts {} top{} "
       "shared{} | latent={}",
-      source, nested ? "nested" : "flat", hidden, n_layers, vocab, mla_layer_count(),
-      kda_layer_count(), n_experts, top_k, n_shared, latent);
+      source, nested ? "nested" : "flat", hidden, n_layers, vocab, mla_layer_count(), kda_layer_count(),
+      n_experts, top_k, n_shared, latent);
 }
 
 ModelConfig parse_config(std::string_view json, const std::string& source) {
@@ -237,26 +240,29 @@ ModelConfig parse_config(std::string_view json, const std::string& source) {
                                         cfg.n_layers, cfg.hidden, cfg.vocab));
   }
   if (layers.size() >= static_cast<size_t>(cfg.n_layers)) {
-    throw cfg_error(source, fmt::format("full_attn_layers marks {} of {} layers as full attention, leaving no "
-                                        "KDA layers",
-                                        layers.size(), cfg.n_layers));
+    throw cfg_error(source,
+                    fmt::format("full_attn_layers marks {} of {} layers as full attention, leaving no "
+                                "KDA layers",
+                                layers.size(), cfg.n_layers));
   }
   for (size_t i = 0; i < layers.size(); ++i) {
     if (layers[i] < 1 || layers[i] > cfg.n_layers) {
       const std::string v = layers[i] == INT64_MAX ? std::string("(too large)") : std::to_string(layers[i]);
-      throw cfg_error(source, fmt::format("full_attn_layers[{}] = {} is outside 1..{} (the list is ONE-based: "
-                                          "layer l is full attention iff l+1 is listed)",
-                                          i, v, cfg.n_layers));
+      throw cfg_error(source,
+                      fmt::format("full_attn_layers[{}] = {} is outside 1..{} (the list is ONE-based: "
+                                  "layer l is full attention iff l+1 is listed)",
+                                  i, v, cfg.n_layers));
     }
   }
   if (cfg.top_k > kMaxTopK) {
-    throw cfg_error(source, fmt::format("num_experts_per_token selects top-{}, but this build supports at most {} "
-                                        "(hint: raise k3::io::kMaxTopK and rebuild)",
-                                        cfg.top_k, kMaxTopK));
+    throw cfg_error(source,
+                    fmt::format("num_experts_per_token selects top-{}, but this build supports at most {} "
+                                "(hint: raise k3::io::kMaxTopK and rebuild)",
+                                cfg.top_k, kMaxTopK));
   }
   if (cfg.top_k > cfg.n_experts) {
-    throw cfg_error(source, fmt::format("num_experts_per_token selects {} of {} experts", cfg.top_k,
-                                        cfg.n_experts));
+    throw cfg_error(source,
+                    fmt::format("num_experts_per_token selects {} of {} experts", cfg.top_k, cfg.n_experts));
   }
   if (cfg.attn_res_block <= 0) {
     throw cfg_error(source, fmt::format("attn_res_block_size = {} must be positive (AttnRes block boundaries "

@@ -22,7 +22,9 @@ Error file_error(const std::filesystem::path& p, const std::string& what) {
   return runtime_error(fmt::format("{}: {}", p.string(), what));
 }
 
-bool aligned(uint64_t v) { return v % kDirectAlign == 0; }
+bool aligned(uint64_t v) {
+  return v % kDirectAlign == 0;
+}
 
 // Some filesystems accept O_DIRECT at open and refuse it at read time; one aligned read of the
 // first block tells. The direct descriptor is kept only if that read succeeds.
@@ -104,13 +106,14 @@ void File::read_exact(uint64_t offset, std::span<std::byte> dst) const {
         direct = false;
         continue;
       }
-      throw file_error(path_, fmt::format("read of {} bytes at offset {} failed at offset {}: {}", dst.size(), offset,
-                                          off, std::strerror(errno)));
+      throw file_error(path_, fmt::format("read of {} bytes at offset {} failed at offset {}: {}", dst.size(),
+                                          offset, off, std::strerror(errno)));
     }
     if (n == 0) {
-      throw file_error(path_, fmt::format("unexpected end of file at offset {} reading {} bytes at offset {} ({} "
-                                          "bytes short)",
-                                          off, dst.size(), offset, left));
+      throw file_error(path_,
+                       fmt::format("unexpected end of file at offset {} reading {} bytes at offset {} ({} "
+                                   "bytes short)",
+                                   off, dst.size(), offset, left));
     }
     // A short read (signal, the kernel's 0x7ffff000 cap, O_DIRECT tail) resumes where it stopped.
     p += n;

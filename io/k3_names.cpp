@@ -26,10 +26,14 @@ const std::string kPrefix = "language_model.model.";
 // safetensors' writer orders data by descending dtype (F32 before F16/BF16 before U8), then name.
 int data_rank(DType d) {
   switch (d) {
-    case DType::F32: return 0;
-    case DType::F16: return 1;
-    case DType::BF16: return 2;
-    case DType::U8: return 3;
+    case DType::F32:
+      return 0;
+    case DType::F16:
+      return 1;
+    case DType::BF16:
+      return 2;
+    case DType::U8:
+      return 3;
   }
   return 4;
 }
@@ -43,7 +47,8 @@ struct Builder {
 
 void add_layer(Builder& b, uint32_t l) {
   const std::string p = fmt::format("{}layers.{}.", kPrefix, l);
-  for (const char* n : {"input_layernorm", "post_attention_layernorm", "self_attention_res_norm", "mlp_res_norm"}) {
+  for (const char* n :
+       {"input_layernorm", "post_attention_layernorm", "self_attention_res_norm", "mlp_res_norm"}) {
     b.add(p + n + ".weight", DType::BF16, {kHidden});
   }
   b.add(p + "self_attention_res_proj.weight", DType::BF16, {1, kHidden});
@@ -173,7 +178,8 @@ uint64_t k3_published_shard_bytes(uint32_t shard) {
   if (shard == kK3Layers) return kHeadBytes;
   if (shard == kK3Layers + 1) return kVisionEmbedBytes;
   if (shard == kK3Layers + 2) return kVisionEncoderBytes;
-  throw usage_error(fmt::format("k3_published_shard_bytes: shard {} out of range 0..{}", shard, kK3Shards - 1));
+  throw usage_error(
+      fmt::format("k3_published_shard_bytes: shard {} out of range 0..{}", shard, kK3Shards - 1));
 }
 
 std::string k3_config_json() {

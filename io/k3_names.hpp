@@ -34,7 +34,9 @@ constexpr uint64_t kK3CheckpointBytes = 1'560'936'091'448;  // all 96 files, hea
 constexpr uint64_t kK3ExpertBytes = 17'547'264;             // one routed expert, six U8 tensors
 
 // Zero-based layer `l` of the real model is MLA iff l+1 is in full_attn_layers = 4,8,...,92,93.
-constexpr bool k3_layer_is_mla(uint32_t l) { return l % 4 == 3 || l == kK3Layers - 1; }
+constexpr bool k3_layer_is_mla(uint32_t l) {
+  return l % 4 == 3 || l == kK3Layers - 1;
+}
 
 // "model-00001-of-000096.safetensors" for shard 0 (5-digit index, 6-digit total, as published).
 std::string k3_shard_file_name(uint32_t shard);

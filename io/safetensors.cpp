@@ -22,20 +22,28 @@ namespace dom = simdjson::dom;
 
 const char* dtype_name(DType d) {
   switch (d) {
-    case DType::U8: return "U8";
-    case DType::BF16: return "BF16";
-    case DType::F16: return "F16";
-    case DType::F32: return "F32";
+    case DType::U8:
+      return "U8";
+    case DType::BF16:
+      return "BF16";
+    case DType::F16:
+      return "F16";
+    case DType::F32:
+      return "F32";
   }
   return "?";
 }
 
 size_t dtype_size(DType d) {
   switch (d) {
-    case DType::U8: return 1;
-    case DType::BF16: return 2;
-    case DType::F16: return 2;
-    case DType::F32: return 4;
+    case DType::U8:
+      return 1;
+    case DType::BF16:
+      return 2;
+    case DType::F16:
+      return 2;
+    case DType::F32:
+      return 4;
   }
   return 0;
 }
@@ -149,7 +157,8 @@ std::string_view locate_json_error(std::string_view header, const simdjson::padd
   simdjson::ondemand::parser parser;
   simdjson::ondemand::document doc;
   simdjson::ondemand::object root;
-  if (parser.iterate(padded).get(doc) || doc.get_object().get(root)) return root_key_before(header, header.size());
+  if (parser.iterate(padded).get(doc) || doc.get_object().get(root))
+    return root_key_before(header, header.size());
   storage.clear();
   for (auto field : root) {
     std::string_view key;
@@ -205,7 +214,9 @@ struct RawTensor {
 struct Collector {
   std::string names;
   std::vector<RawTensor> tensors;
-  std::string_view name(const RawTensor& t) const { return std::string_view(names).substr(t.name_at, t.name_len); }
+  std::string_view name(const RawTensor& t) const {
+    return std::string_view(names).substr(t.name_at, t.name_len);
+  }
 };
 
 // Checks one header entry and returns it as a TensorInfo (offset still relative to the data start).
@@ -223,14 +234,18 @@ TensorInfo parse_entry(const fs::path& file, std::string_view name, dom::element
       std::string_view s;
       if (v.get(s)) throw refuse(file, name, "dtype is not a string");
       const auto d = parse_dtype(s);
-      if (!d) throw refuse(file, name, fmt::format("unknown dtype \"{}\" (this reader takes U8, BF16, F16, F32)", printable(s)));
+      if (!d)
+        throw refuse(
+            file, name,
+            fmt::format("unknown dtype \"{}\" (this reader takes U8, BF16, F16, F32)", printable(s)));
       t.dtype = *d;
     } else if (key == "shape") {
       if (has_shape) throw refuse(file, name, "shape given twice");
       has_shape = true;
       dom::array a;
       if (v.get(a)) throw refuse(file, name, "shape is not an array");
-      if (a.size() > 4) throw refuse(file, name, fmt::format("rank {} exceeds the supported maximum of 4", a.size()));
+      if (a.size() > 4)
+        throw refuse(file, name, fmt::format("rank {} exceeds the supported maximum of 4", a.size()));
       unsigned i = 0;
       for (dom::element d : a) {
         if (d.type() != dom::element_type::INT64 && d.type() != dom::element_type::UINT64) {
@@ -250,7 +265,8 @@ TensorInfo parse_entry(const fs::path& file, std::string_view name, dom::element
       uint64_t se[2];
       int i = 0;
       for (dom::element d : a) {
-        if (d.type() == dom::element_type::UINT64 || (d.type() == dom::element_type::INT64 && int64_t(d) >= 0)) {
+        if (d.type() == dom::element_type::UINT64 ||
+            (d.type() == dom::element_type::INT64 && int64_t(d) >= 0)) {
           se[i++] = uint64_t(d);
         } else {
           throw refuse(file, name, "data_offsets holds a value that is not a non-negative integer");
@@ -264,10 +280,12 @@ TensorInfo parse_entry(const fs::path& file, std::string_view name, dom::element
   if (!has_dtype) throw refuse(file, name, "no dtype");
   if (!has_shape) throw refuse(file, name, "no shape");
   if (!has_offsets) throw refuse(file, name, "no data_offsets");
-  if (start > end) throw refuse(file, name, fmt::format("data_offsets [{}, {}] end before they start", start, end));
+  if (start > end)
+    throw refuse(file, name, fmt::format("data_offsets [{}, {}] end before they start", start, end));
   if (end > data_len) {
-    throw refuse(file, name,
-                 fmt::format("data_offsets [{}, {}] lie outside the data section ({} bytes)", start, end, data_len));
+    throw refuse(
+        file, name,
+        fmt::format("data_offsets [{}, {}] lie outside the data section ({} bytes)", start, end, data_len));
   }
   uint64_t numel = 1, nbytes = 0;
   for (unsigned i = 0; i < t.rank; ++i) {
@@ -276,9 +294,10 @@ TensorInfo parse_entry(const fs::path& file, std::string_view name, dom::element
     }
   }
   if (__builtin_mul_overflow(numel, uint64_t{dtype_size(t.dtype)}, &nbytes) || nbytes != end - start) {
-    throw refuse(file, name,
-                 fmt::format("shape {} x {} needs {} elements x {} bytes, but data_offsets [{}, {}] hold {} bytes",
-                             shape_text(t), dtype_name(t.dtype), numel, dtype_size(t.dtype), start, end, end - start));
+    throw refuse(
+        file, name,
+        fmt::format("shape {} x {} needs {} elements x {} bytes, but data_offsets [{}, {}] hold {} bytes",
+                    shape_text(t), dtype_name(t.dtype), numel, dtype_size(t.dtype), start, end, end - start));
   }
   t.offset = start;
   t.nbytes = nbytes;
@@ -288,15 +307,19 @@ TensorInfo parse_entry(const fs::path& file, std::string_view name, dom::element
 // Reads and checks one shard's header; appends its tensors (absolute offsets) to `out`.
 void read_header(const File& file, uint32_t shard, dom::parser& parser, Collector& out) {
   const fs::path& path = file.path();
-  if (file.size() < 8) throw refuse_file(path, fmt::format("file is {} bytes, too short for the 8-byte header length", file.size()));
+  if (file.size() < 8)
+    throw refuse_file(path,
+                      fmt::format("file is {} bytes, too short for the 8-byte header length", file.size()));
   unsigned char prefix[8];
   file.read_exact(0, std::as_writable_bytes(std::span(prefix)));
   uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = n << 8 | prefix[i];
   if (n > file.size() - 8) {
-    throw refuse_file(path, fmt::format("header length {} runs past the end of the file ({} bytes)", n, file.size()));
+    throw refuse_file(
+        path, fmt::format("header length {} runs past the end of the file ({} bytes)", n, file.size()));
   }
-  if (n > kMaxHeaderBytes) throw refuse_file(path, fmt::format("header length {} exceeds the {}-byte limit", n, kMaxHeaderBytes));
+  if (n > kMaxHeaderBytes)
+    throw refuse_file(path, fmt::format("header length {} exceeds the {}-byte limit", n, kMaxHeaderBytes));
   const uint64_t data_start = 8 + n, data_len = file.size() - data_start;
 
   simdjson::padded_string padded(static_cast<size_t>(n));
@@ -328,7 +351,8 @@ void read_header(const File& file, uint32_t shard, dom::parser& parser, Collecto
       dom::object meta;
       if (value.get(meta)) throw refuse(path, name, "is not an object of strings");
       for (auto [k, v] : meta) {
-        if (!v.is_string()) throw refuse(path, name, fmt::format("value of \"{}\" is not a string", printable(k)));
+        if (!v.is_string())
+          throw refuse(path, name, fmt::format("value of \"{}\" is not a string", printable(k)));
       }
       continue;
     }
@@ -381,7 +405,8 @@ std::vector<std::string> list_shards(const fs::path& dir, dom::parser& parser, d
       std::string_view s;
       if (shard.get(s)) throw refuse(index, tensor, "weight_map value is not a string");
       if (s.empty() || s.find('/') != s.npos || s == "." || s == "..") {
-        throw refuse(index, tensor, fmt::format("shard \"{}\" is not a file name in the model directory", printable(s)));
+        throw refuse(index, tensor,
+                     fmt::format("shard \"{}\" is not a file name in the model directory", printable(s)));
       }
       first_tensor.emplace(std::string(s), std::string(tensor));
     }
@@ -433,7 +458,9 @@ ShardSet& ShardSet::operator=(ShardSet&& o) noexcept {
   }
   return *this;
 }
-ShardSet::~ShardSet() { delete impl_; }
+ShardSet::~ShardSet() {
+  delete impl_;
+}
 
 ShardSet ShardSet::open(const fs::path& dir) {
   ShardSet set;
@@ -485,25 +512,39 @@ ShardSet ShardSet::open(const fs::path& dir) {
     for (auto [tensor, shard] : dom::object(weight_map)) {
       const auto t = im.index.find(tensor);
       const std::string_view file = std::string_view(shard);
-      if (!t) throw refuse(index_path, tensor, fmt::format("listed in {} but in no shard header", printable(file)));
+      if (!t)
+        throw refuse(index_path, tensor, fmt::format("listed in {} but in no shard header", printable(file)));
       if (im.shards[t->shard].path.filename() != file) {
-        throw refuse(index_path, tensor,
-                     fmt::format("listed in {} but found in {}", printable(file), im.shards[t->shard].path.string()));
+        throw refuse(
+            index_path, tensor,
+            fmt::format("listed in {} but found in {}", printable(file), im.shards[t->shard].path.string()));
       }
     }
   }
   return set;
 }
 
-std::optional<TensorInfo> ShardSet::find(std::string_view name) const { return impl_->index.find(name); }
-size_t ShardSet::tensor_count() const { return impl_->index.size(); }
-size_t ShardSet::shard_count() const { return impl_->shards.size(); }
-const fs::path& ShardSet::shard_path(uint32_t shard) const { return impl_->shards.at(shard).path; }
-uint64_t ShardSet::shard_size(uint32_t shard) const { return impl_->shards.at(shard).file.size(); }
+std::optional<TensorInfo> ShardSet::find(std::string_view name) const {
+  return impl_->index.find(name);
+}
+size_t ShardSet::tensor_count() const {
+  return impl_->index.size();
+}
+size_t ShardSet::shard_count() const {
+  return impl_->shards.size();
+}
+const fs::path& ShardSet::shard_path(uint32_t shard) const {
+  return impl_->shards.at(shard).path;
+}
+uint64_t ShardSet::shard_size(uint32_t shard) const {
+  return impl_->shards.at(shard).file.size();
+}
 void ShardSet::for_each(const std::function<void(std::string_view, const TensorInfo&)>& fn) const {
   impl_->index.for_each(fn);
 }
-size_t ShardSet::index_bytes() const { return impl_->heap_bytes(); }
+size_t ShardSet::index_bytes() const {
+  return impl_->heap_bytes();
+}
 
 void ShardSet::read(const TensorInfo& t, std::span<std::byte> dst) const {
   if (dst.size() != t.nbytes) {
@@ -520,8 +561,8 @@ void ShardSet::read_range(uint32_t shard, uint64_t offset, std::span<std::byte> 
   }
   const ShardFile& s = impl_->shards[shard];
   if (offset > s.file.size() || dst.size() > s.file.size() - offset) {
-    throw runtime_error(fmt::format("{}: range [{}, +{}) lies past the end of the file ({} bytes)", s.path.string(),
-                                    offset, dst.size(), s.file.size()));
+    throw runtime_error(fmt::format("{}: range [{}, +{}) lies past the end of the file ({} bytes)",
+                                    s.path.string(), offset, dst.size(), s.file.size()));
   }
   s.file.read_exact(offset, dst);
 }

@@ -13,7 +13,9 @@
 
 namespace k3::io {
 
-inline float bf16_to_f32(uint16_t b) { return std::bit_cast<float>(uint32_t{b} << 16); }
+inline float bf16_to_f32(uint16_t b) {
+  return std::bit_cast<float>(uint32_t{b} << 16);
+}
 
 inline float f16_to_f32(uint16_t h) {
   const uint32_t sign = uint32_t{h & 0x8000u} << 16;
@@ -33,14 +35,23 @@ inline float f16_to_f32(uint16_t h) {
 
 // Widens `src` (little-endian values of `dtype`) into `dst`; dst.size() * dtype_size == src.size().
 inline void widen_to_f32(DType dtype, std::span<const std::byte> src, std::span<float> dst) {
-  if (src.size() != dst.size() * dtype_size(dtype)) throw std::invalid_argument("widen_to_f32: size mismatch");
+  if (src.size() != dst.size() * dtype_size(dtype))
+    throw std::invalid_argument("widen_to_f32: size mismatch");
   const auto* s = reinterpret_cast<const unsigned char*>(src.data());
   for (size_t i = 0; i < dst.size(); ++i) {
     switch (dtype) {
-      case DType::U8: dst[i] = static_cast<float>(s[i]); break;
-      case DType::BF16: dst[i] = bf16_to_f32(static_cast<uint16_t>(s[2 * i] | s[2 * i + 1] << 8)); break;
-      case DType::F16: dst[i] = f16_to_f32(static_cast<uint16_t>(s[2 * i] | s[2 * i + 1] << 8)); break;
-      case DType::F32: std::memcpy(&dst[i], s + 4 * i, 4); break;
+      case DType::U8:
+        dst[i] = static_cast<float>(s[i]);
+        break;
+      case DType::BF16:
+        dst[i] = bf16_to_f32(static_cast<uint16_t>(s[2 * i] | s[2 * i + 1] << 8));
+        break;
+      case DType::F16:
+        dst[i] = f16_to_f32(static_cast<uint16_t>(s[2 * i] | s[2 * i + 1] << 8));
+        break;
+      case DType::F32:
+        std::memcpy(&dst[i], s + 4 * i, 4);
+        break;
     }
   }
 }

@@ -16,7 +16,9 @@ bool all_zero(const AlignedBuffer& b) {
     if (x != std::byte{0}) return false;
   return true;
 }
-uintptr_t addr(const AlignedBuffer& b) { return reinterpret_cast<uintptr_t>(b.data()); }
+uintptr_t addr(const AlignedBuffer& b) {
+  return reinterpret_cast<uintptr_t>(b.data());
+}
 }  // namespace
 
 static_assert(!std::is_copy_constructible_v<AlignedBuffer>);

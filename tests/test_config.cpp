@@ -1,6 +1,7 @@
 // config.json reader: the fixtures of MODEL.md §1.3, both shapes, the parsing rules of §1.2 and the
 // stricter size checks k3flow adds.
 #include <doctest/doctest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -8,8 +9,6 @@
 #include <string>
 #include <utility>
 #include <vector>
-
-#include <unistd.h>
 
 #include "io/config.hpp"
 #include "io/error.hpp"
@@ -99,7 +98,9 @@ std::string load_refusal(const std::string& path) {
   return {};
 }
 
-bool has(const std::string& m, const std::string& part) { return m.find(part) != std::string::npos; }
+bool has(const std::string& m, const std::string& part) {
+  return m.find(part) != std::string::npos;
+}
 
 // The released nested shape, real values (MODEL.md §1.2), with keys the reader must ignore.
 std::string real_nested() {
@@ -257,7 +258,8 @@ TEST_CASE("nested shape with real values is accepted and reads linear_attn_confi
 
 TEST_CASE("lookup order: text_config, then linear_attn_config, then root; primary before alias") {
   // A num_heads at the root must not win over linear_attn_config's.
-  std::string j = flat({{"kda_num_heads", ""}, {"kda_head_dim", ""},
+  std::string j = flat({{"kda_num_heads", ""},
+                        {"kda_head_dim", ""},
                         {"linear_attn_config", R"({"num_heads": 4, "head_dim": 16})"},
                         {"num_heads", "99"}});
   ModelConfig c = parse_config(j, "x");
@@ -276,13 +278,32 @@ TEST_CASE("lookup order: text_config, then linear_attn_config, then root; primar
 TEST_CASE("every missing required field is named in one report") {
   const std::string m = refusal("{}");
   CHECK(has(m, "is missing 26 required field(s)"));
-  for (const char* k : {"hidden_size", "num_hidden_layers", "vocab_size", "rms_norm_eps", "num_heads", "head_dim",
-                        "short_conv_kernel_size", "gate_lower_bound", "num_attention_heads", "q_lora_rank",
-                        "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "num_experts",
-                        "num_experts_per_token", "num_shared_experts", "routed_expert_hidden_size",
-                        "moe_intermediate_size", "routed_scaling_factor", "first_k_dense_replace",
-                        "intermediate_size", "attn_res_block_size", "activation_situ_beta",
-                        "activation_situ_linear_beta", "full_attn_layers"}) {
+  for (const char* k : {"hidden_size",
+                        "num_hidden_layers",
+                        "vocab_size",
+                        "rms_norm_eps",
+                        "num_heads",
+                        "head_dim",
+                        "short_conv_kernel_size",
+                        "gate_lower_bound",
+                        "num_attention_heads",
+                        "q_lora_rank",
+                        "kv_lora_rank",
+                        "qk_nope_head_dim",
+                        "qk_rope_head_dim",
+                        "v_head_dim",
+                        "num_experts",
+                        "num_experts_per_token",
+                        "num_shared_experts",
+                        "routed_expert_hidden_size",
+                        "moe_intermediate_size",
+                        "routed_scaling_factor",
+                        "first_k_dense_replace",
+                        "intermediate_size",
+                        "attn_res_block_size",
+                        "activation_situ_beta",
+                        "activation_situ_linear_beta",
+                        "full_attn_layers"}) {
     CHECK_MESSAGE(has(m, k), k);
   }
   CHECK_FALSE(has(m, "mla_use_output_gate"));
@@ -309,8 +330,8 @@ TEST_CASE("optional bools default to true; integer literals count, other types k
   ModelConfig c = parse_config(flat({{"mla_use_output_gate", ""}, {"moe_renormalize", ""}}), "x");
   CHECK(c.mla_out_gate);
   CHECK(c.moe_renormalize);
-  c = parse_config(flat({{"mla_use_output_gate", "false"}, {"moe_renormalize", "0"}, {"latent_moe_use_norm", "2"}}),
-                   "x");
+  c = parse_config(
+      flat({{"mla_use_output_gate", "false"}, {"moe_renormalize", "0"}, {"latent_moe_use_norm", "2"}}), "x");
   CHECK_FALSE(c.mla_out_gate);
   CHECK_FALSE(c.moe_renormalize);
   CHECK(c.latent_norm);
@@ -338,11 +359,13 @@ TEST_CASE("structural refusals, in order") {
   CHECK(has(refusal(flat({{"full_attn_layers", "[4, 14]"}})), "full_attn_layers[1] = 14 is outside 1..13"));
   CHECK(has(refusal(flat({{"full_attn_layers", "[4, 18446744073709551615]"}})), "full_attn_layers[1]"));
   // Range check precedes MAX_TOPK.
-  CHECK(has(refusal(flat({{"full_attn_layers", "[99]"}, {"num_experts_per_token", "128"}})), "outside 1..13"));
+  CHECK(
+      has(refusal(flat({{"full_attn_layers", "[99]"}, {"num_experts_per_token", "128"}})), "outside 1..13"));
   CHECK(has(refusal(flat({{"num_experts_per_token", "65"}, {"num_experts", "100"}})), "selects top-65"));
   CHECK(has(refusal(flat({{"num_experts_per_token", "9"}})), "selects 9 of 8 experts"));
   CHECK(has(refusal(flat({{"attn_res_block_size", "0"}})), "attn_res_block_size = 0 must be positive"));
-  CHECK(has(refusal(flat({{"short_conv_kernel_size", "0"}})), "short_conv_kernel_size = 0 must be at least 1"));
+  CHECK(
+      has(refusal(flat({{"short_conv_kernel_size", "0"}})), "short_conv_kernel_size = 0 must be at least 1"));
   // 64 is allowed.
   CHECK(parse_config(flat({{"num_experts_per_token", "64"}, {"num_experts", "64"}}), "x").top_k == 64);
 }
@@ -364,7 +387,8 @@ TEST_CASE("stricter than the references: non-positive sizes that would crash lat
   CHECK(has(refusal(flat({{"first_k_dense_replace", "14"}})), "exceeds num_hidden_layers"));
   CHECK(has(refusal(flat({{"intermediate_size", "0"}})), "intermediate_size = 0"));
   // No dense layers: intermediate_size is still required but may be anything.
-  CHECK(parse_config(flat({{"first_k_dense_replace", "0"}, {"intermediate_size", "0"}}), "x").first_dense == 0);
+  CHECK(parse_config(flat({{"first_k_dense_replace", "0"}, {"intermediate_size", "0"}}), "x").first_dense ==
+        0);
   // qk_rope 0 (pure NoPE) and no shared experts are structurally fine.
   CHECK(parse_config(flat({{"qk_rope_head_dim", "0"}, {"num_shared_experts", "0"}}), "x").qk_rope == 0);
 }

@@ -21,7 +21,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::byte pattern(uint64_t k) { return std::byte((k * 131 + 7) & 0xFF); }
+std::byte pattern(uint64_t k) {
+  return std::byte((k * 131 + 7) & 0xFF);
+}
 
 // A file of `size` bytes holding pattern(k) at every offset k in `ranges` (a hole elsewhere).
 void make_file(const fs::path& p, uint64_t size, std::vector<std::pair<uint64_t, uint64_t>> ranges) {

@@ -41,8 +41,8 @@ TEST_CASE("every shard lays out at its published size; counts and total match EN
 TEST_CASE("per-shard tensor counts and the layer-0 dtype census") {
   auto count = [](uint32_t s) { return k3_shard_tensors(s).size(); };
   CHECK(count(0) == 23);
-  CHECK(count(1) == 5404);   // KDA + MoE
-  CHECK(count(3) == 5398);   // layer 3, MLA + MoE
+  CHECK(count(1) == 5404);  // KDA + MoE
+  CHECK(count(3) == 5398);  // layer 3, MLA + MoE
   CHECK(count(4) == 5404);
   CHECK(count(91) == 5398);  // layer 91, MLA
   CHECK(count(92) == 5398);  // layer 92, MLA (91 and 92 are consecutive MLA)
@@ -81,7 +81,7 @@ TEST_CASE("experts are 17,547,264 bytes, six adjacent tensors in w1,w2,w3 order 
       const size_t at = n.find(".experts.") + 9;
       const std::string e = n.substr(at, n.find('.', at) - at);
       CHECK(seen.insert(e).second);
-      const char* want[] = {"w1.weight_packed", "w1.weight_scale", "w2.weight_packed",
+      const char* want[] = {"w1.weight_packed", "w1.weight_scale",  "w2.weight_packed",
                             "w2.weight_scale",  "w3.weight_packed", "w3.weight_scale"};
       uint64_t bytes = 0;
       for (int k = 0; k < 6; ++k) {
@@ -115,8 +115,10 @@ TEST_CASE("layer map of the name list agrees with the real config") {
   for (uint32_t l = 0; l < kK3Layers; ++l) {
     CHECK(c.is_mla(static_cast<int>(l)) == k3_layer_is_mla(l));
     const std::vector<TensorEntry> t = k3_shard_tensors(l);
-    const bool has_mla = std::any_of(t.begin(), t.end(), [](auto& e) { return e.name.find("q_a_proj") != e.name.npos; });
-    const bool has_dense = std::any_of(t.begin(), t.end(), [](auto& e) { return e.name.find(".mlp.") != e.name.npos; });
+    const bool has_mla =
+        std::any_of(t.begin(), t.end(), [](auto& e) { return e.name.find("q_a_proj") != e.name.npos; });
+    const bool has_dense =
+        std::any_of(t.begin(), t.end(), [](auto& e) { return e.name.find(".mlp.") != e.name.npos; });
     CHECK(has_mla == c.is_mla(static_cast<int>(l)));
     CHECK(has_dense == c.is_dense(static_cast<int>(l)));
   }

@@ -60,11 +60,26 @@ const std::vector<Expect> kExpect = {
 const std::map<std::string, std::vector<std::pair<size_t, uint32_t>>> kBits = {
     {"plain.f32.2d", {{0, 0x3b71dba5}, {17, 0xbfafb976}, {100, 0xbf69d697}, {255, 0xc0349d48}}},
     {"plain.bf16.1d",
-     {{0, 0x7f800000}, {1, 0xff800000}, {2, 0x7fc00000}, {3, 0x00000000}, {4, 0x80000000}, {5, 0x00800000},
-      {6, 0xd3ab0000}, {127, 0x2f2c0000}}},
+     {{0, 0x7f800000},
+      {1, 0xff800000},
+      {2, 0x7fc00000},
+      {3, 0x00000000},
+      {4, 0x80000000},
+      {5, 0x00800000},
+      {6, 0xd3ab0000},
+      {127, 0x2f2c0000}}},
     {"tricky.f16.1d",
-     {{0, 0x7f800000}, {1, 0xff800000}, {2, 0x7fc00000}, {3, 0x00000000}, {4, 0x80000000}, {5, 0x33800000},
-      {6, 0x387fc000}, {7, 0x38800000}, {8, 0xbf0e2000}, {9, 0xbec76000}, {63, 0xbe498000}}},
+     {{0, 0x7f800000},
+      {1, 0xff800000},
+      {2, 0x7fc00000},
+      {3, 0x00000000},
+      {4, 0x80000000},
+      {5, 0x33800000},
+      {6, 0x387fc000},
+      {7, 0x38800000},
+      {8, 0xbf0e2000},
+      {9, 0xbec76000},
+      {63, 0xbe498000}}},
     {"packed.u8.2d", {{0, 0x41b80000}, {1, 0x431d0000}, {223, 0x43010000}}},
     {"scalar.f32", {{0, 0x40600000}}},
     {kDeep + "1.w1.weight_packed", {{0, 0x429c0000}, {63, 0x433c0000}}},
@@ -106,7 +121,8 @@ struct TempDir {
 };
 
 // [u64 LE header length][header][data_len zero bytes]; `length` overrides the length field.
-void write_shard(const fs::path& p, const std::string& header, uint64_t data_len, std::optional<uint64_t> length = {}) {
+void write_shard(const fs::path& p, const std::string& header, uint64_t data_len,
+                 std::optional<uint64_t> length = {}) {
   std::ofstream out(p, std::ios::binary | std::ios::trunc);
   uint64_t n = length.value_or(header.size());
   for (int i = 0; i < 8; ++i) out.put(static_cast<char>((n >> (8 * i)) & 0xFF));
@@ -114,9 +130,10 @@ void write_shard(const fs::path& p, const std::string& header, uint64_t data_len
   out << std::string(data_len, '\0');
 }
 
-std::string entry(const std::string& name, const std::string& dtype, const std::string& shape, uint64_t s, uint64_t e) {
-  return "\"" + name + "\":{\"dtype\":\"" + dtype + "\",\"shape\":" + shape + ",\"data_offsets\":[" + std::to_string(s) +
-         "," + std::to_string(e) + "]}";
+std::string entry(const std::string& name, const std::string& dtype, const std::string& shape, uint64_t s,
+                  uint64_t e) {
+  return "\"" + name + "\":{\"dtype\":\"" + dtype + "\",\"shape\":" + shape + ",\"data_offsets\":[" +
+         std::to_string(s) + "," + std::to_string(e) + "]}";
 }
 
 std::string refusal(const fs::path& dir) {
@@ -131,7 +148,9 @@ std::string refusal(const fs::path& dir) {
   return {};
 }
 
-bool has(const std::string& m, const std::string& part) { return m.find(part) != std::string::npos; }
+bool has(const std::string& m, const std::string& part) {
+  return m.find(part) != std::string::npos;
+}
 
 // One malformed shard named model-00001-of-00001.safetensors; returns the refusal.
 std::string refuse_one(const std::string& header, uint64_t data_len, std::optional<uint64_t> length = {}) {
@@ -177,11 +196,11 @@ TEST_CASE("st fixture: every tensor round-trips dtype, shape, numel, shard, offs
 
 TEST_CASE("st fixture: absent names miss; __metadata__ is not a tensor") {
   const ShardSet set = ShardSet::open(kSt);
-  for (const std::string& n : {std::string("__metadata__"), std::string(""), std::string("plain"),
-                               std::string("plain.f32"), std::string("plain.f32.2d "), std::string("plain.f32.2D"),
-                               std::string("zzz"), std::string("a"), kDeep + "2.w1.weight_packed", kDeep,
-                               std::string("weird\\name"), std::string("weird\\name.\"with\"quotes!"),
-                               std::string("second.shard.f32\0", 17)}) {
+  for (const std::string& n :
+       {std::string("__metadata__"), std::string(""), std::string("plain"), std::string("plain.f32"),
+        std::string("plain.f32.2d "), std::string("plain.f32.2D"), std::string("zzz"), std::string("a"),
+        kDeep + "2.w1.weight_packed", kDeep, std::string("weird\\name"),
+        std::string("weird\\name.\"with\"quotes!"), std::string("second.shard.f32\0", 17)}) {
     CHECK_MESSAGE(!set.find(n).has_value(), n);
   }
 }
@@ -344,17 +363,21 @@ TEST_CASE("refused: header length past the end of the file") {
 }
 
 TEST_CASE("refused: data offsets outside the data section") {
-  const std::string h = "{" + entry("ok", "U8", "[4]", 0, 4) + "," + entry("late.tensor", "F32", "[100]", 4, 404) + "}";
+  const std::string h =
+      "{" + entry("ok", "U8", "[4]", 0, 4) + "," + entry("late.tensor", "F32", "[100]", 4, 404) + "}";
   const std::string m = refuse_one(h, 100);
   CHECK(has(m, "late.tensor: data_offsets [4, 404] lie outside the data section (100 bytes)"));
-  CHECK(has(refuse_one("{" + entry("rev", "U8", "[0]", 8, 4) + "}", 16), "rev: data_offsets [8, 4] end before"));
+  CHECK(has(refuse_one("{" + entry("rev", "U8", "[0]", 8, 4) + "}", 16),
+            "rev: data_offsets [8, 4] end before"));
   // Offsets near 2^64 are compared, never added.
-  CHECK(has(refuse_one("{" + entry("far", "U8", "[1]", 18446744073709551614ull, 18446744073709551615ull) + "}", 4),
-            "far: data_offsets [18446744073709551614, 18446744073709551615] lie outside"));
+  CHECK(has(
+      refuse_one("{" + entry("far", "U8", "[1]", 18446744073709551614ull, 18446744073709551615ull) + "}", 4),
+      "far: data_offsets [18446744073709551614, 18446744073709551615] lie outside"));
 }
 
 TEST_CASE("refused: overlapping tensors (names both)") {
-  const std::string h = "{" + entry("first", "F32", "[4]", 0, 16) + "," + entry("second", "F32", "[4]", 8, 24) + "}";
+  const std::string h =
+      "{" + entry("first", "F32", "[4]", 0, 16) + "," + entry("second", "F32", "[4]", 8, 24) + "}";
   const std::string m = refuse_one(h, 24);
   CHECK(has(m, "second: data [8, 24) overlaps tensor first [0, 16)"));
   // Zero-length tensors overlap nothing; adjacent tensors do not overlap.
@@ -370,12 +393,14 @@ TEST_CASE("refused: unknown dtype") {
   const std::string m = refuse_one("{" + entry("q.weight", "F64", "[2]", 0, 16) + "}", 16);
   CHECK(has(m, "q.weight: unknown dtype \"F64\""));
   CHECK(has(refuse_one("{" + entry("r", "I8R", "[2]", 0, 2) + "}", 2), "r: unknown dtype \"I8R\""));
-  CHECK(has(refuse_one(R"({"s":{"dtype":7,"shape":[1],"data_offsets":[0,1]}})", 1), "s: dtype is not a string"));
+  CHECK(has(refuse_one(R"({"s":{"dtype":7,"shape":[1],"data_offsets":[0,1]}})", 1),
+            "s: dtype is not a string"));
 }
 
 TEST_CASE("refused: numel x dtype size differs from the byte length") {
   const std::string m = refuse_one("{" + entry("short.one", "F32", "[4]", 0, 12) + "}", 12);
-  CHECK(has(m, "short.one: shape [4] x F32 needs 4 elements x 4 bytes, but data_offsets [0, 12] hold 12 bytes"));
+  CHECK(has(m,
+            "short.one: shape [4] x F32 needs 4 elements x 4 bytes, but data_offsets [0, 12] hold 12 bytes"));
   // Element counts that overflow 64 bits are caught, not wrapped.
   const std::string o = refuse_one("{" + entry("wrap", "U8", "[4294967296, 4294967296]", 0, 0) + "}", 0);
   CHECK(has(o, "wrap: shape [4294967296, 4294967296] has more elements than 2^64"));
@@ -388,35 +413,48 @@ TEST_CASE("refused: rank above 4") {
 }
 
 TEST_CASE("refused: malformed entries") {
-  CHECK(has(refuse_one(R"({"n":{"dtype":"U8","shape":[-1],"data_offsets":[0,0]}})", 0), "n: shape[0] = -1 is negative"));
-  CHECK(has(refuse_one(R"({"n":{"dtype":"U8","shape":[1.5],"data_offsets":[0,1]}})", 1), "n: shape[0] is not"));
-  CHECK(has(refuse_one(R"({"n":{"dtype":"U8","shape":[1],"data_offsets":[0]}})", 1), "n: data_offsets is not"));
-  CHECK(has(refuse_one(R"({"n":{"dtype":"U8","shape":[1],"data_offsets":[0,-1]}})", 1), "n: data_offsets holds"));
+  CHECK(has(refuse_one(R"({"n":{"dtype":"U8","shape":[-1],"data_offsets":[0,0]}})", 0),
+            "n: shape[0] = -1 is negative"));
+  CHECK(
+      has(refuse_one(R"({"n":{"dtype":"U8","shape":[1.5],"data_offsets":[0,1]}})", 1), "n: shape[0] is not"));
+  CHECK(
+      has(refuse_one(R"({"n":{"dtype":"U8","shape":[1],"data_offsets":[0]}})", 1), "n: data_offsets is not"));
+  CHECK(has(refuse_one(R"({"n":{"dtype":"U8","shape":[1],"data_offsets":[0,-1]}})", 1),
+            "n: data_offsets holds"));
   CHECK(has(refuse_one(R"({"n":{"shape":[1],"data_offsets":[0,1]}})", 1), "n: no dtype"));
   CHECK(has(refuse_one(R"({"n":{"dtype":"U8","data_offsets":[0,1]}})", 1), "n: no shape"));
   CHECK(has(refuse_one(R"({"n":{"dtype":"U8","shape":[1]}})", 1), "n: no data_offsets"));
   CHECK(has(refuse_one(R"({"n":[1,2]})", 1), "n: header entry is not a JSON object"));
-  CHECK(has(refuse_one(R"({"n":{"dtype":"U8","dtype":"U8","shape":[1],"data_offsets":[0,1]}})", 1), "n: dtype given twice"));
+  CHECK(has(refuse_one(R"({"n":{"dtype":"U8","dtype":"U8","shape":[1],"data_offsets":[0,1]}})", 1),
+            "n: dtype given twice"));
   CHECK(has(refuse_one(R"([1,2])", 1), "header is not a JSON object"));
-  CHECK(has(refuse_one(R"({"__metadata__":{"format":3}})", 1), "__metadata__: value of \"format\" is not a string"));
+  CHECK(has(refuse_one(R"({"__metadata__":{"format":3}})", 1),
+            "__metadata__: value of \"format\" is not a string"));
 }
 
 TEST_CASE("refused: duplicate names across shards name both shards") {
   TempDir d;
   write_shard(d / "model-00001-of-00002.safetensors", "{" + entry("shared.name", "U8", "[4]", 0, 4) + "}", 4);
   write_shard(d / "model-00002-of-00002.safetensors",
-              "{" + entry("other", "U8", "[4]", 0, 4) + "," + entry("shared.name", "U8", "[4]", 4, 8) + "}", 8);
+              "{" + entry("other", "U8", "[4]", 0, 4) + "," + entry("shared.name", "U8", "[4]", 4, 8) + "}",
+              8);
   const std::string m = refusal(d.path);
   CHECK(has(m, "model-00001-of-00002.safetensors"));
   CHECK(has(m, "model-00002-of-00002.safetensors"));
   CHECK(has(m, "shared.name: duplicate tensor name"));
   // Within one header too.
-  const std::string one = refuse_one("{" + entry("twice", "U8", "[4]", 0, 4) + "," + entry("twice", "U8", "[4]", 4, 8) + "}", 8);
+  const std::string one =
+      refuse_one("{" + entry("twice", "U8", "[4]", 0, 4) + "," + entry("twice", "U8", "[4]", 4, 8) + "}", 8);
   CHECK(has(one, "twice: tensor name appears twice in the header"));
 }
 
 TEST_CASE("refused: invalid UTF-8 in the header names the tensor") {
-  const std::string m = refuse_one("{" + entry("ok", "U8", "[1]", 0, 1) + "," + entry("bad\xff" "name", "U8", "[1]", 1, 2) + "}", 2);
+  const std::string m = refuse_one("{" + entry("ok", "U8", "[1]", 0, 1) + "," +
+                                       entry("bad\xff"
+                                             "name",
+                                             "U8", "[1]", 1, 2) +
+                                       "}",
+                                   2);
   CHECK(has(m, "bad\\xFFname: invalid UTF-8 in the header at byte"));
   // Overlong encoding and a lone surrogate are not UTF-8 either.
   CHECK(has(refuse_one("{" + entry("o\xc0\xaf", "U8", "[1]", 0, 1) + "}", 1), "invalid UTF-8"));
@@ -425,7 +463,8 @@ TEST_CASE("refused: invalid UTF-8 in the header names the tensor") {
 
 TEST_CASE("refused: malformed JSON names the tensor it is in") {
   const std::string ok = entry("good.one", "U8", "[1]", 0, 1);
-  std::string m = refuse_one("{" + ok + R"(,"broken.one":{"dtype":"U8" "shape":[1],"data_offsets":[1,2]}})", 2);
+  std::string m =
+      refuse_one("{" + ok + R"(,"broken.one":{"dtype":"U8" "shape":[1],"data_offsets":[1,2]}})", 2);
   CHECK(has(m, "broken.one: malformed JSON in the header"));
   m = refuse_one("{" + ok + R"(,"cut.off":{"dtype":"U8","shape":[1],"data_offsets":[1,2])", 2);
   CHECK(has(m, "cut.off: malformed JSON"));

@@ -34,8 +34,8 @@ TensorInfo info(uint32_t shard, uint64_t offset, std::vector<uint64_t> shape, DT
 }
 
 bool same(const TensorInfo& a, const TensorInfo& b) {
-  return a.dtype == b.dtype && a.rank == b.rank && a.shape == b.shape && a.shard == b.shard && a.offset == b.offset &&
-         a.nbytes == b.nbytes;
+  return a.dtype == b.dtype && a.rank == b.rank && a.shape == b.shape && a.shard == b.shard &&
+         a.offset == b.offset && a.nbytes == b.nbytes;
 }
 
 }  // namespace
@@ -59,7 +59,7 @@ TEST_CASE("front-coded index: prefixes, restarts, bytes >= 0x80, large values") 
                          std::vector<uint64_t>(dims.begin(), dims.begin() + static_cast<ptrdiff_t>(i % 5)),
                          static_cast<DType>(i % 4)));
   }
-  infos[0] = info(0, 0, {});                                // rank 0
+  infos[0] = info(0, 0, {});                                                  // rank 0
   infos[1] = info(65535, UINT64_MAX >> 1, {1ull << 40, 7, 1, 9}, DType::U8);  // rank 4, big dims
   for (size_t i = 0; i < names.size(); ++i) b.add(names[i], infos[i]);
   CHECK_THROWS(b.add("a", infos[0]));  // out of order
@@ -71,9 +71,9 @@ TEST_CASE("front-coded index: prefixes, restarts, bytes >= 0x80, large values") 
     REQUIRE(t.has_value());
     CHECK(same(*t, infos[i]));
   }
-  for (const std::string& absent : {std::string("0"), std::string("a0"), std::string("aab"), std::string("layer."),
-                                    std::string("layer.1"), std::string("zzz"), std::string("\xff"),
-                                    std::string(301, 'x'), std::string("b\0", 2)}) {
+  for (const std::string& absent : {std::string("0"), std::string("a0"), std::string("aab"),
+                                    std::string("layer."), std::string("layer.1"), std::string("zzz"),
+                                    std::string("\xff"), std::string(301, 'x'), std::string("b\0", 2)}) {
     CHECK_MESSAGE(!idx.find(absent).has_value(), absent);
   }
   size_t n = 0;
@@ -188,8 +188,9 @@ TEST_CASE("real scale: 497,220 real tensor names in 96 sparse shards, index <= 1
        {std::string("language_model.model.layers.93.input_layernorm.weight"),
         std::string("language_model.model.layers.1.block_sparse_moe.experts.896.w1.weight_packed"),
         std::string("language_model.model.layers.3.self_attn.q_proj.weight"),  // layer 3 is MLA
-        std::string("language_model.model.layers.1.mlp.gate_proj.weight"), std::string("language_model.model."),
-        first.substr(0, first.size() - 1), last + ".", std::string("")}) {
+        std::string("language_model.model.layers.1.mlp.gate_proj.weight"),
+        std::string("language_model.model."), first.substr(0, first.size() - 1), last + ".",
+        std::string("")}) {
     CHECK_MESSAGE(!set.find(absent).has_value(), absent);
   }
   // Reads inside the sparse data section return zeros.
