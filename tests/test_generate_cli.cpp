@@ -1,0 +1,261 @@
+// `k3flow generate` end to end (the binary, K3FLOW_BIN) on fixtures/tiny-k3: golden logits dump,
+// full vs incremental, threads, K3ST save / resume, and every refusal with its exit code.
+#include <doctest/doctest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include "tests/fixture_json.hpp"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string kModel = std::string(K3_FIXTURES) + "/tiny-k3";
+const std::string kPrompt = "203,34,2,239,195,71,163,54,121,104,16,16";
+const std::string kFull =
+    "203,34,2,239,195,71,163,54,121,104,16,16,219,63,4,31,48,193,57,231,219,205,145,117,79,208,18,1,74,125,66,121";
+
+struct Run {
+  int code = -1;
+  std::string out;  // stdout + stderr
+};
+
+Run run(const std::string& args) {
+  Run r;
+  const std::string cmd = std::string(K3FLOW_BIN) + " " + args + " 2>&1";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  REQUIRE(p != nullptr);
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+  const int status = ::pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+std::string slurp(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    std::string tmpl = (fs::temp_directory_path() / "k3gen.XXXXXX").string();
+    REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
+    path = tmpl;
+  }
+  ~TempDir() { fs::remove_all(path); }
+  std::string operator/(const std::string& name) const { return (path / name).string(); }
+};
+
+// The "generated_ids":[...] array of a run report, as text.
+std::string json_array(const std::string& json, const std::string& key) {
+  const size_t at = json.find("\"" + key + "\":[");
+  if (at == std::string::npos) return "<missing " + key + ">";
+  const size_t open = json.find('[', at), close = json.find(']', open);
+  return json.substr(open + 1, close - open - 1);
+}
+
+}  // namespace
+
+TEST_CASE("README command: 12-id prompt, 20 tokens incremental, the expected continuation") {
+  TempDir d;
+  const Run r = run("generate " + kModel + " --ids " + kPrompt + " --gen 20 --incremental --out " + d / "run.json");
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("config: ") != std::string::npos);
+  CHECK(r.out.find("STEP") != std::string::npos);
+  CHECK(r.out.find("PEAK RSS") != std::string::npos);
+  CHECK(r.out.find("generated ids: 219 63 4 31 48 193 57 231 219 205 145 117 79 208 18 1 74 125 66 121") !=
+        std::string::npos);
+  const std::string json = slurp(d / "run.json");
+  CHECK(json_array(json, "generated_ids") == "219,63,4,31,48,193,57,231,219,205,145,117,79,208,18,1,74,125,66,121");
+  CHECK(json_array(json, "prompt_ids") == kPrompt);
+  CHECK(json_array(json, "full_ids") == kFull);
+  for (const char* key : {"\"layers\":13", "\"seconds_per_token\":", "\"peak_rss_bytes\":"})
+    CHECK(json.find(key) != std::string::npos);
+}
+
+TEST_CASE("--dump-logits of the 32 full_ids equals fixtures/golden/tiny_c_logits.bin byte for byte") {
+  TempDir d;
+  for (const char* mode : {"", " --incremental", " --threads 1", " --threads 2 --incremental"}) {
+    CAPTURE(mode);
+    const Run r = run("generate " + kModel + " --ids " + kFull + " --gen 1 --dump-logits " + d / "l.bin" + " --out " +
+                      d / "r.json" + mode);
+    INFO(r.out);
+    REQUIRE(r.code == 0);
+    const std::string got = slurp(d / "l.bin");
+    CHECK(got.size() == 256 * 4);
+    CHECK(got == slurp(std::string(K3_FIXTURES) + "/golden/tiny_c_logits.bin"));
+    CHECK(json_array(slurp(d / "r.json"), "generated_ids") == "6");
+  }
+}
+
+TEST_CASE("unseen prompts: full recompute and incremental, 1 and 2 threads give identical ids and logits") {
+  TempDir d;
+  for (const std::string ids : {"5", "17,250,3,3,3,99,0,128", "1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20"}) {
+    CAPTURE(ids);
+    std::string ref_ids, ref_logits;
+    for (const char* mode : {"", " --incremental", " --threads 1", " --threads 2 --incremental"}) {
+      CAPTURE(mode);
+      const Run r = run("generate " + kModel + " --ids \"" + ids + "\" --gen 6 --dump-logits " + d / "l.bin" +
+                        " --out " + d / "r.json" + mode);
+      REQUIRE(r.code == 0);
+      const std::string gen = json_array(slurp(d / "r.json"), "generated_ids"), lg = slurp(d / "l.bin");
+      if (ref_ids.empty()) {
+        ref_ids = gen;
+        ref_logits = lg;
+      }
+      CHECK(gen == ref_ids);
+      CHECK(lg == ref_logits);
+    }
+  }
+}
+
+TEST_CASE("--save-state then --load-state continues exactly like one uninterrupted run") {
+  TempDir d;
+  const Run whole = run("generate " + kModel + " --ids " + kPrompt + " --gen 20 --incremental --out " + d / "a.json");
+  REQUIRE(whole.code == 0);
+  const std::string want_full = json_array(slurp(d / "a.json"), "full_ids");
+
+  const Run first = run("generate " + kModel + " --ids " + kPrompt + " --gen 8 --incremental --save-state " +
+                        d / "s.k3st" + " --out " + d / "b.json");
+  INFO(first.out);
+  REQUIRE(first.code == 0);
+  // 96-byte header + 20 ids + 13 layers of KDA state + 19 cached positions x 4 MLA layers of KV+rope.
+  const uint64_t kper = 4 * 16 * 16 + 3 * 64 * 3, kvrow = 4 * (24 + 16) + 8;
+  CHECK(fs::file_size(d / "s.k3st") == 96 + 4 * 20 + 4 * kper * 13 + 4 * 19 * kvrow * 4);
+  CHECK(slurp(d / "s.k3st").substr(0, 4) == "K3ST");
+
+  // Continue with no new ids: the pending token is fed first.
+  const Run second = run("generate " + kModel + " --ids \"\" --gen 12 --incremental --load-state " + d / "s.k3st" +
+                         " --out " + d / "c.json");
+  INFO(second.out);
+  REQUIRE(second.code == 0);
+  CHECK(json_array(slurp(d / "c.json"), "full_ids") == want_full);
+  CHECK(json_array(slurp(d / "c.json"), "prompt_ids") == "");
+
+  // New ids given on resume are the continuation of the saved sequence.
+  const std::string saved_full = json_array(slurp(d / "b.json"), "full_ids");
+  const Run direct = run("generate " + kModel + " --ids " + saved_full + ",7,77 --gen 5 --incremental --out " +
+                         d / "e.json");
+  const Run resumed = run("generate " + kModel + " --ids 7,77 --gen 5 --incremental --load-state " + d / "s.k3st" +
+                          " --out " + d / "f.json");
+  REQUIRE(direct.code == 0);
+  REQUIRE(resumed.code == 0);
+  CHECK(json_array(slurp(d / "f.json"), "generated_ids") == json_array(slurp(d / "e.json"), "generated_ids"));
+  CHECK(json_array(slurp(d / "f.json"), "full_ids") == json_array(slurp(d / "e.json"), "full_ids"));
+}
+
+TEST_CASE("bad state files are refused with exit 1 naming the file; --load-state needs --incremental (exit 2)") {
+  TempDir d;
+  REQUIRE(run("generate " + kModel + " --ids 1,2,3 --gen 2 --incremental --save-state " + d / "s.k3st" + " --out " +
+              d / "r.json")
+              .code == 0);
+  const std::string good = slurp(d / "s.k3st");
+  auto write = [&](const std::string& name, const std::string& bytes) {
+    std::ofstream(d / name, std::ios::binary) << bytes;
+    return d / name;
+  };
+  std::string bad_magic = good, bad_version = good, bad_fp = good;
+  bad_magic[0] = 'X';
+  bad_version[4] = 2;
+  bad_fp[8] = static_cast<char>(bad_fp[8] + 1);  // hidden size
+  const struct {
+    std::string file, why;
+  } cases[] = {
+      {write("magic.k3st", bad_magic), "not a k3 state file"},
+      {write("version.k3st", bad_version), "version"},
+      {write("fp.k3st", bad_fp), "different model architecture"},
+      {write("trunc.k3st", good.substr(0, good.size() - 5)), "truncated"},
+      {write("header.k3st", good.substr(0, 40)), "not a k3 state file"},
+      {d / "absent.k3st", "cannot open"},
+  };
+  for (const auto& c : cases) {
+    CAPTURE(c.file);
+    const Run r = run("generate " + kModel + " --ids 4 --gen 1 --incremental --load-state " + c.file + " --out " +
+                      d / "x.json");
+    CHECK(r.code == 1);
+    CHECK(r.out.find(c.file) != std::string::npos);
+    CHECK(r.out.find(c.why) != std::string::npos);
+    CHECK(!fs::exists(d / "x.json"));
+  }
+  // --layers changes the bound-layer count: refused, not silently mixed.
+  const Run layers = run("generate " + kModel + " --ids 4 --gen 1 --incremental --layers 5 --load-state " +
+                         d / "s.k3st" + " --out " + d / "x.json");
+  CHECK(layers.code == 1);
+  CHECK(layers.out.find("bound layers") != std::string::npos);
+
+  const Run no_inc = run("generate " + kModel + " --ids 4 --load-state " + d / "s.k3st");
+  CHECK(no_inc.code == 2);
+  CHECK(no_inc.out.find("--load-state needs --incremental") != std::string::npos);
+}
+
+TEST_CASE("usage refusals exit 2 naming the flag, and never leave an output file") {
+  TempDir d;
+  const std::string out = " --out " + d / "r.json" + " --dump-logits " + d / "l.bin";
+  const struct {
+    std::string args, says;
+  } cases[] = {
+      {"--ids 1,x,3", "--ids"},
+      {"--ids 1,-3", "--ids"},
+      {"--ids 1.5", "--ids"},
+      {"--ids 256", "outside the vocabulary"},
+      {"--ids 99999999999", "--ids"},
+      {"--ids \"\"", "--ids: no token ids"},
+      {"--ids \" , \"", "--ids: no token ids"},
+      {"", "exactly one of --ids, --prompt, --prompt-file"},
+      {"--ids 1 --prompt hi", "exactly one of"},
+      {"--prompt hi", "--tok"},
+      {"--prompt-file /etc/hostname", "--tok"},
+      {"--prompt hi --tok " + d.path.string(), "tokenizer not yet supported"},
+      {"--ids 1 --gen 4097", "--gen"},
+      {"--ids 1 --gen -1", "--gen"},
+      {"--ids 1 --gen abc", "--gen"},
+      {"--ids 1 --threads -2", "--threads"},
+      {"--ids 1 --frobnicate", "frobnicate"},
+      {"--ids 1 --gen 0 --dump-logits " + d / "z.bin", "--dump-logits"},
+      {"--ids 1 --config " + d / "missing.json", "config"},
+      {"--ids 1 --config " + std::string(K3_FIXTURES) + "/cfg/no_layermap.json", "refusing to substitute defaults"},
+  };
+  for (const auto& c : cases) {
+    CAPTURE(c.args);
+    const Run r = run("generate " + kModel + " " + c.args + out);
+    INFO(r.out);
+    CHECK(r.code == 2);
+    CHECK(r.out.find(c.says) != std::string::npos);
+    CHECK(!fs::exists(d / "r.json"));
+    CHECK(!fs::exists(d / "l.bin"));
+  }
+  const Run no_dir = run("generate --ids 1");
+  CHECK(no_dir.code == 2);
+}
+
+TEST_CASE("runtime failures exit 1 with one clear line: missing tensors, unwritable output") {
+  TempDir d;
+  // A checkpoint directory whose config is fine but which has no weights.
+  fs::copy_file(kModel + "/config.json", d / "config.json");
+  const Run empty = run("generate " + d.path.string() + " --ids 1 --out " + d / "r.json");
+  CHECK(empty.code == 1);
+  CHECK(!fs::exists(d / "r.json"));
+
+  const Run unwritable = run("generate " + kModel + " --ids 1 --gen 1 --out " + d / "no/such/dir/r.json");
+  CHECK(unwritable.code == 1);
+  CHECK(unwritable.out.find("no/such/dir/r.json") != std::string::npos);
+
+  // --layers N runs a partial stack and says so.
+  const Run partial = run("generate " + kModel + " --ids 1,2 --gen 2 --layers 5 --out " + d / "p.json");
+  CHECK(partial.code == 0);
+  CHECK(partial.out.find("NOTE") != std::string::npos);
+  CHECK(slurp(d / "p.json").find("\"layers\":5") != std::string::npos);
+}
