@@ -17,6 +17,9 @@ namespace {
 
 // ---- dense ----------------------------------------------------------------------------------
 
+// Elements ahead of the current block to prefetch; the rows stream from DRAM once per matvec.
+constexpr size_t kPrefetchAhead = 256;
+
 // Elements i..i+7 and i+8..i+15 of a row, widened exactly to f64.
 struct F32Load {
   const float* w;
@@ -25,6 +28,7 @@ struct F32Load {
     hi = _mm512_cvtps_pd(_mm256_loadu_ps(w + i + 8));
   }
   double at(size_t i) const { return static_cast<double>(w[i]); }
+  void prefetch(size_t i) const { _mm_prefetch(reinterpret_cast<const char*>(w + i), _MM_HINT_T0); }
 };
 
 struct Bf16Load {
@@ -41,6 +45,7 @@ struct Bf16Load {
     __builtin_memcpy(&f, &bits, sizeof f);
     return static_cast<double>(f);
   }
+  void prefetch(size_t i) const { _mm_prefetch(reinterpret_cast<const char*>(w + i), _MM_HINT_T0); }
 };
 
 // A holds lanes a0..a7, B holds a8..a15. The §5.3 tree pairs a_j with a_{j+4} first:
@@ -69,6 +74,7 @@ void dense_rows(const Load* rows, size_t n, const double* x, float* out) {
 #pragma GCC unroll 8
     for (int r = 0; r < NR; ++r) {
       __m512d lo, hi;
+      rows[r].prefetch(i + kPrefetchAhead);
       rows[r](i, lo, hi);
       A[r] = _mm512_fmadd_pd(lo, x0, A[r]);
       B[r] = _mm512_fmadd_pd(hi, x1, B[r]);
@@ -142,6 +148,7 @@ void bf16_rows(const uint16_t* w, size_t rows, size_t cols, const double* x, siz
 // ---- MXFP4 ----------------------------------------------------------------------------------
 
 constexpr size_t G = 32;
+constexpr size_t kPrefetchBytes = 512;  // of packed nibbles, ahead of the four groups in hand
 
 // 2^(b-127) as f64 (exact, = f64 of the f32 E8M0 value for b <= 254).
 double e8m0(uint8_t b) {
@@ -179,18 +186,20 @@ struct Group {
 Group decode(const uint8_t* bytes) {
   const __m512d pos = _mm512_setr_pd(0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0);
   const __m512d neg = _mm512_setr_pd(-0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0);
-  const __m128i mask = _mm_set1_epi8(0x0F);
-  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes));
-  const __m128i lo = _mm_and_si128(b, mask);
-  const __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), mask);
-  const __m128i e0 = _mm_unpacklo_epi8(lo, hi);  // elements 0..15: low nibble = even element
-  const __m128i e1 = _mm_unpackhi_epi8(lo, hi);  // elements 16..31
+  // Little-endian: nibble k of the 64-bit word holding bytes 8h..8h+7 is element 16h+k (low nibble
+  // = even element). Lane l shifted by 4l (+32 for the odd chunk) brings its element to bits 0-3;
+  // permutex2var reads only those 4 index bits, and bit 3 (the E2M1 sign) picks the negative half.
+  const __m512i shift_even = _mm512_setr_epi64(0, 4, 8, 12, 16, 20, 24, 28);
+  const __m512i shift_odd = _mm512_setr_epi64(32, 36, 40, 44, 48, 52, 56, 60);
+  uint64_t word[2];
+  __builtin_memcpy(word, bytes, 16);
   Group g;
-  // permutex2var: index bit 3 picks the negative half, i.e. the E2M1 sign bit.
-  g.w[0] = _mm512_permutex2var_pd(pos, _mm512_cvtepu8_epi64(e0), neg);
-  g.w[1] = _mm512_permutex2var_pd(pos, _mm512_cvtepu8_epi64(_mm_srli_si128(e0, 8)), neg);
-  g.w[2] = _mm512_permutex2var_pd(pos, _mm512_cvtepu8_epi64(e1), neg);
-  g.w[3] = _mm512_permutex2var_pd(pos, _mm512_cvtepu8_epi64(_mm_srli_si128(e1, 8)), neg);
+#pragma GCC unroll 2
+  for (int h = 0; h < 2; ++h) {
+    const __m512i b = _mm512_set1_epi64(static_cast<long long>(word[h]));
+    g.w[2 * h] = _mm512_permutex2var_pd(pos, _mm512_srlv_epi64(b, shift_even), neg);
+    g.w[2 * h + 1] = _mm512_permutex2var_pd(pos, _mm512_srlv_epi64(b, shift_odd), neg);
+  }
   return g;
 }
 
@@ -241,61 +250,86 @@ double add4(double acc, __m256d p) {
   return acc;
 }
 
-// One row for NT inputs (x rows cols apart): each group is decoded once for all of them.
-template <int NT>
-void mxfp4_row(const uint8_t* packed, const uint8_t* scales, size_t cols, const double* x, float* y,
-               size_t y_stride) {
+// NR rows (pc / sc bytes apart) for NT inputs (cols apart): each group is decoded once for all
+// inputs, and the rows' independent chains interleave.
+template <int NR, int NT>
+void mxfp4_block(const uint8_t* packed, size_t pc, const uint8_t* scales, size_t sc, size_t cols,
+                 const double* x, float* y, size_t y_stride) {
   const size_t groups = (cols + G - 1) / G;
   const size_t full = cols / G;  // complete 32-element groups
-  double acc[NT];
+  double acc[NR][NT];
 #pragma GCC unroll 8
-  for (int t = 0; t < NT; ++t) acc[t] = 0.0;
+  for (int r = 0; r < NR; ++r) {
+#pragma GCC unroll 8
+    for (int t = 0; t < NT; ++t) acc[r][t] = 0.0;
+  }
   size_t g = 0;
   for (; g + 4 <= full; g += 4) {
-    __mmask8 keep;
-    const __m256d sc = scales4(scales + g, keep);
-    __m256d tv[NT][4];
 #pragma GCC unroll 8
-    for (int k = 0; k < 4; ++k) {
-      // A skipped group's lanes are computed (the inputs may hold inf / NaN) but masked out below.
-      const Group w = decode(packed + (g + k) * G / 2);
+    for (int r = 0; r < NR; ++r) {
+      _mm_prefetch(reinterpret_cast<const char*>(packed + r * pc + g * G / 2 + kPrefetchBytes), _MM_HINT_T0);
+      __mmask8 keep;
+      const __m256d s4 = scales4(scales + r * sc + g, keep);
+      __m256d tv[NT][4];
 #pragma GCC unroll 8
-      for (int t = 0; t < NT; ++t) tv[t][k] = group_partial(w, x + t * cols + (g + k) * G);
-    }
+      for (int k = 0; k < 4; ++k) {
+        // A skipped group's lanes are computed (the inputs may hold inf / NaN) but masked out below.
+        const Group w = decode(packed + r * pc + (g + k) * G / 2);
 #pragma GCC unroll 8
-    for (int t = 0; t < NT; ++t) {
-      const __m256d sub = subs4(tv[t][0], tv[t][1], tv[t][2], tv[t][3]);
-      acc[t] = add4(acc[t], _mm256_maskz_mul_pd(keep, sub, sc));  // separate multiply, then add
+        for (int t = 0; t < NT; ++t) tv[t][k] = group_partial(w, x + t * cols + (g + k) * G);
+      }
+#pragma GCC unroll 8
+      for (int t = 0; t < NT; ++t) {
+        const __m256d sub = subs4(tv[t][0], tv[t][1], tv[t][2], tv[t][3]);
+        acc[r][t] = add4(acc[r][t], _mm256_maskz_mul_pd(keep, sub, s4));  // separate multiply, then add
+      }
     }
   }
   for (; g < groups; ++g) {
-    if (scales[g] == 255) continue;
-    const double s = e8m0(scales[g]);
-    if (g < full) {
-      const Group w = decode(packed + g * G / 2);
 #pragma GCC unroll 8
-      for (int t = 0; t < NT; ++t) acc[t] = acc[t] + sub1(group_partial(w, x + t * cols + g * G)) * s;
-    } else {
+    for (int r = 0; r < NR; ++r) {
+      const uint8_t b = scales[r * sc + g];
+      if (b == 255) continue;
+      const double s = e8m0(b);
+      const uint8_t* bytes = packed + r * pc + g * G / 2;
+      if (g < full) {
+        const Group w = decode(bytes);
 #pragma GCC unroll 8
-      for (int t = 0; t < NT; ++t) {
-        acc[t] = acc[t] + group_generic(packed + g * G / 2, cols - g * G, x + t * cols + g * G) * s;
+        for (int t = 0; t < NT; ++t) acc[r][t] = acc[r][t] + sub1(group_partial(w, x + t * cols + g * G)) * s;
+      } else {
+#pragma GCC unroll 8
+        for (int t = 0; t < NT; ++t) {
+          acc[r][t] = acc[r][t] + group_generic(bytes, cols - g * G, x + t * cols + g * G) * s;
+        }
       }
     }
   }
 #pragma GCC unroll 8
-  for (int t = 0; t < NT; ++t) y[t * y_stride] = static_cast<float>(acc[t]);
+  for (int r = 0; r < NR; ++r) {
+#pragma GCC unroll 8
+    for (int t = 0; t < NT; ++t) y[t * y_stride + r] = static_cast<float>(acc[r][t]);
+  }
 }
 
 void mxfp4_rows(const uint8_t* packed, const uint8_t* scales, size_t rows, size_t cols, const double* x,
                 size_t tokens, float* y, size_t y_stride) {
   const size_t pc = (cols + 1) / 2, sc = (cols + G - 1) / G;
+  if (tokens == 1) {
+    size_t r = 0;
+    for (; r + 4 <= rows; r += 4)
+      mxfp4_block<4, 1>(packed + r * pc, pc, scales + r * sc, sc, cols, x, y + r, 0);
+    for (; r < rows; ++r) mxfp4_block<1, 1>(packed + r * pc, pc, scales + r * sc, sc, cols, x, y + r, 0);
+    return;
+  }
   for (size_t r = 0; r < rows; ++r) {
     size_t t = 0;
     for (; t + 2 <= tokens; t += 2) {
-      mxfp4_row<2>(packed + r * pc, scales + r * sc, cols, x + t * cols, y + t * y_stride + r, y_stride);
+      mxfp4_block<1, 2>(packed + r * pc, pc, scales + r * sc, sc, cols, x + t * cols, y + t * y_stride + r,
+                        y_stride);
     }
     for (; t < tokens; ++t) {
-      mxfp4_row<1>(packed + r * pc, scales + r * sc, cols, x + t * cols, y + t * y_stride + r, y_stride);
+      mxfp4_block<1, 1>(packed + r * pc, pc, scales + r * sc, sc, cols, x + t * cols, y + t * y_stride + r,
+                        y_stride);
     }
   }
 }
