@@ -12,5 +12,6 @@ using Action = std::function<int()>;
 Action add_inspect(CLI::App& sub);
 Action add_synth(CLI::App& sub);
 Action add_generate(CLI::App& sub);
+Action add_plan(CLI::App& sub);
 
 }  // namespace k3::pipeline

@@ -35,6 +35,7 @@ int main(int argc, char** argv) {
   add("synth", "write a synthetic checkpoint in the released format", k3::pipeline::add_synth);
   add("generate", "greedy decoding from token ids: STEP table, k3_run.json, state files",
       k3::pipeline::add_generate);
+  add("plan", "split a memory budget into resident, trunk ring, pinned layers and expert slots", k3::pipeline::add_plan);
 
   try {
     app.parse(argc, argv);

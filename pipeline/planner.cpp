@@ -7,6 +7,10 @@
 
 #include "io/aligned.hpp"
 #include "io/error.hpp"
+#include "io/packed_trunk.hpp"
+#include "io/safetensors_writer.hpp"
+#include "io/uring_reader.hpp"
+#include "stages/plan.hpp"
 
 namespace k3::pipeline {
 
@@ -194,11 +198,72 @@ uint64_t preset_budget(std::string_view name, const PlanInputs& in) {
   throw io::usage_error(fmt::format("--preset: unknown preset '{}' (known: ultra, laptop, desktop, workstation, server, max)", name));
 }
 
+uint64_t scratch_bytes(const io::ModelConfig& c, uint64_t context) {
+  // An estimate in f32 of what the forward pass holds besides weights and caches: every
+  // position's residual stream and AttnRes block stack (a prefill keeps the whole prompt), one
+  // 64-token chunk's largest per-layer working set, MLA scores over the context, and the logits.
+  const uint64_t E = uint64_t(c.hidden), T = std::max<uint64_t>(context, 1), chunk = std::min<uint64_t>(T, 64);
+  const uint64_t H = uint64_t(c.kda_heads), D = uint64_t(c.kda_head_dim), P = H * D;
+  const uint64_t MH = uint64_t(c.mla_heads), nope = uint64_t(c.qk_nope), rope = uint64_t(c.qk_rope),
+                 v = uint64_t(c.v_head);
+  const uint64_t kda = 6 * P + D + H + E;
+  const uint64_t mla = uint64_t(c.q_lora_rank) + MH * (nope + rope) + uint64_t(c.kv_lora_rank) + rope +
+                       MH * (nope + v) + 2 * MH * v + E + MH * T;
+  const uint64_t dense = 2 * uint64_t(c.dense_inter) + E;
+  const uint64_t moe = uint64_t(c.n_experts) + 2 * uint64_t(c.latent) +
+                       uint64_t(c.top_k) * (2 * uint64_t(c.moe_inter) + uint64_t(c.latent)) +
+                       2 * uint64_t(c.n_shared) * uint64_t(c.moe_inter) + E;
+  const uint64_t per_layer = std::max({kda, mla, dense, moe});
+  return 4 * (T * E * (uint64_t(c.max_blocks()) + 2) + chunk * per_layer + uint64_t(c.vocab));
+}
+
+PlanInputs plan_inputs(const io::ModelConfig& c, const io::ShardSet& shards, const io::PackedTrunk* trunk,
+                       uint64_t context) {
+  PlanInputs in;
+  if (trunk) {
+    for (const io::TrunkLayer& L : trunk->layers()) in.layers.push_back({L.nbytes, 0});
+  } else {
+    for (const io::TrunkLayer& L : io::layout_trunk(shards, c.n_layers).layers) in.layers.push_back({L.nbytes, 0});
+  }
+  int n_mla = 0;
+  for (int l = 0; l < c.n_layers; ++l) {
+    in.layers[size_t(l)].widen_bytes = 4 * stages::locate(stages::plan_layer(c, l).tensors, shards, c).widen_floats;
+    n_mla += c.is_mla(l);
+  }
+  const int n_kda = c.n_layers - n_mla;
+
+  stages::Layout head = stages::locate(stages::plan_model(c), shards, c);
+  const uint64_t head_bytes = align_up(head.buffer_bytes, kDirectAlign) + align_up(4 * head.widen_floats, kDirectAlign);
+  // KDA only: H x D x D recurrent state + the (K-1)-tap conv windows of q, k, v. The reference
+  // allocates it for all layers; MLA layers have none.
+  const uint64_t H = uint64_t(c.kda_heads), D = uint64_t(c.kda_head_dim);
+  const uint64_t kda_state = 4 * (H * D * D + 3 * H * D * uint64_t(c.conv_kernel - 1));
+  const uint64_t kv_pos = 4 * uint64_t(n_mla) *
+                          (uint64_t(c.mla_heads) * uint64_t(c.qk_nope + c.v_head) + uint64_t(c.qk_rope));
+  const uint64_t scratch = scratch_bytes(c, context);
+  const uint64_t index = shards.index_bytes() + (trunk ? trunk->index_bytes() : 0);
+  const uint64_t ring = io::UringReader::ring_bytes(io::UringReader::Options{}.queue_depth);
+  in.resident = {
+      {"embedding + lm_head + head vectors", 1, head_bytes, head_bytes},
+      {fmt::format("KDA recurrent + conv state ({} KDA layers)", n_kda), uint64_t(n_kda), kda_state, n_kda * kda_state},
+      {fmt::format("MLA KV cache ({} positions, {} MLA layers)", context, n_mla), context, kv_pos, context * kv_pos},
+      {"activation scratch (estimate)", 1, scratch, scratch},
+      {trunk ? "tensor index (shards + trunk.json)" : "tensor index (shards)", 1, index, index},
+      {"io_uring rings (trunk + experts)", 2, ring, 2 * ring},
+  };
+  if (c.first_dense < c.n_layers && c.n_experts > 0) {
+    in.expert_bytes = stages::locate_expert(shards, c, c.first_dense, 0).buffer_bytes;
+    in.top_k = c.top_k;
+  }
+  return in;
+}
+
 std::string format_plan(const Plan& p) {
   std::string s = fmt::format("plan: budget {} ({})\n", gib(p.budget), p.request.source);
   s += fmt::format("  {:<46} {:>6}   {:>11}   {:>11}\n", "pool", "count", "each", "total");
   for (const PlanTerm& t : p.pools)
-    s += fmt::format("  {:<46} {:>6} x {:>11} = {:>11}\n", t.name, t.count, t.each ? bytes_h(t.each) : "varies",
+    s += fmt::format("  {:<46} {:>6} x {:>11} = {:>11}\n", t.name, t.count,
+                     t.each ? bytes_h(t.each) : t.count ? "varies" : "-",
                      bytes_h(t.bytes));
   s += fmt::format("  {:<46} {:>6}   {:>11}   {:>11}\n", "unassigned", "", "", bytes_h(p.unassigned()));
   s += fmt::format("  {:<46} {:>6}   {:>11}   {:>11}  of {} budget; floor {}\n", "TOTAL", "", "", bytes_h(p.total()),
@@ -210,14 +275,7 @@ std::string format_plan(const Plan& p) {
 }
 
 std::string plan_json(const Plan& p) {
-  auto q = [](const std::string& s) {
-    std::string o = "\"";
-    for (char c : s) {
-      if (c == '"' || c == '\\') o += '\\';
-      o += c;
-    }
-    return o + "\"";
-  };
+  auto q = [](const std::string& s) { return io::json_quote(s); };
   std::string pools;
   for (const PlanTerm& t : p.pools)
     pools += fmt::format("{}{{\"name\":{},\"count\":{},\"each\":{},\"bytes\":{}}}", pools.empty() ? "" : ",", q(t.name),

@@ -52,6 +52,7 @@ struct Pattern {
     }
     write_file(path, bytes);
   }
+  ~Pattern() { fs::remove(path); }
   static void write_file(const fs::path& p, std::span<const std::byte> b) {
     int fd = ::open(p.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     REQUIRE(fd >= 0);

@@ -1,0 +1,514 @@
+#include "io/packed_trunk.hpp"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <simdjson.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <bit>
+#include <cerrno>
+#include <charconv>
+#include <chrono>
+#include <csignal>
+#include <cstdlib>
+#include <cstring>
+#include <future>
+#include <optional>
+
+#include "io/aligned.hpp"
+#include "io/error.hpp"
+#include "io/safetensors_writer.hpp"
+
+namespace fs = std::filesystem;
+
+namespace k3::io {
+
+// ---------------------------------------------------------------- XXH64 (from the xxHash spec)
+
+namespace {
+
+constexpr uint64_t P1 = 0x9E3779B185EBCA87ull, P2 = 0xC2B2AE3D27D4EB4Full, P3 = 0x165667B19E3779F9ull,
+                   P4 = 0x85EBCA77C2B2AE63ull, P5 = 0x27D4EB2F165667C5ull;
+
+uint64_t rd64(const std::byte* p) {
+  uint64_t v;
+  std::memcpy(&v, p, 8);
+  return v;  // x86-64 is little-endian, as XXH64 reads
+}
+uint32_t rd32(const std::byte* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+uint64_t round64(uint64_t acc, uint64_t in) { return std::rotl(acc + in * P2, 31) * P1; }
+uint64_t merge64(uint64_t h, uint64_t v) { return (h ^ round64(0, v)) * P1 + P4; }
+
+}  // namespace
+
+Xxh64::Xxh64(uint64_t seed) : v_{seed + P1 + P2, seed + P2, seed, seed - P1}, seed_(seed) {}
+
+void Xxh64::update(std::span<const std::byte> in) {
+  const std::byte* p = in.data();
+  size_t n = in.size();
+  total_ += n;
+  if (buffered_) {
+    size_t take = std::min(n, 32 - buffered_);
+    std::memcpy(buf_.data() + buffered_, p, take);
+    buffered_ += take;
+    p += take;
+    n -= take;
+    if (buffered_ < 32) return;
+    for (int i = 0; i < 4; ++i) v_[i] = round64(v_[i], rd64(buf_.data() + 8 * i));
+    buffered_ = 0;
+  }
+  uint64_t v0 = v_[0], v1 = v_[1], v2 = v_[2], v3 = v_[3];
+  for (; n >= 32; p += 32, n -= 32) {
+    v0 = round64(v0, rd64(p));
+    v1 = round64(v1, rd64(p + 8));
+    v2 = round64(v2, rd64(p + 16));
+    v3 = round64(v3, rd64(p + 24));
+  }
+  v_[0] = v0, v_[1] = v1, v_[2] = v2, v_[3] = v3;
+  std::memcpy(buf_.data(), p, n);
+  buffered_ = n;
+}
+
+uint64_t Xxh64::digest() const {
+  uint64_t h;
+  if (total_ >= 32) {
+    h = std::rotl(v_[0], 1) + std::rotl(v_[1], 7) + std::rotl(v_[2], 12) + std::rotl(v_[3], 18);
+    for (uint64_t v : v_) h = merge64(h, v);
+  } else {
+    h = seed_ + P5;
+  }
+  h += total_;
+  const std::byte* p = buf_.data();
+  size_t n = buffered_;
+  for (; n >= 8; p += 8, n -= 8) h = std::rotl(h ^ round64(0, rd64(p)), 27) * P1 + P4;
+  if (n >= 4) {
+    h = std::rotl(h ^ (uint64_t(rd32(p)) * P1), 23) * P2 + P3;
+    p += 4, n -= 4;
+  }
+  for (; n > 0; ++p, --n) h = std::rotl(h ^ (uint64_t(std::to_integer<uint8_t>(*p)) * P5), 11) * P1;
+  h ^= h >> 33;
+  h *= P2;
+  h ^= h >> 29;
+  h *= P3;
+  h ^= h >> 32;
+  return h;
+}
+
+uint64_t xxh64(std::span<const std::byte> bytes, uint64_t seed) {
+  Xxh64 h(seed);
+  h.update(bytes);
+  return h.digest();
+}
+
+// ---------------------------------------------------------------- layout
+
+const TrunkTensor* TrunkLayer::find(std::string_view name) const {
+  for (const TrunkTensor& t : tensors)
+    if (t.name == name) return &t;
+  return nullptr;
+}
+
+int trunk_layer_of(std::string_view name) {
+  constexpr std::string_view prefix = "language_model.model.layers.";
+  if (!name.starts_with(prefix)) return -1;
+  name.remove_prefix(prefix.size());
+  int l = -1;
+  auto [end, ec] = std::from_chars(name.data(), name.data() + name.size(), l);
+  if (ec != std::errc() || end == name.data() + name.size() || *end != '.') return -1;
+  if (name.find(".block_sparse_moe.experts.") != std::string_view::npos) return -1;
+  return l;
+}
+
+TrunkLayout layout_trunk(const ShardSet& shards, int n_layers) {
+  TrunkLayout out;
+  out.layers.resize(size_t(n_layers));
+  out.sources.resize(size_t(n_layers));
+  std::vector<std::vector<std::pair<std::string, TensorInfo>>> found(static_cast<size_t>(n_layers));
+  shards.for_each([&](std::string_view name, const TensorInfo& t) {
+    int l = trunk_layer_of(name);
+    if (l < 0) return;
+    if (l >= n_layers)
+      throw runtime_error(fmt::format("pack-trunk: tensor {} belongs to layer {}, but the config has {} layers", name,
+                                      l, n_layers));
+    found[size_t(l)].emplace_back(std::string(name), t);
+  });
+  uint64_t file_off = 0;
+  for (int l = 0; l < n_layers; ++l) {
+    auto& ts = found[size_t(l)];
+    if (ts.empty())
+      throw runtime_error(fmt::format("pack-trunk: layer {} has no tensors in the checkpoint ({} shards)", l,
+                                      shards.shard_count()));
+    // Shard order: the copy then reads each shard front to back.
+    std::sort(ts.begin(), ts.end(), [](const auto& a, const auto& b) {
+      return std::pair(a.second.shard, a.second.offset) < std::pair(b.second.shard, b.second.offset);
+    });
+    TrunkLayer& L = out.layers[size_t(l)];
+    L.layer = l;
+    L.file_off = file_off;
+    uint64_t off = 0;
+    for (auto& [name, info] : ts) {
+      off = align_up(off, kTrunkTensorAlign);
+      L.tensors.push_back({name, info.dtype, info.rank, info.shape, off, info.nbytes});
+      out.sources[size_t(l)].push_back(info);
+      off += info.nbytes;
+    }
+    L.nbytes = align_up(std::max<uint64_t>(off, 1), kTrunkAlign);
+    file_off += L.nbytes;
+  }
+  out.file_bytes = file_off;
+  return out;
+}
+
+// ---------------------------------------------------------------- writer
+
+namespace {
+
+constexpr size_t kStageBytes = size_t{64} << 20;
+
+std::string trunk_json(const std::vector<TrunkLayer>& layers) {
+  std::string s = fmt::format(
+      "{{\"format\":\"k3flow-trunk\",\"version\":1,\"n_layers\":{},\"align\":{},\"tensor_align\":{},"
+      "\"checksum\":\"xxh64\",\"layers\":[",
+      layers.size(), kTrunkAlign, kTrunkTensorAlign);
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const TrunkLayer& L = layers[i];
+    s += fmt::format("{}\n{{\"layer\":{},\"file_off\":{},\"nbytes\":{},\"xxh64\":\"{:016x}\",\"tensors\":{{", i ? "," : "",
+                     L.layer, L.file_off, L.nbytes, L.xxh64);
+    for (size_t j = 0; j < L.tensors.size(); ++j) {
+      const TrunkTensor& t = L.tensors[j];
+      std::string shape;
+      for (int d = 0; d < t.rank; ++d) shape += fmt::format("{}{}", d ? "," : "", t.shape[size_t(d)]);
+      s += fmt::format("{}{}:{{\"off\":{},\"nbytes\":{},\"dtype\":\"{}\",\"shape\":[{}]}}", j ? "," : "",
+                       json_quote(t.name), t.off, t.nbytes, dtype_name(t.dtype), shape);
+    }
+    s += "}}";
+  }
+  return s + "\n]}\n";
+}
+
+[[noreturn]] void sys_fail(const fs::path& p, const char* what) {
+  throw runtime_error(fmt::format("pack-trunk: {}: {}: {}", p.string(), what, std::strerror(errno)));
+}
+
+void write_all(int fd, const fs::path& p, const std::byte* data, size_t n, uint64_t off) {
+  while (n > 0) {
+    ssize_t w = pwrite(fd, data, std::min(n, kMaxReadSyscall), off_t(off));
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) sys_fail(p, "write failed");
+    data += w, n -= size_t(w), off += uint64_t(w);
+  }
+}
+
+void fsync_dir(const fs::path& dir) {
+  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd >= 0) {
+    ::fsync(fd);
+    ::close(fd);
+  }
+}
+
+// Appends bytes to trunk.bin.partial through two 64 MiB staging buffers: one fills while the
+// other is written by a helper thread, and written ranges are dropped from the page cache (a
+// 109 GB pack must not evict everything else on an 8 GB machine).
+class Staged {
+ public:
+  Staged(const fs::path& path, uint64_t total, const std::function<void(uint64_t, uint64_t)>& progress)
+      : path_(path), total_(total), progress_(progress) {
+    fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd_ < 0) sys_fail(path, "cannot create");
+    for (auto& b : bufs_) b = AlignedBuffer(kStageBytes);
+    if (const char* v = std::getenv("K3FLOW_FAIL_AFTER_BYTES"); v && *v) {
+      fail_after_ = std::strtoull(v, nullptr, 10);
+      const char* mode = std::getenv("K3FLOW_FAIL_MODE");
+      kill_ = mode && std::string_view(mode) == "kill";
+    }
+  }
+  ~Staged() {
+    if (pending_.valid()) pending_.wait();
+    if (fd_ >= 0) ::close(fd_);
+  }
+
+  // Room to fill in place: at most `n` bytes at the current position.
+  std::span<std::byte> room(size_t n) {
+    if (fill_ == kStageBytes) flush();
+    return bufs_[cur_].bytes().subspan(fill_, std::min(n, kStageBytes - fill_));
+  }
+  void commit(size_t n) { fill_ += n; }
+
+  void finish() {
+    flush();
+    if (pending_.valid()) pending_.get();
+    if (::fdatasync(fd_) != 0) sys_fail(path_, "fdatasync failed");
+    if (::close(fd_) != 0) sys_fail(path_, "close failed");
+    fd_ = -1;
+  }
+
+ private:
+  void flush() {
+    if (pending_.valid()) pending_.get();  // rethrows the helper's error
+    if (fill_ == 0) return;
+    const std::byte* data = bufs_[cur_].data();
+    size_t n = fill_;
+    uint64_t off = flushed_;
+    pending_ = std::async(std::launch::async, [this, data, n, off] {
+      write_all(fd_, path_, data, n, off);
+      ::sync_file_range(fd_, off_t(off), off_t(n), SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE |
+                                                      SYNC_FILE_RANGE_WAIT_AFTER);
+      ::posix_fadvise(fd_, off_t(off), off_t(n), POSIX_FADV_DONTNEED);
+    });
+    flushed_ += n;
+    fill_ = 0;
+    cur_ ^= 1;
+    if (progress_) progress_(flushed_, total_);
+    if (fail_after_ && flushed_ >= *fail_after_) {
+      pending_.get();
+      if (kill_) std::raise(SIGKILL);
+      throw runtime_error(fmt::format("pack-trunk: stopped after {} bytes by K3FLOW_FAIL_AFTER_BYTES (test hook)", flushed_));
+    }
+  }
+
+  fs::path path_;
+  uint64_t total_;
+  const std::function<void(uint64_t, uint64_t)>& progress_;
+  int fd_ = -1;
+  AlignedBuffer bufs_[2];
+  int cur_ = 0;
+  size_t fill_ = 0;
+  uint64_t flushed_ = 0;
+  std::future<void> pending_;
+  std::optional<uint64_t> fail_after_;
+  bool kill_ = false;
+};
+
+// Removes the .partial files unless released (any exception path of a pack).
+struct PartialGuard {
+  std::vector<fs::path> paths;
+  bool keep = false;
+  ~PartialGuard() {
+    if (keep) return;
+    std::error_code ec;
+    for (const auto& p : paths) fs::remove(p, ec);
+  }
+};
+
+}  // namespace
+
+PackStats pack_trunk(const ShardSet& shards, int n_layers, const fs::path& dir,
+                     const std::function<void(uint64_t, uint64_t)>& progress) {
+  auto t0 = std::chrono::steady_clock::now();
+  TrunkLayout lay = layout_trunk(shards, n_layers);
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw runtime_error(fmt::format("pack-trunk: cannot create {}: {}", dir.string(), ec.message()));
+  const fs::path bin = dir / "trunk.bin", json = dir / "trunk.json";
+  const fs::path bin_tmp = partial_path(bin), json_tmp = partial_path(json);
+  PartialGuard guard{{bin_tmp, json_tmp}};
+
+  PackStats st;
+  {
+    Staged out(bin_tmp, lay.file_bytes, progress);
+    for (size_t l = 0; l < lay.layers.size(); ++l) {
+      TrunkLayer& L = lay.layers[l];
+      Xxh64 h;
+      uint64_t layer_pos = 0;  // bytes of this layer emitted so far
+      auto emit_zeros = [&](uint64_t n) {
+        while (n > 0) {
+          auto r = out.room(n);
+          std::memset(r.data(), 0, r.size());
+          h.update(r);
+          out.commit(r.size());
+          n -= r.size();
+          layer_pos += r.size();
+        }
+      };
+      for (size_t i = 0; i < L.tensors.size(); ++i) {
+        const TrunkTensor& t = L.tensors[i];
+        const TensorInfo& src = lay.sources[l][i];
+        emit_zeros(t.off - layer_pos);
+        for (uint64_t done = 0; done < t.nbytes;) {
+          auto r = out.room(t.nbytes - done);
+          shards.read_range(src.shard, src.offset + done, r);
+          h.update(r);
+          out.commit(r.size());
+          done += r.size();
+          layer_pos += r.size();
+        }
+        st.payload_bytes += t.nbytes;
+      }
+      emit_zeros(L.nbytes - layer_pos);
+      L.xxh64 = h.digest();
+      st.largest_layer = std::max(st.largest_layer, L.nbytes);
+    }
+    out.finish();
+  }
+  st.bytes_written = lay.file_bytes;
+
+  std::string text = trunk_json(lay.layers);
+  int fd = ::open(json_tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) sys_fail(json_tmp, "cannot create");
+  try {
+    write_all(fd, json_tmp, reinterpret_cast<const std::byte*>(text.data()), text.size(), 0);
+    if (::fsync(fd) != 0) sys_fail(json_tmp, "fsync failed");
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+  ::close(fd);
+  // trunk.json goes last: until it appears, no reader accepts the directory. An older trunk.json
+  // is removed first so it never describes the new trunk.bin.
+  fs::remove(json, ec);
+  if (::rename(bin_tmp.c_str(), bin.c_str()) != 0) sys_fail(bin, "rename failed");
+  if (::rename(json_tmp.c_str(), json.c_str()) != 0) sys_fail(json, "rename failed");
+  guard.keep = true;
+  fsync_dir(dir);
+  st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return st;
+}
+
+// ---------------------------------------------------------------- reader
+
+namespace {
+
+std::optional<DType> parse_dtype(std::string_view s) {
+  for (DType d : {DType::U8, DType::BF16, DType::F16, DType::F32})
+    if (s == dtype_name(d)) return d;
+  return std::nullopt;
+}
+
+}  // namespace
+
+PackedTrunk PackedTrunk::open(const fs::path& dir, int expected_layers, File::Mode mode) {
+  const fs::path json = dir / "trunk.json", bin = dir / "trunk.bin";
+  auto bad = [&](const std::string& what) { return runtime_error(fmt::format("trunk: {}: {}", json.string(), what)); };
+  if (!fs::exists(json)) throw runtime_error(fmt::format("trunk: {}: missing (is {} a packed trunk?)", json.string(), dir.string()));
+
+  File jf = File::open_read(json, File::Mode::buffered);
+  simdjson::padded_string text(jf.size());
+  jf.read_exact(0, std::as_writable_bytes(std::span(text.data(), jf.size())));
+
+  PackedTrunk t(File::open_read(bin, mode));
+  t.json_path_ = json;
+  const uint64_t file_size = t.file_.size();
+
+  simdjson::dom::parser parser;
+  simdjson::dom::element doc;
+  if (auto err = parser.parse(text).get(doc)) throw bad(fmt::format("not valid JSON ({})", simdjson::error_message(err)));
+  auto get_u64 = [&](simdjson::dom::element e, const char* key, const std::string& where) -> uint64_t {
+    uint64_t v;
+    if (e[key].get_uint64().get(v)) throw bad(fmt::format("{}: \"{}\" missing or not an unsigned integer", where, key));
+    return v;
+  };
+  if (uint64_t a = get_u64(doc, "align", "top level"); a != kTrunkAlign)
+    throw bad(fmt::format("align is {}, this engine reads only {}-aligned trunks", a, kTrunkAlign));
+  simdjson::dom::array layers;
+  if (doc["layers"].get_array().get(layers)) throw bad("\"layers\" missing or not an array");
+  if (expected_layers >= 0 && layers.size() != size_t(expected_layers))
+    throw bad(fmt::format("holds {} layers, the config has {}", layers.size(), expected_layers));
+
+  for (simdjson::dom::element le : layers) {
+    TrunkLayer L;
+    L.layer = int(t.layers_.size());
+    const std::string where = fmt::format("layer {}", L.layer);
+    uint64_t idx;
+    if (!le["layer"].get_uint64().get(idx) && idx != uint64_t(L.layer))
+      throw bad(fmt::format("{} is listed as layer {}", where, idx));
+    L.file_off = get_u64(le, "file_off", where);
+    L.nbytes = get_u64(le, "nbytes", where);
+    if (L.file_off % kTrunkAlign || L.nbytes % kTrunkAlign || L.nbytes == 0)
+      throw bad(fmt::format("{}: file_off {} / nbytes {} not positive 4096-multiples", where, L.file_off, L.nbytes));
+    if (L.file_off + L.nbytes > file_size)
+      throw bad(fmt::format("{}: bytes [{}, {}) run past the end of {} ({} bytes)", where, L.file_off,
+                            L.file_off + L.nbytes, bin.string(), file_size));
+    std::string_view hex;
+    if (!le["xxh64"].get_string().get(hex)) {
+      auto [p, ec] = std::from_chars(hex.data(), hex.data() + hex.size(), L.xxh64, 16);
+      if (ec != std::errc() || p != hex.data() + hex.size() || hex.size() != 16)
+        throw bad(fmt::format("{}: xxh64 \"{}\" is not 16 hex digits", where, hex));
+    } else {
+      throw bad(fmt::format("{}: no xxh64 checksum", where));
+    }
+    simdjson::dom::object tensors;
+    if (le["tensors"].get_object().get(tensors)) throw bad(fmt::format("{}: \"tensors\" missing", where));
+    for (auto [key, te] : tensors) {
+      TrunkTensor tt;
+      tt.name = std::string(key);
+      const std::string tw = fmt::format("{}: tensor {}", where, tt.name);
+      tt.off = get_u64(te, "off", tw);
+      tt.nbytes = get_u64(te, "nbytes", tw);
+      std::string_view ds;
+      if (te["dtype"].get_string().get(ds)) throw bad(fmt::format("{}: dtype missing", tw));
+      auto d = parse_dtype(ds);
+      if (!d) throw bad(fmt::format("{}: unknown dtype {}", tw, ds));
+      tt.dtype = *d;
+      simdjson::dom::array shape;
+      if (!te["shape"].get_array().get(shape)) {
+        if (shape.size() > 4) throw bad(fmt::format("{}: rank {} > 4", tw, shape.size()));
+        uint64_t numel = 1;
+        for (simdjson::dom::element s : shape) {
+          uint64_t v;
+          if (s.get_uint64().get(v)) throw bad(fmt::format("{}: shape entries must be unsigned integers", tw));
+          tt.shape[tt.rank++] = v;
+          numel *= v;
+        }
+        if (numel * dtype_size(tt.dtype) != tt.nbytes)
+          throw bad(fmt::format("{}: nbytes {} != numel {} x {}", tw, tt.nbytes, numel, dtype_size(tt.dtype)));
+      }
+      if (tt.off > L.nbytes || tt.nbytes > L.nbytes - tt.off)
+        throw bad(fmt::format("{}: bytes [{}, {}) outside its layer ({} bytes)", tw, tt.off, tt.off + tt.nbytes, L.nbytes));
+      L.tensors.push_back(std::move(tt));
+    }
+    if (L.tensors.empty()) throw bad(fmt::format("{}: no tensors", where));
+    t.layers_.push_back(std::move(L));
+  }
+  std::vector<const TrunkLayer*> by_off;
+  for (const TrunkLayer& L : t.layers_) by_off.push_back(&L);
+  std::sort(by_off.begin(), by_off.end(), [](auto* a, auto* b) { return a->file_off < b->file_off; });
+  for (size_t i = 1; i < by_off.size(); ++i)
+    if (by_off[i - 1]->file_off + by_off[i - 1]->nbytes > by_off[i]->file_off)
+      throw bad(fmt::format("layers {} and {} overlap in {}", by_off[i - 1]->layer, by_off[i]->layer, bin.string()));
+  return t;
+}
+
+uint64_t PackedTrunk::largest_layer() const {
+  uint64_t m = 0;
+  for (const TrunkLayer& L : layers_) m = std::max(m, L.nbytes);
+  return m;
+}
+
+size_t PackedTrunk::index_bytes() const {
+  size_t n = layers_.capacity() * sizeof(TrunkLayer);
+  for (const TrunkLayer& L : layers_) {
+    n += L.tensors.capacity() * sizeof(TrunkTensor);
+    for (const TrunkTensor& t : L.tensors)
+      if (t.name.size() >= sizeof(std::string)) n += t.name.capacity() + 1;
+  }
+  return n;
+}
+
+void PackedTrunk::verify_layer(int l) const {
+  const TrunkLayer& L = layer(l);
+  AlignedBuffer buf(std::min<uint64_t>(L.nbytes, kStageBytes));
+  Xxh64 h;
+  try {
+    for (uint64_t done = 0; done < L.nbytes;) {
+      size_t n = size_t(std::min<uint64_t>(buf.size(), L.nbytes - done));
+      auto chunk = buf.bytes().first(n);
+      file_.read_exact(L.file_off + done, chunk);
+      h.update(chunk);
+      done += n;
+    }
+  } catch (const Error& e) {
+    throw runtime_error(fmt::format("trunk: layer {} of {} unreadable: {}", l, file_.path().string(), e.what()));
+  }
+  if (uint64_t got = h.digest(); got != L.xxh64)
+    throw runtime_error(fmt::format("trunk: {}: layer {} checksum mismatch (xxh64 {:016x}, trunk.json says {:016x})",
+                                    file_.path().string(), l, got, L.xxh64));
+}
+
+}  // namespace k3::io

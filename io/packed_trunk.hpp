@@ -1,0 +1,125 @@
+// The packed trunk (ENGINE.md §2): every layer's dense (non-routed-expert) tensors copied into one
+// trunk.bin, each layer at a 4096-aligned offset, so a layer is ONE aligned O_DIRECT read from a
+// known offset; trunk.json describes it.
+//
+// trunk.json (a superset of the reference's fields, which readers of either may rely on):
+//   {"format":"k3flow-trunk","version":1,"n_layers":N,"align":4096,"tensor_align":64,
+//    "checksum":"xxh64",
+//    "layers":[{"layer":L,"file_off":F,"nbytes":B,"xxh64":"<16 hex digits>",
+//               "tensors":{"<full name>":{"off":O,"nbytes":n,"dtype":"BF16","shape":[...]}}}]}
+//   file_off: 4096-aligned offset in trunk.bin; nbytes: the layer's length rounded up to 4096
+//   (the read length); off: relative to the layer's first byte, 64-aligned (tensors are copied one
+//   by one, so a layer need not be contiguous in its shard and SIMD loads stay aligned); padding is
+//   zero. xxh64: XXH64 (seed 0) of the layer's `nbytes` bytes exactly as stored, padding included.
+//
+// A pack writes trunk.bin.partial and trunk.json.partial and renames them only when both are
+// complete (trunk.json last), so an interrupted pack never leaves a file that looks complete.
+#pragma once
+#include <array>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "io/file.hpp"
+#include "io/safetensors.hpp"
+
+namespace k3::io {
+
+constexpr uint64_t kTrunkAlign = 4096;
+constexpr uint64_t kTrunkTensorAlign = 64;
+
+struct TrunkTensor {
+  std::string name;
+  DType dtype = DType::U8;
+  uint8_t rank = 0;
+  std::array<uint64_t, 4> shape{1, 1, 1, 1};
+  uint64_t off = 0;  // from the layer's first byte
+  uint64_t nbytes = 0;
+};
+
+struct TrunkLayer {
+  int layer = 0;
+  uint64_t file_off = 0;  // in trunk.bin, 4096-aligned
+  uint64_t nbytes = 0;    // 4096-multiple: the bytes to read
+  uint64_t xxh64 = 0;     // of those bytes
+  std::vector<TrunkTensor> tensors;
+  const TrunkTensor* find(std::string_view name) const;  // nullptr when absent
+};
+
+// `language_model.model.layers.L.<rest>` that is not a routed expert tensor -> L; else -1.
+int trunk_layer_of(std::string_view tensor_name);
+
+// Where pack-trunk puts every layer's tensors, from the shard index alone (checksums left 0).
+// `sources[l][i]` is where layers[l].tensors[i] comes from. Tensors of a layer keep their order in
+// the shards. Throws runtime Error naming the layer when one of 0..n_layers-1 has no tensors, or a
+// tensor names a layer >= n_layers.
+struct TrunkLayout {
+  std::vector<TrunkLayer> layers;
+  std::vector<std::vector<TensorInfo>> sources;
+  uint64_t file_bytes = 0;
+};
+TrunkLayout layout_trunk(const ShardSet& shards, int n_layers);
+
+struct PackStats {
+  uint64_t bytes_written = 0;  // trunk.bin size
+  uint64_t payload_bytes = 0;  // tensor bytes (without padding)
+  uint64_t largest_layer = 0;
+  double seconds = 0;
+};
+
+// Packs into dir/trunk.bin + dir/trunk.json (dir is created). `progress(done, total)` is called
+// after every chunk written. Test hook: env K3FLOW_FAIL_AFTER_BYTES=N stops the pack once N bytes
+// are written, by throwing (K3FLOW_FAIL_MODE unset) or by SIGKILL (K3FLOW_FAIL_MODE=kill).
+// Throws Error naming the file on any failure; a thrown pack removes its .partial files.
+PackStats pack_trunk(const ShardSet& shards, int n_layers, const std::filesystem::path& dir,
+                     const std::function<void(uint64_t done, uint64_t total)>& progress = {});
+
+// An opened, validated packed trunk. Validation (one-line runtime Error naming the file): JSON
+// shape, align == 4096, layer count == expected, layer i has "layer" i, file_off/nbytes
+// 4096-multiples, layers inside trunk.bin and not overlapping, every tensor inside its layer with
+// nbytes == numel x dtype size.
+class PackedTrunk {
+ public:
+  static PackedTrunk open(const std::filesystem::path& dir, int expected_layers,
+                          File::Mode mode = File::Mode::direct_preferred);
+
+  const File& file() const { return file_; }
+  const std::filesystem::path& json_path() const { return json_path_; }
+  uint64_t align() const { return kTrunkAlign; }
+  const std::vector<TrunkLayer>& layers() const { return layers_; }
+  const TrunkLayer& layer(int l) const { return layers_.at(size_t(l)); }
+  uint64_t largest_layer() const;
+  size_t index_bytes() const;  // heap bytes this description holds
+
+  // Reads layer l and compares its XXH64 with trunk.json; throws runtime Error naming trunk.bin and
+  // the layer on a mismatch or a read failure.
+  void verify_layer(int l) const;
+
+ private:
+  PackedTrunk(File f) : file_(std::move(f)) {}
+  File file_;
+  std::filesystem::path json_path_;
+  std::vector<TrunkLayer> layers_;
+};
+
+// XXH64 (seed 0 unless given), streaming. Matches the reference xxHash XXH64 output.
+class Xxh64 {
+ public:
+  explicit Xxh64(uint64_t seed = 0);
+  void update(std::span<const std::byte> bytes);
+  uint64_t digest() const;
+
+ private:
+  uint64_t v_[4];
+  uint64_t seed_;
+  uint64_t total_ = 0;
+  std::array<std::byte, 32> buf_{};
+  size_t buffered_ = 0;
+};
+uint64_t xxh64(std::span<const std::byte> bytes, uint64_t seed = 0);
+
+}  // namespace k3::io
