@@ -32,6 +32,12 @@ void axpy(float p, std::span<const float> v, std::span<float> out) {
   for (size_t i = 0; i < out.size(); ++i) out[i] = out[i] + p * v[i];
 }
 
+void weighted_sum(std::span<const float> weights, std::span<const std::span<const float>> vectors,
+                  std::span<float> out) {
+  for (float& o : out) o = 0.0f;
+  for (size_t j = 0; j < weights.size(); ++j) axpy(weights[j], vectors[j], out);
+}
+
 void add_inplace(std::span<float> a, std::span<const float> b) {
   for (size_t i = 0; i < a.size(); ++i) a[i] = a[i] + b[i];
 }

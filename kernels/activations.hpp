@@ -18,6 +18,11 @@ void sigmoid_gate_inplace(std::span<float> x, std::span<const float> g);
 // out_i <- out_i + (p * v_i), f32 multiply rounded then f32 add (MLA value sum, AttnRes, MoE agg).
 void axpy(float p, std::span<const float> v, std::span<float> out);
 
+// out_i = sum_j (w_j * v_j,i) in j order from +0, each step an f32 multiply then an f32 add: the MoE
+// aggregate over the routed experts (selection order), the MLA value sum and the AttnRes output.
+void weighted_sum(std::span<const float> weights, std::span<const std::span<const float>> vectors,
+                  std::span<float> out);
+
 // a_i <- a_i + b_i
 void add_inplace(std::span<float> a, std::span<const float> b);
 

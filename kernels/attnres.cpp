@@ -28,8 +28,7 @@ void attnres(std::span<const std::span<const float>> sources, std::span<const fl
   }
   softmax(scores.first(n), scores.first(n), SoftmaxSeed::first);
   // Values are the RAW sources.
-  for (float& o : out) o = 0.0f;
-  for (size_t s = 0; s < n; ++s) axpy(scores[s], sources[s], out);
+  weighted_sum(scores.first(n), sources, out);
 }
 
 }  // namespace k3::kernels

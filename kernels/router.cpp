@@ -5,7 +5,11 @@
 
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
+
+#include "kernels/dispatch.hpp"
+#include "kernels/router_bodies.hpp"
 
 namespace k3::kernels {
 
@@ -18,47 +22,66 @@ inline double widen(uint16_t v) {
   return static_cast<double>(bf16_to_f32(v));
 }
 
-// Logits of experts [e0, e1): one sequential f64 accumulator per expert (NOT the 16-lane tree).
-// Four experts run interleaved only so their independent chains overlap in the pipeline.
+// Scalar body. Logits of experts [e0, e1): one sequential f64 accumulator per expert (NOT the
+// 16-lane tree). Eight experts run interleaved only so that their independent add chains overlap in the
+// pipeline; each chain still sees its own products in index order.
+constexpr size_t kChains = 8;
+
 template <class T>
-void score_experts(const T* w, size_t hidden, const float* x, size_t e0, size_t e1, float* s) {
+void score_experts(const T* w, size_t hidden, const float* x, size_t e0, size_t e1, float* logit) {
   size_t e = e0;
-  for (; e + 4 <= e1; e += 4) {
-    const T* r0 = w + e * hidden;
-    const T* r1 = r0 + hidden;
-    const T* r2 = r1 + hidden;
-    const T* r3 = r2 + hidden;
-    double a0 = 0.0, a1 = 0.0, a2 = 0.0, a3 = 0.0;
+  for (; e + kChains <= e1; e += kChains) {
+    const T* rows = w + e * hidden;
+    double a[kChains] = {};
     for (size_t i = 0; i < hidden; ++i) {
       const double xi = static_cast<double>(x[i]);
-      a0 += widen(r0[i]) * xi;
-      a1 += widen(r1[i]) * xi;
-      a2 += widen(r2[i]) * xi;
-      a3 += widen(r3[i]) * xi;
+#pragma GCC unroll 8
+      for (size_t c = 0; c < kChains; ++c) a[c] += widen(rows[c * hidden + i]) * xi;
     }
-    s[e] = static_cast<float>(a0);
-    s[e + 1] = static_cast<float>(a1);
-    s[e + 2] = static_cast<float>(a2);
-    s[e + 3] = static_cast<float>(a3);
+    for (size_t c = 0; c < kChains; ++c) logit[e + c] = static_cast<float>(a[c]);
   }
   for (; e < e1; ++e) {
     const T* r = w + e * hidden;
     double a = 0.0;
     for (size_t i = 0; i < hidden; ++i) a += widen(r[i]) * static_cast<double>(x[i]);
-    s[e] = static_cast<float>(a);
+    logit[e] = static_cast<float>(a);
   }
-  for (e = e0; e < e1; ++e) s[e] = 1.0f / (1.0f + ::expf(-s[e]));
 }
 
+void logits_f32(const float* w, size_t n, size_t hidden, const float* x, const double* xw, float* s) {
+  if (active_isa() == Isa::scalar) {
+    score_experts(w, hidden, x, 0, n, s);
+  } else {
+    detail::router_logits_f32_avx2(w, n, hidden, xw, s);  // serves AVX-512 machines too
+  }
+}
+
+void logits_bf16(const uint16_t* w, size_t n, size_t hidden, const float* x, const double* xw, float* s) {
+  if (active_isa() == Isa::scalar) {
+    score_experts(w, hidden, x, 0, n, s);
+  } else {
+    detail::router_logits_bf16_avx2(w, n, hidden, xw, s);
+  }
+}
+
+// Experts are independent: above 64 of them they are scored in parallel, never changing a bit.
 template <class T>
 void score_all(const T* w, size_t n_experts, size_t hidden, const float* x, float* s) {
+  std::vector<double> xw(x, x + hidden);
+  auto run = [&](size_t e0, size_t e1) {
+    if constexpr (std::is_same_v<T, float>) {
+      logits_f32(w + e0 * hidden, e1 - e0, hidden, x, xw.data(), s + e0);
+    } else {
+      logits_bf16(w + e0 * hidden, e1 - e0, hidden, x, xw.data(), s + e0);
+    }
+    for (size_t e = e0; e < e1; ++e) s[e] = 1.0f / (1.0f + ::expf(-s[e]));
+  };
   if (n_experts <= 64) {
-    score_experts(w, hidden, x, 0, n_experts, s);
+    run(0, n_experts);
     return;
   }
-  tbb::parallel_for(tbb::blocked_range<size_t>(0, n_experts, 16), [&](const tbb::blocked_range<size_t>& r) {
-    score_experts(w, hidden, x, r.begin(), r.end(), s);
-  });
+  tbb::parallel_for(tbb::blocked_range<size_t>(0, n_experts, 32),
+                    [&](const tbb::blocked_range<size_t>& r) { run(r.begin(), r.end()); });
 }
 
 }  // namespace

@@ -61,3 +61,18 @@ TEST_CASE("sigmoid, silu, gate, axpy and add are the plain f32 operations") {
   add_inplace(out, v);
   CHECK(out[1] == (1.0f + p * 3.0f) + 3.0f);
 }
+
+TEST_CASE("weighted_sum: from +0, in order, f32 multiply then f32 add") {
+  const std::vector<float> a{1.0f, -2.0f, 0x1p-30f}, b{3.0f, 0.5f, 1.0f}, c{-1.0f, 1e30f, -0.0f};
+  const std::vector<std::span<const float>> v{a, b, c};
+  const std::vector<float> w{0.3f, 1.0f + 0x1p-23f, 0.7f};
+  std::vector<float> out(3, 42.0f), want(3, 0.0f);
+  for (size_t j = 0; j < 3; ++j) {
+    for (size_t i = 0; i < 3; ++i) want[i] = want[i] + w[j] * v[j][i];
+  }
+  weighted_sum(w, v, out);
+  CHECK(out == want);
+  // No sources: +0 everywhere.
+  weighted_sum({}, {}, out);
+  for (float o : out) CHECK(!std::signbit(o));
+}

@@ -1,9 +1,14 @@
 #include <doctest/doctest.h>
+#include <tbb/global_control.h>
+#include <tbb/task_arena.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <string>
 #include <vector>
 
+#include "kernels/dispatch.hpp"
 #include "kernels/router.hpp"
 #include "tests/fixture_json.hpp"
 
@@ -100,37 +105,54 @@ uint32_t xorshift(uint32_t& s) {
 
 }  // namespace
 
-TEST_CASE("router: f32 and bf16 gates of equal values, parallel experts, bits equal a reference") {
-  const size_t E = 131, n = 257, k = 6;  // > 64 experts: the parallel scoring path
+TEST_CASE("router: every body x thread count, f32 and bf16 gates of equal values, equal a reference") {
+  static tbb::global_control allow(tbb::global_control::max_allowed_parallelism, 8);
   uint32_t seed = 0xC0FFEE;
-  std::vector<uint16_t> wb(E * n);
-  std::vector<float> wf(E * n), x(n), bias(E);
-  for (size_t i = 0; i < wb.size(); ++i) {
-    wb[i] = static_cast<uint16_t>(xorshift(seed) >> 16);
-    wb[i] &= 0xBFFF;  // exponent < 0x80: finite, |w| < 2, sigmoids unsaturated
-    wf[i] = bf16_to_f32(wb[i]);
-  }
-  for (auto& v : x) v = static_cast<float>(xorshift(seed) >> 8) / 8388608.0f - 1.0f;
-  for (auto& v : bias) v = (static_cast<float>(xorshift(seed) >> 8) / 8388608.0f - 1.0f) * 0.1f;
+  // > 64 experts takes the parallel path; 131 = 8 blocks of 16 + 1 of 8 + 3 alone; widths with and
+  // without an 8-element tail, and one shorter than a block.
+  for (size_t E : {5, 64, 131}) {
+    for (size_t n : {7, 64, 257}) {
+      CAPTURE(E);
+      CAPTURE(n);
+      const size_t k = std::min<size_t>(6, E);
+      std::vector<uint16_t> wb(E * n);
+      std::vector<float> wf(E * n), x(n), bias(E);
+      for (size_t i = 0; i < wb.size(); ++i) {
+        wb[i] = static_cast<uint16_t>(xorshift(seed) >> 16);
+        wb[i] &= 0xBFFF;  // exponent < 0x80: finite, |w| < 2, sigmoids unsaturated (incl. subnormals)
+        wf[i] = bf16_to_f32(wb[i]);
+      }
+      for (auto& v : x) v = static_cast<float>(xorshift(seed) >> 8) / 8388608.0f - 1.0f;
+      for (auto& v : bias) v = (static_cast<float>(xorshift(seed) >> 8) / 8388608.0f - 1.0f) * 0.1f;
 
-  std::vector<int32_t> ri;
-  std::vector<float> rw;
-  reference_route(wf, E, n, x, bias, k, true, 2.5f, ri, rw);
-  const RouterParams p{k, true, 2.5f};
-  for (const DenseMatrix& g : {DenseMatrix(F32Matrix{wf, E, n}), DenseMatrix(Bf16Matrix{wb, E, n})}) {
-    std::vector<float> scores(E), w(k);
-    std::vector<int32_t> idx(k);
-    route(g, x, bias, p, scores, idx, w);
-    CHECK(idx == ri);
-    CHECK(std::memcmp(w.data(), rw.data(), k * sizeof(float)) == 0);
+      std::vector<int32_t> ri, ri_plain;
+      std::vector<float> rw, rw_plain;
+      reference_route(wf, E, n, x, bias, k, true, 2.5f, ri, rw);
+      reference_route(wf, E, n, x, {}, k, false, 1.0f, ri_plain, rw_plain);
+      const Isa saved = active_isa();
+      for (Isa isa : supported_isas()) {
+        set_active_isa(isa);
+        for (int threads : {1, 2, 7}) {
+          const std::string isa_s = isa_name(isa);
+          CAPTURE(isa_s);
+          CAPTURE(threads);
+          tbb::task_arena arena(threads);
+          for (const DenseMatrix& g : {DenseMatrix(F32Matrix{wf, E, n}), DenseMatrix(Bf16Matrix{wb, E, n})}) {
+            std::vector<float> scores(E), w(k);
+            std::vector<int32_t> idx(k);
+            arena.execute([&] { route(g, x, bias, RouterParams{k, true, 2.5f}, scores, idx, w); });
+            CHECK(idx == ri);
+            CHECK(std::memcmp(w.data(), rw.data(), k * sizeof(float)) == 0);
+            // No renormalisation: the raw unbiased sigmoids times the scale.
+            arena.execute([&] { route(g, x, {}, RouterParams{k, false, 1.0f}, scores, idx, w); });
+            CHECK(idx == ri_plain);
+            CHECK(std::memcmp(w.data(), rw_plain.data(), k * sizeof(float)) == 0);
+          }
+        }
+      }
+      set_active_isa(saved);
+    }
   }
-  // No renormalisation: weights are the raw unbiased sigmoids times the scale.
-  reference_route(wf, E, n, x, {}, k, false, 1.0f, ri, rw);
-  std::vector<float> scores(E), w(k);
-  std::vector<int32_t> idx(k);
-  route(F32Matrix{wf, E, n}, x, {}, RouterParams{k, false, 1.0f}, scores, idx, w);
-  CHECK(idx == ri);
-  CHECK(std::memcmp(w.data(), rw.data(), k * sizeof(float)) == 0);
 }
 
 TEST_CASE("router ties go to the lower expert index; all -inf/NaN selects expert 0 with weight 0") {
