@@ -13,5 +13,6 @@ Action add_inspect(CLI::App& sub);
 Action add_synth(CLI::App& sub);
 Action add_generate(CLI::App& sub);
 Action add_plan(CLI::App& sub);
+Action add_pack_trunk(CLI::App& sub);
 
 }  // namespace k3::pipeline

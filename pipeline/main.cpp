@@ -36,6 +36,8 @@ int main(int argc, char** argv) {
   add("generate", "greedy decoding from token ids: STEP table, k3_run.json, state files",
       k3::pipeline::add_generate);
   add("plan", "split a memory budget into resident, trunk ring, pinned layers and expert slots", k3::pipeline::add_plan);
+  add("pack-trunk", "copy every layer's dense weights into one aligned trunk.bin + trunk.json",
+      k3::pipeline::add_pack_trunk);
 
   try {
     app.parse(argc, argv);

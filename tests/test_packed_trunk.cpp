@@ -1,0 +1,312 @@
+// io/packed_trunk: pack a small checkpoint written here (real names, trunk tensors interleaved with
+// routed experts, one layer split across shards, odd sizes, one tensor larger than the 64 MiB
+// staging buffer), then check every byte, the alignment, the checksums, the refusals and that an
+// interrupted pack leaves nothing that looks complete.
+#include "io/packed_trunk.hpp"
+
+#include <doctest/doctest.h>
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "io/error.hpp"
+#include "io/safetensors.hpp"
+#include "io/safetensors_writer.hpp"
+
+namespace fs = std::filesystem;
+using k3::io::DType;
+using k3::io::PackedTrunk;
+using k3::io::ShardSet;
+using k3::io::TensorEntry;
+
+namespace {
+
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    std::string tmpl = (fs::current_path() / "k3_packed_trunk_XXXXXX").string();  // build dir: real disk
+    REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
+    path = tmpl;
+  }
+  ~TempDir() { fs::remove_all(path); }
+};
+
+struct ScopedEnv {
+  const char* name;
+  ScopedEnv(const char* n, const char* v) : name(n) { ::setenv(n, v, 1); }
+  ~ScopedEnv() { ::unsetenv(name); }
+};
+
+uint64_t mix(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+void write_shard(const fs::path& path, std::vector<TensorEntry> tensors, uint64_t seed) {
+  k3::io::SafetensorsWriter w(path, std::move(tensors));
+  std::vector<std::byte> chunk(size_t{1} << 20);
+  for (uint64_t left = w.layout().data_bytes, i = 0; left > 0; ++i) {
+    size_t n = size_t(std::min<uint64_t>(left, chunk.size()));
+    for (size_t j = 0; j < n; ++j) chunk[j] = std::byte(mix(seed * 1000003 + i * chunk.size() + j) & 0xff);
+    w.append(std::span(chunk).first(n));
+    left -= n;
+  }
+  w.finish();
+  w.commit();
+}
+
+const std::string P = "language_model.model.";
+
+// 3 layers over 2 shards. Layer 1's trunk is split between the shards and interleaved with its
+// experts; layer 2 holds a 70 MB matrix (crosses the 64 MiB staging buffers).
+fs::path make_checkpoint(const fs::path& dir) {
+  fs::create_directories(dir);
+  auto L = [](int l, const std::string& rest) { return P + "layers." + std::to_string(l) + "." + rest; };
+  write_shard(dir / "model-00001-of-00002.safetensors",
+              {
+                  {P + "embed_tokens.weight", DType::BF16, {64, 16}},
+                  {L(0, "input_layernorm.weight"), DType::BF16, {16}},
+                  {L(0, "self_attn.q_proj.weight"), DType::BF16, {33, 16}},
+                  {L(0, "self_attn.A_log"), DType::F32, {7}},
+                  {L(0, "mlp.gate_proj.weight"), DType::BF16, {5, 3}},
+                  {L(1, "input_layernorm.weight"), DType::BF16, {16}},
+                  {L(1, "block_sparse_moe.experts.0.w1.weight_packed"), DType::U8, {48, 8}},
+                  {L(1, "block_sparse_moe.gate.weight"), DType::BF16, {4, 16}},
+                  {L(1, "block_sparse_moe.experts.0.w1.weight_scale"), DType::U8, {48, 1}},
+                  {L(1, "block_sparse_moe.gate.e_score_correction_bias"), DType::F32, {4}},
+              },
+              1);
+  write_shard(dir / "model-00002-of-00002.safetensors",
+              {
+                  {L(1, "self_attn.o_proj.weight"), DType::BF16, {16, 9}},
+                  {L(1, "block_sparse_moe.experts.1.w2.weight_packed"), DType::U8, {16, 3}},
+                  {L(2, "post_attention_layernorm.weight"), DType::F16, {16}},
+                  {L(2, "mlp.down_proj.weight"), DType::BF16, {35, 1 << 20}},
+                  {L(2, "self_attn.dt_bias"), DType::F32, {3}},
+                  {P + "norm.weight", DType::BF16, {16}},
+                  {"language_model.lm_head.weight", DType::BF16, {64, 16}},
+              },
+              2);
+  return dir;
+}
+
+std::vector<std::byte> read_file_range(const fs::path& p, uint64_t off, uint64_t n) {
+  std::vector<std::byte> b(n);
+  std::ifstream f(p, std::ios::binary);
+  f.seekg(std::streamoff(off));
+  f.read(reinterpret_cast<char*>(b.data()), std::streamsize(n));
+  REQUIRE(uint64_t(f.gcount()) == n);
+  return b;
+}
+
+void flip_byte(const fs::path& p, uint64_t off) {
+  int fd = ::open(p.c_str(), O_RDWR);
+  REQUIRE(fd >= 0);
+  unsigned char c;
+  REQUIRE(::pread(fd, &c, 1, off_t(off)) == 1);
+  c ^= 0x40;
+  REQUIRE(::pwrite(fd, &c, 1, off_t(off)) == 1);
+  ::close(fd);
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const k3::io::Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+bool nothing_complete(const fs::path& out) {
+  return !fs::exists(out / "trunk.json") && !fs::exists(out / "trunk.bin");
+}
+
+}  // namespace
+
+TEST_CASE("XXH64 matches the reference values") {
+  CHECK(k3::io::xxh64({}) == 0xEF46DB3751D8E999ull);
+  std::string abc = "abc";
+  CHECK(k3::io::xxh64(std::as_bytes(std::span(abc))) == 0x44BC2CF5AD770999ull);
+  // Streaming in odd pieces gives the one-shot value.
+  std::vector<std::byte> b(1000);
+  for (size_t i = 0; i < b.size(); ++i) b[i] = std::byte(mix(i) & 0xff);
+  k3::io::Xxh64 h;
+  for (size_t i = 0; i < b.size(); i += 37) h.update(std::span(b).subspan(i, std::min<size_t>(37, b.size() - i)));
+  CHECK(h.digest() == k3::io::xxh64(b));
+}
+
+TEST_CASE("trunk_layer_of keeps layer tensors and drops routed experts and model-level tensors") {
+  CHECK(k3::io::trunk_layer_of(P + "layers.12.self_attn.q_proj.weight") == 12);
+  CHECK(k3::io::trunk_layer_of(P + "layers.3.block_sparse_moe.gate.weight") == 3);
+  CHECK(k3::io::trunk_layer_of(P + "layers.3.block_sparse_moe.shared_experts.up_proj.weight") == 3);
+  CHECK(k3::io::trunk_layer_of(P + "layers.3.block_sparse_moe.experts.7.w1.weight_packed") == -1);
+  CHECK(k3::io::trunk_layer_of(P + "embed_tokens.weight") == -1);
+  CHECK(k3::io::trunk_layer_of("language_model.lm_head.weight") == -1);
+  CHECK(k3::io::trunk_layer_of(P + "layers.x.foo") == -1);
+}
+
+TEST_CASE("pack-trunk copies every trunk tensor byte-exactly to aligned offsets with checksums") {
+  TempDir tmp;
+  fs::path model = make_checkpoint(tmp.path / "model");
+  fs::path out = tmp.path / "trunk";
+  ShardSet shards = ShardSet::open(model);
+  uint64_t calls = 0, last_done = 0, last_total = 0;
+  k3::io::PackStats st = k3::io::pack_trunk(shards, 3, out, [&](uint64_t d, uint64_t t) {
+    ++calls;
+    CHECK(d >= last_done);
+    last_done = d, last_total = t;
+  });
+  CHECK(calls >= 2);  // the 70 MB layer needs more than one staging buffer
+  CHECK(last_done == last_total);
+  CHECK(fs::exists(out / "trunk.bin"));
+  CHECK(fs::exists(out / "trunk.json"));
+  for (const auto& e : fs::directory_iterator(out)) CHECK(e.path().extension() != ".partial");
+  CHECK(fs::file_size(out / "trunk.bin") == st.bytes_written);
+
+  PackedTrunk t = PackedTrunk::open(out, 3);
+  CHECK(t.file().direct());  // the build directory is a real filesystem
+  REQUIRE(t.layers().size() == 3);
+  std::set<std::string> packed;
+  for (const auto& L : t.layers()) {
+    CAPTURE(L.layer);
+    CHECK(L.file_off % 4096 == 0);
+    CHECK(L.nbytes % 4096 == 0);
+    for (const auto& tt : L.tensors) {
+      CAPTURE(tt.name);
+      CHECK(tt.off % 64 == 0);
+      CHECK(k3::io::trunk_layer_of(tt.name) == L.layer);
+      auto src = shards.find(tt.name);
+      REQUIRE(src);
+      CHECK(tt.nbytes == src->nbytes);
+      CHECK(tt.dtype == src->dtype);
+      std::vector<std::byte> want(src->nbytes);
+      shards.read(*src, want);
+      CHECK(read_file_range(out / "trunk.bin", L.file_off + tt.off, tt.nbytes) == want);
+      packed.insert(tt.name);
+    }
+    CHECK_NOTHROW(t.verify_layer(L.layer));
+  }
+  // Exactly the trunk: every layer tensor that is not a routed expert.
+  std::set<std::string> want;
+  shards.for_each([&](std::string_view n, const k3::io::TensorInfo&) {
+    if (k3::io::trunk_layer_of(n) >= 0) want.insert(std::string(n));
+  });
+  CHECK(packed == want);
+  CHECK(want.size() == 11);
+  CHECK(t.layer(1).find(P + "layers.1.self_attn.o_proj.weight") != nullptr);  // from the second shard
+  CHECK(t.largest_layer() == t.layer(2).nbytes);
+  CHECK(t.index_bytes() > 0);
+  // Padding is zero: the byte after layer 0's last tensor.
+  const auto& L0 = t.layer(0);
+  uint64_t end0 = 0;
+  for (const auto& tt : L0.tensors) end0 = std::max(end0, tt.off + tt.nbytes);
+  CHECK(read_file_range(out / "trunk.bin", L0.file_off + end0, 1)[0] == std::byte{0});
+
+  SUBCASE("a flipped byte fails that layer's checksum only, naming trunk.bin") {
+    flip_byte(out / "trunk.bin", t.layer(1).file_off + t.layer(1).tensors[0].off + 1);
+    PackedTrunk t2 = PackedTrunk::open(out, 3);
+    CHECK_NOTHROW(t2.verify_layer(0));
+    std::string m = error_of([&] { t2.verify_layer(1); });
+    CHECK(m.find("trunk.bin") != std::string::npos);
+    CHECK(m.find("layer 1 checksum mismatch") != std::string::npos);
+    CHECK(m.find('\n') == std::string::npos);
+  }
+  SUBCASE("a layer count other than the config's is refused, naming trunk.json") {
+    std::string m = error_of([&] { PackedTrunk::open(out, 4); });
+    CHECK(m.find("trunk.json") != std::string::npos);
+    CHECK(m.find("holds 3 layers, the config has 4") != std::string::npos);
+  }
+  SUBCASE("a truncated trunk.bin is refused at open, naming the file") {
+    REQUIRE(::truncate((out / "trunk.bin").c_str(), off_t(t.layer(2).file_off + 4096)) == 0);
+    std::string m = error_of([&] { PackedTrunk::open(out, 3); });
+    CHECK(m.find("trunk.bin") != std::string::npos);
+    CHECK(m.find("past the end") != std::string::npos);
+    CHECK(m.find('\n') == std::string::npos);
+  }
+  SUBCASE("trunk.bin shrinking after open makes verify fail with an error naming it") {
+    PackedTrunk t2 = PackedTrunk::open(out, 3);
+    REQUIRE(::truncate((out / "trunk.bin").c_str(), off_t(t.layer(2).file_off + 4096)) == 0);
+    std::string m = error_of([&] { t2.verify_layer(2); });
+    CHECK(m.find("trunk.bin") != std::string::npos);
+    CHECK(m.find("unreadable") != std::string::npos);
+  }
+  SUBCASE("a missing trunk.bin or a broken trunk.json is refused naming the file") {
+    fs::remove(out / "trunk.bin");
+    CHECK(error_of([&] { PackedTrunk::open(out, 3); }).find("trunk.bin") != std::string::npos);
+  }
+  SUBCASE("misaligned offsets in trunk.json are refused") {
+    std::string j;
+    {
+      std::ifstream f(out / "trunk.json");
+      j.assign(std::istreambuf_iterator<char>(f), {});
+    }
+    auto pos = j.find("\"file_off\":" + std::to_string(t.layer(1).file_off));
+    REQUIRE(pos != std::string::npos);
+    j.replace(pos, 11 + std::to_string(t.layer(1).file_off).size(), "\"file_off\":" + std::to_string(t.layer(1).file_off + 512));
+    std::ofstream(out / "trunk.json", std::ios::trunc) << j;
+    std::string m = error_of([&] { PackedTrunk::open(out, 3); });
+    CHECK(m.find("trunk.json") != std::string::npos);
+    CHECK(m.find("4096-multiples") != std::string::npos);
+    std::ofstream(out / "trunk.json", std::ios::trunc) << "{\"align\":4096,";
+    CHECK(error_of([&] { PackedTrunk::open(out, 3); }).find("not valid JSON") != std::string::npos);
+  }
+}
+
+TEST_CASE("a checkpoint missing a layer is refused before anything is written") {
+  TempDir tmp;
+  fs::path model = make_checkpoint(tmp.path / "model");
+  ShardSet shards = ShardSet::open(model);
+  std::string m = error_of([&] { k3::io::pack_trunk(shards, 4, tmp.path / "trunk"); });
+  CHECK(m.find("layer 3 has no tensors") != std::string::npos);
+  CHECK(nothing_complete(tmp.path / "trunk"));
+  CHECK(error_of([&] { k3::io::pack_trunk(shards, 2, tmp.path / "trunk"); }).find("config has 2 layers") !=
+        std::string::npos);
+}
+
+TEST_CASE("an interrupted pack leaves no trunk.json or trunk.bin") {
+  TempDir tmp;
+  fs::path model = make_checkpoint(tmp.path / "model");
+  fs::path out = tmp.path / "trunk";
+  SUBCASE("failure (exception): partial files are removed too") {
+    ShardSet shards = ShardSet::open(model);
+    ScopedEnv env("K3FLOW_FAIL_AFTER_BYTES", "4096");
+    std::string m = error_of([&] { k3::io::pack_trunk(shards, 3, out); });
+    CHECK(m.find("K3FLOW_FAIL_AFTER_BYTES") != std::string::npos);
+    CHECK(nothing_complete(out));
+    CHECK(fs::is_empty(out));
+  }
+  SUBCASE("SIGKILL mid-way: only .partial files can remain") {
+    pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      ::setenv("K3FLOW_FAIL_AFTER_BYTES", "4096", 1);
+      ::setenv("K3FLOW_FAIL_MODE", "kill", 1);
+      try {
+        ShardSet shards = ShardSet::open(model);
+        k3::io::pack_trunk(shards, 3, out);
+      } catch (...) {
+      }
+      ::_exit(0);  // not reached when the hook fires
+    }
+    int st = 0;
+    REQUIRE(::waitpid(pid, &st, 0) == pid);
+    CHECK(WIFSIGNALED(st));
+    CHECK(nothing_complete(out));
+    CHECK(fs::exists(out / "trunk.bin.partial"));
+    // A later pack over the leftovers succeeds.
+    ShardSet shards = ShardSet::open(model);
+    k3::io::pack_trunk(shards, 3, out);
+    CHECK_NOTHROW(PackedTrunk::open(out, 3).verify_layer(2));
+  }
+}
