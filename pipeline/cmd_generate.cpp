@@ -1,12 +1,12 @@
 // `k3flow generate MODEL_DIR`: greedy decoding with the reference CLI's flags and meanings
 // (ENGINE.md §5): token ids in, token ids out, a STEP table, k3_run.json, optional logits dump and
 // K3ST state save / resume. Weights are bound resident from the ShardSet by their released names.
+#include <fmt/format.h>
 #include <tbb/global_control.h>
 
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
-#include <fmt/format.h>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -33,7 +33,8 @@ constexpr size_t kMaxPositions = 36864;  // prompt + generation + 1, as the refe
 
 struct GenerateOptions {
   std::string model_dir;
-  std::optional<std::string> ids, prompt, prompt_file, tok, config, out_path, dump_logits, save_state, load_state;
+  std::optional<std::string> ids, prompt, prompt_file, tok, config, out_path, dump_logits, save_state,
+      load_state;
   int gen = 8;
   bool incremental = false;
   int layers = 0;
@@ -75,9 +76,10 @@ std::vector<int32_t> parse_ids(const std::string& text) {
       if (ok) v = v * 10 + (ch - '0');
     }
     if (!ok || v > std::numeric_limits<int32_t>::max())
-      throw io::usage_error(fmt::format("--ids: '{}' is not a token id (expected non-negative integers separated "
-                                        "by commas or spaces)",
-                                        tok));
+      throw io::usage_error(
+          fmt::format("--ids: '{}' is not a token id (expected non-negative integers separated "
+                      "by commas or spaces)",
+                      tok));
     out.push_back(static_cast<int32_t>(v));
     i = j;
   }
@@ -93,7 +95,8 @@ io::ModelConfig load_model_config(const GenerateOptions& o) {
     return io::load_config(path);
   } catch (const io::Error& e) {
     // A config that exists but cannot be trusted is a usage problem: never fall back to constants.
-    throw io::usage_error(fmt::format("{}\nABORTED: the model config could not be read with confidence.", e.what()));
+    throw io::usage_error(
+        fmt::format("{}\nABORTED: the model config could not be read with confidence.", e.what()));
   }
 }
 
@@ -102,10 +105,12 @@ int run_generate(const GenerateOptions& o) {
   // ---- usage checks that need no files ----
   const int sources = (o.ids ? 1 : 0) + (o.prompt ? 1 : 0) + (o.prompt_file ? 1 : 0);
   if (sources != 1)
-    throw io::usage_error(fmt::format("exactly one of --ids, --prompt, --prompt-file is required ({} given)", sources));
+    throw io::usage_error(
+        fmt::format("exactly one of --ids, --prompt, --prompt-file is required ({} given)", sources));
   if (o.prompt || o.prompt_file) {
     const char* flag = o.prompt ? "--prompt" : "--prompt-file";
-    if (!o.tok) throw io::usage_error(fmt::format("{} needs --tok DIR (text is tokenized); or pass --ids", flag));
+    if (!o.tok)
+      throw io::usage_error(fmt::format("{} needs --tok DIR (text is tokenized); or pass --ids", flag));
     throw io::usage_error(fmt::format("{}: tokenizer not yet supported; pass token ids with --ids", flag));
   }
   std::vector<int32_t> prompt = parse_ids(*o.ids);
@@ -114,14 +119,16 @@ int run_generate(const GenerateOptions& o) {
   if (o.dump_logits && o.gen == 0) throw io::usage_error("--dump-logits needs --gen >= 1 (it dumps step 0)");
 
   std::optional<tbb::global_control> threads;
-  if (o.threads > 0) threads.emplace(tbb::global_control::max_allowed_parallelism, static_cast<size_t>(o.threads));
+  if (o.threads > 0)
+    threads.emplace(tbb::global_control::max_allowed_parallelism, static_cast<size_t>(o.threads));
 
   // ---- config ----
   const io::ModelConfig cfg = load_model_config(o);
   std::printf("%s\n", cfg.summary().c_str());
   for (int32_t id : prompt)
     if (id >= cfg.vocab)
-      throw io::usage_error(fmt::format("--ids: token id {} is outside the vocabulary (0..{})", id, cfg.vocab - 1));
+      throw io::usage_error(
+          fmt::format("--ids: token id {} is outside the vocabulary (0..{})", id, cfg.vocab - 1));
   const int n_layers = (o.layers <= 0 || o.layers >= cfg.n_layers) ? cfg.n_layers : o.layers;
 
   // ---- resume header before anything is sized ----
@@ -130,8 +137,8 @@ int run_generate(const GenerateOptions& o) {
   const size_t prior = saved ? static_cast<size_t>(saved->nseq) : 0;
   const size_t t_max = prior + prompt.size() + static_cast<size_t>(o.gen) + 1;
   if (t_max > kMaxPositions)
-    throw io::usage_error(fmt::format("prompt + --gen + 1 = {} positions exceeds the {} this build allows", t_max,
-                                      kMaxPositions));
+    throw io::usage_error(fmt::format("prompt + --gen + 1 = {} positions exceeds the {} this build allows",
+                                      t_max, kMaxPositions));
 
   std::printf("\nKimi K3, k3flow, released checkpoint layout\n");
   std::printf("  model   : %s\n", o.model_dir.c_str());
@@ -144,8 +151,9 @@ int run_generate(const GenerateOptions& o) {
               o.incremental ? "incremental (KV cache + carried KDA state)" : "full recompute", o.gen,
               o.threads > 0 ? std::to_string(o.threads).c_str() : "default");
   if (n_layers != cfg.n_layers)
-    std::printf("  NOTE    : --layers %d runs only the first %d of %d layers; the output is not the model's\n",
-                n_layers, n_layers, cfg.n_layers);
+    std::printf(
+        "  NOTE    : --layers %d runs only the first %d of %d layers; the output is not the model's\n",
+        n_layers, n_layers, cfg.n_layers);
 
   // ---- weights ----
   double t0 = now();
@@ -156,7 +164,8 @@ int run_generate(const GenerateOptions& o) {
   const std::unique_ptr<stages::ResidentModel> model = stages::ResidentModel::load(shards, cfg, n_layers);
   std::printf("resident weights: %s bound for %d layers in %.2f s\n",
               human_bytes(static_cast<double>(model->weight_bytes())).c_str(), n_layers, now() - t0);
-  std::printf("peak RSS after loading weights: %s\n", human_bytes(static_cast<double>(peak_rss_bytes())).c_str());
+  std::printf("peak RSS after loading weights: %s\n",
+              human_bytes(static_cast<double>(peak_rss_bytes())).c_str());
 
   // ---- state ----
   stages::DecodeState state(cfg, n_layers, t_max);
@@ -166,16 +175,19 @@ int run_generate(const GenerateOptions& o) {
   if (saved) {
     t0 = now();
     load_state(*o.load_state, cfg, state, seq);
-    std::printf("restored %zu positions from %s in %.2f s\n", state.cached, o.load_state->c_str(), now() - t0);
+    std::printf("restored %zu positions from %s in %.2f s\n", state.cached, o.load_state->c_str(),
+                now() - t0);
   }
   seq.insert(seq.end(), prompt.begin(), prompt.end());
   if (o.incremental) {
-    std::printf("incremental decode: KV cache %s for %d MLA layers at %zu positions\n",
-                human_bytes(static_cast<double>(t_max) * (state.kvpp() + state.ropepp()) * state.n_mla() * 4).c_str(),
-                state.n_mla(), t_max);
+    std::printf(
+        "incremental decode: KV cache %s for %d MLA layers at %zu positions\n",
+        human_bytes(static_cast<double>(t_max) * (state.kvpp() + state.ropepp()) * state.n_mla() * 4).c_str(),
+        state.n_mla(), t_max);
   }
   if (o.incremental && o.gen > 0 && seq.size() == state.cached)
-    throw io::usage_error("--load-state: nothing to feed (the saved state has no pending token and --ids is empty)");
+    throw io::usage_error(
+        "--load-state: nothing to feed (the saved state has no pending token and --ids is empty)");
 
   // ---- decode ----
   std::printf("\n%-6s %-10s %-12s %s\n", "STEP", "TOKEN", "SECONDS", "TOK/S");
@@ -213,8 +225,8 @@ int run_generate(const GenerateOptions& o) {
       std::fprintf(stderr, "k3flow: --save-state needs --incremental; nothing written\n");
     } else {
       const uint64_t bytes = save_state(*o.save_state, cfg, seq, state);
-      std::printf("wrote %s (%s, %zu positions)\n", o.save_state->c_str(), human_bytes(static_cast<double>(bytes)).c_str(),
-                  state.cached);
+      std::printf("wrote %s (%s, %zu positions)\n", o.save_state->c_str(),
+                  human_bytes(static_cast<double>(bytes)).c_str(), state.cached);
     }
   }
   const double spt = o.gen > 0 ? t_steps / o.gen : 0.0;
@@ -250,13 +262,17 @@ Action add_generate(CLI::App& sub) {
   sub.add_option("--prompt", o->prompt, "prompt text (needs --tok)");
   sub.add_option("--prompt-file", o->prompt_file, "prompt text read verbatim from a file (needs --tok)");
   sub.add_option("--tok", o->tok, "tokenizer directory (tiktoken.model + tokenizer_config.json)");
-  sub.add_option("--gen", o->gen, "tokens to generate (0..4096)")->check(CLI::Range(0, kMaxGen))->capture_default_str();
+  sub.add_option("--gen", o->gen, "tokens to generate (0..4096)")
+      ->check(CLI::Range(0, kMaxGen))
+      ->capture_default_str();
   sub.add_flag("--incremental", o->incremental, "carry the MLA KV cache and KDA state between tokens");
   sub.add_option("--layers", o->layers, "run only the first N layers (N <= 0 or >= n_layers: all)");
   sub.add_option("--out", o->out_path, "run report JSON (default k3_run.json)");
   sub.add_option("--dump-logits", o->dump_logits, "write step 0's last-position logits (vocab x float32)");
-  sub.add_option("--save-state", o->save_state, "write the carried state (K3ST) after the run (needs --incremental)");
-  sub.add_option("--load-state", o->load_state, "resume from a K3ST state; the ids continue it (needs --incremental)");
+  sub.add_option("--save-state", o->save_state,
+                 "write the carried state (K3ST) after the run (needs --incremental)");
+  sub.add_option("--load-state", o->load_state,
+                 "resume from a K3ST state; the ids continue it (needs --incremental)");
   sub.add_option("--config", o->config, "config.json to use (default MODEL_DIR/config.json)");
   sub.add_option("--threads", o->threads, "compute threads (0 = oneTBB default)")->check(CLI::Range(0, 4096));
   return [o] { return run_generate(*o); };

@@ -1,10 +1,11 @@
 #include "pipeline/output_file.hpp"
 
-#include <cerrno>
-#include <cstring>
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include "io/error.hpp"
 
@@ -13,7 +14,8 @@ namespace k3::pipeline {
 void write_file_atomic(const std::filesystem::path& path, std::span<const std::byte> bytes) {
   const std::filesystem::path tmp = path.string() + fmt::format(".tmp.{}", ::getpid());
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw io::runtime_error(fmt::format("cannot write {}: {}", path.string(), std::strerror(errno)));
+  if (fd < 0)
+    throw io::runtime_error(fmt::format("cannot write {}: {}", path.string(), std::strerror(errno)));
   const std::byte* p = bytes.data();
   size_t left = bytes.size();
   int err = 0;

@@ -8,11 +8,11 @@
 namespace k3::pipeline {
 
 struct RunReport {
-  std::vector<int32_t> prompt_ids;     // the new prompt only
+  std::vector<int32_t> prompt_ids;  // the new prompt only
   std::vector<int32_t> generated_ids;
-  std::vector<int32_t> full_ids;       // restored history + prompt + generated
+  std::vector<int32_t> full_ids;  // restored history + prompt + generated
   int layers = 0;
-  int threads = 0;                     // 0 = oneTBB default
+  int threads = 0;  // 0 = oneTBB default
   bool incremental = false;
   double seconds_per_token = 0, wall_seconds = 0;
   uint64_t peak_rss_bytes = 0;

@@ -1,7 +1,8 @@
 #include "pipeline/state_file.hpp"
 
-#include <cstring>
 #include <fmt/format.h>
+
+#include <cstring>
 #include <fstream>
 #include <string>
 
@@ -41,8 +42,8 @@ uint64_t expected_size(const StateHeader& h) {
 }  // namespace
 
 std::array<int32_t, 12> state_fingerprint(const io::ModelConfig& c) {
-  return {c.hidden, c.n_layers, c.vocab,   c.kda_heads, c.kda_head_dim, c.conv_kernel,
-          c.mla_heads, c.qk_nope, c.qk_rope, c.v_head,  c.n_experts,    c.top_k};
+  return {c.hidden,    c.n_layers, c.vocab,   c.kda_heads, c.kda_head_dim, c.conv_kernel,
+          c.mla_heads, c.qk_nope,  c.qk_rope, c.v_head,    c.n_experts,    c.top_k};
 }
 
 StateHeader peek_state(const std::filesystem::path& path) {
@@ -54,7 +55,8 @@ StateHeader peek_state(const std::filesystem::path& path) {
     refuse(path, "not a k3 state file (bad magic or shorter than its 96-byte header)");
   StateHeader h;
   h.version = get<int32_t>(raw, 4);
-  if (h.version != kVersion) refuse(path, fmt::format("state version {}, this build reads {}", h.version, kVersion));
+  if (h.version != kVersion)
+    refuse(path, fmt::format("state version {}, this build reads {}", h.version, kVersion));
   for (size_t i = 0; i < 12; ++i) h.fingerprint[i] = get<int32_t>(raw, 8 + 4 * i);
   h.n_bound = get<int32_t>(raw, 56);
   h.n_mla = get<int32_t>(raw, 60);
@@ -73,11 +75,12 @@ void load_state(const std::filesystem::path& path, const io::ModelConfig& c, sta
                 std::vector<int32_t>& seq) {
   const StateHeader h = peek_state(path);
   if (h.fingerprint != state_fingerprint(c))
-    refuse(path, "written by a different model architecture (config fingerprint mismatch); restoring it would "
-                 "produce fluent, wrong output");
+    refuse(path,
+           "written by a different model architecture (config fingerprint mismatch); restoring it would "
+           "produce fluent, wrong output");
   if (h.n_bound != st.n_bound() || h.n_mla != st.n_mla())
-    refuse(path, fmt::format("holds {} bound layers and {} MLA layers, this run has {} and {}", h.n_bound, h.n_mla,
-                             st.n_bound(), st.n_mla()));
+    refuse(path, fmt::format("holds {} bound layers and {} MLA layers, this run has {} and {}", h.n_bound,
+                             h.n_mla, st.n_bound(), st.n_mla()));
   if (static_cast<size_t>(h.kper) != st.kper() || static_cast<size_t>(h.kvpp) != st.kvpp() ||
       static_cast<size_t>(h.ropepp) != st.ropepp())
     refuse(path, "per-layer state sizes disagree with this model");
@@ -94,20 +97,22 @@ void load_state(const std::filesystem::path& path, const io::ModelConfig& c, sta
   f.seekg(kStateHeaderBytes);
   auto read = [&](void* dst, size_t bytes) {
     f.read(static_cast<char*>(dst), static_cast<std::streamsize>(bytes));
-    if (f.gcount() != static_cast<std::streamsize>(bytes)) refuse(path, "truncated while reading its payload");
+    if (f.gcount() != static_cast<std::streamsize>(bytes))
+      refuse(path, "truncated while reading its payload");
   };
   seq.assign(static_cast<size_t>(h.nseq), 0);
   read(seq.data(), seq.size() * 4);
   read(st.kda_all().data(), st.kda_all().size() * 4);
   for (int m = 0; m < h.n_mla; ++m) read(st.kv_rows(m, h.cached).data(), st.kv_rows(m, h.cached).size() * 4);
-  for (int m = 0; m < h.n_mla; ++m) read(st.rope_rows(m, h.cached).data(), st.rope_rows(m, h.cached).size() * 4);
+  for (int m = 0; m < h.n_mla; ++m)
+    read(st.rope_rows(m, h.cached).data(), st.rope_rows(m, h.cached).size() * 4);
   for (int32_t id : seq)
     if (id < 0 || id >= c.vocab) refuse(path, fmt::format("holds token id {} outside the vocabulary", id));
   st.cached = static_cast<size_t>(h.cached);
 }
 
-uint64_t save_state(const std::filesystem::path& path, const io::ModelConfig& c, const std::vector<int32_t>& seq,
-                    stages::DecodeState& st) {
+uint64_t save_state(const std::filesystem::path& path, const io::ModelConfig& c,
+                    const std::vector<int32_t>& seq, stages::DecodeState& st) {
   StateHeader h;
   h.version = kVersion;
   h.fingerprint = state_fingerprint(c);
@@ -137,8 +142,10 @@ uint64_t save_state(const std::filesystem::path& path, const io::ModelConfig& c,
   };
   append(seq.data(), seq.size() * 4);
   append(st.kda_all().data(), st.kda_all().size() * 4);
-  for (int m = 0; m < h.n_mla; ++m) append(st.kv_rows(m, st.cached).data(), st.kv_rows(m, st.cached).size() * 4);
-  for (int m = 0; m < h.n_mla; ++m) append(st.rope_rows(m, st.cached).data(), st.rope_rows(m, st.cached).size() * 4);
+  for (int m = 0; m < h.n_mla; ++m)
+    append(st.kv_rows(m, st.cached).data(), st.kv_rows(m, st.cached).size() * 4);
+  for (int m = 0; m < h.n_mla; ++m)
+    append(st.rope_rows(m, st.cached).data(), st.rope_rows(m, st.cached).size() * 4);
   write_file_atomic(path, b);
   return b.size();
 }

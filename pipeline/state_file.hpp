@@ -32,7 +32,8 @@ StateHeader peek_state(const std::filesystem::path&);
 
 // Checks the header against this run (fingerprint, bound / MLA layer counts, KV capacity, exact
 // size), then fills `seq` and the state. Throws io::Error (runtime) naming the file.
-void load_state(const std::filesystem::path&, const io::ModelConfig&, stages::DecodeState&, std::vector<int32_t>& seq);
+void load_state(const std::filesystem::path&, const io::ModelConfig&, stages::DecodeState&,
+                std::vector<int32_t>& seq);
 
 // Writes atomically (temporary name + rename). Returns the file size.
 uint64_t save_state(const std::filesystem::path&, const io::ModelConfig&, const std::vector<int32_t>& seq,

@@ -31,7 +31,8 @@ size_t attnres_scratch(const io::ModelConfig&, size_t n_blocks);
 
 // out[t - t_begin] = AttnRes(blocks[0..n)[t] ++ [prefix[t]]) for t in [t_begin, t_end); sources
 // oldest block first, the prefix last; keys RMS-normed (gain folded into norm*proj), values raw.
-void attnres_stage(const BlockStack&, std::span<const float> prefix, Vec norm, Vec proj, const io::ModelConfig&,
-                   size_t t_begin, size_t t_end, std::span<float> out, std::span<float> scratch);
+void attnres_stage(const BlockStack&, std::span<const float> prefix, Vec norm, Vec proj,
+                   const io::ModelConfig&, size_t t_begin, size_t t_end, std::span<float> out,
+                   std::span<float> scratch);
 
 }  // namespace k3::stages

@@ -1,9 +1,10 @@
 #include "stages/bind.hpp"
 
+#include <fmt/format.h>
+
 #include <bit>
 #include <cstdint>
 #include <cstring>
-#include <fmt/format.h>
 
 #include "io/error.hpp"
 
@@ -39,12 +40,14 @@ class Binder {
   Binder(const Layout& lay, std::span<const std::byte> bytes, std::span<float> widen)
       : lay_(lay), bytes_(bytes), widen_(widen) {
     if (bytes.size() < lay.buffer_bytes)
-      throw io::runtime_error(fmt::format("bind: {} bytes given, layout needs {}", bytes.size(), lay.buffer_bytes));
+      throw io::runtime_error(
+          fmt::format("bind: {} bytes given, layout needs {}", bytes.size(), lay.buffer_bytes));
     if (widen.size() < lay.widen_floats)
       throw io::runtime_error(
           fmt::format("bind: widen area holds {} floats, layout needs {}", widen.size(), lay.widen_floats));
     if (reinterpret_cast<uintptr_t>(bytes.data()) % 8 != lay.base_mod8)
-      throw io::runtime_error(fmt::format("bind: layer bytes must start at an address == {} (mod 8)", lay.base_mod8));
+      throw io::runtime_error(
+          fmt::format("bind: layer bytes must start at an address == {} (mod 8)", lay.base_mod8));
   }
 
   bool has(Field f) const { return find(f) >= 0; }
@@ -86,10 +89,8 @@ class Binder {
     const TensorSpec& ps = lay_.specs[p];
     const auto* pk = reinterpret_cast<const uint8_t*>(bytes_.data() + lay_.places[p].offset);
     const auto* sc = reinterpret_cast<const uint8_t*>(bytes_.data() + lay_.places[s].offset);
-    return kernels::Mxfp4Matrix{{pk, lay_.places[p].info.nbytes},
-                                {sc, lay_.places[s].info.nbytes},
-                                ps.shape[0],
-                                ps.shape[1] * 2};
+    return kernels::Mxfp4Matrix{
+        {pk, lay_.places[p].info.nbytes}, {sc, lay_.places[s].info.nbytes}, ps.shape[0], ps.shape[1] * 2};
   }
 
  private:
@@ -111,7 +112,9 @@ class Binder {
   }
   static void widen_into(io::DType d, const std::byte* src, std::span<float> dst) {
     switch (d) {
-      case io::DType::F32: std::memcpy(dst.data(), src, dst.size() * 4); return;
+      case io::DType::F32:
+        std::memcpy(dst.data(), src, dst.size() * 4);
+        return;
       case io::DType::BF16:
         for (size_t i = 0; i < dst.size(); ++i) {
           uint16_t b;
@@ -126,7 +129,8 @@ class Binder {
           dst[i] = f16_to_f32(b);
         }
         return;
-      case io::DType::U8: break;
+      case io::DType::U8:
+        break;
     }
     throw io::runtime_error("bind: cannot widen a U8 tensor");
   }
@@ -139,8 +143,8 @@ class Binder {
 
 }  // namespace
 
-LayerWeights bind_layer(const io::ModelConfig& c, int layer, const Layout& lay, std::span<const std::byte> bytes,
-                        std::span<float> widen) {
+LayerWeights bind_layer(const io::ModelConfig& c, int layer, const Layout& lay,
+                        std::span<const std::byte> bytes, std::span<float> widen) {
   Binder b(lay, bytes, widen);
   LayerWeights w;
   w.layer = layer;
@@ -200,7 +204,8 @@ LayerWeights bind_layer(const io::ModelConfig& c, int layer, const Layout& lay, 
 ExpertWeights bind_expert(const io::ModelConfig&, const Layout& lay, std::span<const std::byte> bytes,
                           std::span<float> widen) {
   Binder b(lay, bytes, widen);
-  if (b.has(Field::expert_w1)) return {b.mat(Field::expert_w1), b.mat(Field::expert_w2), b.mat(Field::expert_w3)};
+  if (b.has(Field::expert_w1))
+    return {b.mat(Field::expert_w1), b.mat(Field::expert_w2), b.mat(Field::expert_w3)};
   return {b.mxfp4(Field::expert_w1_packed, Field::expert_w1_scale),
           b.mxfp4(Field::expert_w2_packed, Field::expert_w2_scale),
           b.mxfp4(Field::expert_w3_packed, Field::expert_w3_scale)};

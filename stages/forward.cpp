@@ -1,7 +1,8 @@
 #include "stages/forward.hpp"
 
-#include <algorithm>
 #include <fmt/format.h>
+
+#include <algorithm>
 
 #include "io/error.hpp"
 #include "stages/attnres.hpp"
@@ -49,10 +50,11 @@ void forward(const WeightSource& ws, DecodeState& st, std::span<const int32_t> i
   const size_t T = ids.size(), E = static_cast<size_t>(c.hidden), V = static_cast<size_t>(c.vocab);
   if (T == 0) throw io::runtime_error("forward: no tokens to feed");
   for (int32_t id : ids)
-    if (id < 0 || id >= c.vocab) throw io::runtime_error(fmt::format("forward: token id {} outside 0..{}", id, V - 1));
+    if (id < 0 || id >= c.vocab)
+      throw io::runtime_error(fmt::format("forward: token id {} outside 0..{}", id, V - 1));
   if (st.cached + T > st.capacity())
-    throw io::runtime_error(fmt::format("MLA KV cache overflow: {} positions needed, capacity {}", st.cached + T,
-                                        st.capacity()));
+    throw io::runtime_error(
+        fmt::format("MLA KV cache overflow: {} positions needed, capacity {}", st.cached + T, st.capacity()));
 
   const size_t maxb = static_cast<size_t>(c.max_blocks());
   const size_t n_out = head_at == HeadAt::all ? T : 1, t_out = T - n_out;
@@ -71,7 +73,8 @@ void forward(const WeightSource& ws, DecodeState& st, std::span<const int32_t> i
 
   // Model-level aggregation, then the head, only where logits are wanted.
   Carver tail(rest);
-  std::span<float> h = tail.take(n_out * E), head_sc = tail.take(n_out * E), agg_sc = tail.take(attnres_scratch(c, maxb));
+  std::span<float> h = tail.take(n_out * E), head_sc = tail.take(n_out * E),
+                   agg_sc = tail.take(attnres_scratch(c, maxb));
   const HeadWeights& hw = ws.head();
   attnres_stage(B, P, hw.out_res_norm, hw.out_res_proj, c, t_out, T, h, agg_sc);
   lm_head(hw, c, h, n_out, logits.first(n_out * V), head_sc);

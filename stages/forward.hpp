@@ -34,7 +34,9 @@ class DecodeState {
   size_t kvpp() const { return kvpp_; }
   size_t ropepp() const { return ropepp_; }
   std::span<float> kda_all() { return kda_; }
-  std::span<float> kv_rows(int mla_ordinal, size_t n) { return std::span(kv_).subspan(mla_ordinal * capacity_ * kvpp_, n * kvpp_); }
+  std::span<float> kv_rows(int mla_ordinal, size_t n) {
+    return std::span(kv_).subspan(mla_ordinal * capacity_ * kvpp_, n * kvpp_);
+  }
   std::span<float> rope_rows(int mla_ordinal, size_t n) {
     return std::span(rope_).subspan(mla_ordinal * capacity_ * ropepp_, n * ropepp_);
   }

@@ -27,10 +27,13 @@ void lm_head(const HeadWeights& w, const io::ModelConfig& c, std::span<const flo
              std::span<float> logits, std::span<float> scratch) {
   const size_t E = static_cast<size_t>(c.hidden);
   std::span<float> x = scratch.first(n * E);
-  for (size_t i = 0; i < n; ++i) kernels::rmsnorm(h.subspan(i * E, E), w.final_norm, c.rms_eps, x.subspan(i * E, E));
+  for (size_t i = 0; i < n; ++i)
+    kernels::rmsnorm(h.subspan(i * E, E), w.final_norm, c.rms_eps, x.subspan(i * E, E));
   kernels::matmul(w.lm_head, x, n, logits.first(n * static_cast<size_t>(c.vocab)));
 }
 
-int32_t greedy(std::span<const float> logits) { return static_cast<int32_t>(kernels::argmax(logits)); }
+int32_t greedy(std::span<const float> logits) {
+  return static_cast<int32_t>(kernels::argmax(logits));
+}
 
 }  // namespace k3::stages

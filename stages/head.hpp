@@ -10,7 +10,8 @@
 namespace k3::stages {
 
 // out[t] = embed[ids[t]], bf16 rows widened exactly. Ids must be < vocab (checked by the caller).
-void embed_tokens(const HeadWeights&, const io::ModelConfig&, std::span<const int32_t> ids, std::span<float> out);
+void embed_tokens(const HeadWeights&, const io::ModelConfig&, std::span<const int32_t> ids,
+                  std::span<float> out);
 
 // logits[i] = lm_head * RMSNorm(h[i]; norm.weight) for n rows of h (already aggregated by the
 // model-level AttnRes). scratch: n*hidden floats.

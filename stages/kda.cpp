@@ -34,8 +34,8 @@ size_t attention_kda_scratch(const io::ModelConfig& c, size_t T) {
   return T * (10 * d.P + d.H + d.D);
 }
 
-void attention_kda(const KdaWeights& w, const io::ModelConfig& c, std::span<const float> x, size_t T, KdaState st,
-                   std::span<float> out, std::span<float> scratch) {
+void attention_kda(const KdaWeights& w, const io::ModelConfig& c, std::span<const float> x, size_t T,
+                   KdaState st, std::span<float> out, std::span<float> scratch) {
   const Dims d(c);
   Carver cut(scratch);
   std::span<float> q_raw = cut.take(T * d.P), k_raw = cut.take(T * d.P), v_raw = cut.take(T * d.P);
@@ -53,7 +53,8 @@ void attention_kda(const KdaWeights& w, const io::ModelConfig& c, std::span<cons
   kernels::matmul(w.f_b, fa, T, z);
 
   const size_t hist = d.P * (d.K - 1);
-  std::span<float> hq = st.conv.first(hist), hk = st.conv.subspan(hist, hist), hv = st.conv.subspan(2 * hist, hist);
+  std::span<float> hq = st.conv.first(hist), hk = st.conv.subspan(hist, hist),
+                   hv = st.conv.subspan(2 * hist, hist);
   const float q_scale = kernels::kda_q_scale(d.D);
   for (size_t t = 0; t < T; ++t) {
     auto row = [&](std::span<float> a) { return a.subspan(t * d.P, d.P); };

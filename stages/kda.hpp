@@ -21,7 +21,7 @@ KdaState kda_state_view(const io::ModelConfig&, std::span<float> layer_state);
 size_t attention_kda_scratch(const io::ModelConfig&, size_t T);
 
 // x, out: [T][hidden]. The recurrence runs t = 0..T-1 in order; state carries across calls.
-void attention_kda(const KdaWeights&, const io::ModelConfig&, std::span<const float> x, size_t T, KdaState state,
-                   std::span<float> out, std::span<float> scratch);
+void attention_kda(const KdaWeights&, const io::ModelConfig&, std::span<const float> x, size_t T,
+                   KdaState state, std::span<float> out, std::span<float> scratch);
 
 }  // namespace k3::stages

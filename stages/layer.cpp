@@ -10,14 +10,14 @@ namespace k3::stages {
 
 size_t decoder_layer_scratch(const io::ModelConfig& c, size_t T, size_t cached) {
   const size_t E = static_cast<size_t>(c.hidden);
-  const size_t inner = std::max({attnres_scratch(c, static_cast<size_t>(c.max_blocks())),
-                                 attention_kda_scratch(c, T), attention_mla_scratch(c, T, cached),
-                                 moe_scratch(c, T), dense_scratch(c, T)});
+  const size_t inner =
+      std::max({attnres_scratch(c, static_cast<size_t>(c.max_blocks())), attention_kda_scratch(c, T),
+                attention_mla_scratch(c, T, cached), moe_scratch(c, T), dense_scratch(c, T)});
   return 3 * T * E + inner;
 }
 
-void decoder_layer(const LayerWeights& w, const ExpertFn& expert, const io::ModelConfig& c, std::span<float> P,
-                   size_t T, BlockStack& B, LayerState st, std::span<float> scratch) {
+void decoder_layer(const LayerWeights& w, const ExpertFn& expert, const io::ModelConfig& c,
+                   std::span<float> P, size_t T, BlockStack& B, LayerState st, std::span<float> scratch) {
   const size_t E = static_cast<size_t>(c.hidden);
   Carver cut(scratch);
   std::span<float> h = cut.take(T * E), x = cut.take(T * E), a = cut.take(T * E);
@@ -37,7 +37,8 @@ void decoder_layer(const LayerWeights& w, const ExpertFn& expert, const io::Mode
     prefix_cleared = true;
   }
 
-  for (size_t t = 0; t < T; ++t) kernels::rmsnorm(h.subspan(t * E, E), w.input_norm, c.rms_eps, x.subspan(t * E, E));
+  for (size_t t = 0; t < T; ++t)
+    kernels::rmsnorm(h.subspan(t * E, E), w.input_norm, c.rms_eps, x.subspan(t * E, E));
   if (const auto* kda = std::get_if<KdaWeights>(&w.attn)) {
     attention_kda(*kda, c, x, T, st.kda, a, inner);
   } else {

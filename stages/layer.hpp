@@ -27,7 +27,8 @@ struct LayerState {
 size_t decoder_layer_scratch(const io::ModelConfig&, size_t T, size_t cached);
 
 // prefix: [T][hidden], the layer's input on entry and its output P on return.
-void decoder_layer(const LayerWeights&, const ExpertFn& expert, const io::ModelConfig&, std::span<float> prefix,
-                   size_t T, BlockStack& blocks, LayerState state, std::span<float> scratch);
+void decoder_layer(const LayerWeights&, const ExpertFn& expert, const io::ModelConfig&,
+                   std::span<float> prefix, size_t T, BlockStack& blocks, LayerState state,
+                   std::span<float> scratch);
 
 }  // namespace k3::stages

@@ -1,8 +1,9 @@
 #include "stages/mla.hpp"
 
-#include <cmath>
 #include <fmt/format.h>
 #include <tbb/parallel_for.h>
+
+#include <cmath>
 
 #include "io/error.hpp"
 #include "kernels/activations.hpp"
@@ -33,7 +34,9 @@ size_t mla_kv_floats_per_position(const io::ModelConfig& c) {
   const Dims d(c);
   return d.nh * d.kvd;
 }
-size_t mla_rope_floats_per_position(const io::ModelConfig& c) { return static_cast<size_t>(c.qk_rope); }
+size_t mla_rope_floats_per_position(const io::ModelConfig& c) {
+  return static_cast<size_t>(c.qk_rope);
+}
 
 size_t attention_mla_scratch(const io::ModelConfig& c, size_t T, size_t cached) {
   const Dims d(c);
@@ -41,12 +44,12 @@ size_t attention_mla_scratch(const io::ModelConfig& c, size_t T, size_t cached) 
          2 * d.nh * (cached + T);
 }
 
-void attention_mla(const MlaWeights& w, const io::ModelConfig& c, std::span<const float> x, size_t T, size_t cached,
-                   MlaCache cache, std::span<float> out, std::span<float> scratch) {
+void attention_mla(const MlaWeights& w, const io::ModelConfig& c, std::span<const float> x, size_t T,
+                   size_t cached, MlaCache cache, std::span<float> out, std::span<float> scratch) {
   const Dims d(c);
   if (cached + T > cache.capacity)
-    throw io::runtime_error(fmt::format("MLA KV cache overflow: position {} but capacity {}", cached + T - 1,
-                                        cache.capacity));
+    throw io::runtime_error(
+        fmt::format("MLA KV cache overflow: position {} but capacity {}", cached + T - 1, cache.capacity));
   Carver cut(scratch);
   std::span<float> cq = cut.take(T * d.q_lora), Q = cut.take(T * d.nh * d.qh);
   std::span<float> ckv = cut.take(T * (d.kv_lora + d.rope)), lat = cut.take(T * d.kv_lora);
@@ -54,7 +57,8 @@ void attention_mla(const MlaWeights& w, const io::ModelConfig& c, std::span<cons
   std::span<float> probs_all = cut.take(2 * d.nh * (cached + T));
 
   kernels::matmul(w.q_a, x, T, cq);
-  for (size_t t = 0; t < T; ++t) kernels::rmsnorm_inplace(cq.subspan(t * d.q_lora, d.q_lora), w.q_a_norm, c.rms_eps);
+  for (size_t t = 0; t < T; ++t)
+    kernels::rmsnorm_inplace(cq.subspan(t * d.q_lora, d.q_lora), w.q_a_norm, c.rms_eps);
   kernels::matmul(w.q_b, cq, T, Q);  // per head [q_nope, q_rope]
 
   kernels::matmul(w.kv_a, x, T, ckv);  // [latent, k_rope]

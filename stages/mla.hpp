@@ -26,7 +26,7 @@ size_t attention_mla_scratch(const io::ModelConfig&, size_t T, size_t cached);
 
 // x, out: [T][hidden]. Causal over all cached + new positions. Throws io::Error (runtime) if
 // cached + T exceeds the cache capacity.
-void attention_mla(const MlaWeights&, const io::ModelConfig&, std::span<const float> x, size_t T, size_t cached,
-                   MlaCache cache, std::span<float> out, std::span<float> scratch);
+void attention_mla(const MlaWeights&, const io::ModelConfig&, std::span<const float> x, size_t T,
+                   size_t cached, MlaCache cache, std::span<float> out, std::span<float> scratch);
 
 }  // namespace k3::stages

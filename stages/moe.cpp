@@ -12,11 +12,14 @@
 namespace k3::stages {
 
 namespace {
-size_t sz(int v) { return static_cast<size_t>(v); }
+size_t sz(int v) {
+  return static_cast<size_t>(v);
+}
 
 // out = W_down SiTU(W_gate x, W_up x) over T rows; the GLU shared by experts and the dense FFN.
 void glu_ffn(const Matrix& gate_w, const Matrix& up_w, const Matrix& down_w, const io::ModelConfig& c,
-             std::span<const float> x, size_t T, size_t inter, std::span<float> out, std::span<float> scratch) {
+             std::span<const float> x, size_t T, size_t inter, std::span<float> out,
+             std::span<float> scratch) {
   Carver cut(scratch);
   std::span<float> g = cut.take(T * inter), u = cut.take(T * inter), a = cut.take(T * inter);
   kernels::matmul(gate_w, x, T, g);
@@ -27,7 +30,9 @@ void glu_ffn(const Matrix& gate_w, const Matrix& up_w, const Matrix& down_w, con
 }
 }  // namespace
 
-size_t route_scratch(const io::ModelConfig& c) { return sz(c.n_experts); }
+size_t route_scratch(const io::ModelConfig& c) {
+  return sz(c.n_experts);
+}
 
 void route(const MoeWeights& w, const io::ModelConfig& c, std::span<const float> x, size_t T,
            std::span<int32_t> idx, std::span<float> weight, std::span<float> scratch) {
@@ -42,25 +47,31 @@ void moe_latent(const MoeWeights& w, std::span<const float> x, size_t T, std::sp
   kernels::matmul(w.down, x, T, z.first(T * kernels::rows_of(w.down)));
 }
 
-size_t expert_scratch(const io::ModelConfig& c, size_t n) { return 3 * n * sz(c.moe_inter); }
+size_t expert_scratch(const io::ModelConfig& c, size_t n) {
+  return 3 * n * sz(c.moe_inter);
+}
 
 void expert_compute(const ExpertWeights& w, const io::ModelConfig& c, std::span<const float> z, size_t n,
                     std::span<float> out, std::span<float> scratch) {
   glu_ffn(w.w1, w.w3, w.w2, c, z, n, sz(c.moe_inter), out, scratch);
 }
 
-size_t shared_scratch(const io::ModelConfig& c, size_t T) { return 3 * T * sz(c.moe_inter * c.n_shared); }
+size_t shared_scratch(const io::ModelConfig& c, size_t T) {
+  return 3 * T * sz(c.moe_inter * c.n_shared);
+}
 
 void shared_experts(const MoeWeights& w, const io::ModelConfig& c, std::span<const float> x, size_t T,
                     std::span<float> out, std::span<float> scratch) {
   glu_ffn(w.shared_gate, w.shared_up, w.shared_down, c, x, T, sz(c.moe_inter * c.n_shared), out, scratch);
 }
 
-size_t combine_scratch(const io::ModelConfig& c, size_t T) { return T * sz(c.latent); }
+size_t combine_scratch(const io::ModelConfig& c, size_t T) {
+  return T * sz(c.latent);
+}
 
 void moe_combine(const MoeWeights& w, const io::ModelConfig& c, std::span<const float> weight,
-                 std::span<const float> expert_out, std::span<const float> shared, size_t T, std::span<float> out,
-                 std::span<float> scratch) {
+                 std::span<const float> expert_out, std::span<const float> shared, size_t T,
+                 std::span<float> out, std::span<float> scratch) {
   const size_t L = sz(c.latent), k = sz(c.top_k), E = sz(c.hidden);
   std::span<float> agg = Carver(scratch).take(T * L);
   std::fill(agg.begin(), agg.end(), 0.0f);
@@ -76,18 +87,19 @@ void moe_combine(const MoeWeights& w, const io::ModelConfig& c, std::span<const 
 
 size_t moe_scratch(const io::ModelConfig& c, size_t T) {
   const size_t L = sz(c.latent), k = sz(c.top_k), E = sz(c.hidden), rows = T * k;
-  return route_scratch(c) + rows + T * L + 3 * rows * L + T * E + shared_scratch(c, T) + expert_scratch(c, rows) +
-         combine_scratch(c, T);
+  return route_scratch(c) + rows + T * L + 3 * rows * L + T * E + shared_scratch(c, T) +
+         expert_scratch(c, rows) + combine_scratch(c, T);
 }
 
-void moe_forward(const MoeWeights& w, const ExpertFn& expert, const io::ModelConfig& c, std::span<const float> x,
-                 size_t T, std::span<float> out, std::span<float> scratch) {
+void moe_forward(const MoeWeights& w, const ExpertFn& expert, const io::ModelConfig& c,
+                 std::span<const float> x, size_t T, std::span<float> out, std::span<float> scratch) {
   const size_t L = sz(c.latent), k = sz(c.top_k), E = sz(c.hidden), rows = T * k;
   Carver cut(scratch);
   std::span<float> route_sc = cut.take(route_scratch(c)), weight = cut.take(rows), z = cut.take(T * L);
   std::span<float> eout = cut.take(rows * L), zin = cut.take(rows * L), zout = cut.take(rows * L);
   std::span<float> shared = cut.take(T * E), shared_sc = cut.take(shared_scratch(c, T));
-  std::span<float> expert_sc = cut.take(expert_scratch(c, rows)), combine_sc = cut.take(combine_scratch(c, T));
+  std::span<float> expert_sc = cut.take(expert_scratch(c, rows)),
+                   combine_sc = cut.take(combine_scratch(c, T));
 
   std::vector<int32_t> idx(rows);
   route(w, c, x, T, idx, weight, route_sc);
@@ -109,12 +121,15 @@ void moe_forward(const MoeWeights& w, const ExpertFn& expert, const io::ModelCon
       std::copy_n(z.begin() + t * L, L, zin.begin() + i * L);
     }
     expert_compute(expert(e), c, zin.first(slots.size() * L), slots.size(), zout, expert_sc);
-    for (size_t i = 0; i < slots.size(); ++i) std::copy_n(zout.begin() + i * L, L, eout.begin() + slots[i] * L);
+    for (size_t i = 0; i < slots.size(); ++i)
+      std::copy_n(zout.begin() + i * L, L, eout.begin() + slots[i] * L);
   }
   moe_combine(w, c, weight, eout, shared, T, out, combine_sc);
 }
 
-size_t dense_scratch(const io::ModelConfig& c, size_t T) { return 3 * T * sz(c.dense_inter); }
+size_t dense_scratch(const io::ModelConfig& c, size_t T) {
+  return 3 * T * sz(c.dense_inter);
+}
 
 void dense_ffn(const DenseFfnWeights& w, const io::ModelConfig& c, std::span<const float> x, size_t T,
                std::span<float> out, std::span<float> scratch) {

@@ -36,8 +36,8 @@ size_t shared_scratch(const io::ModelConfig&, size_t T);
 // out[t] = W_up RMSNorm(sum_j w[t][j] e[t][j]) + shared[t]; the aggregate is accumulated strictly in
 // top-k order j = 0..k-1 and normed ONCE (never per expert). expert_out: [T][top_k][latent].
 void moe_combine(const MoeWeights&, const io::ModelConfig&, std::span<const float> weight,
-                 std::span<const float> expert_out, std::span<const float> shared, size_t T, std::span<float> out,
-                 std::span<float> scratch);
+                 std::span<const float> expert_out, std::span<const float> shared, size_t T,
+                 std::span<float> out, std::span<float> scratch);
 size_t combine_scratch(const io::ModelConfig&, size_t T);
 
 using ExpertFn = std::function<const ExpertWeights&(int expert)>;

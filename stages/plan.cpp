@@ -1,7 +1,8 @@
 #include "stages/plan.hpp"
 
-#include <algorithm>
 #include <fmt/format.h>
+
+#include <algorithm>
 
 #include "io/aligned.hpp"
 #include "io/error.hpp"
@@ -21,71 +22,130 @@ struct FieldInfo {
 
 FieldInfo info_of(Field f) {
   switch (f) {
-    case Field::input_norm: return {"input_layernorm", Storage::vector};
-    case Field::post_attn_norm: return {"post_attention_layernorm", Storage::vector};
-    case Field::attn_res_norm: return {"self_attention_res_norm", Storage::vector};
-    case Field::attn_res_proj: return {"self_attention_res_proj", Storage::vector};
-    case Field::mlp_res_norm: return {"mlp_res_norm", Storage::vector};
-    case Field::mlp_res_proj: return {"mlp_res_proj", Storage::vector};
-    case Field::kda_q: return {"kda.q_proj", Storage::matrix};
-    case Field::kda_k: return {"kda.k_proj", Storage::matrix};
-    case Field::kda_v: return {"kda.v_proj", Storage::matrix};
-    case Field::kda_g: return {"kda.g_proj", Storage::matrix};
-    case Field::kda_o: return {"kda.o_proj", Storage::matrix};
-    case Field::kda_q_conv: return {"kda.q_conv1d", Storage::vector};
-    case Field::kda_k_conv: return {"kda.k_conv1d", Storage::vector};
-    case Field::kda_v_conv: return {"kda.v_conv1d", Storage::vector};
-    case Field::kda_f_a: return {"kda.f_a_proj", Storage::matrix};
-    case Field::kda_f_b: return {"kda.f_b_proj", Storage::matrix};
-    case Field::kda_b: return {"kda.b_proj", Storage::matrix};
-    case Field::kda_a_log: return {"kda.A_log", Storage::vector};
-    case Field::kda_dt_bias: return {"kda.dt_bias", Storage::vector};
-    case Field::kda_o_norm: return {"kda.o_norm", Storage::vector};
-    case Field::mla_q_a: return {"mla.q_a_proj", Storage::matrix};
-    case Field::mla_q_a_norm: return {"mla.q_a_layernorm", Storage::vector};
-    case Field::mla_q_b: return {"mla.q_b_proj", Storage::matrix};
-    case Field::mla_kv_a: return {"mla.kv_a_proj_with_mqa", Storage::matrix};
-    case Field::mla_kv_a_norm: return {"mla.kv_a_layernorm", Storage::vector};
-    case Field::mla_kv_b: return {"mla.kv_b_proj", Storage::matrix};
-    case Field::mla_o: return {"mla.o_proj", Storage::matrix};
-    case Field::mla_g: return {"mla.g_proj", Storage::matrix};
-    case Field::dense_gate: return {"mlp.gate_proj", Storage::matrix};
-    case Field::dense_up: return {"mlp.up_proj", Storage::matrix};
-    case Field::dense_down: return {"mlp.down_proj", Storage::matrix};
+    case Field::input_norm:
+      return {"input_layernorm", Storage::vector};
+    case Field::post_attn_norm:
+      return {"post_attention_layernorm", Storage::vector};
+    case Field::attn_res_norm:
+      return {"self_attention_res_norm", Storage::vector};
+    case Field::attn_res_proj:
+      return {"self_attention_res_proj", Storage::vector};
+    case Field::mlp_res_norm:
+      return {"mlp_res_norm", Storage::vector};
+    case Field::mlp_res_proj:
+      return {"mlp_res_proj", Storage::vector};
+    case Field::kda_q:
+      return {"kda.q_proj", Storage::matrix};
+    case Field::kda_k:
+      return {"kda.k_proj", Storage::matrix};
+    case Field::kda_v:
+      return {"kda.v_proj", Storage::matrix};
+    case Field::kda_g:
+      return {"kda.g_proj", Storage::matrix};
+    case Field::kda_o:
+      return {"kda.o_proj", Storage::matrix};
+    case Field::kda_q_conv:
+      return {"kda.q_conv1d", Storage::vector};
+    case Field::kda_k_conv:
+      return {"kda.k_conv1d", Storage::vector};
+    case Field::kda_v_conv:
+      return {"kda.v_conv1d", Storage::vector};
+    case Field::kda_f_a:
+      return {"kda.f_a_proj", Storage::matrix};
+    case Field::kda_f_b:
+      return {"kda.f_b_proj", Storage::matrix};
+    case Field::kda_b:
+      return {"kda.b_proj", Storage::matrix};
+    case Field::kda_a_log:
+      return {"kda.A_log", Storage::vector};
+    case Field::kda_dt_bias:
+      return {"kda.dt_bias", Storage::vector};
+    case Field::kda_o_norm:
+      return {"kda.o_norm", Storage::vector};
+    case Field::mla_q_a:
+      return {"mla.q_a_proj", Storage::matrix};
+    case Field::mla_q_a_norm:
+      return {"mla.q_a_layernorm", Storage::vector};
+    case Field::mla_q_b:
+      return {"mla.q_b_proj", Storage::matrix};
+    case Field::mla_kv_a:
+      return {"mla.kv_a_proj_with_mqa", Storage::matrix};
+    case Field::mla_kv_a_norm:
+      return {"mla.kv_a_layernorm", Storage::vector};
+    case Field::mla_kv_b:
+      return {"mla.kv_b_proj", Storage::matrix};
+    case Field::mla_o:
+      return {"mla.o_proj", Storage::matrix};
+    case Field::mla_g:
+      return {"mla.g_proj", Storage::matrix};
+    case Field::dense_gate:
+      return {"mlp.gate_proj", Storage::matrix};
+    case Field::dense_up:
+      return {"mlp.up_proj", Storage::matrix};
+    case Field::dense_down:
+      return {"mlp.down_proj", Storage::matrix};
     // The router is widened to f32 at bind in the references; kept as a matrix view here (same
     // bits: the router kernel widens bf16 exactly).
-    case Field::moe_router: return {"moe.gate", Storage::matrix};
-    case Field::moe_bias: return {"moe.e_score_correction_bias", Storage::vector};
-    case Field::moe_down: return {"moe.routed_expert_down_proj", Storage::matrix};
-    case Field::moe_up: return {"moe.routed_expert_up_proj", Storage::matrix};
-    case Field::moe_norm: return {"moe.routed_expert_norm", Storage::vector};
-    case Field::shared_gate: return {"moe.shared_experts.gate_proj", Storage::matrix};
-    case Field::shared_up: return {"moe.shared_experts.up_proj", Storage::matrix};
-    case Field::shared_down: return {"moe.shared_experts.down_proj", Storage::matrix};
-    case Field::expert_w1: return {"expert.w1", Storage::matrix};
-    case Field::expert_w2: return {"expert.w2", Storage::matrix};
-    case Field::expert_w3: return {"expert.w3", Storage::matrix};
-    case Field::expert_w1_packed: return {"expert.w1.weight_packed", Storage::mxfp4};
-    case Field::expert_w1_scale: return {"expert.w1.weight_scale", Storage::mxfp4};
-    case Field::expert_w2_packed: return {"expert.w2.weight_packed", Storage::mxfp4};
-    case Field::expert_w2_scale: return {"expert.w2.weight_scale", Storage::mxfp4};
-    case Field::expert_w3_packed: return {"expert.w3.weight_packed", Storage::mxfp4};
-    case Field::expert_w3_scale: return {"expert.w3.weight_scale", Storage::mxfp4};
-    case Field::embed: return {"embed_tokens", Storage::matrix};
-    case Field::final_norm: return {"norm", Storage::vector};
-    case Field::out_res_norm: return {"output_attn_res_norm", Storage::vector};
-    case Field::out_res_proj: return {"output_attn_res_proj", Storage::vector};
-    case Field::lm_head: return {"lm_head", Storage::matrix};
+    case Field::moe_router:
+      return {"moe.gate", Storage::matrix};
+    case Field::moe_bias:
+      return {"moe.e_score_correction_bias", Storage::vector};
+    case Field::moe_down:
+      return {"moe.routed_expert_down_proj", Storage::matrix};
+    case Field::moe_up:
+      return {"moe.routed_expert_up_proj", Storage::matrix};
+    case Field::moe_norm:
+      return {"moe.routed_expert_norm", Storage::vector};
+    case Field::shared_gate:
+      return {"moe.shared_experts.gate_proj", Storage::matrix};
+    case Field::shared_up:
+      return {"moe.shared_experts.up_proj", Storage::matrix};
+    case Field::shared_down:
+      return {"moe.shared_experts.down_proj", Storage::matrix};
+    case Field::expert_w1:
+      return {"expert.w1", Storage::matrix};
+    case Field::expert_w2:
+      return {"expert.w2", Storage::matrix};
+    case Field::expert_w3:
+      return {"expert.w3", Storage::matrix};
+    case Field::expert_w1_packed:
+      return {"expert.w1.weight_packed", Storage::mxfp4};
+    case Field::expert_w1_scale:
+      return {"expert.w1.weight_scale", Storage::mxfp4};
+    case Field::expert_w2_packed:
+      return {"expert.w2.weight_packed", Storage::mxfp4};
+    case Field::expert_w2_scale:
+      return {"expert.w2.weight_scale", Storage::mxfp4};
+    case Field::expert_w3_packed:
+      return {"expert.w3.weight_packed", Storage::mxfp4};
+    case Field::expert_w3_scale:
+      return {"expert.w3.weight_scale", Storage::mxfp4};
+    case Field::embed:
+      return {"embed_tokens", Storage::matrix};
+    case Field::final_norm:
+      return {"norm", Storage::vector};
+    case Field::out_res_norm:
+      return {"output_attn_res_norm", Storage::vector};
+    case Field::out_res_proj:
+      return {"output_attn_res_proj", Storage::vector};
+    case Field::lm_head:
+      return {"lm_head", Storage::matrix};
   }
   return {"?", Storage::vector};
 }
 
-uint64_t u(int v) { return static_cast<uint64_t>(v); }
+uint64_t u(int v) {
+  return static_cast<uint64_t>(v);
+}
 
 }  // namespace
 
-const char* field_name(Field f) { return info_of(f).name; }
-Storage storage_of(Field f) { return info_of(f).storage; }
+const char* field_name(Field f) {
+  return info_of(f).name;
+}
+Storage storage_of(Field f) {
+  return info_of(f).storage;
+}
 
 uint64_t TensorSpec::numel() const {
   uint64_t n = 1;
@@ -93,7 +153,9 @@ uint64_t TensorSpec::numel() const {
   return n;
 }
 
-std::string layer_prefix(int layer) { return fmt::format("{}layers.{}.", kPrefix, layer); }
+std::string layer_prefix(int layer) {
+  return fmt::format("{}layers.{}.", kPrefix, layer);
+}
 
 std::string expert_prefix(int layer, int expert) {
   return fmt::format("{}block_sparse_moe.experts.{}.", layer_prefix(layer), expert);
@@ -206,8 +268,10 @@ bool dtype_ok(Storage s, io::DType d) {
 // Widened floats a tensor needs if its bytes start at `addr_mod8` (mod 8).
 uint64_t widen_need(const TensorSpec& s, const io::TensorInfo& t, uint64_t addr_mod8) {
   switch (storage_of(s.field)) {
-    case Storage::vector: return t.numel();
-    case Storage::mxfp4: return 0;
+    case Storage::vector:
+      return t.numel();
+    case Storage::mxfp4:
+      return 0;
     case Storage::matrix:
       if (t.dtype == io::DType::F16) return t.numel();
       return addr_mod8 % io::dtype_size(t.dtype) == 0 ? 0 : t.numel();
@@ -225,7 +289,8 @@ Layout locate(std::vector<TensorSpec> specs, const io::ShardSet& shards, const i
     std::optional<io::TensorInfo> t = shards.find(s.name);
     if (!t) throw io::runtime_error(fmt::format("bind: missing tensor {}", s.name));
     if (!dtype_ok(storage_of(s.field), t->dtype)) {
-      throw io::runtime_error(fmt::format("bind: {} is {}, engine expects {}", s.name, io::dtype_name(t->dtype),
+      throw io::runtime_error(fmt::format("bind: {} is {}, engine expects {}", s.name,
+                                          io::dtype_name(t->dtype),
                                           storage_of(s.field) == Storage::mxfp4 ? "U8" : "F32, BF16 or F16"));
     }
     const uint64_t want = s.numel();
@@ -274,14 +339,16 @@ Layout locate(std::vector<TensorSpec> specs, const io::ShardSet& shards, const i
     lay.base_mod8 = 0;
   }
   for (size_t i = 0; i < lay.specs.size(); ++i)
-    lay.widen_floats += widen_need(lay.specs[i], lay.places[i].info, (lay.base_mod8 + lay.places[i].offset) % 8);
+    lay.widen_floats +=
+        widen_need(lay.specs[i], lay.places[i].info, (lay.base_mod8 + lay.places[i].offset) % 8);
   return lay;
 }
 
 Layout locate_expert(const io::ShardSet& shards, const io::ModelConfig& c, int layer, int expert) {
   const bool dense = !shards.find(expert_prefix(layer, expert) + "w1.weight_packed") &&
                      shards.find(expert_prefix(layer, expert) + "w1.weight");
-  Layout lay = locate(plan_expert(c, layer, expert, dense ? ExpertFormat::dense : ExpertFormat::mxfp4), shards, c);
+  Layout lay =
+      locate(plan_expert(c, layer, expert, dense ? ExpertFormat::dense : ExpertFormat::mxfp4), shards, c);
   if (dense) return lay;
   // MXFP4 load-time checks (MODEL.md §4), per matrix: packed and scale are U8 (checked above),
   // 2-D, with equal rows and a group size of 32, in the same shard.
@@ -293,10 +360,12 @@ Layout locate_expert(const io::ShardSet& shards, const io::ModelConfig& c, int l
     if (pk.rank != 2 || sc.rank != 2)
       throw io::runtime_error(fmt::format("bind: {} (and its scale) must be 2-D", name));
     if (pk.shape[0] != sc.shape[0])
-      throw io::runtime_error(fmt::format("bind: {} has {} rows but its scale has {}", name, pk.shape[0], sc.shape[0]));
+      throw io::runtime_error(
+          fmt::format("bind: {} has {} rows but its scale has {}", name, pk.shape[0], sc.shape[0]));
     if (sc.shape[1] * 32 != 2 * pk.shape[1])
-      throw io::runtime_error(fmt::format("bind: {}: scale columns {} x 32 != 2 x packed columns {} (group size is 32)",
-                                          name, sc.shape[1], pk.shape[1]));
+      throw io::runtime_error(
+          fmt::format("bind: {}: scale columns {} x 32 != 2 x packed columns {} (group size is 32)", name,
+                      sc.shape[1], pk.shape[1]));
     if (pk.shape[0] != rows || pk.shape[1] != packed_cols)
       throw io::runtime_error(fmt::format("bind: {} is [{}, {}], engine expects [{}, {}]", name, pk.shape[0],
                                           pk.shape[1], rows, packed_cols));
@@ -308,8 +377,8 @@ Layout locate_expert(const io::ShardSet& shards, const io::ModelConfig& c, int l
 
 void read_layout(const Layout& lay, const io::ShardSet& shards, std::span<std::byte> dst) {
   if (dst.size() < lay.buffer_bytes)
-    throw io::runtime_error(fmt::format("bind: layer buffer holds {} bytes, layout needs {}", dst.size(),
-                                        lay.buffer_bytes));
+    throw io::runtime_error(
+        fmt::format("bind: layer buffer holds {} bytes, layout needs {}", dst.size(), lay.buffer_bytes));
   if (lay.contiguous) {
     shards.read_range(lay.shard, lay.run_begin, dst.first(lay.buffer_bytes));
     return;

@@ -16,22 +16,65 @@ namespace k3::stages {
 // Which weight a tensor is; the binder assigns views by field, never by name.
 enum class Field : uint8_t {
   // every layer
-  input_norm, post_attn_norm, attn_res_norm, attn_res_proj, mlp_res_norm, mlp_res_proj,
+  input_norm,
+  post_attn_norm,
+  attn_res_norm,
+  attn_res_proj,
+  mlp_res_norm,
+  mlp_res_proj,
   // KDA attention
-  kda_q, kda_k, kda_v, kda_g, kda_o, kda_q_conv, kda_k_conv, kda_v_conv, kda_f_a, kda_f_b, kda_b,
-  kda_a_log, kda_dt_bias, kda_o_norm,
+  kda_q,
+  kda_k,
+  kda_v,
+  kda_g,
+  kda_o,
+  kda_q_conv,
+  kda_k_conv,
+  kda_v_conv,
+  kda_f_a,
+  kda_f_b,
+  kda_b,
+  kda_a_log,
+  kda_dt_bias,
+  kda_o_norm,
   // MLA attention
-  mla_q_a, mla_q_a_norm, mla_q_b, mla_kv_a, mla_kv_a_norm, mla_kv_b, mla_o, mla_g,
+  mla_q_a,
+  mla_q_a_norm,
+  mla_q_b,
+  mla_kv_a,
+  mla_kv_a_norm,
+  mla_kv_b,
+  mla_o,
+  mla_g,
   // dense FFN (layers < first_dense)
-  dense_gate, dense_up, dense_down,
+  dense_gate,
+  dense_up,
+  dense_down,
   // Stable LatentMoE trunk part
-  moe_router, moe_bias, moe_down, moe_up, moe_norm, shared_gate, shared_up, shared_down,
+  moe_router,
+  moe_bias,
+  moe_down,
+  moe_up,
+  moe_norm,
+  shared_gate,
+  shared_up,
+  shared_down,
   // one routed expert: w1 = gate, w3 = up, w2 = down; MXFP4 form splits each into packed + scale
-  expert_w1, expert_w2, expert_w3,
-  expert_w1_packed, expert_w1_scale, expert_w2_packed, expert_w2_scale, expert_w3_packed,
+  expert_w1,
+  expert_w2,
+  expert_w3,
+  expert_w1_packed,
+  expert_w1_scale,
+  expert_w2_packed,
+  expert_w2_scale,
+  expert_w3_packed,
   expert_w3_scale,
   // model level
-  embed, final_norm, out_res_norm, out_res_proj, lm_head,
+  embed,
+  final_norm,
+  out_res_norm,
+  out_res_proj,
+  lm_head,
 };
 
 enum class Storage : uint8_t {
@@ -44,8 +87,8 @@ const char* field_name(Field);
 Storage storage_of(Field);
 
 struct TensorSpec {
-  std::string name;              // full released name
-  std::vector<uint64_t> shape;   // expected shape; the binder checks the element count only
+  std::string name;             // full released name
+  std::vector<uint64_t> shape;  // expected shape; the binder checks the element count only
   Field field;
   uint64_t numel() const;
 };
@@ -76,8 +119,8 @@ std::string expert_prefix(int layer, int expert);
 
 // Where a planned set of tensors lives and how to lay it out in one byte buffer.
 struct Placement {
-  io::TensorInfo info;     // from the shard index
-  uint64_t offset = 0;     // of the tensor's first byte inside the layer buffer
+  io::TensorInfo info;  // from the shard index
+  uint64_t offset = 0;  // of the tensor's first byte inside the layer buffer
 };
 
 struct Layout {

@@ -10,7 +10,9 @@
 namespace k3::test {
 
 // The tiny flat config every op fixture was generated with (ops/MANIFEST.json).
-inline io::ModelConfig tiny_config() { return io::load_config(fixture_path("ops/MANIFEST.json")); }
+inline io::ModelConfig tiny_config() {
+  return io::load_config(fixture_path("ops/MANIFEST.json"));
+}
 
 // A [rows][...] fixture tensor as an f32 matrix view (the tensor must outlive the view).
 inline kernels::F32Matrix f32(const Tensor& t) {

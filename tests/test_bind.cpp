@@ -55,7 +55,8 @@ std::vector<Tensor> tiny_tensors() {
   return out;
 }
 
-void write_checkpoint(const fs::path& dir, const std::vector<Tensor>& tensors, const std::string& config_json = "") {
+void write_checkpoint(const fs::path& dir, const std::vector<Tensor>& tensors,
+                      const std::string& config_json = "") {
   fs::create_directories(dir);
   if (config_json.empty()) {
     fs::copy_file(test::fixture_path("tiny-k3/config.json"), dir / "config.json");
@@ -136,7 +137,9 @@ void expect_refusal(const std::vector<Tensor>& ts, const std::string& message) {
 TEST_CASE("missing and mis-sized tensors are refused by name") {
   {
     auto ts = tiny_tensors();
-    std::erase_if(ts, [](const Tensor& t) { return t.entry.name == "language_model.model.layers.5.self_attn.dt_bias"; });
+    std::erase_if(ts, [](const Tensor& t) {
+      return t.entry.name == "language_model.model.layers.5.self_attn.dt_bias";
+    });
     expect_refusal(ts, "missing tensor language_model.model.layers.5.self_attn.dt_bias");
   }
   {
@@ -156,7 +159,9 @@ TEST_CASE("missing and mis-sized tensors are refused by name") {
     Tensor* t = find(ts, "language_model.model.layers.3.self_attn.kv_b_proj.weight");
     t->entry.shape = {160, 31};
     t->bytes.resize(160 * 31 * 4);
-    expect_refusal(ts, "language_model.model.layers.3.self_attn.kv_b_proj.weight has 4960 elements, engine expects 5120");
+    expect_refusal(
+        ts,
+        "language_model.model.layers.3.self_attn.kv_b_proj.weight has 4960 elements, engine expects 5120");
   }
   {
     auto ts = tiny_tensors();
@@ -180,7 +185,8 @@ TEST_CASE("BF16 storage binds to the same bits as F32 holding the same values; F
   round_to_bf16(as_f32, false);
   round_to_bf16(as_bf16, true);
   // Gains of 1.0 are exact in F16: store two of them that way.
-  for (const char* name : {"language_model.model.norm.weight", "language_model.model.layers.0.input_layernorm.weight"}) {
+  for (const char* name :
+       {"language_model.model.norm.weight", "language_model.model.layers.0.input_layernorm.weight"}) {
     Tensor* t = find(as_bf16, name);
     t->entry.dtype = io::DType::F16;
     for (size_t i = 0; i < t->bytes.size() / 2; ++i) {
@@ -208,7 +214,8 @@ TEST_CASE("a misaligned F32 run (odd-sized tensor first) binds through the widen
   CHECK(lay.base_mod8 % 4 != 0);
   CHECK(lay.widen_floats > 0);
   std::vector<int32_t> full = kIds;
-  for (int32_t id : {4, 31, 48, 193, 57, 231, 219, 205, 145, 117, 79, 208, 18, 1, 74, 125, 66, 121}) full.push_back(id);
+  for (int32_t id : {4, 31, 48, 193, 57, 231, 219, 205, 145, 117, 79, 208, 18, 1, 74, 125, 66, 121})
+    full.push_back(id);
   const auto lg = last_logits(d.path / "m", full);
   std::vector<float> golden(256);
   std::FILE* f = std::fopen(test::fixture_path("golden/tiny_c_logits.bin").c_str(), "rb");
@@ -231,8 +238,9 @@ TEST_CASE("bind_layer checks its buffer: size, widen area, address alignment") {
   CHECK(std::get<stages::MlaWeights>(w.attn).g.has_value());
   CHECK(std::holds_alternative<kernels::F32Matrix>(std::get<stages::MlaWeights>(w.attn).q_b));
   CHECK_THROWS_AS(stages::bind_layer(c, 3, lay, bytes.first(lay.buffer_bytes - 1), widen), io::Error);
-  CHECK_THROWS_AS(stages::bind_layer(c, 3, lay, buf.bytes().subspan(lay.base_mod8 + 1, lay.buffer_bytes), widen),
-                  io::Error);
+  CHECK_THROWS_AS(
+      stages::bind_layer(c, 3, lay, buf.bytes().subspan(lay.base_mod8 + 1, lay.buffer_bytes), widen),
+      io::Error);
   if (lay.widen_floats > 0)
     CHECK_THROWS_AS(stages::bind_layer(c, 3, lay, bytes, std::span<float>(widen).first(lay.widen_floats - 1)),
                     io::Error);
@@ -266,8 +274,9 @@ TEST_CASE("MXFP4 experts: U8, 2-D, equal rows, group size 32, shape as configure
       CHECK(lay.contiguous);
       CHECK(lay.buffer_bytes == 3 * (64 * 32 + 64 * 2));
       std::vector<std::byte> bytes(lay.buffer_bytes + 8);
-      std::span<std::byte> span(bytes.data() + (8 - reinterpret_cast<uintptr_t>(bytes.data()) % 8 + lay.base_mod8) % 8,
-                                lay.buffer_bytes);
+      std::span<std::byte> span(
+          bytes.data() + (8 - reinterpret_cast<uintptr_t>(bytes.data()) % 8 + lay.base_mod8) % 8,
+          lay.buffer_bytes);
       stages::read_layout(lay, shards, span);
       const stages::ExpertWeights e = stages::bind_expert(c, lay, span, {});
       const auto& w2 = std::get<kernels::Mxfp4Matrix>(e.w2);
@@ -276,7 +285,8 @@ TEST_CASE("MXFP4 experts: U8, 2-D, equal rows, group size 32, shape as configure
       CHECK(w2.packed.size() == 64 * 32);
       CHECK(w2.scales.size() == 64 * 2);
     } else {
-      CHECK_THROWS_WITH_AS(stages::locate_expert(shards, c, 1, 0), doctest::Contains(message.c_str()), io::Error);
+      CHECK_THROWS_WITH_AS(stages::locate_expert(shards, c, 1, 0), doctest::Contains(message.c_str()),
+                           io::Error);
     }
   };
   check(valid(), "");

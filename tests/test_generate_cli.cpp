@@ -22,7 +22,8 @@ namespace {
 const std::string kModel = std::string(K3_FIXTURES) + "/tiny-k3";
 const std::string kPrompt = "203,34,2,239,195,71,163,54,121,104,16,16";
 const std::string kFull =
-    "203,34,2,239,195,71,163,54,121,104,16,16,219,63,4,31,48,193,57,231,219,205,145,117,79,208,18,1,74,125,66,121";
+    "203,34,2,239,195,71,163,54,121,104,16,16,219,63,4,31,48,193,57,231,219,205,145,117,79,208,18,1,74,125,"
+    "66,121";
 
 struct Run {
   int code = -1;
@@ -70,7 +71,8 @@ std::string json_array(const std::string& json, const std::string& key) {
 
 TEST_CASE("README command: 12-id prompt, 20 tokens incremental, the expected continuation") {
   TempDir d;
-  const Run r = run("generate " + kModel + " --ids " + kPrompt + " --gen 20 --incremental --out " + d / "run.json");
+  const Run r =
+      run("generate " + kModel + " --ids " + kPrompt + " --gen 20 --incremental --out " + d / "run.json");
   INFO(r.out);
   REQUIRE(r.code == 0);
   CHECK(r.out.find("config: ") != std::string::npos);
@@ -79,7 +81,8 @@ TEST_CASE("README command: 12-id prompt, 20 tokens incremental, the expected con
   CHECK(r.out.find("generated ids: 219 63 4 31 48 193 57 231 219 205 145 117 79 208 18 1 74 125 66 121") !=
         std::string::npos);
   const std::string json = slurp(d / "run.json");
-  CHECK(json_array(json, "generated_ids") == "219,63,4,31,48,193,57,231,219,205,145,117,79,208,18,1,74,125,66,121");
+  CHECK(json_array(json, "generated_ids") ==
+        "219,63,4,31,48,193,57,231,219,205,145,117,79,208,18,1,74,125,66,121");
   CHECK(json_array(json, "prompt_ids") == kPrompt);
   CHECK(json_array(json, "full_ids") == kFull);
   for (const char* key : {"\"layers\":13", "\"seconds_per_token\":", "\"peak_rss_bytes\":"})
@@ -90,8 +93,8 @@ TEST_CASE("--dump-logits of the 32 full_ids equals fixtures/golden/tiny_c_logits
   TempDir d;
   for (const char* mode : {"", " --incremental", " --threads 1", " --threads 2 --incremental"}) {
     CAPTURE(mode);
-    const Run r = run("generate " + kModel + " --ids " + kFull + " --gen 1 --dump-logits " + d / "l.bin" + " --out " +
-                      d / "r.json" + mode);
+    const Run r = run("generate " + kModel + " --ids " + kFull + " --gen 1 --dump-logits " + d / "l.bin" +
+                      " --out " + d / "r.json" + mode);
     INFO(r.out);
     REQUIRE(r.code == 0);
     const std::string got = slurp(d / "l.bin");
@@ -103,7 +106,8 @@ TEST_CASE("--dump-logits of the 32 full_ids equals fixtures/golden/tiny_c_logits
 
 TEST_CASE("unseen prompts: full recompute and incremental, 1 and 2 threads give identical ids and logits") {
   TempDir d;
-  for (const std::string ids : {"5", "17,250,3,3,3,99,0,128", "1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20"}) {
+  for (const std::string ids :
+       {"5", "17,250,3,3,3,99,0,128", "1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20"}) {
     CAPTURE(ids);
     std::string ref_ids, ref_logits;
     for (const char* mode : {"", " --incremental", " --threads 1", " --threads 2 --incremental"}) {
@@ -124,7 +128,8 @@ TEST_CASE("unseen prompts: full recompute and incremental, 1 and 2 threads give 
 
 TEST_CASE("--save-state then --load-state continues exactly like one uninterrupted run") {
   TempDir d;
-  const Run whole = run("generate " + kModel + " --ids " + kPrompt + " --gen 20 --incremental --out " + d / "a.json");
+  const Run whole =
+      run("generate " + kModel + " --ids " + kPrompt + " --gen 20 --incremental --out " + d / "a.json");
   REQUIRE(whole.code == 0);
   const std::string want_full = json_array(slurp(d / "a.json"), "full_ids");
 
@@ -138,8 +143,8 @@ TEST_CASE("--save-state then --load-state continues exactly like one uninterrupt
   CHECK(slurp(d / "s.k3st").substr(0, 4) == "K3ST");
 
   // Continue with no new ids: the pending token is fed first.
-  const Run second = run("generate " + kModel + " --ids \"\" --gen 12 --incremental --load-state " + d / "s.k3st" +
-                         " --out " + d / "c.json");
+  const Run second = run("generate " + kModel + " --ids \"\" --gen 12 --incremental --load-state " +
+                         d / "s.k3st" + " --out " + d / "c.json");
   INFO(second.out);
   REQUIRE(second.code == 0);
   CHECK(json_array(slurp(d / "c.json"), "full_ids") == want_full);
@@ -147,20 +152,21 @@ TEST_CASE("--save-state then --load-state continues exactly like one uninterrupt
 
   // New ids given on resume are the continuation of the saved sequence.
   const std::string saved_full = json_array(slurp(d / "b.json"), "full_ids");
-  const Run direct = run("generate " + kModel + " --ids " + saved_full + ",7,77 --gen 5 --incremental --out " +
-                         d / "e.json");
-  const Run resumed = run("generate " + kModel + " --ids 7,77 --gen 5 --incremental --load-state " + d / "s.k3st" +
-                          " --out " + d / "f.json");
+  const Run direct = run("generate " + kModel + " --ids " + saved_full +
+                         ",7,77 --gen 5 --incremental --out " + d / "e.json");
+  const Run resumed = run("generate " + kModel + " --ids 7,77 --gen 5 --incremental --load-state " +
+                          d / "s.k3st" + " --out " + d / "f.json");
   REQUIRE(direct.code == 0);
   REQUIRE(resumed.code == 0);
   CHECK(json_array(slurp(d / "f.json"), "generated_ids") == json_array(slurp(d / "e.json"), "generated_ids"));
   CHECK(json_array(slurp(d / "f.json"), "full_ids") == json_array(slurp(d / "e.json"), "full_ids"));
 }
 
-TEST_CASE("bad state files are refused with exit 1 naming the file; --load-state needs --incremental (exit 2)") {
+TEST_CASE(
+    "bad state files are refused with exit 1 naming the file; --load-state needs --incremental (exit 2)") {
   TempDir d;
-  REQUIRE(run("generate " + kModel + " --ids 1,2,3 --gen 2 --incremental --save-state " + d / "s.k3st" + " --out " +
-              d / "r.json")
+  REQUIRE(run("generate " + kModel + " --ids 1,2,3 --gen 2 --incremental --save-state " + d / "s.k3st" +
+              " --out " + d / "r.json")
               .code == 0);
   const std::string good = slurp(d / "s.k3st");
   auto write = [&](const std::string& name, const std::string& bytes) {
@@ -183,8 +189,8 @@ TEST_CASE("bad state files are refused with exit 1 naming the file; --load-state
   };
   for (const auto& c : cases) {
     CAPTURE(c.file);
-    const Run r = run("generate " + kModel + " --ids 4 --gen 1 --incremental --load-state " + c.file + " --out " +
-                      d / "x.json");
+    const Run r = run("generate " + kModel + " --ids 4 --gen 1 --incremental --load-state " + c.file +
+                      " --out " + d / "x.json");
     CHECK(r.code == 1);
     CHECK(r.out.find(c.file) != std::string::npos);
     CHECK(r.out.find(c.why) != std::string::npos);
@@ -226,7 +232,8 @@ TEST_CASE("usage refusals exit 2 naming the flag, and never leave an output file
       {"--ids 1 --frobnicate", "frobnicate"},
       {"--ids 1 --gen 0 --dump-logits " + d / "z.bin", "--dump-logits"},
       {"--ids 1 --config " + d / "missing.json", "config"},
-      {"--ids 1 --config " + std::string(K3_FIXTURES) + "/cfg/no_layermap.json", "refusing to substitute defaults"},
+      {"--ids 1 --config " + std::string(K3_FIXTURES) + "/cfg/no_layermap.json",
+       "refusing to substitute defaults"},
   };
   for (const auto& c : cases) {
     CAPTURE(c.args);

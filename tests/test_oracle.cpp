@@ -58,10 +58,12 @@ std::vector<int32_t> decode(bool incremental, const std::vector<int32_t>& prompt
     } else if (g == 0 && chunk > 0) {
       for (size_t at = 0; at < seq.size(); at += chunk) {
         const size_t n = std::min(chunk, seq.size() - at);
-        stages::forward(*o.model, st, std::span<const int32_t>(seq).subspan(at, n), stages::HeadAt::last, lg, sc);
+        stages::forward(*o.model, st, std::span<const int32_t>(seq).subspan(at, n), stages::HeadAt::last, lg,
+                        sc);
       }
     } else {
-      stages::forward(*o.model, st, std::span<const int32_t>(seq).subspan(st.cached), stages::HeadAt::last, lg, sc);
+      stages::forward(*o.model, st, std::span<const int32_t>(seq).subspan(st.cached), stages::HeadAt::last,
+                      lg, sc);
     }
     logits.insert(logits.end(), lg.begin(), lg.end());
     out.push_back(stages::greedy(lg));

@@ -56,9 +56,12 @@ std::vector<std::string> prefixed(const std::string& prefix, std::vector<std::st
   return suffixes;
 }
 
-const std::vector<std::string> kCommon = {
-    "input_layernorm.weight",       "post_attention_layernorm.weight", "self_attention_res_norm.weight",
-    "self_attention_res_proj.weight", "mlp_res_norm.weight",           "mlp_res_proj.weight"};
+const std::vector<std::string> kCommon = {"input_layernorm.weight",
+                                          "post_attention_layernorm.weight",
+                                          "self_attention_res_norm.weight",
+                                          "self_attention_res_proj.weight",
+                                          "mlp_res_norm.weight",
+                                          "mlp_res_proj.weight"};
 const std::vector<std::string> kKda = {
     "self_attn.q_proj.weight",   "self_attn.k_proj.weight",   "self_attn.v_proj.weight",
     "self_attn.g_proj.weight",   "self_attn.o_proj.weight",   "self_attn.q_conv1d.weight",
@@ -66,10 +69,12 @@ const std::vector<std::string> kKda = {
     "self_attn.f_b_proj.weight", "self_attn.b_proj.weight",   "self_attn.A_log",
     "self_attn.dt_bias",         "self_attn.o_norm.weight"};
 const std::vector<std::string> kMla = {
-    "self_attn.q_a_proj.weight",          "self_attn.q_a_layernorm.weight", "self_attn.q_b_proj.weight",
-    "self_attn.kv_a_proj_with_mqa.weight", "self_attn.kv_a_layernorm.weight", "self_attn.kv_b_proj.weight",
-    "self_attn.o_proj.weight",            "self_attn.g_proj.weight"};
-const std::vector<std::string> kDense = {"mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight"};
+    "self_attn.q_a_proj.weight",       "self_attn.q_a_layernorm.weight",
+    "self_attn.q_b_proj.weight",       "self_attn.kv_a_proj_with_mqa.weight",
+    "self_attn.kv_a_layernorm.weight", "self_attn.kv_b_proj.weight",
+    "self_attn.o_proj.weight",         "self_attn.g_proj.weight"};
+const std::vector<std::string> kDense = {"mlp.gate_proj.weight", "mlp.up_proj.weight",
+                                         "mlp.down_proj.weight"};
 const std::vector<std::string> kMoe = {"block_sparse_moe.gate.weight",
                                        "block_sparse_moe.gate.e_score_correction_bias",
                                        "block_sparse_moe.routed_expert_down_proj.weight",
@@ -99,7 +104,8 @@ std::vector<std::string> trunk_names_in(const io::ShardSet& shards, int layer) {
 
 }  // namespace
 
-TEST_CASE("sparse replica: the planner asks for exactly the released names of KDA, MLA, dense and MoE layers") {
+TEST_CASE(
+    "sparse replica: the planner asks for exactly the released names of KDA, MLA, dense and MoE layers") {
   Replica& r = replica();
   const io::ModelConfig& c = r.cfg;
   REQUIRE(c.n_layers == 93);
@@ -109,29 +115,31 @@ TEST_CASE("sparse replica: the planner asks for exactly the released names of KD
     int layer;
     bool mla, dense;
   };
-  for (const Want w : {Want{0, false, true}, Want{1, false, false}, Want{3, true, false}, Want{91, true, false},
-                       Want{92, true, false}}) {
+  for (const Want w : {Want{0, false, true}, Want{1, false, false}, Want{3, true, false},
+                       Want{91, true, false}, Want{92, true, false}}) {
     CAPTURE(w.layer);
     const stages::LayerPlan p = stages::plan_layer(c, w.layer);
     CHECK((p.kind.attention == io::LayerAttention::mla) == w.mla);
     CHECK((p.kind.ffn == io::LayerFfn::dense) == w.dense);
-    const auto want = prefixed(stages::layer_prefix(w.layer), cat(kCommon, w.mla ? kMla : kKda, w.dense ? kDense : kMoe));
+    const auto want =
+        prefixed(stages::layer_prefix(w.layer), cat(kCommon, w.mla ? kMla : kKda, w.dense ? kDense : kMoe));
     CHECK(names(p.tensors) == want);
     // ... and that is everything the checkpoint has for the layer's trunk.
     CHECK(trunk_names_in(r.shards, w.layer) == want);
   }
-  CHECK(stages::plan_layer(c, 0).tensors.front().name == "language_model.model.layers.0.input_layernorm.weight");
+  CHECK(stages::plan_layer(c, 0).tensors.front().name ==
+        "language_model.model.layers.0.input_layernorm.weight");
   CHECK(names(stages::plan_model(c)) == std::vector<std::string>{
-                                           "language_model.lm_head.weight",
-                                           "language_model.model.embed_tokens.weight",
-                                           "language_model.model.norm.weight",
-                                           "language_model.model.output_attn_res_norm.weight",
-                                           "language_model.model.output_attn_res_proj.weight",
-                                       });
+                                            "language_model.lm_head.weight",
+                                            "language_model.model.embed_tokens.weight",
+                                            "language_model.model.norm.weight",
+                                            "language_model.model.output_attn_res_norm.weight",
+                                            "language_model.model.output_attn_res_proj.weight",
+                                        });
   CHECK(names(stages::plan_expert(c, 92, 895, stages::ExpertFormat::mxfp4)) ==
         prefixed("language_model.model.layers.92.block_sparse_moe.experts.895.",
-                 {"w1.weight_packed", "w1.weight_scale", "w2.weight_packed", "w2.weight_scale", "w3.weight_packed",
-                  "w3.weight_scale"}));
+                 {"w1.weight_packed", "w1.weight_scale", "w2.weight_packed", "w2.weight_scale",
+                  "w3.weight_packed", "w3.weight_scale"}));
 }
 
 TEST_CASE("sparse replica: every planned tensor of all 93 layers is found with the expected element count") {

@@ -26,8 +26,9 @@ void check_kda_layer(const char* file) {
   const auto o = f.tensor("o_proj"), fa = f.tensor("f_a"), fb = f.tensor("f_b"), b = f.tensor("b_proj");
   const auto qc = f.tensor("q_conv"), kc = f.tensor("k_conv"), vc = f.tensor("v_conv");
   const auto a_log = f.tensor("A_log"), dt = f.tensor("dt_bias"), on = f.tensor("o_norm");
-  stages::KdaWeights w{test::f32(q), test::f32(k), test::f32(v), test::f32(g), test::f32(o), test::f32(fa),
-                       test::f32(fb), test::f32(b), qc.data, kc.data, vc.data, a_log.data, dt.data, on.data};
+  stages::KdaWeights w{test::f32(q),  test::f32(k),  test::f32(v), test::f32(g), test::f32(o),
+                       test::f32(fa), test::f32(fb), test::f32(b), qc.data,      kc.data,
+                       vc.data,       a_log.data,    dt.data,      on.data};
 
   const auto in = f.tensor("in"), want = f.tensor("out"), want_state = f.tensor("state_out");
   REQUIRE(in.numel() == T * E);
@@ -46,14 +47,17 @@ void check_kda_layer(const char* file) {
   std::vector<float> state2(state.size(), 0.0f), out2(T * E);
   for (size_t t = 0; t < T; ++t)
     stages::attention_kda(w, c, std::span<const float>(in.data).subspan(t * E, E), 1,
-                          stages::kda_state_view(c, state2), std::span<float>(out2).subspan(t * E, E), scratch);
+                          stages::kda_state_view(c, state2), std::span<float>(out2).subspan(t * E, E),
+                          scratch);
   CHECK(out2 == out);
   CHECK(state2 == state);
 }
 
 }  // namespace
 
-TEST_CASE("attention_kda matches kda_layer1.json") { check_kda_layer("ops/kda_layer1.json"); }
+TEST_CASE("attention_kda matches kda_layer1.json") {
+  check_kda_layer("ops/kda_layer1.json");
+}
 TEST_CASE("attention_kda matches kda_layer8.json, and token-by-token equals one call") {
   check_kda_layer("ops/kda_layer8.json");
 }

@@ -80,7 +80,8 @@ void check_layer(const char* file) {
   std::vector<stages::ExpertWeights> experts;
   for (int e = 0; e < c.n_experts; ++e) {
     const std::string p = "mlp_experts_" + std::to_string(e) + "_";
-    experts.push_back({test::f32(t(p + "w1_weight")), test::f32(t(p + "w2_weight")), test::f32(t(p + "w3_weight"))});
+    experts.push_back(
+        {test::f32(t(p + "w1_weight")), test::f32(t(p + "w2_weight")), test::f32(t(p + "w3_weight"))});
   }
   const stages::ExpertFn expert = [&](int e) -> const stages::ExpertWeights& { return experts.at(e); };
 
@@ -119,7 +120,9 @@ void check_layer(const char* file) {
 
 }  // namespace
 
-TEST_CASE("decoder_layer matches layer_kda.json (KDA, not a boundary)") { check_layer("ops/layer_kda.json"); }
+TEST_CASE("decoder_layer matches layer_kda.json (KDA, not a boundary)") {
+  check_layer("ops/layer_kda.json");
+}
 TEST_CASE("decoder_layer matches layer_mla.json (MLA, boundary: snapshot then clear)") {
   check_layer("ops/layer_mla.json");
 }

@@ -61,7 +61,7 @@ TEST_CASE("attention_mla matches mla.json; cached one-token steps give identical
   CHECK(rope2 == rope);
 
   // Overflowing the cache is refused, never written past.
-  CHECK_THROWS_WITH_AS(stages::attention_mla(w, c, std::span<const float>(in.data).first(E), 1, T, {kv2, rope2, T},
-                                             std::span<float>(out2).first(E), sc2),
+  CHECK_THROWS_WITH_AS(stages::attention_mla(w, c, std::span<const float>(in.data).first(E), 1, T,
+                                             {kv2, rope2, T}, std::span<float>(out2).first(E), sc2),
                        doctest::Contains("KV cache overflow"), k3::io::Error);
 }

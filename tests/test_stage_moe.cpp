@@ -48,7 +48,8 @@ struct MoeFixture {
     w.shared_down = test::f32(t("shared_w2_weight"));
     for (int e = 0; e < c.n_experts; ++e) {
       const std::string p = "experts_" + std::to_string(e) + "_";
-      experts.push_back({test::f32(t(p + "w1_weight")), test::f32(t(p + "w2_weight")), test::f32(t(p + "w3_weight"))});
+      experts.push_back(
+          {test::f32(t(p + "w1_weight")), test::f32(t(p + "w2_weight")), test::f32(t(p + "w3_weight"))});
     }
   }
 };
