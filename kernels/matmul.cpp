@@ -3,6 +3,7 @@
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -30,15 +31,20 @@ detail::MatmulBodies bodies() {
   return detail::matmul_bodies_scalar();
 }
 
+// Rows go to threads in whole blocks, so the bodies' multi-row paths stay in use.
+constexpr size_t kRowBlock = 8;
+
 template <class Body>
 void for_rows(size_t rows, size_t cols, const Body& body) {
   if (rows <= kParallelRows) {
     body(0, rows);
     return;
   }
-  const size_t grain = std::max<size_t>(1, 16384 / std::max<size_t>(cols, 1));
-  tbb::parallel_for(tbb::blocked_range<size_t>(0, rows, grain),
-                    [&](const tbb::blocked_range<size_t>& r) { body(r.begin(), r.end()); });
+  const size_t blocks = (rows + kRowBlock - 1) / kRowBlock;
+  const size_t grain = std::max<size_t>(1, 4096 / std::max<size_t>(cols, 1));  // >= ~32k weights a task
+  tbb::parallel_for(tbb::blocked_range<size_t>(0, blocks, grain), [&](const tbb::blocked_range<size_t>& r) {
+    body(r.begin() * kRowBlock, std::min(r.end() * kRowBlock, rows));
+  });
 }
 
 // Rows [r0, r1) (all rows, split over threads, when `parallel`); y[t * y_stride + (r - r0)].
