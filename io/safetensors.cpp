@@ -437,6 +437,7 @@ struct ShardSet::Impl {
   std::vector<ShardFile> shards;
   TensorIndex index;
 
+  const ShardFile& at(uint32_t shard) const;
   size_t heap_bytes() const {
     size_t b = sizeof(Impl) + shards.capacity() * sizeof(ShardFile) + index.heap_bytes();
     for (const ShardFile& s : shards) {
@@ -533,11 +534,20 @@ size_t ShardSet::tensor_count() const {
 size_t ShardSet::shard_count() const {
   return impl_->shards.size();
 }
+const ShardFile& ShardSet::Impl::at(uint32_t shard) const {
+  if (shard >= shards.size()) {
+    throw usage_error(fmt::format("shard {} of a set of {}", shard, shards.size()));
+  }
+  return shards[shard];
+}
 const fs::path& ShardSet::shard_path(uint32_t shard) const {
-  return impl_->shards.at(shard).path;
+  return impl_->at(shard).path;
 }
 uint64_t ShardSet::shard_size(uint32_t shard) const {
-  return impl_->shards.at(shard).file.size();
+  return impl_->at(shard).file.size();
+}
+const File& ShardSet::shard_file(uint32_t shard) const {
+  return impl_->at(shard).file;
 }
 void ShardSet::for_each(const std::function<void(std::string_view, const TensorInfo&)>& fn) const {
   impl_->index.for_each(fn);
@@ -556,10 +566,7 @@ void ShardSet::read(const TensorInfo& t, std::span<std::byte> dst) const {
 }
 
 void ShardSet::read_range(uint32_t shard, uint64_t offset, std::span<std::byte> dst) const {
-  if (shard >= impl_->shards.size()) {
-    throw usage_error(fmt::format("read from shard {} of a set of {}", shard, impl_->shards.size()));
-  }
-  const ShardFile& s = impl_->shards[shard];
+  const ShardFile& s = impl_->at(shard);
   if (offset > s.file.size() || dst.size() > s.file.size() - offset) {
     throw runtime_error(fmt::format("{}: range [{}, +{}) lies past the end of the file ({} bytes)",
                                     s.path.string(), offset, dst.size(), s.file.size()));

@@ -14,6 +14,8 @@
 
 namespace k3::io {
 
+class File;
+
 enum class DType : uint8_t { U8, BF16, F16, F32 };
 const char* dtype_name(DType);
 size_t dtype_size(DType);
@@ -42,6 +44,8 @@ class ShardSet {
   size_t shard_count() const;
   const std::filesystem::path& shard_path(uint32_t shard) const;
   uint64_t shard_size(uint32_t shard) const;
+  // The open shard (buffered + O_DIRECT descriptors), for readers that batch their own I/O.
+  const File& shard_file(uint32_t shard) const;
   void for_each(const std::function<void(std::string_view name, const TensorInfo&)>& fn) const;
   size_t index_bytes() const;  // heap bytes held by the index (names + entries + lookup table)
 

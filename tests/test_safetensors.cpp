@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "io/error.hpp"
+#include "io/file.hpp"
 #include "io/safetensors.hpp"
 #include "io/widen.hpp"
 
@@ -192,6 +193,9 @@ TEST_CASE("st fixture: every tensor round-trips dtype, shape, numel, shard, offs
   CHECK(set.find("scalar.f32")->numel() == 1);
   CHECK(set.find("empty.f32")->numel() == 0);
   CHECK(set.index_bytes() > 0);
+  CHECK(set.shard_file(1).size() == 973);
+  CHECK(set.shard_file(1).path() == set.shard_path(1));
+  CHECK_THROWS_AS(set.shard_path(2), Error);
 }
 
 TEST_CASE("st fixture: absent names miss; __metadata__ is not a tensor") {
