@@ -8,7 +8,7 @@
 // Counters: GB/s of weights read, GFLOP/s (2 per weight), roofline = GB/s / DRAM GB/s at the same
 // thread count, bitexact = output equal (memcmp) to the scalar body's.
 // The last line of the output is `roofline bf16_2t=<fraction> mxfp4_2t=<fraction>` for the body
-// the dispatcher would pick.
+// the dispatcher would pick: its best GB/s at 2 threads over the best 2-thread DRAM read rate.
 #include <benchmark/benchmark.h>
 #include <emmintrin.h>
 #include <tbb/blocked_range.h>
@@ -35,11 +35,17 @@ using Clock = std::chrono::steady_clock;
 
 constexpr int kMaxThreads = 2;
 
-// Filled as the benchmarks run (in registration order: the DRAM probe first).
+// Best rates seen as the benchmarks run (in registration order: the DRAM probe first). Google
+// Benchmark calls each function several times; the best of them is the least disturbed by other
+// work on the machine, for the roofline as for the kernels.
 struct Measured {
   double dram_gbs[kMaxThreads + 1] = {};
-  double bf16_2t = 0.0, mxfp4_2t = 0.0;  // roofline fractions, best body
+  double bf16_gbs_2t = 0.0, mxfp4_gbs_2t = 0.0;  // best body
 } g_measured;
+
+void keep_max(double& slot, double v) {
+  slot = v > slot ? v : slot;
+}
 
 Isa best_isa() {
   return supported_isas().back();
@@ -125,7 +131,7 @@ void BM_dram_read(benchmark::State& st) {
   });
   benchmark::DoNotOptimize(sink.load());
   const double gbs = static_cast<double>(kDramBytes) / secs / 1e9;
-  g_measured.dram_gbs[threads] = gbs;
+  keep_max(g_measured.dram_gbs[threads], gbs);
   st.counters["GB/s"] = gbs;
   st.SetLabel(std::to_string(threads) + "t");
 }
@@ -178,7 +184,7 @@ void BM_bf16_matvec(benchmark::State& st) {
   const double secs = run_timed(st, isa, threads, [&] { matvec(w, d.x, y); });
   const bool exact = std::memcmp(y.data(), d.want_bf16.data(), kRows * sizeof(float)) == 0;
   set_rates(st, kRows * kCols * 2.0, 2.0 * kRows * kCols, secs, threads, exact);
-  if (isa == best_isa() && threads == 2) g_measured.bf16_2t = st.counters["roofline"];
+  if (isa == best_isa() && threads == 2) keep_max(g_measured.bf16_gbs_2t, st.counters["GB/s"]);
 }
 
 void BM_f32_matvec(benchmark::State& st) {
@@ -277,7 +283,7 @@ void BM_mxfp4_expert(benchmark::State& st) {
                      std::memcmp(y3.data(), d.want3.data(), kInter * 4) == 0 &&
                      std::memcmp(y2.data(), d.want2.data(), kLatent * 4) == 0;
   set_rates(st, kExpertBytes, kExpertFlops, secs, threads, exact);
-  if (isa == best_isa() && threads == 2) g_measured.mxfp4_2t = st.counters["roofline"];
+  if (isa == best_isa() && threads == 2) keep_max(g_measured.mxfp4_gbs_2t, st.counters["GB/s"]);
 }
 
 // The C reference's own benchmark shape: one w1 (3072x3584), hot in the LLC.
@@ -311,6 +317,10 @@ int main(int argc, char** argv) {
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
-  std::printf("roofline bf16_2t=%.3f mxfp4_2t=%.3f\n", g_measured.bf16_2t, g_measured.mxfp4_2t);
+  const double dram = g_measured.dram_gbs[2];
+  std::printf("dram_2t=%.2f GB/s bf16_2t=%.2f GB/s mxfp4_2t=%.2f GB/s (best of each run, %s)\n", dram,
+              g_measured.bf16_gbs_2t, g_measured.mxfp4_gbs_2t, isa_name(best_isa()));
+  std::printf("roofline bf16_2t=%.3f mxfp4_2t=%.3f\n", dram > 0 ? g_measured.bf16_gbs_2t / dram : 0.0,
+              dram > 0 ? g_measured.mxfp4_gbs_2t / dram : 0.0);
   return 0;
 }
