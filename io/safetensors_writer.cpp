@@ -6,9 +6,12 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <unordered_set>
+#include <utility>
 
+#include "io/aligned.hpp"
 #include "io/error.hpp"
 
 namespace k3::io {
@@ -115,54 +118,57 @@ std::filesystem::path partial_path(const std::filesystem::path& final_path) {
 }
 
 SafetensorsWriter::SafetensorsWriter(std::filesystem::path path, std::vector<TensorEntry> tensors,
-                                     const Metadata& metadata)
+                                     const Metadata& metadata, Mode mode)
     : path_(std::move(path)), tensors_(std::move(tensors)), layout_(layout_shard(tensors_, metadata)) {
   const std::filesystem::path tmp = partial_path(path_);
-  fd_ = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  constexpr int kFlags = O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC;
+  // O_DIRECT moves the data by DMA from our buffers: no page-cache copy, nothing left cached.
+  // Filesystems that refuse it (tmpfs on older kernels) get buffered writes.
+  if (mode == Mode::direct_preferred) {
+    fd_ = ::open(tmp.c_str(), kFlags | O_DIRECT, 0644);
+    direct_ = fd_ >= 0;
+  }
+  if (mode == Mode::buffered || (fd_ < 0 && errno == EINVAL)) fd_ = ::open(tmp.c_str(), kFlags, 0644);
   if (fd_ < 0) throw runtime_error(sys_error("create", tmp, errno));
-  std::string prefix(8, '\0');
-  uint64_t n = layout_.header.size();
-  for (int i = 0; i < 8; ++i) prefix[i] = static_cast<char>((n >> (8 * i)) & 0xFF);
+  committed_ = false;
   try {
-    append_raw(prefix);
-    append_raw(layout_.header);
+    if (direct_) stage_ = AlignedBuffer(kStage, kDirectAlign);
+    std::string prefix(8, '\0');
+    const uint64_t n = layout_.header.size();
+    for (int i = 0; i < 8; ++i) prefix[i] = static_cast<char>((n >> (8 * i)) & 0xFF);
+    put(std::as_bytes(std::span(prefix.data(), prefix.size())));
+    put(std::as_bytes(std::span(layout_.header.data(), layout_.header.size())));
   } catch (...) {
-    close_fd();
-    ::unlink(tmp.c_str());
+    discard();
     throw;
   }
 }
 
-SafetensorsWriter::SafetensorsWriter(SafetensorsWriter&& o) noexcept
-    : path_(std::move(o.path_)),
-      tensors_(std::move(o.tensors_)),
-      layout_(std::move(o.layout_)),
-      written_(o.written_),
-      started_(o.started_),
-      settled_(o.settled_),
-      fd_(o.fd_),
-      finished_(o.finished_),
-      committed_(o.committed_) {
-  o.fd_ = -1;
-  o.committed_ = true;  // the moved-from object owns no file
+SafetensorsWriter::SafetensorsWriter(SafetensorsWriter&& o) noexcept {
+  swap(o);
 }
 
 SafetensorsWriter& SafetensorsWriter::operator=(SafetensorsWriter&& o) noexcept {
   if (this != &o) {
     discard();
-    path_ = std::move(o.path_);
-    tensors_ = std::move(o.tensors_);
-    layout_ = std::move(o.layout_);
-    written_ = o.written_;
-    started_ = o.started_;
-    settled_ = o.settled_;
-    fd_ = o.fd_;
-    finished_ = o.finished_;
-    committed_ = o.committed_;
-    o.fd_ = -1;
-    o.committed_ = true;
+    swap(o);
   }
   return *this;
+}
+
+void SafetensorsWriter::swap(SafetensorsWriter& o) noexcept {
+  std::swap(path_, o.path_);
+  std::swap(tensors_, o.tensors_);
+  std::swap(layout_, o.layout_);
+  std::swap(written_, o.written_);
+  std::swap(fd_, o.fd_);
+  std::swap(direct_, o.direct_);
+  std::swap(stage_, o.stage_);
+  std::swap(staged_, o.staged_);
+  std::swap(started_, o.started_);
+  std::swap(settled_, o.settled_);
+  std::swap(finished_, o.finished_);
+  std::swap(committed_, o.committed_);
 }
 
 SafetensorsWriter::~SafetensorsWriter() {
@@ -178,25 +184,66 @@ void SafetensorsWriter::discard() noexcept {
 void SafetensorsWriter::close_fd() {
   if (fd_ >= 0) ::close(fd_);
   fd_ = -1;
+  stage_ = AlignedBuffer();
 }
 
-void SafetensorsWriter::append_raw(std::string_view bytes) {
-  append_fd(std::as_bytes(std::span(bytes.data(), bytes.size())));
-}
-
-void SafetensorsWriter::append_fd(std::span<const std::byte> bytes) {
-  const std::byte* p = bytes.data();
-  size_t left = bytes.size();
-  while (left > 0) {
+void SafetensorsWriter::write_all(const std::byte* p, size_t n) {
+  while (n > 0) {
     // One syscall moves at most 1 GiB (Linux caps a write just under 2 GiB anyway).
-    ssize_t n = ::write(fd_, p, std::min<size_t>(left, size_t{1} << 30));
-    if (n < 0) {
+    const ssize_t w = ::write(fd_, p, std::min<size_t>(n, size_t{1} << 30));
+    if (w < 0) {
       if (errno == EINTR) continue;
+      if (errno == EINVAL && direct_) {
+        // Accepted at open, refused at write: carry on buffered from here (same file offset).
+        ::fcntl(fd_, F_SETFL, ::fcntl(fd_, F_GETFL) & ~O_DIRECT);
+        direct_ = false;
+        continue;
+      }
       throw runtime_error(sys_error("write", partial_path(path_), errno));
     }
-    p += n;
-    left -= static_cast<size_t>(n);
+    p += w;
+    n -= static_cast<size_t>(w);
   }
+}
+
+// Direct mode: bytes go straight out when they start at an aligned address and nothing is staged
+// (the synth pipeline arranges that for all but a shard's first block), else through the stage,
+// which is written whenever full. Every write is a multiple of 4096 at a 4096-aligned offset.
+void SafetensorsWriter::put(std::span<const std::byte> bytes) {
+  while (!bytes.empty()) {
+    if (!direct_) {
+      write_all(bytes.data(), bytes.size());
+      stream_out();
+      return;
+    }
+    if (staged_ == 0 && bytes.size() >= kDirectAlign &&
+        reinterpret_cast<uintptr_t>(bytes.data()) % kDirectAlign == 0) {
+      const size_t n = align_down(bytes.size(), kDirectAlign);
+      write_all(bytes.data(), n);
+      bytes = bytes.subspan(n);
+      continue;
+    }
+    const size_t take = std::min(stage_.size() - staged_, bytes.size());
+    std::memcpy(stage_.data() + staged_, bytes.data(), take);
+    staged_ += take;
+    bytes = bytes.subspan(take);
+    if (staged_ == stage_.size()) {
+      write_all(stage_.data(), staged_);
+      staged_ = 0;
+    }
+  }
+}
+
+// Writes what is staged, padded with zeros to the alignment, then cuts the file to its size.
+void SafetensorsWriter::flush_stage_and_truncate(uint64_t size) {
+  if (staged_ > 0) {
+    const size_t padded = align_up(staged_, kDirectAlign);
+    std::memset(stage_.data() + staged_, 0, padded - staged_);
+    write_all(stage_.data(), padded);
+    staged_ = 0;
+  }
+  if (::ftruncate(fd_, static_cast<off_t>(size)) != 0)
+    throw runtime_error(sys_error("size", partial_path(path_), errno));
 }
 
 void SafetensorsWriter::append(std::span<const std::byte> bytes) {
@@ -204,14 +251,13 @@ void SafetensorsWriter::append(std::span<const std::byte> bytes) {
   if (bytes.size() > layout_.data_bytes - written_)
     throw runtime_error(fmt::format("{}: {} bytes appended past the declared {} data bytes", path_.string(),
                                     written_ + bytes.size(), layout_.data_bytes));
-  append_fd(bytes);
+  put(bytes);
   written_ += bytes.size();
-  stream_out();
 }
 
-// Streaming writeback: start writing each appended range at once and, a window behind, wait for
-// it and drop it from the page cache. Dirty memory stays bounded on multi-GB shards and the final
-// flush in finish() has little left to do.
+// Buffered mode only: start writing each appended range at once and, a window behind, wait for
+// it and drop it from the page cache. Dirty memory stays bounded on multi-GB shards and the
+// flush in commit() has little left to do.
 void SafetensorsWriter::stream_out() {
   constexpr uint64_t kWindow = uint64_t{64} << 20;
   const uint64_t end = layout_.data_start() + written_;
@@ -230,42 +276,48 @@ void SafetensorsWriter::stream_out() {
   }
 }
 
-void SafetensorsWriter::finish() {
+void SafetensorsWriter::end(uint64_t expected_written) {
   if (fd_ < 0 || finished_) throw runtime_error(fmt::format("{}: finished twice", path_.string()));
   const std::filesystem::path tmp = partial_path(path_);
-  if (written_ != layout_.data_bytes)
+  if (written_ != expected_written)
     throw runtime_error(
-        fmt::format("{}: {} of {} data bytes written", tmp.string(), written_, layout_.data_bytes));
-  if (::fdatasync(fd_) != 0) throw runtime_error(sys_error("flush", tmp, errno));
-  ::posix_fadvise(fd_, 0, 0, POSIX_FADV_DONTNEED);
-  if (::close(fd_) != 0) {
-    fd_ = -1;
-    throw runtime_error(sys_error("close", tmp, errno));
+        fmt::format("{}: {} of {} data bytes written", tmp.string(), written_, expected_written));
+  if (direct_ || written_ < layout_.data_bytes) {
+    flush_stage_and_truncate(layout_.file_size());
+  } else {
+    // Start writeback of the tail now; commit() waits for it, so finished shards flush together.
+    ::sync_file_range(fd_, static_cast<off_t>(started_), 0, SYNC_FILE_RANGE_WRITE);
   }
-  fd_ = -1;
+  const int fd = std::exchange(fd_, -1);
+  stage_ = AlignedBuffer();
+  if (::close(fd) != 0) throw runtime_error(sys_error("close", tmp, errno));
   finished_ = true;
 }
 
+void SafetensorsWriter::finish() {
+  end(layout_.data_bytes);
+}
+
 void SafetensorsWriter::finish_sparse() {
-  if (fd_ < 0 || finished_) throw runtime_error(fmt::format("{}: finished twice", path_.string()));
-  const std::filesystem::path tmp = partial_path(path_);
-  if (written_ != 0)
-    throw runtime_error(fmt::format("{}: sparse finish after {} data bytes", tmp.string(), written_));
-  if (::ftruncate(fd_, static_cast<off_t>(layout_.file_size())) != 0)
-    throw runtime_error(sys_error("extend", tmp, errno));
-  if (::close(fd_) != 0) {
-    fd_ = -1;
-    throw runtime_error(sys_error("close", tmp, errno));
-  }
-  fd_ = -1;
-  finished_ = true;
+  end(0);
 }
 
 void SafetensorsWriter::commit() {
   if (!finished_) throw runtime_error(fmt::format("{}: commit before finish", path_.string()));
   if (committed_) return;
-  if (::rename(partial_path(path_).c_str(), path_.c_str()) != 0)
-    throw runtime_error(sys_error("rename into", path_, errno));
+  const std::filesystem::path tmp = partial_path(path_);
+  // Durable before visible: flush data and size, drop any cached pages (a freshly written
+  // checkpoint should read cold), then rename.
+  const int fd = ::open(tmp.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw runtime_error(sys_error("reopen", tmp, errno));
+  if (::fdatasync(fd) != 0) {
+    const int err = errno;
+    ::close(fd);
+    throw runtime_error(sys_error("flush", tmp, err));
+  }
+  ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  ::close(fd);
+  if (::rename(tmp.c_str(), path_.c_str()) != 0) throw runtime_error(sys_error("rename into", path_, errno));
   committed_ = true;
 }
 

@@ -2,7 +2,8 @@
 // The header is laid out before any byte is written (tensors back to back in the order given),
 // compact JSON like the released files, space-padded so the data starts 8-byte aligned.
 // Bytes go to `<name>.partial`; only commit() renames it to its final name, so an interrupted or
-// failed write never leaves a file that looks like a finished shard.
+// failed write never leaves a file that looks like a finished shard. Data is written with O_DIRECT
+// where the filesystem allows (buffered, with streamed writeback, elsewhere).
 #pragma once
 #include <cstdint>
 #include <filesystem>
@@ -12,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "io/aligned.hpp"
 #include "io/safetensors.hpp"
 
 namespace k3::io {
@@ -45,10 +47,12 @@ std::filesystem::path partial_path(const std::filesystem::path& final_path);
 
 class SafetensorsWriter {
  public:
+  enum class Mode { direct_preferred, buffered };
+
   // Creates `partial_path(path)` (refusing to overwrite one) and writes the length and header.
   // Throws runtime Error naming the file on any failure.
   SafetensorsWriter(std::filesystem::path path, std::vector<TensorEntry> tensors,
-                    const Metadata& metadata = {{"format", "pt"}});
+                    const Metadata& metadata = {{"format", "pt"}}, Mode mode = Mode::direct_preferred);
   SafetensorsWriter(SafetensorsWriter&&) noexcept;
   SafetensorsWriter& operator=(SafetensorsWriter&&) noexcept;
   SafetensorsWriter(const SafetensorsWriter&) = delete;
@@ -59,35 +63,44 @@ class SafetensorsWriter {
   const std::vector<TensorEntry>& tensors() const { return tensors_; }
   const ShardLayout& layout() const { return layout_; }
   uint64_t data_written() const { return written_; }
+  bool direct() const { return direct_; }
 
   // Appends tensor bytes in declared order; may cross tensor boundaries. Refuses to write past
   // the declared data size.
   void append(std::span<const std::byte> bytes);
 
-  // Ends the data: every declared byte must have been appended. Flushes to disk and drops the
-  // file from the page cache (a freshly written checkpoint should read cold).
+  // Ends the data: every declared byte must have been appended. Starts writeback and closes.
   void finish();
   // Ends a header-only file: extends it to its full logical size without writing the data, so the
   // data region reads as zeros and occupies no blocks (a sparse replica). No bytes may have been
   // appended.
   void finish_sparse();
-  // Renames the finished file to its final name. Until then the destructor deletes it.
+  // Flushes the finished file to disk, drops it from the page cache (a fresh checkpoint should
+  // read cold) and renames it to its final name. Until then the destructor deletes it.
   void commit();
 
  private:
+  static constexpr size_t kStage = size_t{8} << 20;
+  void swap(SafetensorsWriter& o) noexcept;
   void close_fd();
   void discard() noexcept;  // closes and removes the partial file unless committed
-  void append_fd(std::span<const std::byte> bytes);
-  void append_raw(std::string_view bytes);
+  void put(std::span<const std::byte> bytes);
+  void write_all(const std::byte* p, size_t n);
+  void flush_stage_and_truncate(uint64_t size);
   void stream_out();
+  void end(uint64_t expected_written);
+
   std::filesystem::path path_;
   std::vector<TensorEntry> tensors_;
   ShardLayout layout_;
-  uint64_t written_ = 0;
-  uint64_t started_ = 0, settled_ = 0;  // file offsets handed to / completed by writeback
+  uint64_t written_ = 0;  // data bytes appended
   int fd_ = -1;
+  bool direct_ = false;  // O_DIRECT in effect: 4096-aligned writes, small pieces staged
+  AlignedBuffer stage_;  // direct mode: bytes not yet written
+  size_t staged_ = 0;
+  uint64_t started_ = 0, settled_ = 0;  // buffered mode: offsets handed to / completed by writeback
   bool finished_ = false;
-  bool committed_ = false;
+  bool committed_ = true;  // nothing to remove until a partial file exists
 };
 
 }  // namespace k3::io

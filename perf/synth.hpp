@@ -46,6 +46,7 @@ struct ShardPlan {
 
 struct CheckpointPlan {
   io::ModelConfig config;
+  std::string config_text;  // config.json as written; empty = config_json(config)
   std::vector<ShardPlan> shards;
   bool sparse = false;
   size_t tensor_count() const;
@@ -64,8 +65,9 @@ void validate_dims(const io::ModelConfig& c);
 
 // Tensor list of a dense checkpoint: one shard per layer plus one for the model-level tensors
 // (shards == 0, like the released layout), or whole layers packed into `shards` files by bytes.
-// Each layer's trunk tensors are contiguous, each expert's six MXFP4 tensors are contiguous in the
-// order w1.packed, w1.scale, w2.packed, w2.scale, w3.packed, w3.scale.
+// Within a layer, data order is the released one (F32, then BF16, then U8, each by name), so each
+// layer's trunk is contiguous and each expert's six MXFP4 tensors are contiguous in the order
+// w1.packed, w1.scale, w2.packed, w2.scale, w3.packed, w3.scale. Dtypes follow io/k3_names.
 CheckpointPlan plan_dense(const io::ModelConfig& c, int shards);
 // The full-scale replica of the released checkpoint, from io/k3_names.
 CheckpointPlan plan_sparse();

@@ -94,11 +94,27 @@ void add_expert(std::vector<SynthTensor>& v, const std::string& p, int layer, in
   add("w3", I, L);  // up
 }
 
-bool by_name(const SynthTensor& a, const SynthTensor& b) {
-  return a.entry.name < b.entry.name;
+// Data order inside a shard, as safetensors' writer (and so the released files) lays it out: F32,
+// then F16/BF16, then U8, each group by name. Applied per layer, so a layer's trunk is one run and,
+// names sorting "experts.1." before "experts.10.", each expert's six tensors are one run too.
+int data_rank(DType d) {
+  switch (d) {
+    case DType::F32: return 0;
+    case DType::F16: return 1;
+    case DType::BF16: return 2;
+    case DType::U8: return 3;
+  }
+  return 4;
 }
 
-// One layer: its trunk tensors (sorted by name, one contiguous run) then its experts in order.
+void sort_data_order(std::vector<SynthTensor>& v) {
+  std::sort(v.begin(), v.end(), [](const SynthTensor& a, const SynthTensor& b) {
+    const int ra = data_rank(a.entry.dtype), rb = data_rank(b.entry.dtype);
+    return ra != rb ? ra < rb : a.entry.name < b.entry.name;
+  });
+}
+
+// One layer: its trunk tensors, then its experts; in data order.
 std::vector<SynthTensor> layer_tensors(const io::ModelConfig& c, int l) {
   const std::string p = fmt::format("language_model.model.layers.{}.", l);
   const uint64_t h = c.hidden;
@@ -127,6 +143,7 @@ std::vector<SynthTensor> layer_tensors(const io::ModelConfig& c, int l) {
     t.push_back(matrix(a + "o_proj.weight", h, P, l));
     for (const char* n : {"q_conv1d", "k_conv1d", "v_conv1d"}) {
       SynthTensor conv = matrix(a + n + ".weight", P, K, l);
+      conv.entry.dtype = DType::F32;
       conv.entry.shape = {P, 1, K};  // depthwise: [channel][1][tap]
       t.push_back(conv);
     }
@@ -134,7 +151,9 @@ std::vector<SynthTensor> layer_tensors(const io::ModelConfig& c, int l) {
     t.push_back(matrix(a + "f_b_proj.weight", P, D, l));
     t.push_back(matrix(a + "b_proj.weight", H, h, l));
     t.push_back(vector_f32(a + "dt_bias", P, 0.1f, l));
-    t.push_back(gain(a + "o_norm.weight", D, l));
+    SynthTensor o_norm = gain(a + "o_norm.weight", D, l);
+    o_norm.entry.dtype = DType::F32;
+    t.push_back(o_norm);
     // A_log is per HEAD but stored with head_dim values; only the first H are used, the rest are
     // exactly 0 as in the released file (MODEL.md §2.1).
     t.push_back({entry(a + "A_log", DType::F32, {D}), l, -1, Fill::a_log, 0, 0, c.kda_heads});
@@ -155,9 +174,9 @@ std::vector<SynthTensor> layer_tensors(const io::ModelConfig& c, int l) {
     t.push_back(matrix(m + "shared_experts.up_proj.weight", S, h, l));
     t.push_back(matrix(m + "shared_experts.down_proj.weight", h, S, l));
   }
-  std::sort(t.begin(), t.end(), by_name);
   if (!c.is_dense(l))
     for (int e = 0; e < c.n_experts; ++e) add_expert(t, p, l, e, c.moe_inter, c.latent);
+  sort_data_order(t);
   return t;
 }
 
@@ -171,7 +190,7 @@ std::vector<SynthTensor> model_level_tensors(const io::ModelConfig& c) {
   t.push_back(gain("language_model.model.norm.weight", h, -1));
   t.push_back(gain("language_model.model.output_attn_res_norm.weight", h, -1));
   t.push_back(matrix("language_model.model.output_attn_res_proj.weight", 1, h, -1));
-  std::sort(t.begin(), t.end(), by_name);
+  sort_data_order(t);
   return t;
 }
 

@@ -13,10 +13,10 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
-#include <memory>
 #include <optional>
 #include <set>
 
+#include "io/aligned.hpp"
 #include "io/error.hpp"
 #include "perf/synth.hpp"
 
@@ -143,16 +143,20 @@ struct Block {
   std::byte* buf = nullptr;
 };
 
-// Walks the shards' data regions in file order, handing out blocks.
+// Walks the shards' data regions in file order, handing out blocks whose ends fall on multiples of
+// kBlock in FILE offsets: after a shard's first block every write is aligned, so the writer sends
+// the pipeline's (aligned) buffers straight to the disk with O_DIRECT.
 class BlockCursor {
  public:
-  explicit BlockCursor(const CheckpointPlan& plan) : plan_(plan) {}
+  BlockCursor(const CheckpointPlan& plan, const std::vector<io::ShardLayout>& layouts)
+      : plan_(plan), layouts_(layouts) {}
   bool next(Block& b) {
     if (shard_ >= static_cast<int>(plan_.shards.size())) return false;
-    const uint64_t total = plan_.shards[shard_].data_bytes();
+    const uint64_t total = layouts_[shard_].data_bytes, start = layouts_[shard_].data_start();
+    const uint64_t boundary = (start + offset_) / kBlock * kBlock + kBlock;
     b.shard = shard_;
     b.offset = offset_;
-    b.size = std::min<uint64_t>(kBlock, total - offset_);
+    b.size = std::min<uint64_t>(boundary - (start + offset_), total - offset_);
     b.first = offset_ == 0;
     offset_ += b.size;
     b.last = offset_ >= total;
@@ -162,6 +166,7 @@ class BlockCursor {
 
  private:
   const CheckpointPlan& plan_;
+  const std::vector<io::ShardLayout>& layouts_;
   int shard_ = 0;
   uint64_t offset_ = 0;
 };
@@ -212,12 +217,12 @@ SynthReport write_checkpoint(const CheckpointPlan& plan, const fs::path& out_dir
   uint64_t logical = 0, header_bytes = 0;
   std::vector<io::ShardLayout> layouts;
   for (const ShardPlan& s : plan.shards) {
-    layouts.push_back(io::layout_shard(entries_of(s), {{"format", "pt"}}));
+    layouts.push_back(io::layout_shard(entries_of(s), {}));
     logical += layouts.back().file_size();
     header_bytes += layouts.back().data_start();
   }
   const std::string index = index_json(plan);
-  const std::string config = config_json(plan.config);
+  const std::string config = plan.config_text.empty() ? config_json(plan.config) : plan.config_text;
   check_free_space(out_dir,
                    (plan.sparse ? header_bytes : logical) + index.size() + config.size() + (16 << 20));
 
@@ -232,7 +237,7 @@ SynthReport write_checkpoint(const CheckpointPlan& plan, const fs::path& out_dir
   if (plan.sparse) {
     uint64_t done = 0;
     for (size_t s = 0; s < plan.shards.size(); ++s) {
-      writers[s].emplace(shard_path(s), entries_of(plan.shards[s]));
+      writers[s].emplace(shard_path(s), entries_of(plan.shards[s]), io::Metadata{});
       writers[s]->finish_sparse();
       done += writers[s]->layout().file_size();
       if (options.progress) options.progress(done, logical);
@@ -242,10 +247,11 @@ SynthReport write_checkpoint(const CheckpointPlan& plan, const fs::path& out_dir
     const ShardOffsets offs(plan);
     const uint64_t total = plan.data_bytes();
     const size_t tokens = std::max<size_t>(4, 2 * static_cast<size_t>(tbb::info::default_concurrency()));
-    std::vector<std::unique_ptr<std::byte[]>> buffers;
+    std::vector<io::AlignedBuffer> buffers;
     tbb::concurrent_queue<std::byte*> free_buffers;
-    for (size_t i = 0; i < tokens; ++i) free_buffers.push(buffers.emplace_back(new std::byte[kBlock]).get());
-    BlockCursor cursor(plan);
+    for (size_t i = 0; i < tokens; ++i)
+      free_buffers.push(buffers.emplace_back(kBlock, io::kDirectAlign).data());
+    BlockCursor cursor(plan, layouts);
     uint64_t written = 0;
 
     tbb::parallel_pipeline(
@@ -263,7 +269,8 @@ SynthReport write_checkpoint(const CheckpointPlan& plan, const fs::path& out_dir
                   return b;
                 }) & tbb::make_filter<Block, void>(tbb::filter_mode::serial_in_order, [&](Block b) {
                   auto& w = writers[b.shard];
-                  if (b.first) w.emplace(shard_path(b.shard), entries_of(plan.shards[b.shard]));
+                  if (b.first)
+                    w.emplace(shard_path(b.shard), entries_of(plan.shards[b.shard]), io::Metadata{});
                   w->append({b.buf, b.size});
                   free_buffers.push(b.buf);
                   written += b.size;
