@@ -42,8 +42,12 @@ uint32_t rd32(const std::byte* p) {
   std::memcpy(&v, p, 4);
   return v;
 }
-uint64_t round64(uint64_t acc, uint64_t in) { return std::rotl(acc + in * P2, 31) * P1; }
-uint64_t merge64(uint64_t h, uint64_t v) { return (h ^ round64(0, v)) * P1 + P4; }
+uint64_t round64(uint64_t acc, uint64_t in) {
+  return std::rotl(acc + in * P2, 31) * P1;
+}
+uint64_t merge64(uint64_t h, uint64_t v) {
+  return (h ^ round64(0, v)) * P1 + P4;
+}
 
 }  // namespace
 
@@ -134,8 +138,8 @@ TrunkLayout layout_trunk(const ShardSet& shards, int n_layers) {
     int l = trunk_layer_of(name);
     if (l < 0) return;
     if (l >= n_layers)
-      throw runtime_error(fmt::format("pack-trunk: tensor {} belongs to layer {}, but the config has {} layers", name,
-                                      l, n_layers));
+      throw runtime_error(fmt::format(
+          "pack-trunk: tensor {} belongs to layer {}, but the config has {} layers", name, l, n_layers));
     found[size_t(l)].emplace_back(std::string(name), t);
   });
   uint64_t file_off = 0;
@@ -178,8 +182,8 @@ std::string trunk_json(const std::vector<TrunkLayer>& layers) {
       layers.size(), kTrunkAlign, kTrunkTensorAlign);
   for (size_t i = 0; i < layers.size(); ++i) {
     const TrunkLayer& L = layers[i];
-    s += fmt::format("{}\n{{\"layer\":{},\"file_off\":{},\"nbytes\":{},\"xxh64\":\"{:016x}\",\"tensors\":{{", i ? "," : "",
-                     L.layer, L.file_off, L.nbytes, L.xxh64);
+    s += fmt::format("{}\n{{\"layer\":{},\"file_off\":{},\"nbytes\":{},\"xxh64\":\"{:016x}\",\"tensors\":{{",
+                     i ? "," : "", L.layer, L.file_off, L.nbytes, L.xxh64);
     for (size_t j = 0; j < L.tensors.size(); ++j) {
       const TrunkTensor& t = L.tensors[j];
       std::string shape;
@@ -258,8 +262,8 @@ class Staged {
     uint64_t off = flushed_;
     pending_ = std::async(std::launch::async, [this, data, n, off] {
       write_all(fd_, path_, data, n, off);
-      ::sync_file_range(fd_, off_t(off), off_t(n), SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE |
-                                                      SYNC_FILE_RANGE_WAIT_AFTER);
+      ::sync_file_range(fd_, off_t(off), off_t(n),
+                        SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER);
       ::posix_fadvise(fd_, off_t(off), off_t(n), POSIX_FADV_DONTNEED);
     });
     flushed_ += n;
@@ -269,7 +273,8 @@ class Staged {
     if (fail_after_ && flushed_ >= *fail_after_) {
       pending_.get();
       if (kill_) std::raise(SIGKILL);
-      throw runtime_error(fmt::format("pack-trunk: stopped after {} bytes by K3FLOW_FAIL_AFTER_BYTES (test hook)", flushed_));
+      throw runtime_error(
+          fmt::format("pack-trunk: stopped after {} bytes by K3FLOW_FAIL_AFTER_BYTES (test hook)", flushed_));
     }
   }
 
@@ -385,8 +390,12 @@ std::optional<DType> parse_dtype(std::string_view s) {
 
 PackedTrunk PackedTrunk::open(const fs::path& dir, int expected_layers, File::Mode mode) {
   const fs::path json = dir / "trunk.json", bin = dir / "trunk.bin";
-  auto bad = [&](const std::string& what) { return runtime_error(fmt::format("trunk: {}: {}", json.string(), what)); };
-  if (!fs::exists(json)) throw runtime_error(fmt::format("trunk: {}: missing (is {} a packed trunk?)", json.string(), dir.string()));
+  auto bad = [&](const std::string& what) {
+    return runtime_error(fmt::format("trunk: {}: {}", json.string(), what));
+  };
+  if (!fs::exists(json))
+    throw runtime_error(
+        fmt::format("trunk: {}: missing (is {} a packed trunk?)", json.string(), dir.string()));
 
   File jf = File::open_read(json, File::Mode::buffered);
   simdjson::padded_string text(jf.size());
@@ -398,10 +407,12 @@ PackedTrunk PackedTrunk::open(const fs::path& dir, int expected_layers, File::Mo
 
   simdjson::dom::parser parser;
   simdjson::dom::element doc;
-  if (auto err = parser.parse(text).get(doc)) throw bad(fmt::format("not valid JSON ({})", simdjson::error_message(err)));
+  if (auto err = parser.parse(text).get(doc))
+    throw bad(fmt::format("not valid JSON ({})", simdjson::error_message(err)));
   auto get_u64 = [&](simdjson::dom::element e, const char* key, const std::string& where) -> uint64_t {
     uint64_t v;
-    if (e[key].get_uint64().get(v)) throw bad(fmt::format("{}: \"{}\" missing or not an unsigned integer", where, key));
+    if (e[key].get_uint64().get(v))
+      throw bad(fmt::format("{}: \"{}\" missing or not an unsigned integer", where, key));
     return v;
   };
   if (uint64_t a = get_u64(doc, "align", "top level"); a != kTrunkAlign)
@@ -421,7 +432,8 @@ PackedTrunk PackedTrunk::open(const fs::path& dir, int expected_layers, File::Mo
     L.file_off = get_u64(le, "file_off", where);
     L.nbytes = get_u64(le, "nbytes", where);
     if (L.file_off % kTrunkAlign || L.nbytes % kTrunkAlign || L.nbytes == 0)
-      throw bad(fmt::format("{}: file_off {} / nbytes {} not positive 4096-multiples", where, L.file_off, L.nbytes));
+      throw bad(fmt::format("{}: file_off {} / nbytes {} not positive 4096-multiples", where, L.file_off,
+                            L.nbytes));
     if (L.file_off + L.nbytes > file_size)
       throw bad(fmt::format("{}: bytes [{}, {}) run past the end of {} ({} bytes)", where, L.file_off,
                             L.file_off + L.nbytes, bin.string(), file_size));
@@ -430,8 +442,7 @@ PackedTrunk PackedTrunk::open(const fs::path& dir, int expected_layers, File::Mo
       auto [p, ec] = std::from_chars(hex.data(), hex.data() + hex.size(), L.xxh64, 16);
       if (ec != std::errc() || p != hex.data() + hex.size() || hex.size() != 16)
         throw bad(fmt::format("{}: xxh64 \"{}\" is not 16 hex digits", where, hex));
-    } else {
-      throw bad(fmt::format("{}: no xxh64 checksum", where));
+      L.has_xxh64 = true;
     }
     simdjson::dom::object tensors;
     if (le["tensors"].get_object().get(tensors)) throw bad(fmt::format("{}: \"tensors\" missing", where));
@@ -452,15 +463,18 @@ PackedTrunk PackedTrunk::open(const fs::path& dir, int expected_layers, File::Mo
         uint64_t numel = 1;
         for (simdjson::dom::element s : shape) {
           uint64_t v;
-          if (s.get_uint64().get(v)) throw bad(fmt::format("{}: shape entries must be unsigned integers", tw));
+          if (s.get_uint64().get(v))
+            throw bad(fmt::format("{}: shape entries must be unsigned integers", tw));
           tt.shape[tt.rank++] = v;
           numel *= v;
         }
         if (numel * dtype_size(tt.dtype) != tt.nbytes)
-          throw bad(fmt::format("{}: nbytes {} != numel {} x {}", tw, tt.nbytes, numel, dtype_size(tt.dtype)));
+          throw bad(
+              fmt::format("{}: nbytes {} != numel {} x {}", tw, tt.nbytes, numel, dtype_size(tt.dtype)));
       }
       if (tt.off > L.nbytes || tt.nbytes > L.nbytes - tt.off)
-        throw bad(fmt::format("{}: bytes [{}, {}) outside its layer ({} bytes)", tw, tt.off, tt.off + tt.nbytes, L.nbytes));
+        throw bad(fmt::format("{}: bytes [{}, {}) outside its layer ({} bytes)", tw, tt.off,
+                              tt.off + tt.nbytes, L.nbytes));
       L.tensors.push_back(std::move(tt));
     }
     if (L.tensors.empty()) throw bad(fmt::format("{}: no tensors", where));
@@ -471,7 +485,8 @@ PackedTrunk PackedTrunk::open(const fs::path& dir, int expected_layers, File::Mo
   std::sort(by_off.begin(), by_off.end(), [](auto* a, auto* b) { return a->file_off < b->file_off; });
   for (size_t i = 1; i < by_off.size(); ++i)
     if (by_off[i - 1]->file_off + by_off[i - 1]->nbytes > by_off[i]->file_off)
-      throw bad(fmt::format("layers {} and {} overlap in {}", by_off[i - 1]->layer, by_off[i]->layer, bin.string()));
+      throw bad(fmt::format("layers {} and {} overlap in {}", by_off[i - 1]->layer, by_off[i]->layer,
+                            bin.string()));
   return t;
 }
 
@@ -493,6 +508,9 @@ size_t PackedTrunk::index_bytes() const {
 
 void PackedTrunk::verify_layer(int l) const {
   const TrunkLayer& L = layer(l);
+  if (!L.has_xxh64)
+    throw runtime_error(
+        fmt::format("trunk: {}: layer {} has no xxh64 checksum to verify", json_path_.string(), l));
   AlignedBuffer buf(std::min<uint64_t>(L.nbytes, kStageBytes));
   Xxh64 h;
   try {
@@ -504,11 +522,13 @@ void PackedTrunk::verify_layer(int l) const {
       done += n;
     }
   } catch (const Error& e) {
-    throw runtime_error(fmt::format("trunk: layer {} of {} unreadable: {}", l, file_.path().string(), e.what()));
+    throw runtime_error(
+        fmt::format("trunk: layer {} of {} unreadable: {}", l, file_.path().string(), e.what()));
   }
   if (uint64_t got = h.digest(); got != L.xxh64)
-    throw runtime_error(fmt::format("trunk: {}: layer {} checksum mismatch (xxh64 {:016x}, trunk.json says {:016x})",
-                                    file_.path().string(), l, got, L.xxh64));
+    throw runtime_error(
+        fmt::format("trunk: {}: layer {} checksum mismatch (xxh64 {:016x}, trunk.json says {:016x})",
+                    file_.path().string(), l, got, L.xxh64));
 }
 
 }  // namespace k3::io

@@ -11,6 +11,7 @@
 //   (the read length); off: relative to the layer's first byte, 64-aligned (tensors are copied one
 //   by one, so a layer need not be contiguous in its shard and SIMD loads stay aligned); padding is
 //   zero. xxh64: XXH64 (seed 0) of the layer's `nbytes` bytes exactly as stored, padding included.
+//   The reader also accepts the reference tools' trunk.json (no "xxh64"; its extra fields ignored).
 //
 // A pack writes trunk.bin.partial and trunk.json.partial and renames them only when both are
 // complete (trunk.json last), so an interrupted pack never leaves a file that looks complete.
@@ -43,9 +44,10 @@ struct TrunkTensor {
 
 struct TrunkLayer {
   int layer = 0;
-  uint64_t file_off = 0;  // in trunk.bin, 4096-aligned
-  uint64_t nbytes = 0;    // 4096-multiple: the bytes to read
-  uint64_t xxh64 = 0;     // of those bytes
+  uint64_t file_off = 0;   // in trunk.bin, 4096-aligned
+  uint64_t nbytes = 0;     // 4096-multiple: the bytes to read
+  uint64_t xxh64 = 0;      // of those bytes
+  bool has_xxh64 = false;  // false for a trunk.json without checksums (the reference tools' format)
   std::vector<TrunkTensor> tensors;
   const TrunkTensor* find(std::string_view name) const;  // nullptr when absent
 };
@@ -96,11 +98,11 @@ class PackedTrunk {
   size_t index_bytes() const;  // heap bytes this description holds
 
   // Reads layer l and compares its XXH64 with trunk.json; throws runtime Error naming trunk.bin and
-  // the layer on a mismatch or a read failure.
+  // the layer on a mismatch, a read failure, or when trunk.json records no checksum.
   void verify_layer(int l) const;
 
  private:
-  PackedTrunk(File f) : file_(std::move(f)) {}
+  explicit PackedTrunk(File f) : file_(std::move(f)) {}
   File file_;
   std::filesystem::path json_path_;
   std::vector<TrunkLayer> layers_;

@@ -118,8 +118,9 @@ std::string read_error(const Op& op, int err) {
 std::string eof_error(const Op& op) {
   struct stat st {};
   long long now = fstat(op.job->req.file->buffered_fd(), &st) == 0 ? (long long)st.st_size : -1;
-  return fmt::format("read failed: {}: unexpected end of file ({} bytes wanted at offset {}, file is {} bytes)",
-                     op.job->req.file->path().string(), op.len, op.off, now);
+  return fmt::format(
+      "read failed: {}: unexpected end of file ({} bytes wanted at offset {}, file is {} bytes)",
+      op.job->req.file->path().string(), op.len, op.off, now);
 }
 
 bool env_flag(const char* name) {
@@ -229,10 +230,11 @@ struct UringReader::Impl {
     bool stop = false;
 
     auto cancel_unread = [&] {
-      for (Job* j : issuing) j->fail(ECANCELED, fmt::format("read cancelled: {}: reader shut down",
-                                                            j->req.file->path().string()));
-      for (Op* op : retry) op->job->fail(ECANCELED, fmt::format("read cancelled: {}: reader shut down",
-                                                                op->job->req.file->path().string()));
+      for (Job* j : issuing)
+        j->fail(ECANCELED, fmt::format("read cancelled: {}: reader shut down", j->req.file->path().string()));
+      for (Op* op : retry)
+        op->job->fail(ECANCELED, fmt::format("read cancelled: {}: reader shut down",
+                                             op->job->req.file->path().string()));
     };
     auto next_op = [&]() -> Op* {
       while (!retry.empty()) {
@@ -348,7 +350,8 @@ struct UringReader::Impl {
       job->queued = false;
       for (Op& op : job->ops) {
         if (stop_requested()) {
-          job->fail(ECANCELED, fmt::format("read cancelled: {}: reader shut down", job->req.file->path().string()));
+          job->fail(ECANCELED,
+                    fmt::format("read cancelled: {}: reader shut down", job->req.file->path().string()));
           break;
         }
         if (!pread_op(op)) break;
@@ -421,14 +424,20 @@ void UringReader::wait_idle() {
   impl_->idle_cv.wait(lk, [&] { return impl_->completed >= target; });
 }
 
-UringReader::Backend UringReader::backend() const { return impl_->backend; }
-const std::string& UringReader::fallback_reason() const { return impl_->reason; }
-const UringReader::Options& UringReader::options() const { return impl_->opt; }
+UringReader::Backend UringReader::backend() const {
+  return impl_->backend;
+}
+const std::string& UringReader::fallback_reason() const {
+  return impl_->reason;
+}
+const UringReader::Options& UringReader::options() const {
+  return impl_->opt;
+}
 
 ReaderCounters UringReader::counters() const {
   const Impl& i = *impl_;
-  return ReaderCounters{i.n_requests.load(),   i.n_failed.load(),      i.n_uring_chunks.load(),
-                        i.n_uring_bytes.load(), i.n_pread_bytes.load(), i.n_direct_bytes.load(),
+  return ReaderCounters{i.n_requests.load(),     i.n_failed.load(),      i.n_uring_chunks.load(),
+                        i.n_uring_bytes.load(),  i.n_pread_bytes.load(), i.n_direct_bytes.load(),
                         i.n_resubmissions.load()};
 }
 
@@ -436,10 +445,12 @@ size_t UringReader::ring_bytes(unsigned queue_depth) {
   size_t entries = 1;
   while (entries < size_t(queue_depth) + 1) entries <<= 1;
   size_t sq = align_up(entries * 64, 4096) + align_up(entries * 4 + 256, 4096);  // SQEs + SQ ring
-  size_t cq = align_up(2 * entries * 16 + 256, 4096);                             // CQ ring (2x)
+  size_t cq = align_up(2 * entries * 16 + 256, 4096);                            // CQ ring (2x)
   return sq + cq;
 }
 
-const char* backend_name(UringReader::Backend b) { return b == UringReader::Backend::uring ? "io_uring" : "pread"; }
+const char* backend_name(UringReader::Backend b) {
+  return b == UringReader::Backend::uring ? "io_uring" : "pread";
+}
 
 }  // namespace k3::io

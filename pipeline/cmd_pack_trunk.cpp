@@ -34,13 +34,15 @@ int run_pack(const PackArgs& a) {
     Progress bar("pack-trunk", a.progress      ? Progress::Mode::always
                                : a.no_progress ? Progress::Mode::never
                                                : Progress::Mode::automatic);
-    st = io::pack_trunk(shards, config.n_layers, a.trunk_dir, [&](uint64_t d, uint64_t t) { bar.update(d, t); });
+    st = io::pack_trunk(shards, config.n_layers, a.trunk_dir,
+                        [&](uint64_t d, uint64_t t) { bar.update(d, t); });
   }
-  fmt::print("pack-trunk: {} layers -> {} ({} B, {} of tensors) in {:.1f} s ({}/s); largest layer {} B ({})\n",
-             config.n_layers, (fs::path(a.trunk_dir) / "trunk.bin").string(), st.bytes_written,
-             human_bytes(double(st.payload_bytes)), st.seconds,
-             human_bytes(st.seconds > 0 ? double(st.bytes_written) / st.seconds : 0), st.largest_layer,
-             human_bytes(double(st.largest_layer)));
+  fmt::print(
+      "pack-trunk: {} layers -> {} ({} B, {} of tensors) in {:.1f} s ({}/s); largest layer {} B ({})\n",
+      config.n_layers, (fs::path(a.trunk_dir) / "trunk.bin").string(), st.bytes_written,
+      human_bytes(double(st.payload_bytes)), st.seconds,
+      human_bytes(st.seconds > 0 ? double(st.bytes_written) / st.seconds : 0), st.largest_layer,
+      human_bytes(double(st.largest_layer)));
   if (a.verify) {
     io::PackedTrunk t = io::PackedTrunk::open(a.trunk_dir, config.n_layers);
     Progress bar("verify", a.progress      ? Progress::Mode::always
@@ -64,7 +66,8 @@ Action add_pack_trunk(CLI::App& sub) {
   sub.add_option("MODEL_DIR", a->model_dir, "checkpoint directory (config.json + *.safetensors)")->required();
   sub.add_option("TRUNK_DIR", a->trunk_dir, "output directory for trunk.bin + trunk.json")->required();
   sub.add_flag("--verify", a->verify, "re-read trunk.bin afterwards and check every layer's xxh64");
-  auto* on = sub.add_flag("--progress", a->progress, "draw the progress bar even when stderr is not a terminal");
+  auto* on =
+      sub.add_flag("--progress", a->progress, "draw the progress bar even when stderr is not a terminal");
   sub.add_flag("--no-progress", a->no_progress, "never draw the progress bar")->excludes(on);
   return [a] { return run_pack(*a); };
 }

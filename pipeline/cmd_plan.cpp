@@ -57,9 +57,11 @@ int run_plan(const PlanArgs& a) {
     b.experts = gib_bytes(a.cache_gb, "--cache-gb");
     b.source = fmt::format("--trunk-gb {} --cache-gb {}", a.trunk_gb, a.cache_gb);
   } else {
-    throw io::usage_error("plan: give a budget: --mem-gb X, --preset NAME, or --trunk-gb X with --cache-gb Y");
+    throw io::usage_error(
+        "plan: give a budget: --mem-gb X, --preset NAME, or --trunk-gb X with --cache-gb Y");
   }
-  b.source += fmt::format(", context {}, trunk {}", a.context, trunk ? a.trunk_dir : "planned from the shards");
+  b.source +=
+      fmt::format(", context {}, trunk {}", a.context, trunk ? a.trunk_dir : "planned from the shards");
 
   Plan plan = make_plan(in, b);
   if (a.json)
@@ -78,11 +80,15 @@ Action add_plan(CLI::App& sub) {
   auto* mem = sub.add_option("--mem-gb", a->mem_gb, "total memory budget in GiB");
   std::string presets;
   for (const std::string& n : preset_names()) presets += (presets.empty() ? "" : ", ") + n;
-  auto* preset = sub.add_option("--preset", a->preset,
-                                "named total budget: laptop 8, desktop 32, workstation 96, server 128, max 224 GiB; "
-                                "ultra = the smallest budget that plans (" + presets + ")");
-  auto* trunk_gb = sub.add_option("--trunk-gb", a->trunk_gb, "GiB for the trunk ring + pinned layers (with --cache-gb)");
-  auto* cache_gb = sub.add_option("--cache-gb", a->cache_gb, "GiB for expert slots + cache (with --trunk-gb)");
+  auto* preset =
+      sub.add_option("--preset", a->preset,
+                     "named total budget: laptop 8, desktop 32, workstation 96, server 128, max 224 GiB; "
+                     "ultra = the smallest budget that plans (" +
+                         presets + ")");
+  auto* trunk_gb =
+      sub.add_option("--trunk-gb", a->trunk_gb, "GiB for the trunk ring + pinned layers (with --cache-gb)");
+  auto* cache_gb =
+      sub.add_option("--cache-gb", a->cache_gb, "GiB for expert slots + cache (with --trunk-gb)");
   trunk_gb->needs(cache_gb);
   cache_gb->needs(trunk_gb);
   mem->excludes(preset)->excludes(trunk_gb)->excludes(cache_gb);

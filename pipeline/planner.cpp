@@ -20,7 +20,9 @@ constexpr uint64_t kGiB = uint64_t{1} << 30;
 using io::align_up;
 using io::kDirectAlign;
 
-uint64_t footprint(const LayerFootprint& l) { return align_up(l.read_bytes, kDirectAlign) + align_up(l.widen_bytes, kDirectAlign); }
+uint64_t footprint(const LayerFootprint& l) {
+  return align_up(l.read_bytes, kDirectAlign) + align_up(l.widen_bytes, kDirectAlign);
+}
 
 struct Ring {
   int slots = 0;
@@ -58,7 +60,8 @@ Ring ring_for(const std::vector<LayerFootprint>& layers, const std::vector<bool>
 }
 
 uint64_t sum_terms(const std::vector<PlanTerm>& ts) {
-  return std::accumulate(ts.begin(), ts.end(), uint64_t{0}, [](uint64_t s, const PlanTerm& t) { return s + t.bytes; });
+  return std::accumulate(ts.begin(), ts.end(), uint64_t{0},
+                         [](uint64_t s, const PlanTerm& t) { return s + t.bytes; });
 }
 
 uint64_t expert_slot(uint64_t expert_bytes) {
@@ -66,7 +69,9 @@ uint64_t expert_slot(uint64_t expert_bytes) {
   return expert_bytes ? align_up(expert_bytes, kDirectAlign) + kDirectAlign : 0;
 }
 
-std::string gib(uint64_t b) { return fmt::format("{:.2f} GiB", double(b) / double(kGiB)); }
+std::string gib(uint64_t b) {
+  return fmt::format("{:.2f} GiB", double(b) / double(kGiB));
+}
 
 std::string bytes_h(uint64_t b) {
   if (b >= kGiB) return gib(b);
@@ -77,7 +82,9 @@ std::string bytes_h(uint64_t b) {
 
 }  // namespace
 
-uint64_t Plan::total() const { return sum_terms(pools); }
+uint64_t Plan::total() const {
+  return sum_terms(pools);
+}
 
 uint64_t plan_floor(const PlanInputs& in, int ring_slots) {
   std::vector<bool> none(in.layers.size(), false);
@@ -88,7 +95,8 @@ uint64_t plan_floor(const PlanInputs& in, int ring_slots) {
 }
 
 Plan make_plan(const PlanInputs& in, const PlanBudget& want) {
-  if (want.ring_slots < 2) throw io::usage_error(fmt::format("plan: a trunk ring needs at least 2 slots, got {}", want.ring_slots));
+  if (want.ring_slots < 2)
+    throw io::usage_error(fmt::format("plan: a trunk ring needs at least 2 slots, got {}", want.ring_slots));
   Plan p;
   p.request = want;
   const uint64_t resident = sum_terms(in.resident);
@@ -103,19 +111,21 @@ Plan make_plan(const PlanInputs& in, const PlanBudget& want) {
   for (const LayerFootprint& l : in.layers) p.trunk_bytes += footprint(l);
 
   if (p.budget < p.floor)
-    throw io::usage_error(fmt::format("plan: budget {} ({} B, {}) is {} B short of the floor {} ({} B: resident {}, "
-                                      "{} expert slots, {}-slot trunk ring)",
-                                      gib(p.budget), p.budget, want.source, p.floor - p.budget, gib(p.floor), p.floor,
-                                      bytes_h(resident), inflight, want.ring_slots));
+    throw io::usage_error(
+        fmt::format("plan: budget {} ({} B, {}) is {} B short of the floor {} ({} B: resident {}, "
+                    "{} expert slots, {}-slot trunk ring)",
+                    gib(p.budget), p.budget, want.source, p.floor - p.budget, gib(p.floor), p.floor,
+                    bytes_h(resident), inflight, want.ring_slots));
   if (split) {
     uint64_t ring_min = p.floor - resident - inflight_bytes;
     if (*want.trunk < ring_min)
-      throw io::usage_error(fmt::format("plan: trunk budget {} is {} B short of the {}-slot ring ({} B)", gib(*want.trunk),
-                                        ring_min - *want.trunk, want.ring_slots, ring_min));
+      throw io::usage_error(fmt::format("plan: trunk budget {} is {} B short of the {}-slot ring ({} B)",
+                                        gib(*want.trunk), ring_min - *want.trunk, want.ring_slots, ring_min));
     if (want.experts.value_or(0) < inflight_bytes)
-      throw io::usage_error(fmt::format("plan: expert budget {} is {} B short of {} in-flight expert slots ({} B)",
-                                        gib(want.experts.value_or(0)), inflight_bytes - want.experts.value_or(0),
-                                        inflight, inflight_bytes));
+      throw io::usage_error(
+          fmt::format("plan: expert budget {} is {} B short of {} in-flight expert slots ({} B)",
+                      gib(want.experts.value_or(0)), inflight_bytes - want.experts.value_or(0), inflight,
+                      inflight_bytes));
   }
 
   // Trunk: what the ring + pins may use, and what is left for the experts after them.
@@ -180,14 +190,18 @@ Plan make_plan(const PlanInputs& in, const PlanBudget& want) {
   std::string ring_name = "trunk ring slots";
   if (ring.spanning >= 0) ring_name += fmt::format(" (layer {} spans {})", ring.spanning, ring.span);
   p.pools.push_back({ring_name, uint64_t(ring.slots), ring.read + ring.widen, ring.bytes()});
-  p.pools.push_back({fmt::format("pinned trunk layers ({} of {})", p.pinned.size(), n), p.pinned.size(), 0, pinned_bytes});
+  p.pools.push_back(
+      {fmt::format("pinned trunk layers ({} of {})", p.pinned.size(), n), p.pinned.size(), 0, pinned_bytes});
   p.pools.push_back({"expert in-flight slots", inflight, p.expert_slot_bytes, inflight_bytes});
   p.pools.push_back({"expert lookahead slots", p.lookahead_slots, p.expert_slot_bytes, lookahead_bytes});
-  p.pools.push_back({"expert cache slots", p.cache_slots, p.expert_slot_bytes, p.cache_slots * p.expert_slot_bytes});
+  p.pools.push_back(
+      {"expert cache slots", p.cache_slots, p.expert_slot_bytes, p.cache_slots * p.expert_slot_bytes});
   return p;
 }
 
-std::vector<std::string> preset_names() { return {"ultra", "laptop", "desktop", "workstation", "server", "max"}; }
+std::vector<std::string> preset_names() {
+  return {"ultra", "laptop", "desktop", "workstation", "server", "max"};
+}
 
 uint64_t preset_budget(std::string_view name, const PlanInputs& in) {
   if (name == "ultra") return plan_floor(in);
@@ -195,14 +209,16 @@ uint64_t preset_budget(std::string_view name, const PlanInputs& in) {
       {"laptop", 8}, {"desktop", 32}, {"workstation", 96}, {"server", 128}, {"max", 224}};
   for (const auto& [n, g] : presets)
     if (name == n) return g * kGiB;
-  throw io::usage_error(fmt::format("--preset: unknown preset '{}' (known: ultra, laptop, desktop, workstation, server, max)", name));
+  throw io::usage_error(fmt::format(
+      "--preset: unknown preset '{}' (known: ultra, laptop, desktop, workstation, server, max)", name));
 }
 
 uint64_t scratch_bytes(const io::ModelConfig& c, uint64_t context) {
   // An estimate in f32 of what the forward pass holds besides weights and caches: every
   // position's residual stream and AttnRes block stack (a prefill keeps the whole prompt), one
   // 64-token chunk's largest per-layer working set, MLA scores over the context, and the logits.
-  const uint64_t E = uint64_t(c.hidden), T = std::max<uint64_t>(context, 1), chunk = std::min<uint64_t>(T, 64);
+  const uint64_t E = uint64_t(c.hidden), T = std::max<uint64_t>(context, 1),
+                 chunk = std::min<uint64_t>(T, 64);
   const uint64_t H = uint64_t(c.kda_heads), D = uint64_t(c.kda_head_dim), P = H * D;
   const uint64_t MH = uint64_t(c.mla_heads), nope = uint64_t(c.qk_nope), rope = uint64_t(c.qk_rope),
                  v = uint64_t(c.v_head);
@@ -223,30 +239,35 @@ PlanInputs plan_inputs(const io::ModelConfig& c, const io::ShardSet& shards, con
   if (trunk) {
     for (const io::TrunkLayer& L : trunk->layers()) in.layers.push_back({L.nbytes, 0});
   } else {
-    for (const io::TrunkLayer& L : io::layout_trunk(shards, c.n_layers).layers) in.layers.push_back({L.nbytes, 0});
+    for (const io::TrunkLayer& L : io::layout_trunk(shards, c.n_layers).layers)
+      in.layers.push_back({L.nbytes, 0});
   }
   int n_mla = 0;
   for (int l = 0; l < c.n_layers; ++l) {
-    in.layers[size_t(l)].widen_bytes = 4 * stages::locate(stages::plan_layer(c, l).tensors, shards, c).widen_floats;
+    in.layers[size_t(l)].widen_bytes =
+        4 * stages::locate(stages::plan_layer(c, l).tensors, shards, c).widen_floats;
     n_mla += c.is_mla(l);
   }
   const int n_kda = c.n_layers - n_mla;
 
   stages::Layout head = stages::locate(stages::plan_model(c), shards, c);
-  const uint64_t head_bytes = align_up(head.buffer_bytes, kDirectAlign) + align_up(4 * head.widen_floats, kDirectAlign);
+  const uint64_t head_bytes =
+      align_up(head.buffer_bytes, kDirectAlign) + align_up(4 * head.widen_floats, kDirectAlign);
   // KDA only: H x D x D recurrent state + the (K-1)-tap conv windows of q, k, v. The reference
   // allocates it for all layers; MLA layers have none.
   const uint64_t H = uint64_t(c.kda_heads), D = uint64_t(c.kda_head_dim);
   const uint64_t kda_state = 4 * (H * D * D + 3 * H * D * uint64_t(c.conv_kernel - 1));
-  const uint64_t kv_pos = 4 * uint64_t(n_mla) *
-                          (uint64_t(c.mla_heads) * uint64_t(c.qk_nope + c.v_head) + uint64_t(c.qk_rope));
+  const uint64_t kv_pos =
+      4 * uint64_t(n_mla) * (uint64_t(c.mla_heads) * uint64_t(c.qk_nope + c.v_head) + uint64_t(c.qk_rope));
   const uint64_t scratch = scratch_bytes(c, context);
   const uint64_t index = shards.index_bytes() + (trunk ? trunk->index_bytes() : 0);
   const uint64_t ring = io::UringReader::ring_bytes(io::UringReader::Options{}.queue_depth);
   in.resident = {
       {"embedding + lm_head + head vectors", 1, head_bytes, head_bytes},
-      {fmt::format("KDA recurrent + conv state ({} KDA layers)", n_kda), uint64_t(n_kda), kda_state, n_kda * kda_state},
-      {fmt::format("MLA KV cache ({} positions, {} MLA layers)", context, n_mla), context, kv_pos, context * kv_pos},
+      {fmt::format("KDA recurrent + conv state ({} KDA layers)", n_kda), uint64_t(n_kda), kda_state,
+       n_kda * kda_state},
+      {fmt::format("MLA KV cache ({} positions, {} MLA layers)", context, n_mla), context, kv_pos,
+       context * kv_pos},
       {"activation scratch (estimate)", 1, scratch, scratch},
       {trunk ? "tensor index (shards + trunk.json)" : "tensor index (shards)", 1, index, index},
       {"io_uring rings (trunk + experts)", 2, ring, 2 * ring},
@@ -263,14 +284,16 @@ std::string format_plan(const Plan& p) {
   s += fmt::format("  {:<46} {:>6}   {:>11}   {:>11}\n", "pool", "count", "each", "total");
   for (const PlanTerm& t : p.pools)
     s += fmt::format("  {:<46} {:>6} x {:>11} = {:>11}\n", t.name, t.count,
-                     t.each ? bytes_h(t.each) : t.count ? "varies" : "-",
+                     t.each    ? bytes_h(t.each)
+                     : t.count ? "varies"
+                               : "-",
                      bytes_h(t.bytes));
   s += fmt::format("  {:<46} {:>6}   {:>11}   {:>11}\n", "unassigned", "", "", bytes_h(p.unassigned()));
-  s += fmt::format("  {:<46} {:>6}   {:>11}   {:>11}  of {} budget; floor {}\n", "TOTAL", "", "", bytes_h(p.total()),
-                   gib(p.budget), gib(p.floor));
+  s += fmt::format("  {:<46} {:>6}   {:>11}   {:>11}  of {} budget; floor {}\n", "TOTAL", "", "",
+                   bytes_h(p.total()), gib(p.budget), gib(p.floor));
   s += fmt::format("  trunk read per token: {} of {} ({} of {} layers streamed); expert slots {}\n",
-                   bytes_h(p.streamed_bytes), bytes_h(p.trunk_bytes), p.n_layers - int(p.pinned.size()), p.n_layers,
-                   p.inflight_slots + p.lookahead_slots + p.cache_slots);
+                   bytes_h(p.streamed_bytes), bytes_h(p.trunk_bytes), p.n_layers - int(p.pinned.size()),
+                   p.n_layers, p.inflight_slots + p.lookahead_slots + p.cache_slots);
   return s;
 }
 
@@ -278,8 +301,8 @@ std::string plan_json(const Plan& p) {
   auto q = [](const std::string& s) { return io::json_quote(s); };
   std::string pools;
   for (const PlanTerm& t : p.pools)
-    pools += fmt::format("{}{{\"name\":{},\"count\":{},\"each\":{},\"bytes\":{}}}", pools.empty() ? "" : ",", q(t.name),
-                         t.count, t.each, t.bytes);
+    pools += fmt::format("{}{{\"name\":{},\"count\":{},\"each\":{},\"bytes\":{}}}", pools.empty() ? "" : ",",
+                         q(t.name), t.count, t.each, t.bytes);
   std::string pinned;
   for (int l : p.pinned) pinned += fmt::format("{}{}", pinned.empty() ? "" : ",", l);
   return fmt::format(
@@ -287,9 +310,9 @@ std::string plan_json(const Plan& p) {
       "\"trunk\":{{\"ring_slots\":{},\"slot_read_bytes\":{},\"slot_widen_bytes\":{},\"spanning_layer\":{},"
       "\"span_slots\":{},\"pinned\":[{}],\"trunk_bytes\":{},\"streamed_bytes\":{}}},"
       "\"experts\":{{\"slot_bytes\":{},\"inflight\":{},\"lookahead\":{},\"cache\":{}}}}}",
-      p.budget, q(p.request.source), p.floor, p.total(), p.unassigned(), pools, p.ring_slots, p.slot_read_bytes,
-      p.slot_widen_bytes, p.spanning_layer, p.span_slots, pinned, p.trunk_bytes, p.streamed_bytes,
-      p.expert_slot_bytes, p.inflight_slots, p.lookahead_slots, p.cache_slots);
+      p.budget, q(p.request.source), p.floor, p.total(), p.unassigned(), pools, p.ring_slots,
+      p.slot_read_bytes, p.slot_widen_bytes, p.spanning_layer, p.span_slots, pinned, p.trunk_bytes,
+      p.streamed_bytes, p.expert_slot_bytes, p.inflight_slots, p.lookahead_slots, p.cache_slots);
 }
 
 }  // namespace k3::pipeline

@@ -70,17 +70,17 @@ struct PlanBudget {
 
 struct Plan {
   PlanBudget request;
-  uint64_t budget = 0;  // total bytes available (split: resident + trunk + experts)
-  uint64_t floor = 0;   // smallest budget that plans (resident + in-flight experts + minimal ring)
+  uint64_t budget = 0;          // total bytes available (split: resident + trunk + experts)
+  uint64_t floor = 0;           // smallest budget that plans (resident + in-flight experts + minimal ring)
   std::vector<PlanTerm> pools;  // everything allocated, in print order; sum == total()
 
   // trunk
   int n_layers = 0;
   int ring_slots = 0;  // 0 when every layer is pinned (resident trunk)
   uint64_t slot_read_bytes = 0, slot_widen_bytes = 0;
-  int spanning_layer = -1;  // the one unpinned layer larger than a slot (-1: none)
-  int span_slots = 0;       // adjacent slots it occupies
-  std::vector<int> pinned;  // ascending
+  int spanning_layer = -1;                       // the one unpinned layer larger than a slot (-1: none)
+  int span_slots = 0;                            // adjacent slots it occupies
+  std::vector<int> pinned;                       // ascending
   uint64_t trunk_bytes = 0, streamed_bytes = 0;  // whole trunk; unpinned part read every token
 
   // experts
@@ -104,8 +104,8 @@ std::vector<std::string> preset_names();
 
 // Inputs from a checkpoint: layer footprints from the packed trunk when given, else as pack-trunk
 // would lay the layers out from the shard index; resident terms for `context` positions.
-PlanInputs plan_inputs(const io::ModelConfig& config, const io::ShardSet& shards, const io::PackedTrunk* trunk,
-                       uint64_t context);
+PlanInputs plan_inputs(const io::ModelConfig& config, const io::ShardSet& shards,
+                       const io::PackedTrunk* trunk, uint64_t context);
 
 // Activation scratch for `context` positions (the estimate is documented in planner.cpp).
 uint64_t scratch_bytes(const io::ModelConfig& config, uint64_t context);

@@ -46,8 +46,8 @@ std::string slurp(const fs::path& p) {
 Run k3flow(const std::string& args, const std::string& env = "") {
   TempDir io;
   // exec: the shell's status is then k3flow's own, so a signal shows as WIFSIGNALED.
-  const std::string cmd = env + " exec " + std::string(K3FLOW_BIN) + " " + args + " >" + (io.path / "out").string() +
-                          " 2>" + (io.path / "err").string();
+  const std::string cmd = env + " exec " + std::string(K3FLOW_BIN) + " " + args + " >" +
+                          (io.path / "out").string() + " 2>" + (io.path / "err").string();
   const int st = std::system(cmd.c_str());
   int code = WIFEXITED(st) ? WEXITSTATUS(st) : WIFSIGNALED(st) ? 128 + WTERMSIG(st) : -1;
   return {code, slurp(io.path / "out"), slurp(io.path / "err")};
@@ -89,7 +89,9 @@ TEST_CASE("pack-trunk writes every layer's trunk byte-exactly; --verify passes; 
     }
   }
   size_t trunk_tensors = 0;
-  shards.for_each([&](std::string_view n, const k3::io::TensorInfo&) { trunk_tensors += k3::io::trunk_layer_of(n) >= 0; });
+  shards.for_each([&](std::string_view n, const k3::io::TensorInfo&) {
+    trunk_tensors += k3::io::trunk_layer_of(n) >= 0;
+  });
   CHECK(tensors == trunk_tensors);
 
   // The plan from the packed trunk sees the same per-layer bytes as the plan from the shards.

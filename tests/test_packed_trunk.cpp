@@ -2,8 +2,6 @@
 // routed experts, one layer split across shards, odd sizes, one tensor larger than the 64 MiB
 // staging buffer), then check every byte, the alignment, the checksums, the refusals and that an
 // interrupted pack leaves nothing that looks complete.
-#include "io/packed_trunk.hpp"
-
 #include <doctest/doctest.h>
 #include <fcntl.h>
 #include <sys/wait.h>
@@ -18,6 +16,7 @@
 #include <vector>
 
 #include "io/error.hpp"
+#include "io/packed_trunk.hpp"
 #include "io/safetensors.hpp"
 #include "io/safetensors_writer.hpp"
 
@@ -142,7 +141,8 @@ TEST_CASE("XXH64 matches the reference values") {
   std::vector<std::byte> b(1000);
   for (size_t i = 0; i < b.size(); ++i) b[i] = std::byte(mix(i) & 0xff);
   k3::io::Xxh64 h;
-  for (size_t i = 0; i < b.size(); i += 37) h.update(std::span(b).subspan(i, std::min<size_t>(37, b.size() - i)));
+  for (size_t i = 0; i < b.size(); i += 37)
+    h.update(std::span(b).subspan(i, std::min<size_t>(37, b.size() - i)));
   CHECK(h.digest() == k3::io::xxh64(b));
 }
 
@@ -245,6 +245,18 @@ TEST_CASE("pack-trunk copies every trunk tensor byte-exactly to aligned offsets 
     fs::remove(out / "trunk.bin");
     CHECK(error_of([&] { PackedTrunk::open(out, 3); }).find("trunk.bin") != std::string::npos);
   }
+  SUBCASE("a trunk.json without checksums (reference tools) opens; verify says there is none") {
+    std::string j;
+    {
+      std::ifstream f(out / "trunk.json");
+      j.assign(std::istreambuf_iterator<char>(f), {});
+    }
+    for (size_t pos; (pos = j.find("\"xxh64\":\"")) != std::string::npos;) j.erase(pos, 8 + 1 + 16 + 1 + 1);
+    std::ofstream(out / "trunk.json", std::ios::trunc) << j;
+    PackedTrunk t2 = PackedTrunk::open(out, 3);
+    CHECK_FALSE(t2.layer(0).has_xxh64);
+    CHECK(error_of([&] { t2.verify_layer(0); }).find("no xxh64 checksum") != std::string::npos);
+  }
   SUBCASE("misaligned offsets in trunk.json are refused") {
     std::string j;
     {
@@ -253,7 +265,8 @@ TEST_CASE("pack-trunk copies every trunk tensor byte-exactly to aligned offsets 
     }
     auto pos = j.find("\"file_off\":" + std::to_string(t.layer(1).file_off));
     REQUIRE(pos != std::string::npos);
-    j.replace(pos, 11 + std::to_string(t.layer(1).file_off).size(), "\"file_off\":" + std::to_string(t.layer(1).file_off + 512));
+    j.replace(pos, 11 + std::to_string(t.layer(1).file_off).size(),
+              "\"file_off\":" + std::to_string(t.layer(1).file_off + 512));
     std::ofstream(out / "trunk.json", std::ios::trunc) << j;
     std::string m = error_of([&] { PackedTrunk::open(out, 3); });
     CHECK(m.find("trunk.json") != std::string::npos);

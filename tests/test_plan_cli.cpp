@@ -62,7 +62,9 @@ struct Parsed {
   simdjson::dom::element doc;
 };
 
-uint64_t u(simdjson::dom::element e) { return uint64_t(e); }
+uint64_t u(simdjson::dom::element e) {
+  return uint64_t(e);
+}
 
 // Runs plan --json and checks what every plan must satisfy.
 void plan(Parsed& p, const std::string& budget_args) {
@@ -81,7 +83,9 @@ void plan(Parsed& p, const std::string& budget_args) {
   CHECK(u(p.doc["experts"]["inflight"]) == 16);
 }
 
-size_t pinned(Parsed& p) { return p.doc["trunk"]["pinned"].get_array().size(); }
+size_t pinned(Parsed& p) {
+  return p.doc["trunk"]["pinned"].get_array().size();
+}
 
 }  // namespace
 
@@ -91,7 +95,8 @@ TEST_CASE("plan --preset laptop: within 8 GiB, a 2-slot ring, >= 16 expert slots
   CHECK(u(p.doc["budget"]) == 8 * kGiB);
   CHECK(u(p.doc["total"]) <= 8 * kGiB);
   CHECK(u(p.doc["trunk"]["ring_slots"]) >= 2);
-  CHECK(u(p.doc["experts"]["inflight"]) + u(p.doc["experts"]["lookahead"]) + u(p.doc["experts"]["cache"]) >= 16);
+  CHECK(u(p.doc["experts"]["inflight"]) + u(p.doc["experts"]["lookahead"]) + u(p.doc["experts"]["cache"]) >=
+        16);
   // The released layer 0 (dense FFN) is the outlier that spans the two slots.
   CHECK(int64_t(p.doc["trunk"]["spanning_layer"]) == 0);
   // Trunk bytes as pack-trunk lays them out: 93 layers, ~108.8 GB (ENGINE.md §1.4).
@@ -138,9 +143,9 @@ TEST_CASE("plan: a 2 GiB budget is refused with exit 2 naming the shortfall") {
 }
 
 TEST_CASE("plan: usage errors exit 2") {
-  CHECK(k3flow("plan " + replica().string()).code == 2);                            // no budget
-  CHECK(k3flow("plan " + replica().string() + " --preset phone").code == 2);        // unknown preset
+  CHECK(k3flow("plan " + replica().string()).code == 2);                      // no budget
+  CHECK(k3flow("plan " + replica().string() + " --preset phone").code == 2);  // unknown preset
   CHECK(k3flow("plan " + replica().string() + " --mem-gb 8 --preset laptop").code == 2);
-  CHECK(k3flow("plan " + replica().string() + " --trunk-gb 8").code == 2);          // needs --cache-gb
+  CHECK(k3flow("plan " + replica().string() + " --trunk-gb 8").code == 2);  // needs --cache-gb
   CHECK(k3flow("plan " + replica().string() + " --mem-gb -1").code == 2);
 }

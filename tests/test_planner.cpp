@@ -1,7 +1,5 @@
 // pipeline/planner on hand-made byte counts: K3-shaped layers (ENGINE.md §1.4) and small cases
 // that pin down slot spanning, largest-first pinning, the fixed point and the refusals.
-#include "pipeline/planner.hpp"
-
 #include <doctest/doctest.h>
 #include <simdjson.h>
 
@@ -9,6 +7,7 @@
 #include <string>
 
 #include "io/error.hpp"
+#include "pipeline/planner.hpp"
 
 using k3::pipeline::LayerFootprint;
 using k3::pipeline::Plan;
@@ -55,7 +54,8 @@ void check_consistent(const Plan& p) {
   }
   CHECK(sum == p.total());
   CHECK(p.total() <= p.budget);
-  auto it = std::find_if(p.pools.begin(), p.pools.end(), [](auto& t) { return t.name.rfind("pinned", 0) == 0; });
+  auto it =
+      std::find_if(p.pools.begin(), p.pools.end(), [](auto& t) { return t.name.rfind("pinned", 0) == 0; });
   REQUIRE(it != p.pools.end());
   CHECK(it->count == p.pinned.size());
   CHECK(p.streamed_bytes + it->bytes == p.trunk_bytes);
@@ -94,10 +94,12 @@ TEST_CASE("bigger budgets pin more layers, largest first; the ring shrinks once 
   CHECK(p32.spanning_layer == -1);
   CHECK(p32.slot_read_bytes == p8.slot_read_bytes);
   // KDA layers (1.27 GB) are pinned before any MLA layer (0.845 GB) is.
-  bool mla_pinned = std::any_of(p32.pinned.begin(), p32.pinned.end(), [](int l) { return l % 4 == 3 || l == 92; });
+  bool mla_pinned =
+      std::any_of(p32.pinned.begin(), p32.pinned.end(), [](int l) { return l % 4 == 3 || l == 92; });
   bool kda_left = false;
   for (int l = 1; l < 93; ++l)
-    if (!(l % 4 == 3 || l == 92) && !std::binary_search(p32.pinned.begin(), p32.pinned.end(), l)) kda_left = true;
+    if (!(l % 4 == 3 || l == 92) && !std::binary_search(p32.pinned.begin(), p32.pinned.end(), l))
+      kda_left = true;
   CHECK(!(mla_pinned && kda_left));
   // 128 GiB holds the whole K3 trunk (~109 GB) with the head: resident trunk, no ring.
   CHECK(p128.pinned.size() == 93);

@@ -1,8 +1,6 @@
 // io/uring_reader: real files in the build directory (not tmpfs: O_DIRECT must really be in effect
 // where the filesystem allows it), many concurrent requests at awkward sizes, both backends,
 // errors that must complete (never hang) and shutdown with reads in flight.
-#include "io/uring_reader.hpp"
-
 #include <doctest/doctest.h>
 #include <fcntl.h>
 #include <unistd.h>
@@ -22,6 +20,7 @@
 #include "io/aligned.hpp"
 #include "io/error.hpp"
 #include "io/file.hpp"
+#include "io/uring_reader.hpp"
 
 namespace fs = std::filesystem;
 using k3::io::AlignedBuffer;
@@ -106,7 +105,7 @@ struct Case {
 std::vector<Case> awkward_cases() {
   std::vector<Case> cs = {
       {0, 4096, 0},
-      {4096 * 3, size_t{20} << 20, 0},          // several 8 MiB chunks, all O_DIRECT
+      {4096 * 3, size_t{20} << 20, 0},  // several 8 MiB chunks, all O_DIRECT
       {1, 1, 0},
       {12345, 777777, 0},                        // unaligned offset, buffered
       {8192 + 100, (size_t{9} << 20) + 5, 100},  // head + O_DIRECT body + tail
@@ -137,7 +136,8 @@ void read_and_compare(UringReader& reader, const File& f) {
   std::vector<ReadRequest> reqs;
   for (size_t i = 0; i < cases.size(); ++i) {
     bufs.emplace_back(cases[i].length + cases[i].dst_shift + 1);
-    reqs.push_back({&f, cases[i].offset, bufs.back().bytes().subspan(cases[i].dst_shift, cases[i].length), i});
+    reqs.push_back(
+        {&f, cases[i].offset, bufs.back().bytes().subspan(cases[i].dst_shift, cases[i].length), i});
   }
   Sink sink;
   size_t half = reqs.size() / 2;
@@ -194,7 +194,7 @@ TEST_CASE("io_uring backend reads awkward concurrent requests exactly, O_DIRECT 
   CHECK(c.uring_chunks >= cases.size() - 1);  // the empty request has no chunk
   if (f.direct()) {
     CHECK(c.direct_bytes >= (size_t{20} << 20));  // the aligned multi-chunk case at least
-    CHECK(c.direct_bytes < c.uring_bytes);          // unaligned pieces went buffered
+    CHECK(c.direct_bytes < c.uring_bytes);        // unaligned pieces went buffered
   }
 }
 
@@ -251,9 +251,9 @@ TEST_CASE("reads past EOF and on a truncated file complete with an error naming 
     AlignedBuffer a(8192), b(size_t{3} << 20), ok(4096);
     Sink sink;
     auto t0 = std::chrono::steady_clock::now();
-    reader.submit({&whole, kFileBytes - 4096, a.bytes(), 1}, sink.callback());        // 4 KiB past EOF
-    reader.submit({&shrinking, size_t{1} << 19, b.bytes(), 2}, sink.callback());       // crosses new end
-    reader.submit({&whole, 0, ok.bytes(), 3}, sink.callback());                         // unaffected
+    reader.submit({&whole, kFileBytes - 4096, a.bytes(), 1}, sink.callback());    // 4 KiB past EOF
+    reader.submit({&shrinking, size_t{1} << 19, b.bytes(), 2}, sink.callback());  // crosses new end
+    reader.submit({&whole, 0, ok.bytes(), 3}, sink.callback());                   // unaffected
     REQUIRE(sink.wait_for(3, std::chrono::seconds(10)));
     CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10));
     CHECK_FALSE(sink.last[1].ok());
@@ -303,7 +303,8 @@ TEST_CASE("destroying the reader with requests in flight completes each exactly 
       for (size_t i = 0; i < kN; ++i)
         reqs.push_back({&f, (i * kLen) % kFileBytes, buf.bytes().subspan(i * kLen, kLen), i});
       reader.submit(reqs, sink.callback());
-      for (int i = 0; i < 10000 && sink.total == 0; ++i) std::this_thread::sleep_for(std::chrono::microseconds(100));
+      for (int i = 0; i < 10000 && sink.total == 0; ++i)
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
     }  // some requests done, some in the kernel, most queued: the destructor waits, cancels the rest
     REQUIRE(sink.total == kN);
     CHECK(sink.total > 0);
