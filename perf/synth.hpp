@@ -55,7 +55,7 @@ struct CheckpointPlan {
 
 // The released model's dimensions (MODEL.md §1.2, "real" column).
 io::ModelConfig real_dims();
-// Named dense sizes shaped like K3 (many experts, few layers): tiny ≈ 4 MB, small ≈ 0.3 GB,
+// Named dense sizes shaped like K3 (many experts, few layers): tiny ≈ 7 MB, small ≈ 0.3 GB,
 // medium ≈ 3 GB, large ≈ 12 GB. Throws usage Error naming --size for an unknown name.
 io::ModelConfig preset_dims(std::string_view name);
 // The released MLA placement rule (one-based): every 4th layer, plus the last (4,8,…,92,93).

@@ -131,7 +131,7 @@ Action add_synth(CLI::App& sub) {
   sub.add_option("OUT_DIR", a->out_dir, "directory to write (created; must not hold a checkpoint)")
       ->required();
   a->size_opt = sub.add_option("--size", a->size,
-                               "named dense size: tiny (~4 MB), small (~0.3 GB), medium (~3 GB), "
+                               "named dense size: tiny (~7 MB), small (~0.3 GB), medium (~3 GB), "
                                "large (~12 GB); other flags override its dimensions")
                     ->capture_default_str();
   CLI::Option* sparse = sub.add_flag("--sparse", a->sparse,
