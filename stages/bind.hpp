@@ -8,6 +8,8 @@
 //   (mod 8) -- an O_DIRECT window read keeps the file's alignment, so it does -- then
 //   LayerWeights w = bind_layer(cfg, l, lay, slot_bytes, widen_area /* lay.widen_floats */);
 // and per expert: Layout e = locate_expert(shards, cfg, l, e); ... bind_expert(e, bytes, widen).
+// Bytes packed some other way (a trunk file with its own offsets): build the Layout with place()
+// from the per-tensor offsets, then bind_layer the same way.
 #pragma once
 #include <cstddef>
 #include <memory>

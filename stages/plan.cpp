@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <optional>
 
 #include "io/aligned.hpp"
 #include "io/error.hpp"
@@ -281,24 +282,56 @@ uint64_t widen_need(const TensorSpec& s, const io::TensorInfo& t, uint64_t addr_
 
 }  // namespace
 
+namespace {
+
+// The refusals shared by every way of finding a tensor: missing, wrong dtype, wrong element count.
+void check_found(const TensorSpec& s, const std::optional<io::TensorInfo>& t, const io::ModelConfig& c) {
+  if (!t) throw io::runtime_error(fmt::format("bind: missing tensor {}", s.name));
+  if (!dtype_ok(storage_of(s.field), t->dtype)) {
+    throw io::runtime_error(fmt::format("bind: {} is {}, engine expects {}", s.name, io::dtype_name(t->dtype),
+                                        storage_of(s.field) == Storage::mxfp4 ? "U8" : "F32, BF16 or F16"));
+  }
+  const uint64_t want = s.numel();
+  const bool a_log_per_head = s.field == Field::kda_a_log && t->numel() == u(c.kda_heads);
+  if (t->numel() != want && !a_log_per_head)
+    throw io::runtime_error(
+        fmt::format("bind: {} has {} elements, engine expects {}", s.name, t->numel(), want));
+}
+
+void count_widen(Layout& lay) {
+  lay.widen_floats = 0;
+  for (size_t i = 0; i < lay.specs.size(); ++i)
+    lay.widen_floats +=
+        widen_need(lay.specs[i], lay.places[i].info, (lay.base_mod8 + lay.places[i].offset) % 8);
+}
+
+}  // namespace
+
+Layout place(std::vector<TensorSpec> specs, const PlacementLookup& lookup, const io::ModelConfig& c,
+             uint64_t buffer_bytes, uint32_t base_mod8) {
+  Layout lay;
+  lay.specs = std::move(specs);
+  lay.buffer_bytes = buffer_bytes;
+  lay.base_mod8 = base_mod8 % 8;
+  for (const TensorSpec& s : lay.specs) {
+    const std::optional<Placement> p = lookup(s.name);
+    check_found(s, p ? std::optional<io::TensorInfo>(p->info) : std::nullopt, c);
+    if (p->offset + p->info.nbytes > buffer_bytes)
+      throw io::runtime_error(fmt::format("bind: {} ends at byte {} of a {}-byte buffer", s.name,
+                                          p->offset + p->info.nbytes, buffer_bytes));
+    lay.places.push_back(*p);
+  }
+  count_widen(lay);
+  return lay;
+}
+
 Layout locate(std::vector<TensorSpec> specs, const io::ShardSet& shards, const io::ModelConfig& c) {
   Layout lay;
   lay.specs = std::move(specs);
   lay.places.reserve(lay.specs.size());
   for (const TensorSpec& s : lay.specs) {
     std::optional<io::TensorInfo> t = shards.find(s.name);
-    if (!t) throw io::runtime_error(fmt::format("bind: missing tensor {}", s.name));
-    if (!dtype_ok(storage_of(s.field), t->dtype)) {
-      throw io::runtime_error(fmt::format("bind: {} is {}, engine expects {}", s.name,
-                                          io::dtype_name(t->dtype),
-                                          storage_of(s.field) == Storage::mxfp4 ? "U8" : "F32, BF16 or F16"));
-    }
-    const uint64_t want = s.numel();
-    const bool a_log_per_head = s.field == Field::kda_a_log && t->numel() == u(c.kda_heads);
-    if (t->numel() != want && !a_log_per_head) {
-      throw io::runtime_error(
-          fmt::format("bind: {} has {} elements, engine expects {}", s.name, t->numel(), want));
-    }
+    check_found(s, t, c);
     lay.places.push_back({*t, 0});
   }
   if (lay.places.empty()) return lay;
@@ -338,9 +371,7 @@ Layout locate(std::vector<TensorSpec> specs, const io::ShardSet& shards, const i
     lay.buffer_bytes = pos;
     lay.base_mod8 = 0;
   }
-  for (size_t i = 0; i < lay.specs.size(); ++i)
-    lay.widen_floats +=
-        widen_need(lay.specs[i], lay.places[i].info, (lay.base_mod8 + lay.places[i].offset) % 8);
+  count_widen(lay);
   return lay;
 }
 

@@ -4,6 +4,8 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -142,6 +144,14 @@ struct Layout {
 // Looks every spec up, refusing `missing tensor <name>` or `<name> has N elements, engine expects
 // M` (io::Error, runtime kind). A KDA A_log may hold D values (released) or exactly H (tiny).
 Layout locate(std::vector<TensorSpec> specs, const io::ShardSet&, const io::ModelConfig&);
+
+// The same checks over bytes laid out by someone else (a packed trunk layer, a slot): `lookup`
+// returns each tensor's dtype / shape / nbytes (in `info`; its shard and file offset are ignored)
+// and its offset inside a `buffer_bytes` buffer whose first byte sits at an address == base_mod8
+// (mod 8), or nullopt when absent.
+using PlacementLookup = std::function<std::optional<Placement>(const std::string& name)>;
+Layout place(std::vector<TensorSpec> specs, const PlacementLookup& lookup, const io::ModelConfig&,
+             uint64_t buffer_bytes, uint32_t base_mod8 = 0);
 
 // plan_expert in whichever form the checkpoint holds (MXFP4 preferred), located and validated:
 // U8, 2-D, equal rows, scale_cols * 32 == 2 * packed_cols, logical shape as the config says.

@@ -323,3 +323,59 @@ TEST_CASE("MXFP4 experts: U8, 2-D, equal rows, group size 32, shape as configure
     check(ts, "missing tensor " + X + "w2.weight_scale");
   }
 }
+
+TEST_CASE("place(): binding a layer from bytes packed elsewhere (a trunk slot) gives the same weights") {
+  const io::ModelConfig c = io::load_config(test::fixture_path("tiny-k3/config.json"));
+  const io::ShardSet shards = io::ShardSet::open(test::fixture_path("tiny-k3"));
+  for (int l : {0, 1, 3}) {
+    CAPTURE(l);
+    const stages::LayerPlan plan = stages::plan_layer(c, l);
+    // Pack the layer the way a trunk file might: reversed order, 64-aligned, after a 4096-byte gap.
+    std::vector<stages::Placement> packed;
+    uint64_t pos = 4096;
+    for (auto it = plan.tensors.rbegin(); it != plan.tensors.rend(); ++it) {
+      const io::TensorInfo t = *shards.find(it->name);
+      packed.push_back({t, io::align_up(pos, 64)});
+      pos = packed.back().offset + t.nbytes;
+    }
+    io::AlignedBuffer slot(pos);
+    for (const auto& p : packed) shards.read(p.info, slot.bytes().subspan(p.offset, p.info.nbytes));
+    const stages::PlacementLookup lookup = [&](const std::string& name) -> std::optional<stages::Placement> {
+      for (size_t i = 0; i < plan.tensors.size(); ++i)
+        if (plan.tensors[plan.tensors.size() - 1 - i].name == name) return packed[i];
+      return std::nullopt;
+    };
+    const stages::Layout lay = stages::place(plan.tensors, lookup, c, pos);
+    CHECK(lay.widen_floats > 0);  // the vectors
+    std::vector<float> widen(lay.widen_floats);
+    const stages::LayerWeights a = stages::bind_layer(c, l, lay, slot.bytes().first(pos), widen);
+
+    const stages::Layout ref_lay = stages::locate(plan.tensors, shards, c);
+    io::AlignedBuffer ref(ref_lay.buffer_bytes + 8);
+    const auto ref_bytes = ref.bytes().subspan(ref_lay.base_mod8, ref_lay.buffer_bytes);
+    stages::read_layout(ref_lay, shards, ref_bytes);
+    std::vector<float> ref_widen(ref_lay.widen_floats);
+    const stages::LayerWeights b = stages::bind_layer(c, l, ref_lay, ref_bytes, ref_widen);
+
+    auto same = [](std::span<const float> x, std::span<const float> y) {
+      return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * 4) == 0;
+    };
+    auto data = [](const kernels::Matrix& m) { return std::get<kernels::F32Matrix>(m).data; };
+    CHECK(same(a.input_norm, b.input_norm));
+    CHECK(same(a.mlp_res_proj, b.mlp_res_proj));
+    if (l == 3) {
+      CHECK(same(data(std::get<stages::MlaWeights>(a.attn).kv_b),
+                 data(std::get<stages::MlaWeights>(b.attn).kv_b)));
+    } else {
+      const auto& ka = std::get<stages::KdaWeights>(a.attn);
+      const auto& kb = std::get<stages::KdaWeights>(b.attn);
+      CHECK(same(data(ka.q), data(kb.q)));
+      CHECK(same(ka.a_log, kb.a_log));
+      CHECK(ka.a_log.size() == 4);
+      CHECK(same(ka.k_conv, kb.k_conv));
+    }
+    // A tensor that would end past the buffer is refused by name.
+    CHECK_THROWS_WITH_AS(stages::place(plan.tensors, lookup, c, pos - 1), doctest::Contains("-byte buffer"),
+                         io::Error);
+  }
+}
