@@ -54,7 +54,7 @@ struct Bf16Load {
 };
 
 // Lane j of v_m is a[4m+j]: (v0+v1)+(v2+v3) lanewise gives b_j, then (b0+b1)+(b2+b3).
-double reduce16(const __m256d v[4]) {
+[[gnu::always_inline]] inline double reduce16(const __m256d v[4]) {
   const __m256d b = _mm256_add_pd(_mm256_add_pd(v[0], v[1]), _mm256_add_pd(v[2], v[3]));
   const __m128d lo = _mm256_castpd256_pd128(b);
   const __m128d hi = _mm256_extractf128_pd(b, 1);
@@ -193,7 +193,7 @@ struct Group {
   __m256d w[8];  // chunk c = elements 4c .. 4c+3
 };
 
-Group decode(const uint8_t* bytes) {
+[[gnu::always_inline]] inline Group decode(const uint8_t* bytes) {
   const __m128i lut = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
   const __m128i mask = _mm_set1_epi8(0x0F);
   const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes));
@@ -214,7 +214,7 @@ Group decode(const uint8_t* bytes) {
 
 // v0 takes elements 0-3, 8-11, 16-19, 24-27 and v1 the others, so lane j of v0 is s_j and of v1
 // is s_{j+4}; t = v0 + v1 = s_j + s_{j+4}.
-__m256d group_partial(const Group& g, const double* x) {
+[[gnu::always_inline]] inline __m256d group_partial(const Group& g, const double* x) {
   __m256d v0 = _mm256_fmadd_pd(g.w[0], _mm256_loadu_pd(x), _mm256_setzero_pd());
   __m256d v1 = _mm256_fmadd_pd(g.w[1], _mm256_loadu_pd(x + 4), _mm256_setzero_pd());
 #pragma GCC unroll 8
@@ -226,13 +226,13 @@ __m256d group_partial(const Group& g, const double* x) {
 }
 
 // Four groups' t vectors -> their subs (t0+t1)+(t2+t3), one per lane, in group order.
-__m256d subs4(__m256d t0, __m256d t1, __m256d t2, __m256d t3) {
+[[gnu::always_inline]] inline __m256d subs4(__m256d t0, __m256d t1, __m256d t2, __m256d t3) {
   const __m256d h01 = _mm256_hadd_pd(t0, t1);
   const __m256d h23 = _mm256_hadd_pd(t2, t3);
   return _mm256_add_pd(_mm256_permute2f128_pd(h01, h23, 0x20), _mm256_permute2f128_pd(h01, h23, 0x31));
 }
 
-double sub1(__m256d t) {
+[[gnu::always_inline]] inline double sub1(__m256d t) {
   const __m128d lo = _mm256_castpd256_pd128(t);
   const __m128d hi = _mm256_extractf128_pd(t, 1);
   return (_mm_cvtsd_f64(lo) + _mm_cvtsd_f64(_mm_unpackhi_pd(lo, lo))) +
@@ -240,7 +240,7 @@ double sub1(__m256d t) {
 }
 
 // Half-scales of four groups as f64, and a lane mask that is all-ones where the byte is not 255.
-__m256d half_scales4(const uint8_t* s, __m256d& keep) {
+[[gnu::always_inline]] inline __m256d half_scales4(const uint8_t* s, __m256d& keep) {
   uint32_t raw;
   __builtin_memcpy(&raw, s, 4);
   const __m256i b = _mm256_cvtepu8_epi64(_mm_cvtsi32_si128(static_cast<int>(raw)));
@@ -251,7 +251,7 @@ __m256d half_scales4(const uint8_t* s, __m256d& keep) {
 
 // acc + p0 + p1 + p2 + p3 in order (a skipped group's lane is +0; acc is never -0, so adding +0
 // leaves it unchanged, exactly like skipping).
-double add4(double acc, __m256d p) {
+[[gnu::always_inline]] inline double add4(double acc, __m256d p) {
   const __m128d lo = _mm256_castpd256_pd128(p);
   const __m128d hi = _mm256_extractf128_pd(p, 1);
   acc = acc + _mm_cvtsd_f64(lo);

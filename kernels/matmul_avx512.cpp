@@ -33,7 +33,7 @@ struct F32Load {
 
 // A holds lanes a0..a7, B holds a8..a15. The §5.3 tree pairs a_j with a_{j+4} first:
 // P = lo(A)+hi(A), Q = lo(B)+hi(B), R = P+Q (= b_j), then (R0+R1)+(R2+R3). Not A+B first.
-double reduce16(__m512d A, __m512d B) {
+[[gnu::always_inline]] inline double reduce16(__m512d A, __m512d B) {
   const __m256d P = _mm256_add_pd(_mm512_castpd512_pd256(A), _mm512_extractf64x4_pd(A, 1));
   const __m256d Q = _mm256_add_pd(_mm512_castpd512_pd256(B), _mm512_extractf64x4_pd(B, 1));
   const __m256d R = _mm256_add_pd(P, Q);
@@ -128,7 +128,7 @@ void f32_rows(const float* w, size_t rows, size_t cols, const double* x, size_t 
 // in one register and 4-7, 12-15 | 20-23, 28-31 in the other. So the sixteen §5.3 lanes are held
 // as P = a0-3, a8-11 and Q = a4-7, a12-15: block 2k then block 2k+1 feed the same P and Q in order,
 // x is regrouped to match, and the tree still pairs a_j with a_{j+4} first.
-double reduce_pq(__m512d P, __m512d Q) {
+[[gnu::always_inline]] inline double reduce_pq(__m512d P, __m512d Q) {
   const __m256d U = _mm256_add_pd(_mm512_castpd512_pd256(P), _mm512_castpd512_pd256(Q));  // a_j + a_{j+4}
   const __m256d V =
       _mm256_add_pd(_mm512_extractf64x4_pd(P, 1), _mm512_extractf64x4_pd(Q, 1));  // a_{j+8} + a_{j+12}
@@ -274,7 +274,7 @@ struct Group {
   __m512d w[4];
 };
 
-Group decode(const uint8_t* bytes) {
+[[gnu::always_inline]] inline Group decode(const uint8_t* bytes) {
   const __m512d pos = _mm512_setr_pd(0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0);
   const __m512d neg = _mm512_setr_pd(-0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0);
   // Little-endian: nibble k of the 64-bit word holding bytes 8h..8h+7 is element 16h+k (low nibble
@@ -295,7 +295,7 @@ Group decode(const uint8_t* bytes) {
 }
 
 // s_l over the four chunks, then t_j = s_j + s_{j+4} (lo256 + hi256).
-__m256d group_partial(const Group& g, const double* x) {
+[[gnu::always_inline]] inline __m256d group_partial(const Group& g, const double* x) {
   __m512d s = _mm512_fmadd_pd(g.w[0], _mm512_loadu_pd(x), _mm512_setzero_pd());
   s = _mm512_fmadd_pd(g.w[1], _mm512_loadu_pd(x + 8), s);
   s = _mm512_fmadd_pd(g.w[2], _mm512_loadu_pd(x + 16), s);
@@ -304,7 +304,7 @@ __m256d group_partial(const Group& g, const double* x) {
 }
 
 // Four groups' t vectors -> their subs (t0+t1)+(t2+t3), one per lane, in group order.
-__m256d subs4(__m256d t0, __m256d t1, __m256d t2, __m256d t3) {
+[[gnu::always_inline]] inline __m256d subs4(__m256d t0, __m256d t1, __m256d t2, __m256d t3) {
   const __m256d h01 = _mm256_hadd_pd(t0, t1);  // [t0_0+t0_1, t1_0+t1_1, t0_2+t0_3, t1_2+t1_3]
   const __m256d h23 = _mm256_hadd_pd(t2, t3);
   const __m256d a = _mm256_permute2f128_pd(h01, h23, 0x20);  // (t_k0 + t_k1) for k = 0..3
@@ -312,7 +312,7 @@ __m256d subs4(__m256d t0, __m256d t1, __m256d t2, __m256d t3) {
   return _mm256_add_pd(a, b);
 }
 
-double sub1(__m256d t) {
+[[gnu::always_inline]] inline double sub1(__m256d t) {
   const __m128d lo = _mm256_castpd256_pd128(t);
   const __m128d hi = _mm256_extractf128_pd(t, 1);
   return (_mm_cvtsd_f64(lo) + _mm_cvtsd_f64(_mm_unpackhi_pd(lo, lo))) +
@@ -320,7 +320,7 @@ double sub1(__m256d t) {
 }
 
 // Scales of four groups as f64, and which of them are not skipped (byte != 255).
-__m256d scales4(const uint8_t* s, __mmask8& keep) {
+[[gnu::always_inline]] inline __m256d scales4(const uint8_t* s, __mmask8& keep) {
   uint32_t raw;
   __builtin_memcpy(&raw, s, 4);
   const __m128i b = _mm_cvtsi32_si128(static_cast<int>(raw));
@@ -331,7 +331,7 @@ __m256d scales4(const uint8_t* s, __mmask8& keep) {
 
 // acc + p0 + p1 + p2 + p3 in that order (a skipped group's lane is +0; acc is never -0, so adding
 // +0 leaves it unchanged, exactly like skipping).
-double add4(double acc, __m256d p) {
+[[gnu::always_inline]] inline double add4(double acc, __m256d p) {
   const __m128d lo = _mm256_castpd256_pd128(p);
   const __m128d hi = _mm256_extractf128_pd(p, 1);
   acc = acc + _mm_cvtsd_f64(lo);
