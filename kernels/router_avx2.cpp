@@ -14,7 +14,7 @@ namespace k3::kernels::detail {
 namespace {
 
 // Element i+k of rows 0..7, k = 0..7, widened to f32.
-void transpose8(const float* w, size_t hidden, size_t i, __m256 v[8]) {
+[[gnu::always_inline]] inline void transpose8(const float* w, size_t hidden, size_t i, __m256 v[8]) {
   __m256 r[8], t[8], u[8];
 #pragma GCC unroll 8
   for (int e = 0; e < 8; ++e) r[e] = _mm256_loadu_ps(w + e * hidden + i);
@@ -37,7 +37,7 @@ void transpose8(const float* w, size_t hidden, size_t i, __m256 v[8]) {
   }
 }
 
-void transpose8(const uint16_t* w, size_t hidden, size_t i, __m256 v[8]) {
+[[gnu::always_inline]] inline void transpose8(const uint16_t* w, size_t hidden, size_t i, __m256 v[8]) {
   __m128i r[8], t[8], u[8];
 #pragma GCC unroll 8
   for (int e = 0; e < 8; ++e) r[e] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + e * hidden + i));
