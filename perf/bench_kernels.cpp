@@ -4,7 +4,8 @@
 // and 2 threads; then the matmuls run at 1 and 2 threads for every body the CPU supports:
 //   bf16 matvec 12288x7168 (KDA q_proj), f32 matvec of the same shape,
 //   one MXFP4 routed expert (w1, w3 3072x3584 and w2 3584x3072) streamed from a set of experts
-//   larger than the LLC, and the single hot w1 matrix the C reference engine's own benchmark uses.
+//   larger than the LLC, and the single hot w1 matrix the C reference engine's own benchmark uses;
+//   and one KDA layer's recurrence step (96 heads, D = 128), single thread.
 // Counters: GB/s of weights read, GFLOP/s (2 per weight), roofline = GB/s / DRAM GB/s at the same
 // thread count, bitexact = output equal (memcmp) to the scalar body's.
 // The last line of the output is `roofline bf16_2t=<fraction> mxfp4_2t=<fraction>` for the body
@@ -25,6 +26,7 @@
 #include <vector>
 
 #include "kernels/dispatch.hpp"
+#include "kernels/kda.hpp"
 #include "kernels/matmul.hpp"
 #include "kernels/mxfp4.hpp"
 
@@ -298,6 +300,33 @@ void BM_mxfp4_w1_hot(benchmark::State& st) {
   set_rates(st, kExpertBytes / 3.0, kExpertFlops / 3.0, secs, threads, exact);
 }
 
+// ---- KDA step ------------------------------------------------------------------------------
+
+// One KDA layer's recurrence step for one token: 96 heads of D = 128 (state 6.3 MB, L3-resident
+// between tokens). Heads are independent; the stage runs them in parallel, here they run serially.
+void BM_kda_step(benchmark::State& st) {
+  const Isa isa = static_cast<Isa>(st.range(0));
+  constexpr size_t H = 96, D = 128;
+  std::vector<float> S(H * D * D), alpha(H * D), k(H * D), v(H * D), q(H * D), o(H * D);
+  uint32_t s = 4242;
+  auto unit = [&] { return static_cast<float>(xorshift(s) >> 8) / 8388608.0f - 1.0f; };
+  for (auto& x : S) x = unit();
+  for (auto& x : alpha) x = 0.9f + 0.1f * unit();
+  for (auto& x : k) x = unit() * 0.1f;
+  for (auto& x : v) x = unit();
+  for (auto& x : q) x = unit() * 0.1f;
+  const double secs = run_timed(st, isa, 1, [&] {
+    for (size_t h = 0; h < H; ++h) {
+      kda_step(std::span<float>(S).subspan(h * D * D, D * D), std::span<const float>(alpha).subspan(h * D, D),
+               std::span<const float>(k).subspan(h * D, D), std::span<const float>(v).subspan(h * D, D), 0.5f,
+               std::span<const float>(q).subspan(h * D, D), std::span<float>(o).subspan(h * D, D), D);
+    }
+  });
+  // Four passes over the state: decay, read, write, output; 2 flops per element each.
+  st.counters["GFLOP/s"] = 4.0 * 2.0 * H * D * D / secs / 1e9;
+  st.counters["GB/s"] = 3.0 * 4.0 * H * D * D / secs / 1e9;  // state read 4x, written 2x
+}
+
 void isa_thread_args(benchmark::internal::Benchmark* b) {
   for (Isa isa : supported_isas()) {
     for (int t = 1; t <= kMaxThreads; ++t) b->Args({static_cast<int64_t>(isa), t});
@@ -311,6 +340,12 @@ BENCHMARK(BM_bf16_matvec)->Apply(isa_thread_args)->Unit(benchmark::kMillisecond)
 BENCHMARK(BM_f32_matvec)->Apply(isa_thread_args)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_mxfp4_expert)->Apply(isa_thread_args)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_mxfp4_w1_hot)->Apply(isa_thread_args)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_kda_step)
+    ->Apply([](benchmark::internal::Benchmark* b) {
+      for (Isa isa : supported_isas()) b->Arg(static_cast<int64_t>(isa));
+    })
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 
 int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
