@@ -216,5 +216,7 @@ TEST_CASE("synth --sparse is a full-scale replica: inspect reports the released 
   const uint64_t used = disk_bytes(out);
   MESSAGE("sparse replica: ", used, " bytes on disk for ", uint64_t(total), " logical");
   CHECK(used < 1000000000ull);
-  CHECK(secs < 60);
+#ifdef NDEBUG
+  CHECK(secs < 60);  // optimised builds only: a sanitizer build of the binary is several times slower
+#endif
 }
