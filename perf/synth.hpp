@@ -6,6 +6,7 @@
 //   sparse — a full-scale replica of the released model (io/k3_names): every tensor, headers only,
 //            files extended to their logical size without data blocks.
 #pragma once
+#include <atomic>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -89,6 +90,8 @@ struct SynthOptions {
   bool overwrite = false;  // replace checkpoint files already in the output directory
   // Called with (bytes done, bytes total) from the writing thread; may be empty.
   std::function<void(uint64_t, uint64_t)> progress;
+  // Set (e.g. from a signal handler) to stop: the run fails and removes what it created.
+  const std::atomic<bool>* cancel = nullptr;
 };
 
 struct SynthReport {
@@ -98,7 +101,8 @@ struct SynthReport {
   double seconds = 0;
 };
 
-// Writes `plan` into `out_dir` (created if absent; it must hold no checkpoint files). Shards are
+// Writes `plan` into `out_dir` (created if absent; it must hold no finished checkpoint files unless
+// options.overwrite; leftover .partial files of a killed run are removed). Shards are
 // written as .partial and renamed only after every shard is complete; the config and index come
 // last. On any failure everything this call created is removed and the error rethrown.
 // K3_SYNTH_FAIL_AFTER=N (environment) forces a failure after N data bytes, for tests.

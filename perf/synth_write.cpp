@@ -204,15 +204,21 @@ SynthReport write_checkpoint(const CheckpointPlan& plan, const fs::path& out_dir
   const auto t0 = std::chrono::steady_clock::now();
   Rollback rb;
   prepare_out_dir(out_dir, rb);
-  std::vector<fs::path> stale = existing_checkpoint_files(out_dir);
+  // Leftover .partial files (a killed run) never look like a checkpoint: they are simply removed.
+  // Finished files are only replaced when asked to.
+  std::vector<fs::path> stale;
+  std::error_code ec;
+  for (const fs::path& p : existing_checkpoint_files(out_dir)) {
+    if (p.extension() == ".partial")
+      fs::remove(p, ec);
+    else
+      stale.push_back(p);
+  }
   if (!stale.empty() && !options.overwrite)
     throw io::runtime_error(
         fmt::format("output directory {} already holds checkpoint files ({}); pass --force to "
                     "replace them or choose another directory",
                     out_dir.string(), stale.front().filename().string()));
-  std::error_code ec;
-  for (const fs::path& p : stale)
-    if (p.extension() == ".partial") fs::remove(p, ec);
 
   uint64_t logical = 0, header_bytes = 0;
   std::vector<io::ShardLayout> layouts;
@@ -231,6 +237,11 @@ SynthReport write_checkpoint(const CheckpointPlan& plan, const fs::path& out_dir
   report.tensors = plan.tensor_count();
   report.logical_bytes = logical;
   const uint64_t fail_after = forced_failure_after();
+  auto check_stop = [&](uint64_t done) {
+    if (options.cancel && options.cancel->load(std::memory_order_relaxed))
+      throw io::runtime_error(fmt::format("interrupted; removed the partial output in {}", out_dir.string()));
+    if (done >= fail_after) throw io::runtime_error("forced failure (K3_SYNTH_FAIL_AFTER)");
+  };
   std::vector<std::optional<io::SafetensorsWriter>> writers(plan.shards.size());
   auto shard_path = [&](size_t s) { return out_dir / plan.shards[s].file; };
 
@@ -241,7 +252,7 @@ SynthReport write_checkpoint(const CheckpointPlan& plan, const fs::path& out_dir
       writers[s]->finish_sparse();
       done += writers[s]->layout().file_size();
       if (options.progress) options.progress(done, logical);
-      if (done >= fail_after) throw io::runtime_error("forced failure (K3_SYNTH_FAIL_AFTER)");
+      check_stop(done);
     }
   } else {
     const ShardOffsets offs(plan);
@@ -274,13 +285,14 @@ SynthReport write_checkpoint(const CheckpointPlan& plan, const fs::path& out_dir
                   w->append({b.buf, b.size});
                   free_buffers.push(b.buf);
                   written += b.size;
-                  if (written >= fail_after) throw io::runtime_error("forced failure (K3_SYNTH_FAIL_AFTER)");
+                  check_stop(written);
                   if (b.last) w->finish();
                   if (options.progress) options.progress(written, total);
                 }));
     report.data_written = written;
   }
 
+  check_stop(0);
   // Every shard is complete: only now do the final names appear, then the config and index.
   for (size_t s = 0; s < writers.size(); ++s) {
     writers[s]->commit();

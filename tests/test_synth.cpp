@@ -2,12 +2,16 @@
 // shapes, layout), values are valid and well scaled, runs are reproducible, refusals name the
 // flag, and a failed run leaves nothing behind.
 #include <doctest/doctest.h>
+#include <fcntl.h>
 #include <fmt/format.h>
+#include <signal.h>
 #include <simdjson.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <bit>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -15,6 +19,7 @@
 #include <fstream>
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "io/config.hpp"
@@ -459,4 +464,56 @@ TEST_CASE("a forward pass over a synthetic model stays finite and non-degenerate
   const double sd = rms(v, mean);
   CHECK(sd > 0.2);  // logits that differ: the model is not washed out
   CHECK(sd < 5.0);  // and not blown up
+}
+
+namespace {
+
+// Starts `k3flow synth OUT --size medium`, waits until its second shard is being written, sends
+// `sig`, and returns the wait status.
+int synth_and_signal(const fs::path& out, int sig) {
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    const int null = ::open("/dev/null", O_WRONLY);
+    ::dup2(null, 1);
+    ::dup2(null, 2);
+    ::execl(K3FLOW_BIN, K3FLOW_BIN, "synth", out.c_str(), "--size", "medium", static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  const fs::path second = out / "model-00002-of-000009.safetensors.partial";
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  int status = 0;
+  while (!fs::exists(second) && std::chrono::steady_clock::now() < deadline) {
+    if (::waitpid(pid, &status, WNOHANG) == pid) return status;  // finished first: caller fails
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  ::kill(pid, sig);
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  return status;
+}
+
+}  // namespace
+
+TEST_CASE("interrupted runs: Ctrl-C removes everything, SIGKILL leaves only .partial names") {
+  TempDir dir;
+  const fs::path out = dir.path / "m";
+  SUBCASE("SIGINT") {
+    const int st = synth_and_signal(out, SIGINT);
+    CHECK(WIFEXITED(st));
+    CHECK(WEXITSTATUS(st) == 1);
+    CHECK_FALSE(fs::exists(out));
+  }
+  SUBCASE("SIGKILL, then a new run in the same directory") {
+    const int st = synth_and_signal(out, SIGKILL);
+    CHECK(WIFSIGNALED(st));
+    size_t partial = 0;
+    for (const auto& e : fs::directory_iterator(out)) {
+      CHECK_MESSAGE(e.path().extension() == ".partial", e.path());
+      partial += e.path().extension() == ".partial";
+    }
+    CHECK(partial >= 1);
+    Run again = k3flow(fmt::format("synth {} --size tiny", out.string()));
+    CHECK_MESSAGE(again.code == 0, again.err);
+    for (const auto& e : fs::directory_iterator(out)) CHECK(e.path().extension() != ".partial");
+  }
 }
