@@ -99,10 +99,14 @@ void add_expert(std::vector<SynthTensor>& v, const std::string& p, int layer, in
 // names sorting "experts.1." before "experts.10.", each expert's six tensors are one run too.
 int data_rank(DType d) {
   switch (d) {
-    case DType::F32: return 0;
-    case DType::F16: return 1;
-    case DType::BF16: return 2;
-    case DType::U8: return 3;
+    case DType::F32:
+      return 0;
+    case DType::F16:
+      return 1;
+    case DType::BF16:
+      return 2;
+    case DType::U8:
+      return 3;
   }
   return 4;
 }
