@@ -31,4 +31,14 @@ void decoder_layer(const LayerWeights&, const ExpertFn& expert, const io::ModelC
                    std::span<float> prefix, size_t T, BlockStack& blocks, LayerState state,
                    std::span<float> scratch);
 
+// decoder_layer in two halves, for a graph that schedules the FFN as nodes of its own:
+//   layer_attention: the recipe above up to the FFN input; on return `prefix` holds P after the
+//     attention add and x = RMSNorm(AttnRes(B ++ [P]; mlp_res); post_attention_layernorm), [T][hidden];
+//   FFN(x) -> out (dense_ffn, or route / moe_latent / shared / expert_apply / moe_combine);
+//   layer_ffn_add: P := P + out.
+size_t layer_attention_scratch(const io::ModelConfig&, size_t T, size_t cached);
+void layer_attention(const LayerWeights&, const io::ModelConfig&, std::span<float> prefix, size_t T,
+                     BlockStack& blocks, LayerState state, std::span<float> x, std::span<float> scratch);
+void layer_ffn_add(std::span<float> prefix, std::span<const float> ffn_out);
+
 }  // namespace k3::stages

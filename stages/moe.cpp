@@ -87,8 +87,36 @@ void moe_combine(const MoeWeights& w, const io::ModelConfig& c, std::span<const 
 
 size_t moe_scratch(const io::ModelConfig& c, size_t T) {
   const size_t L = sz(c.latent), k = sz(c.top_k), E = sz(c.hidden), rows = T * k;
-  return route_scratch(c) + rows + T * L + 3 * rows * L + T * E + shared_scratch(c, T) +
-         expert_scratch(c, rows) + combine_scratch(c, T);
+  return route_scratch(c) + rows + T * L + rows * L + T * E + shared_scratch(c, T) +
+         expert_apply_scratch(c, rows) + combine_scratch(c, T);
+}
+
+void group_by_expert(std::span<const int32_t> idx, ExpertGroups& g) {
+  g.experts.assign(idx.begin(), idx.end());
+  std::sort(g.experts.begin(), g.experts.end());
+  g.experts.erase(std::unique(g.experts.begin(), g.experts.end()), g.experts.end());
+  g.begin.clear();
+  g.rows.clear();
+  for (int32_t e : g.experts) {
+    g.begin.push_back(static_cast<uint32_t>(g.rows.size()));
+    for (size_t r = 0; r < idx.size(); ++r)
+      if (idx[r] == e) g.rows.push_back(static_cast<uint32_t>(r));
+  }
+  g.begin.push_back(static_cast<uint32_t>(g.rows.size()));
+}
+
+size_t expert_apply_scratch(const io::ModelConfig& c, size_t n) {
+  return 2 * n * sz(c.latent) + expert_scratch(c, n);
+}
+
+void expert_apply(const ExpertWeights& w, const io::ModelConfig& c, std::span<const float> z,
+                  std::span<const uint32_t> rows, std::span<float> eout, std::span<float> scratch) {
+  const size_t L = sz(c.latent), k = sz(c.top_k), n = rows.size();
+  Carver cut(scratch);
+  std::span<float> zin = cut.take(n * L), zout = cut.take(n * L), sc = cut.take(expert_scratch(c, n));
+  for (size_t i = 0; i < n; ++i) std::copy_n(z.begin() + (rows[i] / k) * L, L, zin.begin() + i * L);
+  expert_compute(w, c, zin, n, zout, sc);
+  for (size_t i = 0; i < n; ++i) std::copy_n(zout.begin() + i * L, L, eout.begin() + rows[i] * L);
 }
 
 void moe_forward(const MoeWeights& w, const ExpertFn& expert, const io::ModelConfig& c,
@@ -96,9 +124,9 @@ void moe_forward(const MoeWeights& w, const ExpertFn& expert, const io::ModelCon
   const size_t L = sz(c.latent), k = sz(c.top_k), E = sz(c.hidden), rows = T * k;
   Carver cut(scratch);
   std::span<float> route_sc = cut.take(route_scratch(c)), weight = cut.take(rows), z = cut.take(T * L);
-  std::span<float> eout = cut.take(rows * L), zin = cut.take(rows * L), zout = cut.take(rows * L);
+  std::span<float> eout = cut.take(rows * L);
   std::span<float> shared = cut.take(T * E), shared_sc = cut.take(shared_scratch(c, T));
-  std::span<float> expert_sc = cut.take(expert_scratch(c, rows)),
+  std::span<float> apply_sc = cut.take(expert_apply_scratch(c, rows)),
                    combine_sc = cut.take(combine_scratch(c, T));
 
   std::vector<int32_t> idx(rows);
@@ -108,22 +136,10 @@ void moe_forward(const MoeWeights& w, const ExpertFn& expert, const io::ModelCon
 
   // Expert-major: each distinct expert runs once over every (token, slot) that chose it; the
   // outputs land in their [t][j] slots, so the combine still sums in top-k order.
-  std::vector<int32_t> order(idx);
-  std::sort(order.begin(), order.end());
-  order.erase(std::unique(order.begin(), order.end()), order.end());
-  std::vector<size_t> slots;
-  for (int32_t e : order) {
-    slots.clear();
-    for (size_t r = 0; r < rows; ++r)
-      if (idx[r] == e) slots.push_back(r);
-    for (size_t i = 0; i < slots.size(); ++i) {
-      const size_t t = slots[i] / k;
-      std::copy_n(z.begin() + t * L, L, zin.begin() + i * L);
-    }
-    expert_compute(expert(e), c, zin.first(slots.size() * L), slots.size(), zout, expert_sc);
-    for (size_t i = 0; i < slots.size(); ++i)
-      std::copy_n(zout.begin() + i * L, L, eout.begin() + slots[i] * L);
-  }
+  ExpertGroups groups;
+  group_by_expert(idx, groups);
+  for (size_t i = 0; i < groups.experts.size(); ++i)
+    expert_apply(expert(groups.experts[i]), c, z, groups.rows_of(i), eout, apply_sc);
   moe_combine(w, c, weight, eout, shared, T, out, combine_sc);
 }
 

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <span>
+#include <vector>
 
 #include "io/config.hpp"
 #include "stages/bind.hpp"
@@ -39,6 +40,25 @@ void moe_combine(const MoeWeights&, const io::ModelConfig&, std::span<const floa
                  std::span<const float> expert_out, std::span<const float> shared, size_t T,
                  std::span<float> out, std::span<float> scratch);
 size_t combine_scratch(const io::ModelConfig&, size_t T);
+
+// Expert-major grouping of a routing idx [T][top_k]: the distinct experts in ascending order and,
+// for each, the rows r = t * top_k + j that chose it, ascending. Reuses the vectors' capacity.
+struct ExpertGroups {
+  std::vector<int32_t> experts;
+  std::vector<uint32_t> begin;  // experts.size() + 1 offsets into rows
+  std::vector<uint32_t> rows;
+  std::span<const uint32_t> rows_of(size_t i) const {
+    return std::span<const uint32_t>(rows).subspan(begin[i], begin[i + 1] - begin[i]);
+  }
+};
+void group_by_expert(std::span<const int32_t> idx, ExpertGroups& out);
+
+// One routed expert applied to the rows that chose it: gathers z[row / top_k] (z: [T][latent]),
+// runs expert_compute once over all of them and scatters the results to eout[row]
+// ([T * top_k][latent]). Experts write disjoint rows, so they may run in any order or concurrently.
+void expert_apply(const ExpertWeights&, const io::ModelConfig&, std::span<const float> z,
+                  std::span<const uint32_t> rows, std::span<float> eout, std::span<float> scratch);
+size_t expert_apply_scratch(const io::ModelConfig&, size_t n);
 
 using ExpertFn = std::function<const ExpertWeights&(int expert)>;
 
