@@ -14,5 +14,6 @@ Action add_synth(CLI::App& sub);
 Action add_generate(CLI::App& sub);
 Action add_plan(CLI::App& sub);
 Action add_pack_trunk(CLI::App& sub);
+Action add_bench(CLI::App& sub);
 
 }  // namespace k3::pipeline

@@ -38,6 +38,7 @@ int main(int argc, char** argv) {
   add("plan", "split a memory budget into resident, trunk ring, pinned layers and expert slots", k3::pipeline::add_plan);
   add("pack-trunk", "copy every layer's dense weights into one aligned trunk.bin + trunk.json",
       k3::pipeline::add_pack_trunk);
+  add("bench", "compare the overlap strategies on one checkpoint and budget: s/token, overlap efficiency", k3::pipeline::add_bench);
 
   try {
     app.parse(argc, argv);

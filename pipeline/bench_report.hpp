@@ -1,0 +1,112 @@
+// What `k3flow bench` reads from each `k3flow generate` child and what it makes of it
+// (PIPELINE.md §5): per strategy s/token (median and min over repeats), bytes per token, disk and
+// CPU busy shares, overlap efficiency = max(T_io, T_cpu) / T_wall, lookahead hit rate, peak RSS;
+// printed as a table and written as one JSON object.
+//
+// Time per token is taken over the decode steps after step 0 when there are at least two steps:
+// step 0 is the prefill (the whole prompt, and at a small budget most of the expert reads), which
+// would make a short run's average say more about the prompt than about streaming.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace k3::pipeline {
+
+// One row of the child's per-token table (k3_run.json "tokens", or the STEP table on stdout).
+struct StepRow {
+  int step = 0;
+  int32_t token = 0;
+  double wall_seconds = 0, io_wait_seconds = 0, compute_seconds = 0;
+  uint64_t trunk_bytes = 0, expert_bytes = 0;
+};
+
+// k3_run.json of `k3flow generate`. Fields the child does not write read as 0 / empty, so an
+// older engine (resident only) and the streaming one parse the same way.
+struct ChildReport {
+  std::vector<int32_t> prompt_ids, generated_ids, full_ids;
+  int layers = 0, threads = 0;
+  std::string strategy;
+  uint64_t budget_bytes = 0, peak_rss_bytes = 0;
+  uint64_t trunk_bytes_read = 0, expert_bytes_read = 0, expert_requests = 0, expert_hits = 0;
+  uint64_t lookahead_predicted = 0, lookahead_used = 0, uring_bytes = 0, pread_bytes = 0;
+  double seconds_per_token = 0, io_busy_seconds = 0, compute_busy_seconds = 0, wall_seconds = 0;
+  double overlap_efficiency = 0;
+  std::vector<StepRow> tokens;
+};
+
+// Throws runtime Error naming `source` when the text is not a JSON object or a present field has
+// the wrong type.
+ChildReport parse_child_report(std::string_view json, const std::string& source);
+
+// Rows of the STEP table `k3flow generate` prints (STEP, TOKEN, SECONDS first): wall time only.
+std::vector<StepRow> parse_step_table(std::string_view stdout_text);
+
+// One child run, reduced to per-token figures.
+struct RunSample {
+  std::vector<int32_t> ids;  // generated_ids
+  double s_per_token = 0;    // mean wall time of the measured steps
+  double bytes_per_token = 0;
+  double compute_per_token = 0;  // 0 when the child reports no compute time
+  uint64_t lookahead_predicted = 0, lookahead_used = 0, expert_requests = 0, expert_hits = 0;
+  uint64_t peak_rss_os = 0, peak_rss_report = 0;
+  int measured_steps = 0;
+  bool skipped_prefill = false;  // step 0 excluded from the time
+  std::string timing_source;     // "report tokens", "STEP table" or "seconds_per_token"
+  std::string bytes_source;      // "report tokens", "report totals / gen" or "none"
+};
+
+// `table` is the STEP table of the child's stdout, used only when the report has no tokens.
+RunSample summarize_run(const ChildReport& report, const std::vector<StepRow>& table, int gen,
+                        uint64_t peak_rss_os);
+
+struct StrategyResult {
+  std::string strategy;
+  std::vector<double> s_runs;  // per repeat
+  double s_per_token = 0;      // median of s_runs
+  double s_per_token_min = 0;
+  double bytes_per_token = 0;  // mean over repeats
+  double t_io = 0;             // bytes_per_token / device bandwidth
+  double t_cpu = 0;            // resident compute per token, else this strategy's own compute time
+  double disk_busy = 0, cpu_busy = 0, overlap_efficiency = 0;  // shares of s_per_token
+  std::optional<double> lookahead_hit_rate;                    // none when nothing was predicted
+  std::optional<double> expert_hit_rate;                       // none when no expert was requested
+  uint64_t peak_rss_bytes = 0;                                 // max over repeats, from wait4
+  uint64_t report_peak_rss_bytes = 0;                          // max over repeats, from the report
+  bool over_budget = false;
+  std::vector<int32_t> ids;
+  std::string timing_source, bytes_source;
+};
+
+// device_gbps in 1e9 B/s; t_cpu_resident: compute per token measured resident (step 2), if any.
+StrategyResult aggregate(const std::string& strategy, const std::vector<RunSample>& runs, double device_gbps,
+                         std::optional<double> t_cpu_resident, uint64_t budget_bytes);
+
+double median(std::vector<double> v);
+
+struct BenchSummary {
+  std::string model;
+  uint64_t budget_bytes = 0;
+  std::string budget_source;  // "--mem-gb 8" / "--preset laptop"
+  double device_gbps = 0;
+  double device_trunk_gbps = 0, device_expert_gbps = 0, device_direct_fraction = 0;
+  std::optional<double> t_cpu_per_token;  // resident compute per token (median over repeats)
+  std::string t_cpu_source;
+  int gen = 0, repeat = 0, threads = 0;
+  std::vector<int32_t> prompt_ids;
+  std::vector<std::string> child_missing_flags;  // generate flags the bench wanted and did not find
+  std::vector<StrategyResult> strategies;
+  std::string best;
+  std::optional<double> speedup_vs_serial;
+};
+
+// Fills best (lowest median s/token) and speedup_vs_serial (serial's median / best's).
+void rank(BenchSummary& s);
+
+std::string bench_table(const BenchSummary& s);
+std::string bench_json(const BenchSummary& s);       // one object, newline-terminated
+std::string bench_last_line(const BenchSummary& s);  // best=... overlap_efficiency=... speedup_vs_serial=...
+
+}  // namespace k3::pipeline

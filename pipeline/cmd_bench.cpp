@@ -1,0 +1,426 @@
+// `k3flow bench MODEL_DIR [--trunk DIR] (--mem-gb X | --preset P) [--strategies LIST] [--gen N]
+//  [--repeat R] [--ids LIST] [--threads N] [--json FILE] [--trace-dir DIR]`: the overlap strategies
+// compared on one checkpoint and one budget in one run (PIPELINE.md §5).
+//   1. device bandwidth: the engine's read pattern replayed on the model's own files
+//      (pipeline/device_probe.*);
+//   2. compute time per token with every weight resident: `k3flow generate` without a budget, when
+//      the model fits in available memory (else each strategy's own compute busy time);
+//   3. each strategy decoded R times, each run a child `k3flow generate --strategy S --mem-gb X`
+//      (peak RSS from wait4), strategies interleaved within a repeat so slow drift of the machine
+//      spreads over all of them; every run must emit the same ids and byte-identical step-0 logits;
+//   4. a table and a JSON file; the last line is `best=S overlap_efficiency=X speedup_vs_serial=Y`.
+// Flags the child's `generate --help` does not list are not passed, and the report says which were
+// missing, so the same bench works against an engine that has not grown them yet.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "io/config.hpp"
+#include "io/error.hpp"
+#include "io/packed_trunk.hpp"
+#include "io/safetensors.hpp"
+#include "pipeline/bench_child.hpp"
+#include "pipeline/bench_report.hpp"
+#include "pipeline/commands.hpp"
+#include "pipeline/device_probe.hpp"
+#include "pipeline/output_file.hpp"
+#include "pipeline/planner.hpp"
+
+namespace k3::pipeline {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::vector<std::string> kStrategies = {"serial", "trunk", "overlap", "lookahead"};
+// The reference engines' benchmark prompt (ENGINE.md §3.8); taken modulo a small synthetic vocab.
+const std::vector<int32_t> kDefaultIds = {1008, 10484, 318, 15383, 387};
+
+struct BenchArgs {
+  std::string model_dir, trunk_dir, preset, strategies = "serial,trunk,overlap,lookahead", ids, json_path,
+                                            trace_dir;
+  std::optional<double> mem_gb;
+  int gen = 8, repeat = 3, threads = 0;
+  double probe_seconds = 1.5;
+};
+
+std::string human(double b) {
+  const char* unit[] = {"B", "KB", "MB", "GB", "TB"};
+  int i = 0;
+  while (b >= 1000.0 && i < 4) {
+    b /= 1000.0;
+    ++i;
+  }
+  return fmt::format("{:.2f} {}", b, unit[i]);
+}
+
+std::vector<std::string> parse_strategies(const std::string& text) {
+  std::vector<std::string> out;
+  size_t i = 0;
+  while (i <= text.size()) {
+    size_t j = text.find(',', i);
+    if (j == std::string::npos) j = text.size();
+    std::string name = text.substr(i, j - i);
+    name.erase(0, name.find_first_not_of(' '));
+    name.erase(name.find_last_not_of(' ') + 1);
+    if (name.empty())
+      throw io::usage_error(
+          fmt::format("--strategies: empty name in '{}' (expected e.g. serial,overlap)", text));
+    if (std::find(kStrategies.begin(), kStrategies.end(), name) == kStrategies.end())
+      throw io::usage_error(
+          fmt::format("--strategies: unknown strategy '{}' (known: {})", name, fmt::join(kStrategies, ", ")));
+    if (std::find(out.begin(), out.end(), name) != out.end())
+      throw io::usage_error(fmt::format("--strategies: '{}' given twice", name));
+    out.push_back(name);
+    i = j + 1;
+  }
+  return out;
+}
+
+std::vector<int32_t> parse_ids(const std::string& text) {
+  std::vector<int32_t> out;
+  std::string tok;
+  auto flush = [&] {
+    if (tok.empty()) return;
+    if (tok.size() > 10 || tok.find_first_not_of("0123456789") != std::string::npos ||
+        std::stoll(tok) > INT32_MAX)
+      throw io::usage_error(
+          fmt::format("--ids: '{}' is not a token id (expected non-negative integers "
+                      "separated by commas or spaces)",
+                      tok));
+    out.push_back(int32_t(std::stoll(tok)));
+    tok.clear();
+  };
+  for (char ch : text) {
+    if (ch == ',' || ch == ' ' || ch == '\t' || ch == '\n')
+      flush();
+    else
+      tok += ch;
+  }
+  flush();
+  if (out.empty()) throw io::usage_error("--ids: no token ids given");
+  return out;
+}
+
+// Whole-word flag in `generate --help` output ("--trace" does not match "--trace-dir").
+bool lists_flag(const std::string& help, const std::string& flag) {
+  for (size_t at = help.find(flag); at != std::string::npos; at = help.find(flag, at + 1)) {
+    const size_t end = at + flag.size();
+    const bool starts = at == 0 || help[at - 1] == ' ' || help[at - 1] == ',' || help[at - 1] == '\n';
+    const bool ends = end == help.size() || !(std::isalnum(static_cast<unsigned char>(help[end])) ||
+                                              help[end] == '-' || help[end] == '_');
+    if (starts && ends) return true;
+  }
+  return false;
+}
+
+// Memory this process could take now: MemAvailable, capped by the cgroup's remaining limit.
+uint64_t available_memory() {
+  uint64_t avail = 0;
+  std::ifstream mi("/proc/meminfo");
+  std::string key;
+  uint64_t kb;
+  std::string unit;
+  while (mi >> key >> kb >> unit)
+    if (key == "MemAvailable:") avail = kb * 1024;
+  std::ifstream max_f("/sys/fs/cgroup/memory.max"), cur_f("/sys/fs/cgroup/memory.current");
+  std::string max_s;
+  uint64_t cur = 0;
+  if (max_f >> max_s && max_s != "max" && cur_f >> cur) {
+    const uint64_t lim = std::stoull(max_s);
+    avail = std::min(avail, lim > cur ? lim - cur : 0);
+  }
+  return avail;
+}
+
+std::string slurp(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  if (!f) throw io::runtime_error(fmt::format("{}: cannot read", p.string()));
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+uint64_t gib_bytes(double gb) {
+  if (!(gb > 0) || !std::isfinite(gb) || gb > 1e6)
+    throw io::usage_error(fmt::format("--mem-gb {} is not a positive size in GiB", gb));
+  return uint64_t(std::llround(gb * double(uint64_t{1} << 30)));
+}
+
+// Runs children, reduces each to a RunSample and holds every run to the first run's ids and logits.
+class Runner {
+ public:
+  Runner(std::vector<std::string> base, int gen, ScratchDir& tmp)
+      : base_(std::move(base)), gen_(gen), tmp_(tmp) {}
+
+  // Throws runtime Error naming `label` when the child fails or its output differs from the
+  // reference run's.
+  RunSample run(const std::string& label, const std::vector<std::string>& extra,
+                const std::vector<fs::path>& cache_dirs) {
+    const fs::path report = tmp_ / "run.json", logits = tmp_ / "logits.bin";
+    std::error_code ec;
+    fs::remove(report, ec);
+    fs::remove(logits, ec);
+    std::vector<std::string> argv = base_;
+    argv.insert(argv.end(), {"--out", report.string(), "--dump-logits", logits.string()});
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    for (const fs::path& d : cache_dirs) drop_file_cache(d);
+    const ChildRun c = run_child(argv, tmp_.path());
+    if (!c.ok()) throw io::runtime_error(fmt::format("{}: k3flow generate failed, {}", label, c.failure()));
+    const ChildReport rep = parse_child_report(slurp(report), label + " run report");
+    RunSample s = summarize_run(rep, parse_step_table(c.out), gen_, c.peak_rss_bytes);
+    const std::string lg = slurp(logits);
+    if (ref_label_.empty()) {
+      ref_label_ = label;
+      ref_ids_ = s.ids;
+      ref_logits_ = lg;
+    } else {
+      if (s.ids != ref_ids_)
+        throw io::runtime_error(fmt::format("{} emits different ids than {}: [{}] vs [{}]", label, ref_label_,
+                                            fmt::join(s.ids, ","), fmt::join(ref_ids_, ",")));
+      if (lg != ref_logits_) {
+        size_t at = 0;
+        while (at < lg.size() && at < ref_logits_.size() && lg[at] == ref_logits_[at]) ++at;
+        throw io::runtime_error(fmt::format(
+            "{}: step-0 logits are not byte-identical to {}'s ({} vs {} bytes, first difference in logit {})",
+            label, ref_label_, lg.size(), ref_logits_.size(), at / 4));
+      }
+    }
+    if (s.peak_rss_report > 0) {
+      const double a = double(s.peak_rss_os), b = double(s.peak_rss_report);
+      if (std::abs(a - b) > std::max(0.10 * std::max(a, b), 8.0 * (1 << 20)))
+        notes.push_back(
+            fmt::format("{}: peak RSS from wait4 {} vs the report's {}", label, human(a), human(b)));
+    }
+    return s;
+  }
+
+  std::vector<std::string> notes;
+
+ private:
+  std::vector<std::string> base_;
+  int gen_;
+  ScratchDir& tmp_;
+  std::string ref_label_, ref_logits_;
+  std::vector<int32_t> ref_ids_;
+};
+
+int run_bench(const BenchArgs& a) {
+  // ---- usage checks ----
+  const std::vector<std::string> strategies = parse_strategies(a.strategies);
+  if (a.preset.empty() && !a.mem_gb)
+    throw io::usage_error("bench: give a budget: --mem-gb X or --preset NAME");
+  const fs::path dir(a.model_dir);
+  if (!fs::exists(dir / "config.json"))
+    throw io::usage_error(fmt::format("MODEL_DIR: no config.json in {}", a.model_dir));
+  const io::ModelConfig config = io::load_config(dir / "config.json");
+  std::vector<int32_t> ids;
+  if (a.ids.empty()) {
+    for (int32_t id : kDefaultIds) ids.push_back(id % config.vocab);
+  } else {
+    ids = parse_ids(a.ids);
+  }
+  for (int32_t id : ids)
+    if (id >= config.vocab)
+      throw io::usage_error(
+          fmt::format("--ids: token id {} is outside the vocabulary (0..{})", id, config.vocab - 1));
+  const std::string ids_text = fmt::format("{}", fmt::join(ids, ","));
+
+  const io::ShardSet shards = io::ShardSet::open(dir);
+  std::optional<io::PackedTrunk> trunk;
+  if (!a.trunk_dir.empty()) trunk.emplace(io::PackedTrunk::open(a.trunk_dir, config.n_layers));
+  const PlanInputs in =
+      plan_inputs(config, shards, trunk ? &*trunk : nullptr, ids.size() + size_t(a.gen) + 1);
+  PlanBudget pb;
+  if (!a.preset.empty()) {
+    pb.total = preset_budget(a.preset, in);
+    pb.source = fmt::format("--preset {}", a.preset);
+  } else {
+    pb.total = gib_bytes(*a.mem_gb);
+    pb.source = fmt::format("--mem-gb {}", *a.mem_gb);
+  }
+  const Plan plan = make_plan(in, pb);  // a budget below the floor is refused here (exit 2)
+
+  // ---- what the child understands ----
+  const fs::path exe = self_exe();
+  ScratchDir tmp("k3bench");
+  const ChildRun help = run_child({exe.string(), "generate", "--help"}, tmp.path());
+  if (!help.ok()) throw io::runtime_error(fmt::format("k3flow generate --help failed, {}", help.failure()));
+  auto has = [&](const char* flag) { return lists_flag(help.out, flag); };
+  if (!a.trace_dir.empty() && !has("--trace"))
+    throw io::usage_error("--trace-dir: this k3flow generate has no --trace flag");
+  BenchSummary sum;
+  const bool use_preset = !a.preset.empty() && has("--preset");
+  for (const char* f : {"--strategy", "--mem-gb", "--incremental"})
+    if (!has(f) && !(std::string(f) == "--mem-gb" && use_preset)) sum.child_missing_flags.push_back(f);
+  if (trunk && !has("--trunk")) sum.child_missing_flags.push_back("--trunk");
+
+  std::vector<std::string> base = {exe.string(), "generate", a.model_dir,          "--ids",
+                                   ids_text,     "--gen",    std::to_string(a.gen)};
+  if (has("--incremental")) base.push_back("--incremental");
+  if (a.threads > 0) base.insert(base.end(), {"--threads", std::to_string(a.threads)});
+  std::vector<fs::path> cache_dirs = {dir};
+  if (trunk) cache_dirs.push_back(a.trunk_dir);
+
+  std::printf(
+      "bench: %s, budget %s (%s; plan floor %s), %zu prompt ids, %d tokens%s, %d repeat%s, "
+      "strategies %s\n",
+      a.model_dir.c_str(), human(double(plan.budget)).c_str(), pb.source.c_str(),
+      human(double(plan.floor)).c_str(), ids.size(), a.gen, has("--incremental") ? " incremental" : "",
+      a.repeat, a.repeat == 1 ? "" : "s", fmt::format("{}", fmt::join(strategies, ",")).c_str());
+  if (!sum.child_missing_flags.empty())
+    std::printf(
+        "NOTE: this k3flow generate lacks %s: those flags are not passed, so the rows below do NOT "
+        "compare streaming strategies\n",
+        fmt::format("{}", fmt::join(sum.child_missing_flags, " ")).c_str());
+  std::fflush(stdout);
+
+  // ---- 1. device bandwidth ----
+  ProbeOptions po;
+  po.seconds = a.probe_seconds;
+  const ProbePattern pattern = probe_pattern(config, shards, trunk ? &*trunk : nullptr);
+  const ProbeResult probe = probe_device(pattern, po);
+  std::printf("%s", format_probe(pattern, probe).c_str());
+  std::fflush(stdout);
+
+  sum.model = a.model_dir;
+  sum.budget_bytes = plan.budget;
+  sum.budget_source = pb.source;
+  sum.device_gbps = probe.gbps();
+  sum.device_trunk_gbps = probe.trunk.gbps();
+  sum.device_expert_gbps = probe.experts.gbps();
+  const uint64_t probed = probe.mixed.bytes + probe.trunk.bytes + probe.experts.bytes;
+  sum.device_direct_fraction =
+      probed ? double(probe.mixed.direct_bytes + probe.trunk.direct_bytes + probe.experts.direct_bytes) /
+                   double(probed)
+             : 0.0;
+  sum.gen = a.gen;
+  sum.repeat = a.repeat;
+  sum.threads = a.threads;
+  sum.prompt_ids = ids;
+
+  Runner runner(base, a.gen, tmp);
+
+  // ---- 2. compute time with the weights resident ----
+  uint64_t model_bytes = 0;
+  for (uint32_t s = 0; s < shards.shard_count(); ++s) model_bytes += shards.shard_size(s);
+  const uint64_t avail = available_memory();
+  std::optional<double> t_cpu;
+  if (model_bytes + model_bytes / 10 + (uint64_t{256} << 20) <= avail) {
+    std::vector<double> cpu, wall;
+    for (int r = 0; r < a.repeat; ++r) {
+      const RunSample s = runner.run(fmt::format("resident (repeat {})", r + 1), {}, cache_dirs);
+      cpu.push_back(s.compute_per_token > 0 ? s.compute_per_token : s.s_per_token);
+      wall.push_back(s.s_per_token);
+    }
+    t_cpu = median(cpu);
+    sum.t_cpu_source = fmt::format("resident run, median of {}", a.repeat);
+    std::printf("compute, weights resident (%s): %.4f s/token median, %.4f min (wall %.4f s/token)\n",
+                human(double(model_bytes)).c_str(), *t_cpu, *std::min_element(cpu.begin(), cpu.end()),
+                median(wall));
+  } else {
+    sum.t_cpu_source = "each strategy's compute busy time";
+    std::printf(
+        "compute: the model (%s) does not fit in the %s available, so no resident run; T_cpu is "
+        "each strategy's own compute busy time\n",
+        human(double(model_bytes)).c_str(), human(double(avail)).c_str());
+  }
+  sum.t_cpu_per_token = t_cpu;
+  std::fflush(stdout);
+
+  // ---- 3. every strategy, R times, interleaved ----
+  if (!a.trace_dir.empty()) fs::create_directories(a.trace_dir);
+  std::vector<std::vector<RunSample>> samples(strategies.size());
+  for (int r = 0; r < a.repeat; ++r) {
+    for (size_t i = 0; i < strategies.size(); ++i) {
+      const std::string& st = strategies[i];
+      std::vector<std::string> extra;
+      if (has("--strategy")) extra.insert(extra.end(), {"--strategy", st});
+      if (use_preset)
+        extra.insert(extra.end(), {"--preset", a.preset});
+      else if (has("--mem-gb"))
+        extra.insert(extra.end(),
+                     {"--mem-gb", fmt::format("{}", double(plan.budget) / double(uint64_t{1} << 30))});
+      if (trunk && has("--trunk")) extra.insert(extra.end(), {"--trunk", a.trunk_dir});
+      if (!a.trace_dir.empty())
+        extra.insert(extra.end(),
+                     {"--trace", (fs::path(a.trace_dir) / fmt::format("{}-r{}.json", st, r + 1)).string()});
+      const RunSample s = runner.run(fmt::format("strategy '{}' (repeat {})", st, r + 1), extra, cache_dirs);
+      std::printf("  [%d/%d] %-10s %.4f s/token over %d step%s, %s read/token, peak RSS %s\n", r + 1,
+                  a.repeat, st.c_str(), s.s_per_token, s.measured_steps, s.measured_steps == 1 ? "" : "s",
+                  human(s.bytes_per_token).c_str(), human(double(s.peak_rss_os)).c_str());
+      std::fflush(stdout);
+      samples[i].push_back(s);
+    }
+  }
+
+  // ---- 4. table, JSON, verdict ----
+  for (size_t i = 0; i < strategies.size(); ++i)
+    sum.strategies.push_back(aggregate(strategies[i], samples[i], sum.device_gbps, t_cpu, plan.budget));
+  rank(sum);
+  const RunSample& any = samples.front().front();
+  std::printf("\n%s", bench_table(sum).c_str());
+  std::printf(
+      "s/token: %s; median and min over %d repeat%s\n",
+      any.skipped_prefill
+          ? fmt::format("mean of decode steps 1..{} (step 0, the prefill, excluded)", a.gen - 1).c_str()
+          : "mean over all steps (with --gen 1 only step 0, the prefill, exists)",
+      a.repeat, a.repeat == 1 ? "" : "s");
+  std::printf(
+      "disk %% = T_io / s/token with T_io = bytes read / %.3f GB/s (measured above); CPU %% = T_cpu / "
+      "s/token with T_cpu from the %s; overlap = max(T_io, T_cpu) / s/token\n",
+      sum.device_gbps, sum.t_cpu_source.c_str());
+  std::printf("every run emitted the same ids [%s] and byte-identical step-0 logits; peak RSS from wait4\n",
+              fmt::format("{}", fmt::join(any.ids, ",")).c_str());
+  if (any.timing_source != "report tokens" || any.bytes_source == "none")
+    std::printf("NOTE: timing from the %s, bytes from %s (the child's report lacks the per-token fields)\n",
+                any.timing_source.c_str(),
+                any.bytes_source == "none" ? "nowhere (0)" : any.bytes_source.c_str());
+  for (const std::string& n : runner.notes) std::printf("NOTE: %s\n", n.c_str());
+  if (!a.json_path.empty()) {
+    write_file_atomic(a.json_path, bench_json(sum));
+    std::printf("wrote %s\n", a.json_path.c_str());
+  }
+  std::printf("%s\n", bench_last_line(sum).c_str());
+  return 0;
+}
+
+}  // namespace
+
+Action add_bench(CLI::App& sub) {
+  auto a = std::make_shared<BenchArgs>();
+  sub.add_option("MODEL_DIR", a->model_dir, "checkpoint directory (config.json + *.safetensors)")->required();
+  sub.add_option("--trunk", a->trunk_dir,
+                 "packed trunk directory (trunk.json + trunk.bin) the children stream");
+  auto* mem = sub.add_option("--mem-gb", a->mem_gb, "memory budget in GiB for every strategy run");
+  auto* preset = sub.add_option("--preset", a->preset, "named budget (as k3flow plan): laptop, desktop, ...");
+  mem->excludes(preset);
+  sub.add_option("--strategies", a->strategies, "comma-separated subset of serial,trunk,overlap,lookahead")
+      ->capture_default_str();
+  sub.add_option("--gen", a->gen, "tokens per run (>= 2 so that s/token excludes the prefill step)")
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
+  sub.add_option("--repeat", a->repeat, "runs per strategy (median and min are reported)")
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
+  sub.add_option("--ids", a->ids,
+                 "prompt token ids (default: the reference prompt 1008,10484,318,15383,387 "
+                 "modulo the vocabulary)");
+  sub.add_option("--threads", a->threads, "compute threads for every run (0 = oneTBB default)")
+      ->check(CLI::Range(0, 4096));
+  sub.add_option("--json", a->json_path, "write the results as JSON (atomically)");
+  sub.add_option("--trace-dir", a->trace_dir,
+                 "pass --trace DIR/<strategy>-r<repeat>.json to every strategy run");
+  sub.add_option("--probe-seconds", a->probe_seconds, "time spent measuring the device's read bandwidth")
+      ->check(CLI::Range(0.05, 600.0))
+      ->capture_default_str();
+  return [a] { return run_bench(*a); };
+}
+
+}  // namespace k3::pipeline

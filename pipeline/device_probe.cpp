@@ -1,0 +1,330 @@
+#include "pipeline/device_probe.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <numeric>
+
+#include "io/aligned.hpp"
+#include "io/error.hpp"
+#include "io/packed_trunk.hpp"
+#include "io/safetensors.hpp"
+#include "stages/plan.hpp"
+
+namespace k3::pipeline {
+
+namespace {
+
+using io::align_down;
+using io::align_up;
+using io::kDirectAlign;
+
+double now() {
+  using namespace std::chrono;
+  return duration<double>(steady_clock::now().time_since_epoch()).count();
+}
+
+// [begin, end) of a shard widened to the enclosing 4096 window; the last window stops at EOF.
+ProbeRange window(const io::ShardSet& shards, uint32_t shard, uint64_t begin, uint64_t end) {
+  const uint64_t size = shards.shard_size(shard);
+  const uint64_t b = align_down(begin, kDirectAlign);
+  const uint64_t e = std::min<uint64_t>(align_up(end, kDirectAlign), size);
+  return {&shards.shard_file(shard), b, e - b};
+}
+
+// Byte runs of one shard: adjacent ranges (a gap under one page) merge, as one read would fetch them.
+std::vector<ProbeRange> runs(const io::ShardSet& shards, std::vector<io::TensorInfo> parts) {
+  std::sort(parts.begin(), parts.end(), [](const io::TensorInfo& a, const io::TensorInfo& b) {
+    return std::pair(a.shard, a.offset) < std::pair(b.shard, b.offset);
+  });
+  std::vector<ProbeRange> out;
+  size_t i = 0;
+  while (i < parts.size()) {
+    const uint32_t shard = parts[i].shard;
+    const uint64_t begin = parts[i].offset;
+    uint64_t end = begin + parts[i].nbytes;
+    size_t j = i + 1;
+    while (j < parts.size() && parts[j].shard == shard && parts[j].offset < end + kDirectAlign) {
+      end = std::max(end, parts[j].offset + parts[j].nbytes);
+      ++j;
+    }
+    out.push_back(window(shards, shard, begin, end));
+    i = j;
+  }
+  return out;
+}
+
+uint64_t splitmix64(uint64_t& s) {
+  uint64_t z = (s += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+// A fixed set of equal, 4096-aligned destination slots; acquire() blocks until one is free.
+class SlotPool {
+ public:
+  SlotPool(size_t count, uint64_t slot_bytes)
+      : stride_(align_up(std::max<uint64_t>(slot_bytes, 1), kDirectAlign)), buffer_(count * stride_) {
+    for (size_t i = 0; i < count; ++i) free_.push_back(count - 1 - i);
+  }
+  size_t acquire() {
+    std::unique_lock lock(m_);
+    cv_.wait(lock, [&] { return !free_.empty(); });
+    const size_t i = free_.back();
+    free_.pop_back();
+    return i;
+  }
+  void release(size_t i) {
+    {
+      std::lock_guard lock(m_);
+      free_.push_back(i);
+    }
+    cv_.notify_one();
+  }
+  std::span<std::byte> slot(size_t i, uint64_t bytes) { return {buffer_.data() + i * stride_, bytes}; }
+
+ private:
+  uint64_t stride_;
+  io::AlignedBuffer buffer_;
+  std::mutex m_;
+  std::condition_variable cv_;
+  std::vector<size_t> free_;
+};
+
+struct Progress {
+  std::mutex m;
+  uint64_t bytes = 0, requests = 0;
+  std::string error;
+  void done(const io::ReadCompletion& c) {
+    std::lock_guard lock(m);
+    if (c.ok()) {
+      bytes += c.dst.size();
+      ++requests;
+    } else if (error.empty()) {
+      error = c.message.empty() ? fmt::format("read failed: errno {}", c.error) : c.message;
+    }
+  }
+  uint64_t completed() {
+    std::lock_guard lock(m);
+    return bytes;
+  }
+};
+
+enum Reads : unsigned { kTrunk = 1, kExperts = 2 };
+
+PhaseResult run_phase(io::UringReader& reader, const ProbePattern& p, unsigned reads, double seconds,
+                      uint64_t& rng, SlotPool& trunk_pool, SlotPool& expert_pool) {
+  PhaseResult r;
+  Progress prog;
+  const uint64_t direct0 = reader.counters().direct_bytes;
+  const double t0 = now();
+  double t_pass = t0;
+  uint64_t bytes_pass = 0;
+  std::vector<int> ids;
+  std::vector<std::pair<ProbeRange, SlotPool*>> batch;
+  std::vector<io::ReadRequest> reqs;
+  std::vector<size_t> slots;
+  bool stop = false;
+  while (!stop) {
+    size_t l = 0;
+    for (; l < p.layers.size() && !stop; ++l) {
+      const ProbeLayer& layer = p.layers[l];
+      batch.clear();
+      if (reads & kTrunk)
+        for (const ProbeRange& t : layer.trunk) batch.emplace_back(t, &trunk_pool);
+      if ((reads & kExperts) && !layer.experts.empty()) {
+        // top_k distinct experts (partial Fisher-Yates), then sorted by file and offset as the
+        // engine's fetch stage submits them.
+        ids.resize(layer.experts.size());
+        std::iota(ids.begin(), ids.end(), 0);
+        const size_t k = std::min<size_t>(size_t(p.top_k), ids.size());
+        for (size_t i = 0; i < k; ++i) std::swap(ids[i], ids[i + splitmix64(rng) % (ids.size() - i)]);
+        std::vector<ProbeRange> picked;
+        for (size_t i = 0; i < k; ++i) picked.push_back(layer.experts[size_t(ids[i])]);
+        std::sort(picked.begin(), picked.end(), [](const ProbeRange& a, const ProbeRange& b) {
+          return std::pair(a.file, a.offset) < std::pair(b.file, b.offset);
+        });
+        for (const ProbeRange& e : picked) batch.emplace_back(e, &expert_pool);
+      }
+      // Trunk reads go one by one (each waits for a ring slot); the expert batch is submitted
+      // under one wake-up once it holds its slots.
+      reqs.clear();
+      slots.clear();
+      for (auto& [range, pool] : batch) {
+        const size_t s = pool->acquire();
+        const io::ReadRequest req{range.file, range.offset, pool->slot(s, range.bytes),
+                                  (uint64_t(s) << 1) | (pool == &expert_pool ? 1u : 0u)};
+        if (pool == &trunk_pool) {
+          reader.submit(req, [&prog, &trunk_pool, s](const io::ReadCompletion& c) {
+            prog.done(c);
+            trunk_pool.release(s);
+          });
+        } else {
+          reqs.push_back(req);
+        }
+      }
+      if (!reqs.empty())
+        reader.submit(reqs, [&prog, &expert_pool](const io::ReadCompletion& c) {
+          prog.done(c);
+          expert_pool.release(size_t(c.tag >> 1));
+        });
+      if (now() - t0 >= seconds) stop = true;
+    }
+    if (l == p.layers.size()) {
+      // A whole token submitted: bytes landed since the last boundary over the time since it.
+      const double t = now();
+      const uint64_t b = prog.completed();
+      if (t > t_pass && b > bytes_pass) r.pass_gbps.push_back(double(b - bytes_pass) / (t - t_pass) / 1e9);
+      t_pass = t;
+      bytes_pass = b;
+      ++r.passes;
+    }
+  }
+  reader.wait_idle();
+  r.seconds = now() - t0;
+  r.bytes = prog.bytes;
+  r.requests = prog.requests;
+  r.direct_bytes = reader.counters().direct_bytes - direct0;
+  if (!prog.error.empty()) throw io::runtime_error("device probe: " + prog.error);
+  return r;
+}
+
+std::string human(double b) {
+  const char* unit[] = {"B", "KB", "MB", "GB", "TB"};
+  int i = 0;
+  while (b >= 1000.0 && i < 4) {
+    b /= 1000.0;
+    ++i;
+  }
+  return fmt::format("{:.2f} {}", b, unit[i]);
+}
+
+std::string phase_line(const char* what, const PhaseResult& r) {
+  if (r.bytes == 0) return fmt::format("  {:<34} -\n", what);
+  std::string s = fmt::format("  {:<34} {:7.3f} GB/s  ({} in {:.2f} s, {} requests", what, r.gbps(),
+                              human(double(r.bytes)), r.seconds, r.requests);
+  if (r.pass_gbps.size() >= 2) {
+    std::vector<double> v = r.pass_gbps;
+    std::sort(v.begin(), v.end());
+    s += fmt::format(", {} tokens: {:.3f}..{:.3f} GB/s", v.size(), v.front(), v.back());
+  }
+  return s + ")\n";
+}
+
+}  // namespace
+
+uint64_t ProbePattern::largest_trunk_read() const {
+  uint64_t m = 0;
+  for (const ProbeLayer& l : layers)
+    for (const ProbeRange& r : l.trunk) m = std::max(m, r.bytes);
+  return m;
+}
+
+uint64_t ProbePattern::largest_expert_read() const {
+  uint64_t m = 0;
+  for (const ProbeLayer& l : layers)
+    for (const ProbeRange& r : l.experts) m = std::max(m, r.bytes);
+  return m;
+}
+
+uint64_t ProbePattern::token_bytes_estimate() const {
+  uint64_t total = 0;
+  for (const ProbeLayer& l : layers) {
+    for (const ProbeRange& r : l.trunk) total += r.bytes;
+    if (l.experts.empty()) continue;
+    uint64_t sum = 0;
+    for (const ProbeRange& r : l.experts) sum += r.bytes;
+    total += sum / l.experts.size() * uint64_t(std::min<size_t>(size_t(top_k), l.experts.size()));
+  }
+  return total;
+}
+
+ProbePattern probe_pattern(const io::ModelConfig& config, const io::ShardSet& shards,
+                           const io::PackedTrunk* trunk) {
+  ProbePattern p;
+  p.source = trunk ? "trunk.bin" : "shards";
+  p.top_k = config.top_k;
+  p.layers.resize(size_t(config.n_layers));
+  if (trunk) {
+    for (int l = 0; l < config.n_layers; ++l) {
+      const io::TrunkLayer& t = trunk->layer(l);
+      p.layers[size_t(l)].trunk.push_back({&trunk->file(), t.file_off, t.nbytes});
+    }
+  } else {
+    const io::TrunkLayout lay = io::layout_trunk(shards, config.n_layers);
+    for (int l = 0; l < config.n_layers; ++l)
+      p.layers[size_t(l)].trunk = runs(shards, lay.sources[size_t(l)]);
+  }
+  if (config.n_experts > 0 && config.top_k > 0) {
+    for (int l = 0; l < config.n_layers; ++l) {
+      if (config.is_dense(l)) continue;
+      std::vector<ProbeRange>& ex = p.layers[size_t(l)].experts;
+      ex.reserve(size_t(config.n_experts));
+      for (int e = 0; e < config.n_experts; ++e) {
+        const stages::Layout lay = stages::locate_expert(shards, config, l, e);
+        if (lay.contiguous) {
+          ex.push_back(window(shards, lay.shard, lay.run_begin, lay.run_end));
+          continue;
+        }
+        // Scattered tensors: the span of the expert's bytes in its (first) shard stands for it.
+        std::vector<io::TensorInfo> parts;
+        for (const stages::Placement& pl : lay.places) parts.push_back(pl.info);
+        std::vector<ProbeRange> r = runs(shards, parts);
+        ProbeRange span = r.front();
+        for (const ProbeRange& x : r)
+          if (x.file == span.file) {
+            const uint64_t end = std::max(span.offset + span.bytes, x.offset + x.bytes);
+            span.offset = std::min(span.offset, x.offset);
+            span.bytes = end - span.offset;
+          }
+        ex.push_back(span);
+      }
+    }
+  }
+  return p;
+}
+
+ProbeResult probe_device(const ProbePattern& p, const ProbeOptions& o) {
+  ProbeResult r;
+  io::UringReader reader(o.reader);
+  r.backend = io::backend_name(reader.backend());
+  r.fallback_reason = reader.fallback_reason();
+  r.queue_depth = reader.options().queue_depth;
+  r.chunk_bytes = reader.options().chunk_bytes;
+
+  size_t trunk_per_layer = 1;
+  for (const ProbeLayer& l : p.layers) trunk_per_layer = std::max(trunk_per_layer, l.trunk.size());
+  SlotPool trunk_pool(2 * trunk_per_layer, p.largest_trunk_read());
+  SlotPool expert_pool(size_t(2 * std::max(p.top_k, 1)), p.largest_expert_read());
+  uint64_t rng = o.seed;
+  const bool has_experts = p.largest_expert_read() > 0;
+  r.mixed = run_phase(reader, p, kTrunk | kExperts, o.seconds / 2, rng, trunk_pool, expert_pool);
+  r.trunk = run_phase(reader, p, kTrunk, o.seconds / 4, rng, trunk_pool, expert_pool);
+  if (has_experts) r.experts = run_phase(reader, p, kExperts, o.seconds / 4, rng, trunk_pool, expert_pool);
+  return r;
+}
+
+std::string format_probe(const ProbePattern& p, const ProbeResult& r) {
+  const uint64_t all = r.mixed.bytes + r.trunk.bytes + r.experts.bytes;
+  const uint64_t direct = r.mixed.direct_bytes + r.trunk.direct_bytes + r.experts.direct_bytes;
+  const double direct_pct = all ? 100.0 * double(direct) / double(all) : 0.0;
+  std::string s = fmt::format(
+      "device probe: {} reader, queue depth {}, {} MiB chunks, O_DIRECT {:.1f}% of bytes, reading {}\n",
+      r.backend, r.queue_depth, r.chunk_bytes >> 20, direct_pct, p.source);
+  if (!r.fallback_reason.empty()) s += fmt::format("  (pread fallback: {})\n", r.fallback_reason);
+  if (direct_pct < 99.0)
+    s += "  NOTE: part of the reads were buffered (filesystem refused O_DIRECT, or unaligned edges): the "
+         "page cache may flatter the figure\n";
+  s += phase_line(fmt::format("token pattern (trunk + {} experts)", p.top_k).c_str(), r.mixed);
+  s += phase_line(fmt::format("trunk reads (largest {})", human(double(p.largest_trunk_read()))).c_str(),
+                  r.trunk);
+  s += phase_line(fmt::format("expert reads ({} windows)", human(double(p.largest_expert_read()))).c_str(),
+                  r.experts);
+  return s;
+}
+
+}  // namespace k3::pipeline

@@ -1,0 +1,85 @@
+// The device's read bandwidth, measured the way the engine reads (PIPELINE.md §5: T_io = bytes read
+// ÷ the bandwidth measured by the same tool in the same run). The probe replays one token's reads of
+// the model's own files through the engine's reader (io::UringReader, O_DIRECT through the shards'
+// or trunk.bin's direct descriptors, the reader's default chunking and queue depth):
+//   per layer, the layer's trunk read(s) (one aligned read of trunk.bin, or the layer's contiguous
+//   runs in its shard), then for a MoE layer top_k experts picked pseudo-randomly, each read as its
+//   enclosing 4096-byte window (ENGINE.md §3.4) and submitted as one batch sorted by file offset.
+// Reads go into a ring of 2 trunk slots and 2 x top_k expert slots, so the next layer's reads are in
+// flight while this one's land, as in the `overlap` strategy. Nothing is computed.
+//
+// Three phases run back to back: the mixed pattern above (the figure T_io uses), trunk reads
+// alone, expert reads alone. Different experts are picked every pass, but a small model's files
+// are re-read many times: a device-side cache can flatter them; page cache cannot, unless the
+// filesystem refuses O_DIRECT (then `direct_bytes` < `bytes` and the report says so).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "io/config.hpp"
+#include "io/file.hpp"
+#include "io/uring_reader.hpp"
+
+namespace k3::io {
+class PackedTrunk;
+class ShardSet;
+}  // namespace k3::io
+
+namespace k3::pipeline {
+
+struct ProbeRange {
+  const io::File* file = nullptr;  // owned by the ShardSet / PackedTrunk the pattern came from
+  uint64_t offset = 0;             // 4096-aligned unless the file ends first
+  uint64_t bytes = 0;
+};
+
+// What one token reads, layer by layer.
+struct ProbeLayer {
+  std::vector<ProbeRange> trunk;    // usually one range
+  std::vector<ProbeRange> experts;  // index = expert id; empty for a dense layer
+};
+
+struct ProbePattern {
+  std::string source;  // "trunk.bin" or "shards"
+  std::vector<ProbeLayer> layers;
+  int top_k = 0;
+  uint64_t largest_trunk_read() const;
+  uint64_t largest_expert_read() const;
+  uint64_t token_bytes_estimate() const;  // trunk + top_k x mean expert window, all layers
+};
+
+// From the packed trunk when given (trunk.bin layer reads), else from the shard index (each
+// layer's dense tensors merged into runs of adjacent bytes). Experts from the shard index. Throws
+// runtime Error naming the tensor when an expert cannot be located.
+ProbePattern probe_pattern(const io::ModelConfig& config, const io::ShardSet& shards,
+                           const io::PackedTrunk* trunk);
+
+struct ProbeOptions {
+  double seconds = 1.5;  // whole probe; the mixed phase gets half, each single phase a quarter
+  uint64_t seed = 1;     // expert picks
+  io::UringReader::Options reader{};
+};
+
+struct PhaseResult {
+  uint64_t bytes = 0, direct_bytes = 0, requests = 0;
+  double seconds = 0;
+  int passes = 0;                 // complete tokens replayed
+  std::vector<double> pass_gbps;  // per complete pass
+  double gbps() const { return seconds > 0 ? double(bytes) / seconds / 1e9 : 0.0; }
+};
+
+struct ProbeResult {
+  PhaseResult mixed, trunk, experts;
+  std::string backend, fallback_reason;
+  unsigned queue_depth = 0;
+  size_t chunk_bytes = 0;
+  double gbps() const { return mixed.gbps(); }  // GB/s (1e9 B), the figure T_io is computed with
+};
+
+// Throws runtime Error with the reader's message when a read fails.
+ProbeResult probe_device(const ProbePattern& pattern, const ProbeOptions& options);
+
+std::string format_probe(const ProbePattern& pattern, const ProbeResult& r);  // a few lines
+
+}  // namespace k3::pipeline
