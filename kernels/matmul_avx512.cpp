@@ -123,11 +123,11 @@ void f32_rows(const float* w, size_t rows, size_t cols, const double* x, size_t 
   dense<float, F32Load>(w, rows, cols, x, tokens, y, y_stride);
 }
 
-// bf16 by block pairs. Interleaving each 16-bit weight above a zero word (unpack, per 128-bit
-// lane) widens 32 of them to f32 in two instructions but lands elements 0-3, 8-11 | 16-19, 24-27
-// in one register and 4-7, 12-15 | 20-23, 28-31 in the other. So the sixteen §5.3 lanes are held
-// as P = a0-3, a8-11 and Q = a4-7, a12-15: block 2k then block 2k+1 feed the same P and Q in order,
-// x is regrouped to match, and the tree still pairs a_j with a_{j+4} first.
+// bf16, one block of 16 at a time. Interleaving each 16-bit weight above a zero word (a 256-bit
+// unpack works per 128-bit lane) widens it to f32 in one instruction, but lands elements 0-3, 8-11
+// in one register and 4-7, 12-15 in the other. So the sixteen §5.3 lanes are held as
+// P = a0-3, a8-11 and Q = a4-7, a12-15, fed block by block in order, x is regrouped to match, and
+// the tree still pairs a_j with a_{j+4} first (see reduce_pq).
 [[gnu::always_inline]] inline double reduce_pq(__m512d P, __m512d Q) {
   const __m256d U = _mm256_add_pd(_mm512_castpd512_pd256(P), _mm512_castpd512_pd256(Q));  // a_j + a_{j+4}
   const __m256d V =
@@ -146,7 +146,7 @@ double bf16_at(const uint16_t* w, size_t i) {
   return static_cast<double>(f);
 }
 
-// NR rows (rows apart) against NT inputs (x_stride apart); y[t * y_stride + r].
+// NR rows (n apart) against NT inputs (x_stride apart); y[t * y_stride + r].
 template <int NR, int NT>
 void bf16_block(const uint16_t* w, size_t n, const double* x, size_t x_stride, float* y, size_t y_stride) {
   __m512d P[NR][NT], Q[NR][NT];
@@ -155,55 +155,29 @@ void bf16_block(const uint16_t* w, size_t n, const double* x, size_t x_stride, f
 #pragma GCC unroll 8
     for (int t = 0; t < NT; ++t) P[r][t] = Q[r][t] = _mm512_setzero_pd();
   }
-  const size_t blocks = n / 16;
-  const size_t paired = blocks / 2 * 32;
-  for (size_t i = 0; i < paired; i += 32) {
-    __m512d xp0[NT], xq0[NT], xp1[NT], xq1[NT];
+  const size_t full = n / 16 * 16;
+  for (size_t i = 0; i < full; i += 16) {
+    __m512d xp[NT], xq[NT];
 #pragma GCC unroll 8
     for (int t = 0; t < NT; ++t) {
-      const double* xt = x + t * x_stride + i;
-      const __m512d X0 = _mm512_loadu_pd(xt), X1 = _mm512_loadu_pd(xt + 8);
-      const __m512d X2 = _mm512_loadu_pd(xt + 16), X3 = _mm512_loadu_pd(xt + 24);
-      xp0[t] = _mm512_shuffle_f64x2(X0, X1, 0x44);  // x0-3, x8-11
-      xq0[t] = _mm512_shuffle_f64x2(X0, X1, 0xEE);  // x4-7, x12-15
-      xp1[t] = _mm512_shuffle_f64x2(X2, X3, 0x44);
-      xq1[t] = _mm512_shuffle_f64x2(X2, X3, 0xEE);
+      const __m512d X0 = _mm512_loadu_pd(x + t * x_stride + i);
+      const __m512d X1 = _mm512_loadu_pd(x + t * x_stride + i + 8);
+      xp[t] = _mm512_shuffle_f64x2(X0, X1, 0x44);  // x0-3, x8-11
+      xq[t] = _mm512_shuffle_f64x2(X0, X1, 0xEE);  // x4-7, x12-15
     }
 #pragma GCC unroll 8
     for (int r = 0; r < NR; ++r) {
       const uint16_t* wr = w + r * n + i;
       _mm_prefetch(reinterpret_cast<const char*>(wr + kPrefetchAhead), _MM_HINT_T0);
-      const __m512i raw = _mm512_loadu_si512(wr);
-      const __m512 lo = _mm512_castsi512_ps(_mm512_unpacklo_epi16(_mm512_setzero_si512(), raw));
-      const __m512 hi = _mm512_castsi512_ps(_mm512_unpackhi_epi16(_mm512_setzero_si512(), raw));
-      const __m512d p0 = _mm512_cvtps_pd(_mm512_castps512_ps256(lo));
-      const __m512d q0 = _mm512_cvtps_pd(_mm512_castps512_ps256(hi));
-      const __m512d p1 = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(lo), 1)));
-      const __m512d q1 = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(hi), 1)));
-#pragma GCC unroll 8
-      for (int t = 0; t < NT; ++t) {
-        P[r][t] = _mm512_fmadd_pd(p0, xp0[t], P[r][t]);  // block 2k ...
-        Q[r][t] = _mm512_fmadd_pd(q0, xq0[t], Q[r][t]);
-        P[r][t] = _mm512_fmadd_pd(p1, xp1[t], P[r][t]);  // ... then block 2k+1
-        Q[r][t] = _mm512_fmadd_pd(q1, xq1[t], Q[r][t]);
-      }
-    }
-  }
-  if (blocks % 2 == 1) {  // a last unpaired block of 16: the same lanes from a 256-bit unpack
-    const size_t i = paired;
-#pragma GCC unroll 8
-    for (int r = 0; r < NR; ++r) {
-      const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + r * n + i));
+      const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wr));
       const __m512d p =
           _mm512_cvtps_pd(_mm256_castsi256_ps(_mm256_unpacklo_epi16(_mm256_setzero_si256(), raw)));
       const __m512d q =
           _mm512_cvtps_pd(_mm256_castsi256_ps(_mm256_unpackhi_epi16(_mm256_setzero_si256(), raw)));
 #pragma GCC unroll 8
       for (int t = 0; t < NT; ++t) {
-        const double* xt = x + t * x_stride + i;
-        const __m512d X0 = _mm512_loadu_pd(xt), X1 = _mm512_loadu_pd(xt + 8);
-        P[r][t] = _mm512_fmadd_pd(p, _mm512_shuffle_f64x2(X0, X1, 0x44), P[r][t]);
-        Q[r][t] = _mm512_fmadd_pd(q, _mm512_shuffle_f64x2(X0, X1, 0xEE), Q[r][t]);
+        P[r][t] = _mm512_fmadd_pd(p, xp[t], P[r][t]);
+        Q[r][t] = _mm512_fmadd_pd(q, xq[t], Q[r][t]);
       }
     }
   }
@@ -212,7 +186,7 @@ void bf16_block(const uint16_t* w, size_t n, const double* x, size_t x_stride, f
 #pragma GCC unroll 8
     for (int t = 0; t < NT; ++t) {
       double acc = reduce_pq(P[r][t], Q[r][t]);
-      for (size_t i = blocks * 16; i < n; ++i) acc = acc + bf16_at(w + r * n, i) * x[t * x_stride + i];
+      for (size_t i = full; i < n; ++i) acc = acc + bf16_at(w + r * n, i) * x[t * x_stride + i];
       y[t * y_stride + r] = static_cast<float>(acc);
     }
   }
