@@ -1,0 +1,358 @@
+// `k3flow bench` end to end (the binary, K3FLOW_BIN) on a tiny synthetic checkpoint: the JSON it
+// writes, the strategies' agreement, the last line, and every refusal with its exit code. The first
+// case runs the real engine (all four strategies at a budget below the model's size); the others
+// drive the bench with a stand-in `generate` (K3FLOW_BENCH_CHILD) whose report and outputs the
+// test controls, so the arithmetic and the refusals are checked exactly.
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+#include <simdjson.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <regex>
+#include <string>
+#include <vector>
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Run {
+  int code = -1;
+  std::string out;  // stdout + stderr
+  std::string last_stdout_line;
+};
+
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    std::string tmpl = (fs::temp_directory_path() / "k3bench_test.XXXXXX").string();
+    REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
+    path = tmpl;
+  }
+  ~TempDir() { fs::remove_all(path); }
+  std::string operator/(const std::string& name) const { return (path / name).string(); }
+};
+
+std::string slurp(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+std::string last_line(const std::string& text) {
+  std::string t = text;
+  while (!t.empty() && t.back() == '\n') t.pop_back();
+  const size_t nl = t.rfind('\n');
+  return nl == std::string::npos ? t : t.substr(nl + 1);
+}
+
+// Runs `k3flow ARGS` with ENV prepended; stdout and stderr kept apart for the last-line check.
+Run k3flow(const std::string& args, const std::string& env = "") {
+  TempDir io;
+  const std::string cmd = fmt::format("{} {} {} >{} 2>{}", env, K3FLOW_BIN, args, io / "out", io / "err");
+  const int st = std::system(cmd.c_str());
+  Run r;
+  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  const std::string out = slurp(io / "out");
+  r.last_stdout_line = last_line(out);
+  r.out = out + slurp(io / "err");
+  return r;
+}
+
+// One synthetic tiny checkpoint (~7 MB) for the whole file.
+const std::string& tiny_model() {
+  static TempDir dir;
+  static std::string model;
+  if (model.empty()) {
+    model = dir / "tiny";
+    const Run r = k3flow(fmt::format("synth {} --size tiny --seed 3", model));
+    REQUIRE_MESSAGE(r.code == 0, r.out);
+  }
+  return model;
+}
+
+struct Json {
+  simdjson::dom::parser parser;
+  simdjson::dom::element doc;
+  explicit Json(const std::string& path) {
+    auto e = parser.load(path).get(doc);
+    REQUIRE_MESSAGE(e == simdjson::SUCCESS, path);
+  }
+};
+
+double num(simdjson::dom::element e) {
+  double d;
+  if (e.get(d) == simdjson::SUCCESS) return d;
+  int64_t i;
+  if (e.get(i) == simdjson::SUCCESS) return double(i);
+  uint64_t u = 0;
+  REQUIRE(e.get(u) == simdjson::SUCCESS);
+  return double(u);
+}
+
+std::string str(simdjson::dom::element e) {
+  std::string_view v;
+  REQUIRE(e.get(v) == simdjson::SUCCESS);
+  return std::string(v);
+}
+
+std::vector<int64_t> ints(simdjson::dom::element e) {
+  std::vector<int64_t> v;
+  for (simdjson::dom::element x : e.get_array()) v.push_back(int64_t(x));
+  return v;
+}
+
+const std::vector<std::string> kAll = {"serial", "trunk", "overlap", "lookahead"};
+const char* kTopKeys[] = {"model",      "budget_bytes", "device_gbps",      "t_cpu_per_token",
+                          "strategies", "best",         "speedup_vs_serial"};
+const char* kStrategyKeys[] = {"strategy",       "s_per_token", "s_per_token_min",    "bytes_per_token",
+                               "t_io",           "t_cpu",       "overlap_efficiency", "lookahead_hit_rate",
+                               "peak_rss_bytes", "ids"};
+const std::regex kLastLine(R"(best=(serial|trunk|overlap|lookahead) overlap_efficiency=[0-9]+\.[0-9]+ )"
+                           R"(speedup_vs_serial=[0-9]+\.[0-9]+)");
+
+void check_keys(const Json& j) {
+  for (const char* k : kTopKeys) CHECK_MESSAGE(j.doc[k].error() == simdjson::SUCCESS, k);
+  for (simdjson::dom::element s : j.doc["strategies"].get_array())
+    for (const char* k : kStrategyKeys) CHECK_MESSAGE(s[k].error() == simdjson::SUCCESS, k);
+}
+
+// A stand-in for `k3flow generate`: the streaming engine's full report, with per-strategy step-1
+// wall times serial 0.4, trunk 0.3, overlap 0.2, lookahead 0.25 s (resident 0.1) and a step 0 far
+// slower, so using it would show. FAKE_FAIL / FAKE_BAD_IDS / FAKE_BAD_LOGITS name a strategy to
+// misbehave; every call is logged to FAKE_LOG.
+const char* kFakeGenerate = R"FAKE(#!/bin/bash
+[ "$1" = generate ] || { echo "fake: expected generate, got $1" >&2; exit 9; }
+shift
+if [ "$1" = --help ]; then
+  printf 'Options:\n  --ids TEXT\n  --gen INT\n  --incremental\n  --out TEXT\n  --dump-logits TEXT\n'
+  printf '  --strategy TEXT\n  --mem-gb FLOAT\n  --threads INT\n'
+  exit 0
+fi
+out=; logits=; st=resident; mem=
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --out) out=$2; shift;;
+    --dump-logits) logits=$2; shift;;
+    --strategy) st=$2; shift;;
+    --mem-gb) mem=$2; shift;;
+  esac
+  shift
+done
+echo "$st $mem" >> "$FAKE_LOG"
+if [ "$st" = "$FAKE_FAIL" ]; then echo "STEP TOKEN"; echo "k3flow: $st ran out of expert slots" >&2; exit 1; fi
+case $st in serial) w=0.4;; trunk) w=0.3;; overlap) w=0.2;; lookahead) w=0.25;; *) w=0.1;; esac
+ids="7,8"; [ "$st" = "$FAKE_BAD_IDS" ] && ids="7,9"
+printf 'LOGITS' > "$logits"; [ "$st" = "$FAKE_BAD_LOGITS" ] && printf 'LOGITX' > "$logits"
+pred=0; used=0; [ "$st" = lookahead ] && { pred=10; used=7; }
+cat > "$out" <<JSON
+{"prompt_ids":[1,2],"generated_ids":[$ids],"full_ids":[1,2,$ids],"layers":4,"seconds_per_token":9.9,"peak_rss_bytes":123456789,"strategy":"$st","threads":0,"budget_bytes":0,"trunk_bytes_read":7000000000,"expert_bytes_read":6000000000,"expert_requests":20,"expert_hits":5,"lookahead_predicted":$pred,"lookahead_used":$used,"uring_bytes":0,"pread_bytes":0,"io_busy_seconds":1,"compute_busy_seconds":1,"wall_seconds":2,"overlap_efficiency":0.5,"tokens":[{"step":0,"token":7,"wall_seconds":5.0,"io_wait_seconds":1,"compute_seconds":2.0,"trunk_bytes":5000000000,"expert_bytes":5000000000},{"step":1,"token":8,"wall_seconds":$w,"io_wait_seconds":0.1,"compute_seconds":0.1,"trunk_bytes":2000000000,"expert_bytes":1000000000}]}
+JSON
+)FAKE";
+
+struct Fake {
+  TempDir dir;
+  std::string exe = dir / "fake-k3flow";
+  std::string log = dir / "calls.log";
+  Fake() {
+    std::ofstream(exe) << kFakeGenerate;
+    REQUIRE(::chmod(exe.c_str(), 0755) == 0);
+  }
+  std::string env(const std::string& extra = "") const {
+    return fmt::format("K3FLOW_BENCH_CHILD={} FAKE_LOG={} {}", exe, log, extra);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("bench on a tiny synthetic checkpoint: every strategy, same ids, JSON keys, last line") {
+  TempDir d;
+  // 5 MiB: below the checkpoint's 6.8 MB, above its plan floor, so every strategy streams.
+  const Run r = k3flow(fmt::format("bench {} --mem-gb 0.005 --gen 2 --repeat 1 --probe-seconds 0.2 --json {}",
+                                   tiny_model(), d / "bench.json"));
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  CHECK(std::regex_match(r.last_stdout_line, kLastLine));
+  CHECK(r.out.find("step 0, the prefill, excluded") != std::string::npos);
+  Json j(d / "bench.json");
+  check_keys(j);
+  CHECK(num(j.doc["budget_bytes"]) == double(std::llround(0.005 * double(1 << 30))));
+  CHECK(num(j.doc["device_gbps"]) > 0);
+  CHECK(num(j.doc["t_cpu_per_token"]) > 0);  // 7 MB fits: measured resident
+  std::vector<std::string> names;
+  std::vector<int64_t> first_ids;
+  for (simdjson::dom::element s : j.doc["strategies"].get_array()) {
+    names.push_back(str(s["strategy"]));
+    const std::vector<int64_t> ids = ints(s["ids"]);
+    CHECK(ids.size() == 2);
+    if (first_ids.empty()) first_ids = ids;
+    CHECK(ids == first_ids);
+    CHECK(num(s["s_per_token"]) > 0);
+    CHECK(num(s["s_per_token_min"]) <= num(s["s_per_token"]));
+    CHECK(num(s["peak_rss_bytes"]) > 0);
+  }
+  CHECK(names == kAll);
+  const std::string best = str(j.doc["best"]);
+  CHECK(std::find(kAll.begin(), kAll.end(), best) != kAll.end());
+  CHECK(num(j.doc["speedup_vs_serial"]) > 0);
+
+  // What only the streaming engine can satisfy: it takes --strategy / --mem-gb and reads weights.
+  CHECK_MESSAGE(j.doc["child_missing_flags"].get_array().size() == 0,
+                "k3flow generate lacks --strategy / --mem-gb: the streaming engine has not landed");
+  for (simdjson::dom::element s : j.doc["strategies"].get_array()) {
+    const std::string name = str(s["strategy"]);
+    CAPTURE(name);
+    CHECK(num(s["bytes_per_token"]) > 0);
+    CHECK(num(s["t_io"]) > 0);
+  }
+}
+
+TEST_CASE("stand-in engine: prefill excluded, medians, T_io / T_cpu / overlap arithmetic, best, speedup") {
+  Fake f;
+  TempDir d;
+  const Run r = k3flow(fmt::format("bench {} --mem-gb 0.005 --gen 2 --repeat 2 --probe-seconds 0.1 --json {}",
+                                   tiny_model(), d / "bench.json"),
+                       f.env());
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  Json j(d / "bench.json");
+  check_keys(j);
+  CHECK(j.doc["child_missing_flags"].get_array().size() == 0);
+  const double gbps = num(j.doc["device_gbps"]);
+  REQUIRE(gbps > 0);
+  CHECK(num(j.doc["t_cpu_per_token"]) == doctest::Approx(0.1));  // resident step 1 compute
+  const std::map<std::string, double> wall = {
+      {"serial", 0.4}, {"trunk", 0.3}, {"overlap", 0.2}, {"lookahead", 0.25}};
+  for (simdjson::dom::element s : j.doc["strategies"].get_array()) {
+    const std::string name = str(s["strategy"]);
+    CAPTURE(name);
+    CHECK(num(s["s_per_token"]) == doctest::Approx(wall.at(name)));  // step 0 (5 s) not counted
+    CHECK(num(s["s_per_token_min"]) == doctest::Approx(wall.at(name)));
+    CHECK(s["s_per_token_runs"].get_array().size() == 2);
+    CHECK(num(s["bytes_per_token"]) == doctest::Approx(3e9));  // step 1 only
+    const double t_io = 3e9 / (gbps * 1e9);
+    CHECK(num(s["t_io"]) == doctest::Approx(t_io));
+    CHECK(num(s["t_cpu"]) == doctest::Approx(0.1));
+    CHECK(num(s["overlap_efficiency"]) == doctest::Approx(std::max(t_io, 0.1) / wall.at(name)));
+    CHECK(num(s["report_peak_rss_bytes"]) == 123456789);
+    CHECK(num(s["peak_rss_bytes"]) > 0);  // the stand-in's own, from wait4
+    CHECK(ints(s["ids"]) == std::vector<int64_t>{7, 8});
+    if (name == "lookahead")
+      CHECK(num(s["lookahead_hit_rate"]) == doctest::Approx(0.7));
+    else
+      CHECK(s["lookahead_hit_rate"].is_null());
+  }
+  CHECK(str(j.doc["best"]) == "overlap");
+  CHECK(num(j.doc["speedup_vs_serial"]) == doctest::Approx(2.0));
+  CHECK(std::regex_match(r.last_stdout_line, kLastLine));
+  CHECK(r.last_stdout_line.starts_with("best=overlap overlap_efficiency="));
+  CHECK(r.last_stdout_line.ends_with(" speedup_vs_serial=2.000"));
+  // 2 resident runs, then 2 rounds of the 4 strategies, interleaved, each with the budget as given.
+  CHECK(slurp(f.log) ==
+        "resident \nresident \n"
+        "serial 0.005\ntrunk 0.005\noverlap 0.005\nlookahead 0.005\n"
+        "serial 0.005\ntrunk 0.005\noverlap 0.005\nlookahead 0.005\n");
+}
+
+TEST_CASE("--strategies picks a subset in the order given; without serial the speedup is n/a") {
+  Fake f;
+  TempDir d;
+  const Run r = k3flow(fmt::format("bench {} --mem-gb 0.005 --gen 2 --repeat 1 --probe-seconds 0.1 "
+                                   "--strategies lookahead,trunk --json {}",
+                                   tiny_model(), d / "bench.json"),
+                       f.env());
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  Json j(d / "bench.json");
+  std::vector<std::string> names;
+  for (simdjson::dom::element s : j.doc["strategies"].get_array()) names.push_back(str(s["strategy"]));
+  CHECK(names == std::vector<std::string>{"lookahead", "trunk"});
+  CHECK(j.doc["speedup_vs_serial"].is_null());
+  CHECK(r.last_stdout_line.starts_with("best=lookahead overlap_efficiency="));
+  CHECK(r.last_stdout_line.ends_with(" speedup_vs_serial=n/a"));
+}
+
+TEST_CASE("a strategy that differs in ids or logits fails the bench (exit 1) by name, no JSON") {
+  Fake f;
+  TempDir d;
+  const std::string args =
+      fmt::format("bench {} --mem-gb 0.005 --gen 2 --repeat 1 --probe-seconds 0.1 --json {}", tiny_model(),
+                  d / "bench.json");
+  Run r = k3flow(args, f.env("FAKE_BAD_LOGITS=overlap"));
+  CHECK_MESSAGE(r.code == 1, r.out);
+  CHECK_MESSAGE(r.out.find("strategy 'overlap'") != std::string::npos, r.out);
+  CHECK_MESSAGE(r.out.find("logits are not byte-identical") != std::string::npos, r.out);
+  CHECK(!fs::exists(d / "bench.json"));
+  r = k3flow(args, f.env("FAKE_BAD_IDS=trunk"));
+  CHECK_MESSAGE(r.code == 1, r.out);
+  CHECK_MESSAGE(r.out.find("strategy 'trunk'") != std::string::npos, r.out);
+  CHECK_MESSAGE(r.out.find("different ids") != std::string::npos, r.out);
+  CHECK(!fs::exists(d / "bench.json"));
+}
+
+TEST_CASE("a failing child fails the bench (exit 1) with the child's own error line") {
+  Fake f;
+  TempDir d;
+  Run r = k3flow(fmt::format("bench {} --mem-gb 0.005 --gen 2 --repeat 1 --probe-seconds 0.1 --json {}",
+                             tiny_model(), d / "bench.json"),
+                 f.env("FAKE_FAIL=lookahead"));
+  CHECK_MESSAGE(r.code == 1, r.out);
+  CHECK_MESSAGE(r.out.find("lookahead ran out of expert slots") != std::string::npos, r.out);
+  CHECK(!fs::exists(d / "bench.json"));
+
+  // The real engine refusing the run: a prompt longer than generate allows.
+  std::string ids = "1";
+  for (int i = 1; i < 36864; ++i) ids += ",1";
+  r = k3flow(fmt::format("bench {} --mem-gb 1 --gen 2 --repeat 1 --probe-seconds 0.05 --ids {} --json {}",
+                         tiny_model(), ids, d / "bench.json"));
+  CHECK(r.code == 1);
+  CHECK_MESSAGE(r.out.find("k3flow generate failed") != std::string::npos, r.out.substr(0, 2000));
+  CHECK_MESSAGE(r.out.find("exceeds") != std::string::npos, r.out.substr(0, 2000));
+  CHECK(!fs::exists(d / "bench.json"));
+}
+
+TEST_CASE("bad flags exit 2 naming the flag, before any run and without output files") {
+  Fake f;
+  TempDir d;
+  const std::string m = tiny_model(), json = " --json " + d / "bench.json";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"bench " + m + " --mem-gb 1 --bogus", "--bogus"},
+      {"bench " + m + " --mem-gb 1 --strategies serial,warp", "warp"},
+      {"bench " + m + " --mem-gb 1 --strategies serial,serial", "serial"},
+      {"bench " + m + " --mem-gb 1 --strategies serial,", "--strategies"},
+      {"bench " + m + " --mem-gb 1 --repeat 0", "--repeat"},
+      {"bench " + m + " --mem-gb 1 --gen 0", "--gen"},
+      {"bench " + m + " --mem-gb 1 --gen two", "--gen"},
+      {"bench " + m, "--mem-gb"},
+      {"bench " + m + " --mem-gb 1 --preset laptop", "--preset"},
+      {"bench " + m + " --mem-gb 0", "--mem-gb"},
+      {"bench " + m + " --mem-gb 0.000001", "--mem-gb"},  // below the plan's floor
+      {"bench " + m + " --preset palmtop", "--preset"},
+      {"bench " + m + " --mem-gb 1 --ids 1,x", "--ids"},
+      {"bench " + m + " --mem-gb 1 --ids 99999", "--ids"},
+      {"bench " + m + " --mem-gb 1 --threads -1", "--threads"},
+      {"bench " + m + " --mem-gb 1 --probe-seconds 0", "--probe-seconds"},
+      {"bench " + d / "no-such-model" + " --mem-gb 1", "MODEL_DIR"},
+  };
+  for (const auto& [args, flag] : cases) {
+    CAPTURE(args);
+    const Run r = k3flow(args + json, f.env());
+    CHECK_MESSAGE(r.code == 2, r.out);
+    CHECK_MESSAGE(r.out.find(flag) != std::string::npos, r.out);
+    CHECK(!fs::exists(d / "bench.json"));
+  }
+  CHECK(!fs::exists(f.log));  // no child generate ran
+  // --trace-dir needs a generate that takes --trace (the stand-in does not).
+  const Run r = k3flow("bench " + m + " --mem-gb 1 --trace-dir " + d / "traces" + json, f.env());
+  CHECK_MESSAGE(r.code == 2, r.out);
+  CHECK(r.out.find("--trace-dir") != std::string::npos);
+}
