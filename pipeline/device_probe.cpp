@@ -319,6 +319,11 @@ std::string format_probe(const ProbePattern& p, const ProbeResult& r) {
   if (direct_pct < 99.0)
     s += "  NOTE: part of the reads were buffered (filesystem refused O_DIRECT, or unaligned edges): the "
          "page cache may flatter the figure\n";
+  if (r.mixed.passes >= 3)
+    s += fmt::format(
+        "  NOTE: one token's reads ({}) were replayed {} times: a cache in the device can flatter a model "
+        "this small\n",
+        human(double(p.token_bytes_estimate())), r.mixed.passes);
   s += phase_line(fmt::format("token pattern (trunk + {} experts)", p.top_k).c_str(), r.mixed);
   s += phase_line(fmt::format("trunk reads (largest {})", human(double(p.largest_trunk_read()))).c_str(),
                   r.trunk);
