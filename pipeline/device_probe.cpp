@@ -116,11 +116,19 @@ struct Progress {
 
 enum Reads : unsigned { kTrunk = 1, kExperts = 2 };
 
-PhaseResult run_phase(io::UringReader& reader, const ProbePattern& p, unsigned reads, double seconds,
-                      uint64_t& rng, SlotPool& trunk_pool, SlotPool& expert_pool) {
+// One reader for trunk reads and one for experts, as the engine's graph has (each with its own ring
+// and queue depth).
+struct Readers {
+  io::UringReader trunk, experts;
+  explicit Readers(const io::UringReader::Options& o) : trunk(o), experts(o) {}
+  uint64_t direct_bytes() const { return trunk.counters().direct_bytes + experts.counters().direct_bytes; }
+};
+
+PhaseResult run_phase(Readers& readers, const ProbePattern& p, unsigned reads, double seconds, uint64_t& rng,
+                      SlotPool& trunk_pool, SlotPool& expert_pool) {
   PhaseResult r;
   Progress prog;
-  const uint64_t direct0 = reader.counters().direct_bytes;
+  const uint64_t direct0 = readers.direct_bytes();
   const double t0 = now();
   double t_pass = t0;
   uint64_t bytes_pass = 0;
@@ -159,7 +167,7 @@ PhaseResult run_phase(io::UringReader& reader, const ProbePattern& p, unsigned r
         const io::ReadRequest req{range.file, range.offset, pool->slot(s, range.bytes),
                                   (uint64_t(s) << 1) | (pool == &expert_pool ? 1u : 0u)};
         if (pool == &trunk_pool) {
-          reader.submit(req, [&prog, &trunk_pool, s](const io::ReadCompletion& c) {
+          readers.trunk.submit(req, [&prog, &trunk_pool, s](const io::ReadCompletion& c) {
             prog.done(c);
             trunk_pool.release(s);
           });
@@ -168,7 +176,7 @@ PhaseResult run_phase(io::UringReader& reader, const ProbePattern& p, unsigned r
         }
       }
       if (!reqs.empty())
-        reader.submit(reqs, [&prog, &expert_pool](const io::ReadCompletion& c) {
+        readers.experts.submit(reqs, [&prog, &expert_pool](const io::ReadCompletion& c) {
           prog.done(c);
           expert_pool.release(size_t(c.tag >> 1));
         });
@@ -184,11 +192,12 @@ PhaseResult run_phase(io::UringReader& reader, const ProbePattern& p, unsigned r
       ++r.passes;
     }
   }
-  reader.wait_idle();
+  readers.trunk.wait_idle();
+  readers.experts.wait_idle();
   r.seconds = now() - t0;
   r.bytes = prog.bytes;
   r.requests = prog.requests;
-  r.direct_bytes = reader.counters().direct_bytes - direct0;
+  r.direct_bytes = readers.direct_bytes() - direct0;
   if (!prog.error.empty()) throw io::runtime_error("device probe: " + prog.error);
   return r;
 }
@@ -290,11 +299,11 @@ ProbePattern probe_pattern(const io::ModelConfig& config, const io::ShardSet& sh
 
 ProbeResult probe_device(const ProbePattern& p, const ProbeOptions& o) {
   ProbeResult r;
-  io::UringReader reader(o.reader);
-  r.backend = io::backend_name(reader.backend());
-  r.fallback_reason = reader.fallback_reason();
-  r.queue_depth = reader.options().queue_depth;
-  r.chunk_bytes = reader.options().chunk_bytes;
+  Readers readers(o.reader);
+  r.backend = io::backend_name(readers.trunk.backend());
+  r.fallback_reason = readers.trunk.fallback_reason();
+  r.queue_depth = readers.trunk.options().queue_depth;
+  r.chunk_bytes = readers.trunk.options().chunk_bytes;
 
   size_t trunk_per_layer = 1;
   for (const ProbeLayer& l : p.layers) trunk_per_layer = std::max(trunk_per_layer, l.trunk.size());
@@ -302,9 +311,9 @@ ProbeResult probe_device(const ProbePattern& p, const ProbeOptions& o) {
   SlotPool expert_pool(size_t(2 * std::max(p.top_k, 1)), p.largest_expert_read());
   uint64_t rng = o.seed;
   const bool has_experts = p.largest_expert_read() > 0;
-  r.mixed = run_phase(reader, p, kTrunk | kExperts, o.seconds / 2, rng, trunk_pool, expert_pool);
-  r.trunk = run_phase(reader, p, kTrunk, o.seconds / 4, rng, trunk_pool, expert_pool);
-  if (has_experts) r.experts = run_phase(reader, p, kExperts, o.seconds / 4, rng, trunk_pool, expert_pool);
+  r.mixed = run_phase(readers, p, kTrunk | kExperts, o.seconds / 2, rng, trunk_pool, expert_pool);
+  r.trunk = run_phase(readers, p, kTrunk, o.seconds / 4, rng, trunk_pool, expert_pool);
+  if (has_experts) r.experts = run_phase(readers, p, kExperts, o.seconds / 4, rng, trunk_pool, expert_pool);
   return r;
 }
 
@@ -313,7 +322,8 @@ std::string format_probe(const ProbePattern& p, const ProbeResult& r) {
   const uint64_t direct = r.mixed.direct_bytes + r.trunk.direct_bytes + r.experts.direct_bytes;
   const double direct_pct = all ? 100.0 * double(direct) / double(all) : 0.0;
   std::string s = fmt::format(
-      "device probe: {} reader, queue depth {}, {} MiB chunks, O_DIRECT {:.1f}% of bytes, reading {}\n",
+      "device probe: {} readers (trunk + experts), queue depth {} each, {} MiB chunks, O_DIRECT {:.1f}% of "
+      "bytes, reading {}\n",
       r.backend, r.queue_depth, r.chunk_bytes >> 20, direct_pct, p.source);
   if (!r.fallback_reason.empty()) s += fmt::format("  (pread fallback: {})\n", r.fallback_reason);
   if (direct_pct < 99.0)
