@@ -9,6 +9,8 @@
 //      (peak RSS from wait4), strategies interleaved within a repeat so slow drift of the machine
 //      spreads over all of them; every run must emit the same ids and byte-identical step-0 logits;
 //   4. a table and a JSON file; the last line is `best=S overlap_efficiency=X speedup_vs_serial=Y`.
+// Every run decodes with --incremental (KV cache and KDA state carried), as the reference numbers
+// were measured (ENGINE.md §7): without it each step recomputes the whole prefix.
 // Flags the child's `generate --help` does not list are not passed, and the report says which were
 // missing, so the same bench works against an engine that has not grown them yet.
 // K3FLOW_BENCH_CHILD=PATH runs PATH (as `PATH generate ...`) instead of this executable: the tests
@@ -16,7 +18,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
