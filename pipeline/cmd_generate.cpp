@@ -257,7 +257,7 @@ int run_generate(const GenerateOptions& o) {
 
 Action add_generate(CLI::App& sub) {
   auto o = std::make_shared<GenerateOptions>();
-  sub.add_option("model_dir", o->model_dir, "checkpoint directory (config.json + *.safetensors)")->required();
+  sub.add_option("MODEL_DIR", o->model_dir, "checkpoint directory (config.json + *.safetensors)")->required();
   sub.add_option("--ids", o->ids, "prompt as token ids: 1,2,3 (commas and/or spaces)");
   sub.add_option("--prompt", o->prompt, "prompt text (needs --tok)");
   sub.add_option("--prompt-file", o->prompt_file, "prompt text read verbatim from a file (needs --tok)");
