@@ -1,0 +1,1039 @@
+#include "pipeline/graph.hpp"
+
+#include <fmt/format.h>
+#include <sys/syscall.h>
+#include <tbb/flow_graph.h>
+#include <tbb/global_control.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "io/error.hpp"
+#include "io/uring_reader.hpp"
+#include "pipeline/expert_cache.hpp"
+#include "pipeline/slot_pool.hpp"
+#include "pipeline/trace.hpp"
+#include "stages/attnres.hpp"
+#include "stages/head.hpp"
+#include "stages/layer.hpp"
+#include "stages/moe.hpp"
+#include "stages/scratch.hpp"
+
+namespace k3::pipeline {
+
+namespace flow = tbb::flow;
+
+Strategy parse_strategy(std::string_view name) {
+  if (name == "serial") return Strategy::serial;
+  if (name == "trunk") return Strategy::trunk;
+  if (name == "overlap") return Strategy::overlap;
+  if (name == "lookahead") return Strategy::lookahead;
+  throw io::usage_error(
+      fmt::format("--strategy: unknown strategy '{}' (known: serial, trunk, overlap, lookahead)", name));
+}
+
+const char* strategy_name(Strategy s) {
+  switch (s) {
+    case Strategy::serial:
+      return "serial";
+    case Strategy::trunk:
+      return "trunk";
+    case Strategy::overlap:
+      return "overlap";
+    case Strategy::lookahead:
+      return "lookahead";
+  }
+  return "?";
+}
+
+namespace {
+
+// ---- messages: handles only ----
+struct TrunkJob {
+  uint64_t visit;  // call * n_layers + layer
+  int layer;
+  int part;  // the spanning layer is scheduled as ring_slots parts, one slot each
+};
+using TrunkClaim = std::tuple<TrunkJob, int>;  // slot < 0: the layer's pin region
+struct TrunkReady {
+  uint64_t visit;
+  int layer;
+  int slot;
+};
+struct LayerGo {
+  uint64_t visit;  // the hidden state is ready for this visit
+};
+struct LayerMsg {
+  uint64_t visit;
+};
+struct LayerDone {
+  uint64_t visit;
+};
+struct FetchMsg {
+  uint64_t visit;
+};
+struct ReadItem {
+  int slot, layer, expert;
+  bool prefetch;
+};
+struct ReadBatch {
+  std::vector<ReadItem> items;
+};
+struct ExpertLanded {
+  int slot;
+  int group;  // for a hit; a read's group comes back from the cache
+  bool read, ok;
+};
+struct ExpertGo {
+  uint64_t key;
+  int group, slot;
+};
+struct LatentGo {
+  uint64_t key;
+};
+struct HeadMsg {
+  uint64_t visit;
+};
+
+uint64_t group_key(uint64_t visit, int group) {
+  return (visit << 16) | uint64_t(group);  // groups < 65536: n_experts is capped there
+}
+
+enum Node : int {
+  kSchedule,
+  kTrunkFree,
+  kTrunkClaim,
+  kTrunkRead,
+  kTrunkBind,
+  kLayerGate,
+  kAttention,
+  kDenseFfn,
+  kRouter,
+  kExpertFetch,
+  kExpertRead,
+  kExpertLanded,
+  kShared,
+  kExpertJoin,
+  kExpertCompute,
+  kLookahead,
+  kCombine,
+  kLayerDone,
+  kHead,
+  kNodeCount
+};
+
+const char* const kNodeNames[kNodeCount] = {
+    "trunk_schedule", "trunk_free",    "trunk_claim", "trunk_read",  "trunk_bind",
+    "layer_gate",     "attention",     "dense_ffn",   "router",      "expert_fetch",
+    "expert_read",    "expert_landed", "shared",      "expert_join", "expert_compute",
+    "lookahead",      "combine",       "layer_done",  "head"};
+
+int env_int(const char* name) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::atoi(v) : 0;
+}
+
+}  // namespace
+
+struct StreamingModel::Impl {
+  using TrunkReadNode = flow::async_node<TrunkClaim, TrunkReady>;
+  using ExpertReadNode = flow::async_node<ReadBatch, ExpertLanded>;
+
+  // ---- what the run is ----
+  const WeightSources& src;
+  const io::ModelConfig& c;
+  const Plan plan;
+  const Strategy strategy;
+  const int n;  // bound layers
+  const size_t E, L, K;
+  GraphDescription* dot;
+
+  // ---- memory, sized once ----
+  std::unique_ptr<WeightSources::Head> head;
+  TrunkSlots trunk;
+  std::unique_ptr<ExpertCache> cache;
+  struct SlotRead {  // the read in flight into an expert slot
+    const stages::Layout* layout = nullptr;
+    uint64_t bind_offset = 0, bytes = 0, trace_id = 0;
+    const char* trace_name = "expert read";
+    int layer = -1, expert = -1;
+    std::atomic<int> pending{0};
+    std::atomic<bool> failed{false};
+  };
+  std::unique_ptr<SlotRead[]> slot_reads;
+
+  // ---- accounting ----
+  Activity act;
+  StepStats last;
+  std::atomic<uint64_t> requests{0}, hits{0}, predicted{0}, used{0}, read_ids{0};
+  std::atomic<int> ring_in_use{0};
+  std::unique_ptr<NodeStats[]> own_stats;
+  NodeStats* stats[kNodeCount] = {};
+  std::thread::id main_thread = std::this_thread::get_id();
+
+  // ---- failure: the first message wins; nodes skip their bodies afterwards ----
+  std::atomic<bool> failed{false};
+  std::mutex fail_mu;
+  std::string fail_msg;
+
+  // ---- the forward call in progress ----
+  struct Call {
+    stages::DecodeState* st = nullptr;
+    size_t T = 0;
+    std::span<float> logits;
+    std::vector<float> mem;  // grows only
+    std::span<float> P, blocks, x, a, attn_sc, dense_sc, h, head_sc, agg_sc;
+    std::span<float> route_sc, weight, z, eout, shared, shared_sc, apply_sc, combine_sc, la_route_sc,
+        la_weight;
+    std::vector<int32_t> idx, la_idx;
+    std::optional<stages::BlockStack> B;
+  } call;
+  struct Current {  // the layer being computed (one at a time: each needs the previous one's output)
+    uint64_t visit = kNoVisit;
+    int layer = -1, slot = -1;
+    const stages::LayerWeights* w = nullptr;
+  } cur;
+  struct Moe {  // the MoE layer being computed
+    std::mutex mu;
+    uint64_t visit = kNoVisit;
+    int layer = -1;
+    stages::ExpertGroups groups;
+    std::vector<int> slot;
+    std::vector<size_t> apply_off;
+    size_t next_pending = 0;  // groups [next_pending, U) wait for a free slot
+    size_t wave_pending = 0;  // trunk / serial: claimed groups whose bytes have not landed
+    std::vector<int> held;    // trunk / serial: landed groups held until their wave is complete
+    bool shared_started = false, fetched = false;
+    std::atomic<int> remaining{0};  // pieces left: groups + shared (+ lookahead)
+    size_t unique() const { return groups.experts.size(); }
+  } moe;
+  int calls_done = 0, expected_calls = 1;
+  int64_t ring_scheduled_through = -1;  // ring jobs are queued for every call <= this
+  std::vector<int> span_held;
+  std::vector<io::ReadRequest> trunk_reqs, expert_reqs;  // reused by the serial read nodes
+  std::vector<ExpertRead> expert_reads;
+  std::vector<size_t> order;
+  std::vector<int> hit_groups, predicted_experts;
+  std::vector<ExpertGo> go_out;
+  const int step_delay_ms = env_int("K3FLOW_TEST_STEP_DELAY_MS");
+
+  // ---- the graph ----
+  flow::graph g;
+  std::unique_ptr<flow::queue_node<TrunkJob>> schedule;
+  std::unique_ptr<flow::queue_node<int>> trunk_free;
+  std::unique_ptr<flow::join_node<TrunkClaim, flow::queueing>> trunk_claim;
+  std::unique_ptr<TrunkReadNode> trunk_read;
+  std::unique_ptr<flow::multifunction_node<TrunkReady, std::tuple<TrunkReady>>> trunk_bind;
+  std::unique_ptr<flow::join_node<std::tuple<LayerGo, TrunkReady>, flow::key_matching<uint64_t>>> layer_gate;
+  std::unique_ptr<flow::multifunction_node<std::tuple<LayerGo, TrunkReady>, std::tuple<LayerMsg, LayerMsg>>>
+      attention;
+  std::unique_ptr<flow::multifunction_node<LayerMsg, std::tuple<LayerDone>>> dense_ffn;
+  std::unique_ptr<flow::multifunction_node<LayerMsg, std::tuple<FetchMsg, LayerMsg>>> router;
+  std::unique_ptr<flow::multifunction_node<FetchMsg, std::tuple<ReadBatch, ExpertLanded, LayerMsg>>>
+      expert_fetch;
+  std::unique_ptr<ExpertReadNode> expert_read;
+  std::unique_ptr<flow::multifunction_node<ExpertLanded, std::tuple<ExpertGo, LayerMsg, FetchMsg>>>
+      expert_landed;
+  std::unique_ptr<flow::multifunction_node<LayerMsg, std::tuple<LatentGo, FetchMsg, LayerMsg>>> shared;
+  std::unique_ptr<flow::join_node<std::tuple<ExpertGo, LatentGo>, flow::key_matching<uint64_t>>> expert_join;
+  std::unique_ptr<flow::multifunction_node<std::tuple<ExpertGo, LatentGo>, std::tuple<FetchMsg, LayerMsg>>>
+      expert_compute;
+  std::unique_ptr<flow::multifunction_node<LayerMsg, std::tuple<ReadBatch, LayerMsg>>> lookahead;
+  std::unique_ptr<flow::multifunction_node<LayerMsg, std::tuple<LayerDone>>> combine;
+  std::unique_ptr<flow::multifunction_node<
+      LayerDone, std::tuple<int, LayerGo, HeadMsg, TrunkJob, TrunkClaim, TrunkReady>>>
+      layer_done;
+  std::unique_ptr<flow::function_node<HeadMsg>> head_node;
+
+  // ---- readers: declared last, so destroyed first (they write into the slots above) ----
+  io::UringReader trunk_reader, expert_reader;
+
+  Impl(const WeightSources& s, const Plan& p, Strategy st, GraphDescription* d)
+      : src(s),
+        c(s.config()),
+        plan(p),
+        strategy(st),
+        n(s.n_layers()),
+        E(size_t(c.hidden)),
+        L(size_t(c.latent)),
+        K(size_t(c.top_k)),
+        dot(d),
+        trunk(p, s) {
+    head = src.load_head();
+    if (src.has_experts()) {
+      const uint64_t slots = p.inflight_slots + p.lookahead_slots + p.cache_slots;
+      const uint64_t widen = src.expert_widen_floats();
+      cache = std::make_unique<ExpertCache>(
+          slots, p.expert_slot_bytes - io::align_up(4 * widen, io::kDirectAlign), widen, n, c.n_experts);
+      slot_reads = std::make_unique<SlotRead[]>(slots);
+    }
+    build();
+    for (int s = 0; s < trunk.ring_slots(); ++s) trunk_free->try_put(s);
+    g.wait_for_all();
+  }
+
+  ~Impl() {
+    trunk_reader.wait_idle();
+    expert_reader.wait_idle();
+    g.wait_for_all();
+  }
+
+  // ------------------------------------------------------------------ helpers
+
+  void fail(const std::string& msg) {
+    std::lock_guard lk(fail_mu);
+    if (!failed.load()) {
+      fail_msg = msg;
+      failed.store(true);
+    }
+  }
+
+  void name_thread() {
+    thread_local bool named = false;
+    if (named || !Trace::enabled()) return;
+    named = true;
+    if (std::this_thread::get_id() == main_thread)
+      Trace::name_thread("main (driver, tbb)");
+    else
+      Trace::name_thread(fmt::format("tbb worker {}", ::syscall(SYS_gettid)));
+  }
+
+  static void name_reader(const char* name) {
+    thread_local bool named = false;
+    if (named || !Trace::enabled()) return;
+    named = true;
+    Trace::name_thread(name);
+  }
+
+  // Runs a node body: skipped after a failure; an exception becomes the run's failure; its wall
+  // time goes to the node's statistics, the trace, and compute-busy when it computes.
+  template <class F>
+  void run_node(Node id, bool compute, const TraceArgs& args, F&& body) {
+    if (failed.load(std::memory_order_relaxed)) return;
+    name_thread();
+    const auto t0 = std::chrono::steady_clock::now();
+    if (compute) act.compute_begin();
+    {
+      TraceSpan span(kNodeNames[id], compute ? "compute" : "graph", args);
+      try {
+        body();
+      } catch (const std::exception& e) {
+        fail(e.what());
+      }
+    }
+    if (compute) act.compute_end();
+    const auto us =
+        std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0);
+    stats[id]->items.fetch_add(1, std::memory_order_relaxed);
+    stats[id]->busy_us.fetch_add(uint64_t(us.count()), std::memory_order_relaxed);
+  }
+
+  TraceArgs args(int layer, int64_t expert = -1, int64_t slot = -1) const {
+    TraceArgs a;
+    a.layer = layer;
+    a.expert = expert;
+    a.slot = slot;
+    a.token = calls_done;
+    return a;
+  }
+
+  int layer_of(uint64_t visit) const { return int(visit % uint64_t(n)); }
+
+  void counters() {
+    if (!Trace::enabled()) return;
+    const int64_t ring = ring_in_use.load();
+    const int64_t experts = cache ? int64_t(cache->occupied()) : 0;
+    Trace::counter("trunk ring slots in use", ring);
+    Trace::counter("expert slots in use", experts);
+    Trace::counter("resident weight bytes", ring * int64_t(trunk.slot_read_bytes()) +
+                                                int64_t(trunk.pinned_bytes()) +
+                                                experts * int64_t(cache ? cache->slot_bytes() : 0));
+  }
+
+  // ------------------------------------------------------------------ trunk reads
+
+  void submit_trunk(uint64_t visit, int layer, int slot, TrunkReadNode::gateway_type& gw) {
+    const LayerSource& ls = src.layer(layer);
+    std::span<std::byte> bytes = trunk.bytes(layer, slot);
+    TrunkSlots::Holder& h = trunk.holder(layer, slot);
+    h.pending_reads.store(int(ls.reads.size()));
+    h.read_failed.store(false);
+    trunk_reqs.clear();
+    for (const Extent& e : ls.reads)
+      trunk_reqs.push_back(io::ReadRequest{e.file, e.offset, bytes.subspan(e.dst_offset, e.bytes), 0});
+    const uint64_t id = ++read_ids;
+    const uint64_t total = ls.read_bytes;
+    if (slot >= 0) ring_in_use += layer == trunk.spanning_layer() ? trunk.ring_slots() : 1;
+    counters();
+    act.read_begin(total, false);
+    stats[kTrunkRead]->bytes.fetch_add(total, std::memory_order_relaxed);
+    if (Trace::enabled()) {
+      TraceArgs a = args(layer, -1, slot);
+      a.bytes = int64_t(total);
+      a.offset = int64_t(ls.reads.front().offset);
+      Trace::async_begin("trunk read", "io", id, a);
+    }
+    gw.reserve_wait();
+    trunk_reader.submit(trunk_reqs,
+                        [this, &gw, &h, visit, layer, slot, id, total](const io::ReadCompletion& r) {
+                          name_reader("io_uring trunk reader");
+                          if (!r.ok()) {
+                            h.read_failed.store(true);
+                            fail(r.message);
+                          }
+                          if (h.pending_reads.fetch_sub(1) == 1) {
+                            if (Trace::enabled()) Trace::async_end("trunk read", "io", id);
+                            act.read_end(total);
+                            if (!h.read_failed.load()) gw.try_put(TrunkReady{visit, layer, slot});
+                            gw.release_wait();
+                          }
+                        });
+  }
+
+  // Puts visit v's trunk on its way: a loaded pin is ready now, an unloaded one is read into its
+  // region, a ring layer is scheduled (one part per slot it takes).
+  template <class Job, class Claim, class Ready>
+  void request_layer(uint64_t v, Job&& job, Claim&& claim, Ready&& ready) {
+    const int l = layer_of(v);
+    if (trunk.pinned(l)) {
+      if (trunk.pin_loaded(l))
+        ready(TrunkReady{v, l, -1});
+      else
+        claim(TrunkClaim{TrunkJob{v, l, 0}, -1});
+      return;
+    }
+    const int parts = l == trunk.spanning_layer() ? trunk.ring_slots() : 1;
+    for (int p = 0; p < parts; ++p) job(TrunkJob{v, l, p});
+  }
+
+  void schedule_ring(int call_index) {
+    for (int l = 0; l < n; ++l)
+      if (!trunk.pinned(l)) {
+        const uint64_t v = uint64_t(call_index) * uint64_t(n) + uint64_t(l);
+        const int parts = l == trunk.spanning_layer() ? trunk.ring_slots() : 1;
+        for (int p = 0; p < parts; ++p) schedule->try_put(TrunkJob{v, l, p});
+      }
+    ring_scheduled_through = call_index;
+  }
+
+  // ------------------------------------------------------------------ experts
+
+  void submit_experts(const ReadBatch& b, ExpertReadNode::gateway_type& gw) {
+    const size_t m = b.items.size();
+    if (expert_reads.size() < m) expert_reads.resize(m);
+    order.resize(m);
+    for (size_t i = 0; i < m; ++i) {
+      src.expert(b.items[i].layer, b.items[i].expert, expert_reads[i]);
+      order[i] = i;
+    }
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t z) {
+      return std::pair(expert_reads[a].sort_shard, expert_reads[a].sort_offset) <
+             std::pair(expert_reads[z].sort_shard, expert_reads[z].sort_offset);
+    });
+    expert_reqs.clear();
+    for (size_t i : order) {
+      const ReadItem& it = b.items[i];
+      const ExpertRead& er = expert_reads[i];
+      SlotRead& sr = slot_reads[size_t(it.slot)];
+      sr.layout = er.layout;
+      sr.bind_offset = er.bind_offset;
+      sr.bytes = er.read_bytes;
+      sr.layer = it.layer;
+      sr.expert = it.expert;
+      sr.pending.store(int(er.reads.size()));
+      sr.failed.store(false);
+      sr.trace_id = ++read_ids;
+      sr.trace_name = it.prefetch ? "expert prefetch" : "expert read";
+      std::span<std::byte> dst = cache->bytes(it.slot);
+      for (const Extent& e : er.reads)
+        expert_reqs.push_back(
+            io::ReadRequest{e.file, e.offset, dst.subspan(e.dst_offset, e.bytes), uint64_t(it.slot)});
+      if (it.prefetch) ++predicted;
+      act.read_begin(er.read_bytes, true);
+      stats[kExpertRead]->bytes.fetch_add(er.read_bytes, std::memory_order_relaxed);
+      if (Trace::enabled()) {
+        TraceArgs a = args(it.layer, it.expert, it.slot);
+        a.bytes = int64_t(er.read_bytes);
+        a.offset = int64_t(er.sort_offset);
+        Trace::async_begin(sr.trace_name, "io", sr.trace_id, a);
+      }
+      gw.reserve_wait();
+    }
+    counters();
+    expert_reader.submit(expert_reqs, [this, &gw](const io::ReadCompletion& r) {
+      name_reader("io_uring expert reader");
+      const int slot = int(r.tag);
+      SlotRead& sr = slot_reads[size_t(slot)];
+      if (!r.ok()) {
+        sr.failed.store(true);
+        fail(r.message);
+      }
+      if (sr.pending.fetch_sub(1) == 1) {
+        if (Trace::enabled()) Trace::async_end(sr.trace_name, "io", sr.trace_id);
+        act.read_end(sr.bytes);
+        gw.try_put(ExpertLanded{slot, -1, true, !sr.failed.load()});
+        gw.release_wait();
+      }
+    });
+  }
+
+  // ------------------------------------------------------------------ the graph
+
+  NodeStats& describe(Node id, const char* kind, int concurrency, const char* cluster) {
+    if (dot) return dot->add_node(kNodeNames[id], kind, concurrency, cluster);
+    return own_stats[id];
+  }
+
+  void build();
+  void prepare_call(stages::DecodeState& st, size_t T, std::span<float> logits);
+};
+
+// The graph, declared in one place: nodes in the order of the diagram in graph.hpp, then edges.
+void StreamingModel::Impl::build() {
+  own_stats = std::make_unique<NodeStats[]>(kNodeCount);
+  const bool ser = strategy == Strategy::serial, la = strategy == Strategy::lookahead;
+  const bool waves = strategy == Strategy::serial || strategy == Strategy::trunk;
+  constexpr size_t unlimited = flow::unlimited, serial = flow::serial;
+
+  // ---- trunk: schedule + free slots -> claim -> read -> bind ----
+  stats[kSchedule] = &describe(kSchedule, "queue_node", 0, "trunk io");
+  schedule = std::make_unique<flow::queue_node<TrunkJob>>(g);
+  stats[kTrunkFree] = &describe(kTrunkFree, "queue_node (free list)", 0, "trunk io");
+  trunk_free = std::make_unique<flow::queue_node<int>>(g);
+  stats[kTrunkClaim] = &describe(kTrunkClaim, "join_node queueing", 0, "trunk io");
+  trunk_claim = std::make_unique<flow::join_node<TrunkClaim, flow::queueing>>(g);
+
+  stats[kTrunkRead] = &describe(kTrunkRead, "async_node (io_uring)", 1, "trunk io");
+  trunk_read = std::make_unique<TrunkReadNode>(
+      g, serial, [this](const TrunkClaim& in, TrunkReadNode::gateway_type& gw) {
+        const TrunkJob& job = std::get<0>(in);
+        int slot = std::get<1>(in);
+        run_node(kTrunkRead, false, args(job.layer, -1, slot), [&] {
+          if (slot >= 0 && job.layer == trunk.spanning_layer()) {  // takes the whole ring
+            span_held.push_back(slot);
+            if (int(span_held.size()) < trunk.ring_slots()) return;
+            span_held.clear();
+            slot = 0;
+          }
+          submit_trunk(job.visit, job.layer, slot, gw);
+        });
+      });
+
+  stats[kTrunkBind] = &describe(kTrunkBind, "multifunction_node", 0, "trunk io");
+  trunk_bind = std::make_unique<flow::multifunction_node<TrunkReady, std::tuple<TrunkReady>>>(
+      g, unlimited, [this](const TrunkReady& m, auto& out) {
+        run_node(kTrunkBind, true, args(m.layer, -1, m.slot), [&] {
+          const LayerSource& ls = src.layer(m.layer);
+          TrunkSlots::Holder& h = trunk.holder(m.layer, m.slot);
+          std::span<const std::byte> bytes =
+              trunk.bytes(m.layer, m.slot).subspan(ls.bind_offset, ls.layout.buffer_bytes);
+          h.w = stages::bind_layer(c, m.layer, ls.layout, bytes, trunk.widen(m.layer, m.slot));
+          h.visit.store(m.visit, std::memory_order_release);
+          if (m.slot < 0) trunk.set_pin_loaded(m.layer);
+          std::get<0>(out).try_put(m);
+        });
+      });
+
+  // ---- a layer runs when its weights and the previous layer's output are both there ----
+  stats[kLayerGate] = &describe(kLayerGate, "join_node key_matching (visit)", 0, "layer");
+  layer_gate =
+      std::make_unique<flow::join_node<std::tuple<LayerGo, TrunkReady>, flow::key_matching<uint64_t>>>(
+          g, [](const LayerGo& m) { return m.visit; }, [](const TrunkReady& m) { return m.visit; });
+
+  stats[kAttention] = &describe(kAttention, "multifunction_node", 1, "layer");
+  attention = std::make_unique<
+      flow::multifunction_node<std::tuple<LayerGo, TrunkReady>, std::tuple<LayerMsg, LayerMsg>>>(
+      g, serial, [this](const std::tuple<LayerGo, TrunkReady>& in, auto& out) {
+        const TrunkReady& r = std::get<1>(in);
+        run_node(kAttention, true, args(r.layer, -1, r.slot), [&] {
+          cur = Current{r.visit, r.layer, r.slot, &trunk.holder(r.layer, r.slot).w};
+          stages::layer_attention(*cur.w, c, call.P, call.T, *call.B, call.st->layer(r.layer), call.x,
+                                  call.attn_sc);
+          if (std::holds_alternative<stages::MoeWeights>(cur.w->ffn))
+            std::get<0>(out).try_put(LayerMsg{r.visit});
+          else
+            std::get<1>(out).try_put(LayerMsg{r.visit});
+        });
+      });
+
+  stats[kDenseFfn] = &describe(kDenseFfn, "multifunction_node", 1, "layer");
+  dense_ffn = std::make_unique<flow::multifunction_node<LayerMsg, std::tuple<LayerDone>>>(
+      g, serial, [this](const LayerMsg& m, auto& out) {
+        run_node(kDenseFfn, true, args(cur.layer), [&] {
+          stages::dense_ffn(std::get<stages::DenseFfnWeights>(cur.w->ffn), c, call.x, call.T, call.a,
+                            call.dense_sc);
+          stages::layer_ffn_add(call.P, call.a.first(call.T * E));
+          std::get<0>(out).try_put(LayerDone{m.visit});
+        });
+      });
+
+  // ---- MoE: route, fetch (cache, reads), land, latent + shared, experts, combine ----
+  stats[kRouter] = &describe(kRouter, "multifunction_node", 1, "moe");
+  router = std::make_unique<flow::multifunction_node<LayerMsg, std::tuple<FetchMsg, LayerMsg>>>(
+      g, serial, [this, ser, la](const LayerMsg& m, auto& out) {
+        run_node(kRouter, true, args(cur.layer), [&] {
+          const auto& mw = std::get<stages::MoeWeights>(cur.w->ffn);
+          const size_t T = call.T;
+          stages::route(mw, c, call.x, T, std::span(call.idx).first(T * K), call.weight.first(T * K),
+                        call.route_sc);
+          {
+            std::lock_guard lk(moe.mu);
+            moe.visit = m.visit;
+            moe.layer = cur.layer;
+            stages::group_by_expert(std::span<const int32_t>(call.idx).first(T * K), moe.groups);
+            const size_t U = moe.unique();
+            moe.slot.assign(U, -1);
+            moe.apply_off.resize(U);
+            size_t off = 0;
+            for (size_t i = 0; i < U; ++i) {
+              moe.apply_off[i] = off;
+              off += stages::expert_apply_scratch(c, moe.groups.rows_of(i).size());
+            }
+            moe.next_pending = moe.wave_pending = 0;
+            moe.held.clear();
+            moe.shared_started = moe.fetched = false;
+            moe.remaining.store(int(U) + 1 + (la ? 1 : 0));
+          }
+          if (!ser) std::get<0>(out).try_put(FetchMsg{m.visit});
+          if (strategy == Strategy::overlap || la || ser) std::get<1>(out).try_put(LayerMsg{m.visit});
+        });
+      });
+
+  stats[kExpertFetch] = &describe(kExpertFetch, "multifunction_node", 1, "moe");
+  expert_fetch =
+      std::make_unique<flow::multifunction_node<FetchMsg, std::tuple<ReadBatch, ExpertLanded, LayerMsg>>>(
+          g, serial, [this, la](const FetchMsg& m, auto& out) {
+            run_node(kExpertFetch, false, args(moe.layer), [&] {
+              ReadBatch batch;
+              hit_groups.clear();
+              bool first = false;
+              {
+                std::lock_guard lk(moe.mu);
+                if (m.visit != moe.visit) return;  // a stale retry
+                first = !moe.fetched;
+                moe.fetched = true;
+                while (moe.next_pending < moe.unique()) {
+                  const int gi = int(moe.next_pending);
+                  const int e = moe.groups.experts[size_t(gi)];
+                  const ExpertCache::Result r = cache->request(moe.layer, e, gi);
+                  if (r.found == ExpertCache::Found::full) break;  // retried when a slot frees
+                  ++requests;
+                  if (r.found != ExpertCache::Found::claimed) ++hits;
+                  if (r.was_prefetch) ++used;
+                  moe.slot[size_t(gi)] = r.slot;
+                  ++moe.next_pending;
+                  ++moe.wave_pending;
+                  if (r.found == ExpertCache::Found::ready) hit_groups.push_back(gi);
+                  if (r.found == ExpertCache::Found::claimed)
+                    batch.items.push_back(ReadItem{r.slot, moe.layer, e, false});
+                }
+              }
+              if (!batch.items.empty()) std::get<0>(out).try_put(std::move(batch));
+              for (int gi : hit_groups)
+                std::get<1>(out).try_put(ExpertLanded{moe.slot[size_t(gi)], gi, false, true});
+              if (first && la) std::get<2>(out).try_put(LayerMsg{m.visit});
+            });
+          });
+
+  stats[kExpertRead] = &describe(kExpertRead, "async_node (io_uring)", 1, "moe");
+  expert_read = std::make_unique<ExpertReadNode>(
+      g, serial, [this](const ReadBatch& b, ExpertReadNode::gateway_type& gw) {
+        run_node(kExpertRead, false, args(b.items.empty() ? -1 : b.items[0].layer),
+                 [&] { submit_experts(b, gw); });
+      });
+
+  stats[kExpertLanded] = &describe(kExpertLanded, "multifunction_node", 1, "moe");
+  expert_landed =
+      std::make_unique<flow::multifunction_node<ExpertLanded, std::tuple<ExpertGo, LayerMsg, FetchMsg>>>(
+          g, serial, [this, waves](const ExpertLanded& m, auto& out) {
+            run_node(kExpertLanded, m.read, args(moe.layer, -1, m.slot), [&] {
+              int gi = m.group;
+              if (m.read) {
+                if (!m.ok) {
+                  cache->landed(m.slot, false);
+                  return;
+                }
+                SlotRead& sr = slot_reads[size_t(m.slot)];
+                std::span<const std::byte> bytes =
+                    cache->bytes(m.slot).subspan(sr.bind_offset, sr.layout->buffer_bytes);
+                cache->weights(m.slot) = stages::bind_expert(c, *sr.layout, bytes, cache->widen(m.slot));
+                gi = cache->landed(m.slot, true);
+                if (gi < 0) {  // a prefetch landed: one more evictable slot for a layer waiting on slots
+                  std::lock_guard lk(moe.mu);
+                  if (moe.next_pending < moe.unique()) std::get<2>(out).try_put(FetchMsg{moe.visit});
+                  return;
+                }
+              }
+              go_out.clear();
+              bool start_shared = false;
+              uint64_t v;
+              {
+                std::lock_guard lk(moe.mu);
+                v = moe.visit;
+                if (!waves) {
+                  go_out.push_back(ExpertGo{group_key(v, gi), gi, moe.slot[size_t(gi)]});
+                } else {
+                  moe.held.push_back(gi);
+                  if (--moe.wave_pending == 0) {  // the whole wave has landed
+                    for (int h : moe.held)
+                      go_out.push_back(ExpertGo{group_key(v, h), h, moe.slot[size_t(h)]});
+                    moe.held.clear();
+                    start_shared = strategy == Strategy::trunk && !moe.shared_started;
+                    moe.shared_started = true;
+                  }
+                }
+              }
+              for (const ExpertGo& x : go_out) std::get<0>(out).try_put(x);
+              if (start_shared) std::get<1>(out).try_put(LayerMsg{v});
+            });
+          });
+
+  stats[kShared] = &describe(kShared, "multifunction_node", 1, "moe");
+  shared = std::make_unique<flow::multifunction_node<LayerMsg, std::tuple<LatentGo, FetchMsg, LayerMsg>>>(
+      g, serial, [this, ser](const LayerMsg& m, auto& out) {
+        run_node(kShared, true, args(cur.layer), [&] {
+          const auto& mw = std::get<stages::MoeWeights>(cur.w->ffn);
+          const size_t T = call.T;
+          stages::moe_latent(mw, call.x, T, call.z);
+          for (size_t i = 0; i < moe.unique(); ++i)
+            std::get<0>(out).try_put(LatentGo{group_key(m.visit, int(i))});
+          stages::shared_experts(mw, c, call.x, T, call.shared, call.shared_sc);
+          if (ser) std::get<1>(out).try_put(FetchMsg{m.visit});  // serial: experts are read only now
+          if (--moe.remaining == 0) std::get<2>(out).try_put(LayerMsg{m.visit});
+        });
+      });
+
+  stats[kExpertJoin] = &describe(kExpertJoin, "join_node key_matching (visit, expert)", 0, "moe");
+  expert_join =
+      std::make_unique<flow::join_node<std::tuple<ExpertGo, LatentGo>, flow::key_matching<uint64_t>>>(
+          g, [](const ExpertGo& m) { return m.key; }, [](const LatentGo& m) { return m.key; });
+
+  stats[kExpertCompute] = &describe(kExpertCompute, "multifunction_node", 0, "moe");
+  expert_compute = std::make_unique<
+      flow::multifunction_node<std::tuple<ExpertGo, LatentGo>, std::tuple<FetchMsg, LayerMsg>>>(
+      g, unlimited, [this](const std::tuple<ExpertGo, LatentGo>& in, auto& out) {
+        const ExpertGo& x = std::get<0>(in);
+        const uint64_t v = x.key >> 16;
+        const size_t gi = size_t(x.group);
+        run_node(kExpertCompute, true, args(moe.layer, moe.groups.experts[gi], x.slot), [&] {
+          std::span<const uint32_t> rows = moe.groups.rows_of(gi);
+          std::span<float> sc =
+              call.apply_sc.subspan(moe.apply_off[gi], stages::expert_apply_scratch(c, rows.size()));
+          stages::expert_apply(cache->weights(x.slot), c, call.z, rows, call.eout, sc);
+          cache->release(x.slot);
+          bool retry;
+          {
+            std::lock_guard lk(moe.mu);
+            retry = moe.next_pending < moe.unique();
+          }
+          if (retry) std::get<0>(out).try_put(FetchMsg{v});
+          if (--moe.remaining == 0) std::get<1>(out).try_put(LayerMsg{v});
+        });
+      });
+
+  stats[kLookahead] = &describe(kLookahead, "multifunction_node", 1, "moe");
+  lookahead = std::make_unique<flow::multifunction_node<LayerMsg, std::tuple<ReadBatch, LayerMsg>>>(
+      g, serial, [this](const LayerMsg& m, auto& out) {
+        const int next = layer_of(m.visit) + 1;
+        run_node(kLookahead, true, args(next), [&] {
+          ReadBatch batch;
+          bool starving;
+          {
+            std::lock_guard lk(moe.mu);
+            starving = moe.next_pending < moe.unique();  // this layer still waits for slots
+          }
+          const TrunkSlots::Holder* h = next < n ? trunk.find_bound(next, m.visit + 1) : nullptr;
+          if (!starving && h && std::holds_alternative<stages::MoeWeights>(h->w.ffn) &&
+              plan.lookahead_slots > 0) {
+            const size_t T = call.T;
+            std::span<int32_t> idx = std::span(call.la_idx).first(T * K);
+            stages::route(std::get<stages::MoeWeights>(h->w.ffn), c, call.x, T, idx,
+                          call.la_weight.first(T * K), call.la_route_sc);
+            predicted_experts.assign(idx.begin(), idx.end());
+            std::sort(predicted_experts.begin(), predicted_experts.end());
+            predicted_experts.erase(std::unique(predicted_experts.begin(), predicted_experts.end()),
+                                    predicted_experts.end());
+            for (int e : predicted_experts) {
+              if (batch.items.size() >= plan.lookahead_slots) break;
+              const ExpertCache::Result r = cache->prefetch(next, e);
+              if (r.found == ExpertCache::Found::full) break;
+              if (r.found == ExpertCache::Found::claimed)
+                batch.items.push_back(ReadItem{r.slot, next, e, true});
+            }
+          }
+          if (!batch.items.empty()) std::get<0>(out).try_put(std::move(batch));
+        });
+        if (--moe.remaining == 0) std::get<1>(out).try_put(LayerMsg{m.visit});
+      });
+
+  stats[kCombine] = &describe(kCombine, "multifunction_node", 1, "moe");
+  combine = std::make_unique<flow::multifunction_node<LayerMsg, std::tuple<LayerDone>>>(
+      g, serial, [this](const LayerMsg& m, auto& out) {
+        run_node(kCombine, true, args(cur.layer), [&] {
+          const size_t T = call.T;
+          stages::moe_combine(std::get<stages::MoeWeights>(cur.w->ffn), c, call.weight.first(T * K),
+                              call.eout, call.shared, T, call.a, call.combine_sc);
+          stages::layer_ffn_add(call.P, call.a.first(T * E));
+          std::get<0>(out).try_put(LayerDone{m.visit});
+        });
+      });
+
+  // ---- the layer is done: its ring slot goes back to the free list, the next layer may run ----
+  stats[kLayerDone] = &describe(kLayerDone, "multifunction_node", 1, "layer");
+  layer_done = std::make_unique<flow::multifunction_node<
+      LayerDone, std::tuple<int, LayerGo, HeadMsg, TrunkJob, TrunkClaim, TrunkReady>>>(
+      g, serial, [this, ser](const LayerDone& m, auto& out) {
+        run_node(kLayerDone, false, args(cur.layer, -1, cur.slot), [&] {
+          const int l = cur.layer;
+          if (cur.slot >= 0) {
+            trunk.holder(l, cur.slot).visit.store(kNoVisit, std::memory_order_release);
+            const int k = l == trunk.spanning_layer() ? trunk.ring_slots() : 1;
+            ring_in_use -= k;
+            for (int s = 0; s < k; ++s) std::get<0>(out).try_put(k == 1 ? cur.slot : s);
+            counters();
+          }
+          if (l + 1 < n) {
+            if (ser)
+              request_layer(
+                  m.visit + 1, [&](const TrunkJob& j) { std::get<3>(out).try_put(j); },
+                  [&](const TrunkClaim& cl) { std::get<4>(out).try_put(cl); },
+                  [&](const TrunkReady& r) { std::get<5>(out).try_put(r); });
+            std::get<1>(out).try_put(LayerGo{m.visit + 1});
+          } else {
+            std::get<2>(out).try_put(HeadMsg{m.visit});
+          }
+        });
+      });
+
+  stats[kHead] = &describe(kHead, "function_node", 1, "layer");
+  head_node = std::make_unique<flow::function_node<HeadMsg>>(g, serial, [this](const HeadMsg&) {
+    run_node(kHead, true, args(-1), [&] {
+      const size_t T = call.T;
+      const stages::HeadWeights& hw = head->w;
+      stages::attnres_stage(*call.B, call.P, hw.out_res_norm, hw.out_res_proj, c, T - 1, T, call.h,
+                            call.agg_sc);
+      stages::lm_head(hw, c, call.h, 1, call.logits, call.head_sc);
+    });
+    return flow::continue_msg();
+  });
+
+  // ---- edges ----
+  using flow::input_port;
+  using flow::make_edge;
+  using flow::output_port;
+  make_edge(*schedule, input_port<0>(*trunk_claim));
+  make_edge(*trunk_free, input_port<1>(*trunk_claim));
+  make_edge(*trunk_claim, *trunk_read);
+  make_edge(*trunk_read, *trunk_bind);
+  make_edge(output_port<0>(*trunk_bind), input_port<1>(*layer_gate));
+  make_edge(*layer_gate, *attention);
+  make_edge(output_port<0>(*attention), *router);
+  make_edge(output_port<1>(*attention), *dense_ffn);
+  make_edge(output_port<0>(*dense_ffn), *layer_done);
+  make_edge(output_port<0>(*router), *expert_fetch);
+  make_edge(output_port<1>(*router), *shared);
+  make_edge(output_port<0>(*expert_fetch), *expert_read);
+  make_edge(output_port<1>(*expert_fetch), *expert_landed);
+  make_edge(output_port<2>(*expert_fetch), *lookahead);
+  make_edge(*expert_read, *expert_landed);
+  make_edge(output_port<0>(*expert_landed), input_port<0>(*expert_join));
+  make_edge(output_port<1>(*expert_landed), *shared);
+  make_edge(output_port<2>(*expert_landed), *expert_fetch);
+  make_edge(output_port<0>(*shared), input_port<1>(*expert_join));
+  make_edge(output_port<1>(*shared), *expert_fetch);
+  make_edge(output_port<2>(*shared), *combine);
+  make_edge(*expert_join, *expert_compute);
+  make_edge(output_port<0>(*expert_compute), *expert_fetch);
+  make_edge(output_port<1>(*expert_compute), *combine);
+  make_edge(output_port<0>(*lookahead), *expert_read);
+  make_edge(output_port<1>(*lookahead), *combine);
+  make_edge(output_port<0>(*combine), *layer_done);
+  make_edge(output_port<0>(*layer_done), *trunk_free);
+  make_edge(output_port<1>(*layer_done), input_port<0>(*layer_gate));
+  make_edge(output_port<2>(*layer_done), *head_node);
+  make_edge(output_port<3>(*layer_done), *schedule);
+  make_edge(output_port<4>(*layer_done), *trunk_read);
+  make_edge(output_port<5>(*layer_done), input_port<1>(*layer_gate));
+
+  if (!dot) return;
+  dot->add_pool("trunk ring", "trunk io", uint64_t(trunk.ring_slots()), trunk.slot_read_bytes());
+  dot->add_pool("pinned trunk", "trunk io", plan.pinned.size(), 0);
+  if (cache) dot->add_pool("expert slots", "moe", cache->slot_count(), cache->slot_bytes());
+  auto e = [&](Node a, Node b, const char* label = "") {
+    dot->add_edge(kNodeNames[a], kNodeNames[b], label);
+  };
+  e(kSchedule, kTrunkClaim, "job");
+  e(kTrunkFree, kTrunkClaim, "free slot");
+  dot->add_edge("trunk ring", kNodeNames[kTrunkFree], "slot ids");
+  e(kTrunkClaim, kTrunkRead, "(job, slot)");
+  e(kTrunkRead, kTrunkBind, "landed");
+  e(kTrunkBind, kLayerGate, "weights ready");
+  e(kLayerGate, kAttention, "visit");
+  e(kAttention, kRouter, "moe");
+  e(kAttention, kDenseFfn, "dense");
+  e(kDenseFfn, kLayerDone);
+  if (!ser) e(kRouter, kExpertFetch, "route");
+  if (strategy != Strategy::trunk) e(kRouter, kShared);
+  e(kExpertFetch, kExpertRead, "misses, by offset");
+  e(kExpertFetch, kExpertLanded, "hits");
+  if (la) e(kExpertFetch, kLookahead);
+  e(kExpertRead, kExpertLanded, "landed");
+  e(kExpertLanded, kExpertJoin, waves ? "wave landed" : "expert landed");
+  if (strategy == Strategy::trunk) e(kExpertLanded, kShared, "first wave");
+  e(kExpertLanded, kExpertFetch, "retry");
+  e(kShared, kExpertJoin, "latent ready");
+  if (ser) e(kShared, kExpertFetch, "then read");
+  e(kShared, kCombine, "last piece");
+  e(kExpertJoin, kExpertCompute);
+  e(kExpertCompute, kExpertFetch, "retry (slot freed)");
+  e(kExpertCompute, kCombine, "last piece");
+  if (la) {
+    e(kLookahead, kExpertRead, "prefetch");
+    e(kLookahead, kCombine, "last piece");
+  }
+  e(kCombine, kLayerDone);
+  e(kLayerDone, kTrunkFree, "slot released");
+  e(kLayerDone, kLayerGate, "next visit");
+  e(kLayerDone, kHead, "last layer");
+  if (ser) e(kLayerDone, kSchedule, "next read");
+}
+
+void StreamingModel::Impl::prepare_call(stages::DecodeState& st, size_t T, std::span<float> logits) {
+  const size_t maxb = size_t(c.max_blocks()), cap = st.capacity();
+  const bool moe_model = src.has_experts();
+  const size_t rows = T * K;
+  const size_t sizes[] = {
+      T * E,                                                         // P
+      maxb * T * E,                                                  // blocks
+      T * E,                                                         // x
+      T * E,                                                         // a
+      stages::layer_attention_scratch(c, T, cap > T ? cap - T : 0),  // attention
+      stages::dense_scratch(c, T),                                   // dense FFN
+      E,                                                             // h (head)
+      E,                                                             // head scratch
+      stages::attnres_scratch(c, maxb),                              // model-level AttnRes
+      moe_model ? stages::route_scratch(c) : 0,                      // route
+      moe_model ? rows : 0,                                          // weight
+      moe_model ? T * L : 0,                                         // z
+      moe_model ? rows * L : 0,                                      // expert outputs
+      moe_model ? T * E : 0,                                         // shared
+      moe_model ? stages::shared_scratch(c, T) : 0,                  // shared scratch
+      moe_model ? stages::expert_apply_scratch(c, rows) : 0,         // per-expert scratch, disjoint
+      moe_model ? stages::combine_scratch(c, T) : 0,                 // combine
+      moe_model ? stages::route_scratch(c) : 0,                      // lookahead route
+      moe_model ? rows : 0,                                          // lookahead weight
+  };
+  size_t total = 0;
+  for (size_t s : sizes) total += s;
+  if (call.mem.size() < total) call.mem.resize(total);
+  stages::Carver cut(call.mem);
+  std::span<float>* dst[] = {&call.P,          &call.blocks,      &call.x,         &call.a,
+                             &call.attn_sc,    &call.dense_sc,    &call.h,         &call.head_sc,
+                             &call.agg_sc,     &call.route_sc,    &call.weight,    &call.z,
+                             &call.eout,       &call.shared,      &call.shared_sc, &call.apply_sc,
+                             &call.combine_sc, &call.la_route_sc, &call.la_weight};
+  for (size_t i = 0; i < std::size(sizes); ++i) *dst[i] = cut.take(sizes[i]);
+  if (call.idx.size() < rows) {
+    call.idx.resize(rows);
+    call.la_idx.resize(rows);
+  }
+  call.st = &st;
+  call.T = T;
+  call.logits = logits;
+  call.B.emplace(call.blocks, maxb, T, E);
+}
+
+// ------------------------------------------------------------------ the public face
+
+StreamingModel::StreamingModel(const WeightSources& s, const Plan& p, Strategy st, GraphDescription* dot)
+    : impl_(std::make_unique<Impl>(s, p, st, dot)) {}
+
+StreamingModel::~StreamingModel() = default;
+
+void StreamingModel::expect_calls(int n) {
+  impl_->expected_calls = std::max(n, 1);
+}
+
+void StreamingModel::forward(stages::DecodeState& st, std::span<const int32_t> ids, std::span<float> logits) {
+  Impl& m = *impl_;
+  const io::ModelConfig& c = m.c;
+  const size_t T = ids.size(), V = size_t(c.vocab);
+  if (T == 0) throw io::runtime_error("forward: no tokens to feed");
+  for (int32_t id : ids)
+    if (id < 0 || id >= c.vocab)
+      throw io::runtime_error(fmt::format("forward: token id {} outside 0..{}", id, V - 1));
+  if (st.cached + T > st.capacity())
+    throw io::runtime_error(
+        fmt::format("MLA KV cache overflow: {} positions needed, capacity {}", st.cached + T, st.capacity()));
+  if (m.failed.load()) throw io::runtime_error(m.fail_msg);
+  if (m.calls_done > 0 && m.step_delay_ms > 0)  // test hook: time to change files between tokens
+    std::this_thread::sleep_for(std::chrono::milliseconds(m.step_delay_ms));
+
+  m.act.step_begin();
+  m.prepare_call(st, T, logits.first(V));
+  {
+    m.act.compute_begin();
+    TraceSpan span("embed", "compute", m.args(-1));
+    stages::embed_tokens(m.head->w, c, ids, m.call.P);
+    m.act.compute_end();
+  }
+  const int k = m.calls_done;
+  const uint64_t v0 = uint64_t(k) * uint64_t(m.n);
+  auto job = [&](const TrunkJob& j) { m.schedule->try_put(j); };
+  auto claim = [&](const TrunkClaim& cl) { m.trunk_read->try_put(cl); };
+  auto ready = [&](const TrunkReady& r) { flow::input_port<1>(*m.layer_gate).try_put(r); };
+  if (m.strategy == Strategy::serial) {
+    m.request_layer(v0, job, claim, ready);
+  } else {
+    for (int l = 0; l < m.n; ++l)
+      if (m.trunk.pinned(l)) m.request_layer(v0 + uint64_t(l), job, claim, ready);
+    if (m.ring_scheduled_through < k) m.schedule_ring(k);
+    if (k + 1 < m.expected_calls && m.ring_scheduled_through < k + 1) m.schedule_ring(k + 1);
+  }
+  flow::input_port<0>(*m.layer_gate).try_put(LayerGo{v0});
+  m.g.wait_for_all();
+  m.last = m.act.step_end();
+  if (m.failed.load()) throw io::runtime_error(m.fail_msg);
+  st.cached += T;
+  ++m.calls_done;
+}
+
+const StepStats& StreamingModel::last_step() const {
+  return impl_->last;
+}
+
+StreamTotals StreamingModel::totals() const {
+  Impl& m = *impl_;
+  StreamTotals t;
+  t.trunk_bytes_read = m.act.trunk_bytes();
+  t.expert_bytes_read = m.act.expert_bytes();
+  t.expert_requests = m.requests.load();
+  t.expert_hits = m.hits.load();
+  t.lookahead_predicted = m.predicted.load();
+  t.lookahead_used = m.used.load();
+  const io::ReaderCounters a = m.trunk_reader.counters(), b = m.expert_reader.counters();
+  t.uring_bytes = a.uring_bytes + b.uring_bytes;
+  t.pread_bytes = a.pread_bytes + b.pread_bytes;
+  t.direct_bytes = a.direct_bytes + b.direct_bytes;
+  t.io_busy_seconds = m.act.io_busy_seconds();
+  t.compute_busy_seconds = m.act.compute_busy_seconds();
+  t.uring = m.trunk_reader.backend() == io::UringReader::Backend::uring &&
+            m.expert_reader.backend() == io::UringReader::Backend::uring;
+  return t;
+}
+
+uint64_t StreamingModel::allocated_bytes() const {
+  const Impl& m = *impl_;
+  return m.head->bytes.size() + 4 * m.head->widen.size() + m.trunk.ring_bytes() + m.trunk.pinned_bytes() +
+         (m.cache ? m.cache->arena_bytes() : 0);
+}
+
+}  // namespace k3::pipeline

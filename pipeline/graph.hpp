@@ -1,0 +1,110 @@
+// Streaming decode as a oneTBB flow graph (PIPELINE.md §4). Built once per run from the plan,
+// reused for every forward call; messages carry handles (visit = call * n_layers + layer, slot,
+// expert group), never weights; every weight byte lives in a slot of a pool the planner sized.
+//
+//  trunk_schedule ─┐
+//  trunk_free ─────┴► trunk_claim (join) ► trunk_read (async, io_uring) ► trunk_bind ─┐
+//                                                                                    ├► layer_gate (key =
+//                                                                                    visit)
+//  layer_go (hidden state of visit v, from layer_done or the driver) ─────────────────┘      │
+//      ┌──────────────────────────────────────────────────────────────────────────────────┘
+//      └► attention ─► dense_ffn ─────────────────────────────────────────► layer_done
+//                   └► router ─► expert_fetch (cache lookup, claims) ─► expert_read (async, io_uring)
+//                             │          │ hits                                 │ landed
+//                             │          └──────────────► expert_landed ◄────────┘ (bind, waves)
+//                             │                                   │
+//                             └► shared (latent z, shared experts)│
+//                                      │ latent ready per expert  ▼
+//                                      └──────────────► expert_join (key = visit, expert group)
+//                                                                 ▼
+//                                  expert_compute (each expert as its bytes land) ─► combine
+//                                                                                     ▼
+//  layer_done: returns the trunk slot to trunk_free, sends layer_go(v + 1) or, after the last
+//  layer, head (model-level AttnRes + lm_head). expert_compute releases expert slots and sends
+//  expert_fetch a retry when a layer needs more experts than slots are free (waves).
+//  lookahead (strategy lookahead): after expert_fetch(L), layer L+1's router scores L's FFN input and
+//  prefetches the predicted experts into unpinned slots.
+//
+// Exactness: arithmetic never depends on completion order. The key-matching layer_gate admits visit
+// v only with the hidden state layer v-1 produced, so layers run in order whatever order their reads
+// land in; each expert writes only its own rows of the [T][top_k] expert-output buffer and
+// moe_combine sums them strictly in top-k order; every function called is the one the resident
+// forward pass calls (stages/), so the logits are the resident ones bit for bit.
+//
+// Design notes (where this departs from PIPELINE.md, and why):
+//  - Expert slots are one pool, not three. The plan's in-flight, lookahead and cache slots are a
+//    single LRU arena with pin counts: whatever the current layer does not pin is cache, and a
+//    prefetch can only take unpinned slots, so lookahead can never starve the layer being computed.
+//    A fixed split would leave slots idle at the floor, where every slot matters.
+//  - Expert slots are gated by the cache, not a token queue: a hit pins a slot that was already
+//    "free" for eviction, which a queue of free-slot tokens cannot express. expert_fetch claims what
+//    it can and is re-sent a retry whenever a slot is released or a prefetch lands; a layer whose
+//    unique experts exceed the free slots (prefill at the floor) runs in waves, exactly.
+//  - The spanning layer (planner.hpp) takes the whole ring, not `span_slots` of it (slot_pool.hpp).
+//  - Reads run ahead across forward calls: the next call's ring reads are queued behind this call's,
+//    gated only by free slots, so the ring does not drain at token boundaries (trunk reads do not
+//    depend on the token). expect_calls() bounds it.
+//  - Lookahead is counted as a piece of layer L (it reads L's FFN input), so the next attention cannot
+//    overwrite that input under it; it never waits for a read.
+//  - Two io_uring readers (trunk, experts), one ring and one reaper thread each, so an expert batch
+//    never queues behind a 2 GB trunk read; both are O_DIRECT through 4096-aligned windows.
+//  - The graph allocates no weight memory after construction. Activations (T-sized) grow only when a
+//    call feeds more tokens than any before (full recompute), never in incremental decode.
+//
+// Strategies (all bit-identical): serial (one read or one compute at a time), trunk (ring ahead;
+// experts read after routing and all awaited, then shared + experts computed), overlap (expert reads
+// async, shared experts and latent computed while they load, each expert computed as it lands),
+// lookahead (overlap + next-layer expert prefetch).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string_view>
+
+#include "pipeline/activity.hpp"
+#include "pipeline/graph_dot.hpp"
+#include "pipeline/planner.hpp"
+#include "pipeline/streaming_source.hpp"
+#include "stages/forward.hpp"
+
+namespace k3::pipeline {
+
+enum class Strategy { serial, trunk, overlap, lookahead };
+Strategy parse_strategy(std::string_view name);  // usage Error listing the names
+const char* strategy_name(Strategy);
+
+struct StreamTotals {
+  uint64_t trunk_bytes_read = 0, expert_bytes_read = 0;
+  uint64_t expert_requests = 0, expert_hits = 0;  // hits include experts a prefetch had read / was reading
+  uint64_t lookahead_predicted = 0;               // prefetch reads issued
+  uint64_t lookahead_used = 0;                    // of those, experts the router then chose
+  uint64_t uring_bytes = 0, pread_bytes = 0, direct_bytes = 0;
+  double io_busy_seconds = 0, compute_busy_seconds = 0;
+  bool uring = false;  // both readers on io_uring
+};
+
+class StreamingModel {
+ public:
+  // `dot` (may be null) receives the graph as built and its per-node statistics as it runs.
+  StreamingModel(const WeightSources&, const Plan&, Strategy, GraphDescription* dot);
+  ~StreamingModel();
+  StreamingModel(const StreamingModel&) = delete;
+  StreamingModel& operator=(const StreamingModel&) = delete;
+
+  // stages::forward(..., HeadAt::last, ...) with streamed weights: feeds `ids` at state.cached..,
+  // writes the last position's vocab logits, advances state.cached. Throws io::Error naming the
+  // file on a read failure (the engine is then unusable).
+  void forward(stages::DecodeState&, std::span<const int32_t> ids, std::span<float> logits);
+  // How many forward calls the run will make; reads run ahead into the next call only below it.
+  void expect_calls(int n);
+
+  const StepStats& last_step() const;
+  StreamTotals totals() const;
+  uint64_t allocated_bytes() const;  // head + trunk ring + pinned + expert arena
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace k3::pipeline

@@ -1,0 +1,214 @@
+// pipeline/graph.* (with slot_pool, expert_cache, streaming_source) in process: the streamed
+// forward pass gives the resident forward pass's logits BIT FOR BIT on a synthetic checkpoint with
+// several MoE layers and two MLA layers, for every strategy, for budgets from the plan floor to
+// everything resident, from the shards and from a packed trunk, 1 and 2 threads, full recompute and
+// incremental, single tokens and multi-token prefill (expert waves at the floor).
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+#include <tbb/global_control.h>
+
+#include <cstring>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "io/config.hpp"
+#include "io/packed_trunk.hpp"
+#include "io/safetensors.hpp"
+#include "perf/synth.hpp"
+#include "pipeline/expert_cache.hpp"
+#include "pipeline/graph.hpp"
+#include "pipeline/planner.hpp"
+#include "pipeline/streaming_source.hpp"
+#include "stages/bind.hpp"
+#include "stages/forward.hpp"
+#include "stages/head.hpp"
+
+namespace fs = std::filesystem;
+using namespace k3;
+
+namespace {
+
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    std::string tmpl = (fs::temp_directory_path() / "k3_graph_XXXXXX").string();
+    REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
+    path = tmpl;
+  }
+  ~TempDir() { fs::remove_all(path); }
+};
+
+// 8 layers: dense layer 0, MoE 1..7, MLA at 3 and 7 (one-based 4, 8), 32 experts of which 4 per token.
+io::ModelConfig test_dims() {
+  io::ModelConfig c = perf::preset_dims("tiny");
+  c.n_layers = 8;
+  c.full_attn_layers = perf::default_full_attn(8);
+  return c;
+}
+
+struct Checkpoint {
+  TempDir dir;
+  fs::path model, trunk;
+  Checkpoint() {
+    model = dir.path / "m";
+    trunk = dir.path / "t";
+    perf::SynthOptions o;
+    o.seed = 21;
+    perf::write_checkpoint(perf::plan_dense(test_dims(), 3), model, o);
+    const io::ShardSet shards = io::ShardSet::open(model);
+    io::pack_trunk(shards, test_dims().n_layers, trunk);
+  }
+};
+
+Checkpoint& checkpoint() {
+  static Checkpoint c;
+  return c;
+}
+
+const std::vector<int32_t> kPrompt = {5, 900, 17, 17, 3, 640, 201, 88, 1000, 42};
+
+// Greedy decode of `gen` tokens; returns every step's logits, concatenated.
+template <class Forward>
+std::vector<float> decode(const io::ModelConfig& c, bool incremental, int gen, Forward&& fwd) {
+  const int n = c.n_layers;
+  stages::DecodeState st(c, n, kPrompt.size() + size_t(gen) + 1);
+  std::vector<int32_t> seq = kPrompt;
+  std::vector<float> logits(size_t(c.vocab)), all;
+  for (int g = 0; g < gen; ++g) {
+    std::span<const int32_t> feed;
+    if (incremental) {
+      feed = std::span<const int32_t>(seq).subspan(st.cached);
+    } else {
+      st.reset();
+      feed = seq;
+    }
+    fwd(st, feed, std::span<float>(logits));
+    all.insert(all.end(), logits.begin(), logits.end());
+    seq.push_back(stages::greedy(logits));
+  }
+  return all;
+}
+
+std::vector<float> resident(bool incremental, int gen) {
+  Checkpoint& ck = checkpoint();
+  const io::ModelConfig c = io::load_config(ck.model / "config.json");
+  const io::ShardSet shards = io::ShardSet::open(ck.model);
+  auto model = stages::ResidentModel::load(shards, c);
+  stages::Scratch scratch;
+  return decode(c, incremental, gen,
+                [&](stages::DecodeState& st, std::span<const int32_t> ids, std::span<float> lg) {
+                  stages::forward(*model, st, ids, stages::HeadAt::last, lg, scratch);
+                });
+}
+
+struct Streamed {
+  std::vector<float> logits;
+  pipeline::StreamTotals totals;
+  pipeline::Plan plan;
+};
+
+// budget: 0 = the floor, else bytes.
+Streamed streamed(pipeline::Strategy s, uint64_t budget, bool use_trunk, bool incremental, int gen) {
+  Checkpoint& ck = checkpoint();
+  const io::ModelConfig c = io::load_config(ck.model / "config.json");
+  const io::ShardSet shards = io::ShardSet::open(ck.model);
+  std::optional<io::PackedTrunk> trunk;
+  if (use_trunk) trunk.emplace(io::PackedTrunk::open(ck.trunk, c.n_layers));
+  auto src = pipeline::WeightSources::open(c, shards, trunk ? &*trunk : nullptr, 0);
+  const pipeline::PlanInputs in = src->plan_inputs(64, {});
+  pipeline::PlanBudget b;
+  b.total = budget ? budget : pipeline::plan_floor(in);
+  b.lookahead = s == pipeline::Strategy::lookahead;
+  b.source = "test";
+  Streamed out;
+  out.plan = pipeline::make_plan(in, b);
+  pipeline::StreamingModel m(*src, out.plan, s, nullptr);
+  m.expect_calls(gen);
+  out.logits = decode(c, incremental, gen,
+                      [&](stages::DecodeState& st, std::span<const int32_t> ids, std::span<float> lg) {
+                        m.forward(st, ids, lg);
+                      });
+  out.totals = m.totals();
+  return out;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+const pipeline::Strategy kStrategies[] = {pipeline::Strategy::serial, pipeline::Strategy::trunk,
+                                          pipeline::Strategy::overlap, pipeline::Strategy::lookahead};
+
+}  // namespace
+
+TEST_CASE("streamed == resident, bit for bit: every strategy, floor to everything, shards and packed trunk") {
+  const std::vector<float> ref_inc = resident(true, 4), ref_full = resident(false, 3);
+  for (bool use_trunk : {false, true})
+    for (uint64_t budget : {uint64_t(0), uint64_t(20) << 20, uint64_t(1) << 30})
+      for (pipeline::Strategy s : kStrategies) {
+        CAPTURE(use_trunk);
+        CAPTURE(budget);
+        CAPTURE(pipeline::strategy_name(s));
+        const Streamed inc = streamed(s, budget, use_trunk, true, 4);
+        CHECK(same_bits(inc.logits, ref_inc));
+        CHECK(inc.totals.uring_bytes + inc.totals.pread_bytes ==
+              inc.totals.trunk_bytes_read + inc.totals.expert_bytes_read);
+        if (budget == 0) {
+          CHECK(inc.plan.ring_slots == 2);
+          CHECK(inc.plan.pinned.empty());
+        }
+        if (budget == uint64_t(1) << 30) CHECK(inc.plan.ring_slots == 0);  // everything pinned
+        const Streamed full = streamed(s, budget, use_trunk, false, 3);
+        CHECK(same_bits(full.logits, ref_full));
+      }
+}
+
+TEST_CASE("1 and 2 threads give the same bits") {
+  const std::vector<float> ref = resident(true, 3);
+  for (int threads : {1, 2}) {
+    CAPTURE(threads);
+    tbb::global_control gc(tbb::global_control::max_allowed_parallelism, size_t(threads));
+    for (pipeline::Strategy s : kStrategies) {
+      CAPTURE(pipeline::strategy_name(s));
+      CHECK(same_bits(streamed(s, 0, false, true, 3).logits, ref));
+    }
+  }
+}
+
+TEST_CASE("a prefill needing more experts than slots runs in waves; lookahead counts predictions") {
+  // 10 prompt tokens x top-4 of 32 experts touch far more than the floor's 4 expert slots.
+  const Streamed floor = streamed(pipeline::Strategy::trunk, 0, false, true, 2);
+  CHECK(floor.plan.inflight_slots + floor.plan.lookahead_slots + floor.plan.cache_slots < 16);
+  CHECK(same_bits(floor.logits, resident(true, 2)));
+  CHECK(floor.totals.expert_requests > 0);
+
+  const Streamed la = streamed(pipeline::Strategy::lookahead, uint64_t(20) << 20, false, true, 6);
+  CHECK(la.totals.lookahead_predicted > 0);
+  CHECK(la.totals.lookahead_used <= la.totals.lookahead_predicted);
+  CHECK(la.totals.expert_hits <= la.totals.expert_requests);
+}
+
+TEST_CASE("expert cache: LRU victims, pinned slots are never victims, INFLIGHT is never read twice") {
+  pipeline::ExpertCache cache(2, 4096, 0, 2, 4);
+  using F = pipeline::ExpertCache::Found;
+  auto a = cache.request(0, 0, 7);
+  CHECK(a.found == F::claimed);
+  auto b = cache.prefetch(0, 1);
+  CHECK(b.found == F::claimed);
+  CHECK(b.slot != a.slot);
+  CHECK(cache.prefetch(0, 2).found == F::full);  // one pinned, one INFLIGHT
+  auto again = cache.request(0, 1, 9);           // the prefetch is still being read: wait for it
+  CHECK(again.found == F::inflight);
+  CHECK(again.was_prefetch);
+  CHECK(cache.landed(b.slot, true) == 9);
+  CHECK(cache.landed(a.slot, true) == 7);
+  CHECK(cache.request(1, 0, 0).found == F::full);  // both pinned
+  CHECK(cache.release(a.slot));
+  auto c = cache.request(1, 0, 0);  // evicts (0, 0), the only unpinned slot
+  CHECK(c.found == F::claimed);
+  CHECK(c.slot == a.slot);
+  CHECK(cache.release(b.slot));
+  CHECK(cache.request(0, 1, 0).found == F::ready);  // still resident
+}
