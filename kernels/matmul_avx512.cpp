@@ -196,6 +196,9 @@ void bf16_rows(const uint16_t* w, size_t rows, size_t cols, const double* x, siz
                size_t y_stride) {
   if (tokens == 1) {
     size_t r = 0;
+    // Eight rows in flight: eight weight streams keep DRAM busy and 16 independent chains hide the
+    // FMA latency (measured ~20% over four rows when streaming).
+    for (; r + 8 <= rows; r += 8) bf16_block<8, 1>(w + r * cols, cols, x, cols, y + r, y_stride);
     for (; r + 4 <= rows; r += 4) bf16_block<4, 1>(w + r * cols, cols, x, cols, y + r, y_stride);
     for (; r < rows; ++r) bf16_block<1, 1>(w + r * cols, cols, x, cols, y + r, y_stride);
     return;
