@@ -1,6 +1,7 @@
 // `k3flow generate MODEL_DIR`: greedy decoding with the reference CLI's flags and meanings
 // (ENGINE.md §5): token ids in, token ids out, a STEP table, k3_run.json, optional logits dump and
-// K3ST state save / resume. Weights are bound resident from the ShardSet by their released names.
+// K3ST state save / resume. Weights are bound resident from the ShardSet by their released names, or
+// streamed through the flow graph within a memory budget (pipeline/streaming_run.hpp).
 #include <fmt/format.h>
 #include <tbb/global_control.h>
 
@@ -20,6 +21,7 @@
 #include "pipeline/output_file.hpp"
 #include "pipeline/run_report.hpp"
 #include "pipeline/state_file.hpp"
+#include "pipeline/streaming_run.hpp"
 #include "stages/bind.hpp"
 #include "stages/forward.hpp"
 #include "stages/head.hpp"
@@ -39,6 +41,7 @@ struct GenerateOptions {
   bool incremental = false;
   int layers = 0;
   int threads = 0;
+  StreamFlags stream;
 };
 
 double now() {
@@ -161,9 +164,13 @@ int run_generate(const GenerateOptions& o) {
   std::printf("indexed %zu tensors from %zu shards in %.2f s\n", shards.tensor_count(), shards.shard_count(),
               now() - t0);
   t0 = now();
-  const std::unique_ptr<stages::ResidentModel> model = stages::ResidentModel::load(shards, cfg, n_layers);
-  std::printf("resident weights: %s bound for %d layers in %.2f s\n",
-              human_bytes(static_cast<double>(model->weight_bytes())).c_str(), n_layers, now() - t0);
+  const std::unique_ptr<StreamRun> stream = StreamRun::open(o.stream, cfg, shards, n_layers, t_max, o.gen);
+  std::unique_ptr<stages::ResidentModel> model;
+  if (!stream) {
+    model = stages::ResidentModel::load(shards, cfg, n_layers);
+    std::printf("resident weights: %s bound for %d layers in %.2f s\n",
+                human_bytes(static_cast<double>(model->weight_bytes())).c_str(), n_layers, now() - t0);
+  }
   std::printf("peak RSS after loading weights: %s\n",
               human_bytes(static_cast<double>(peak_rss_bytes())).c_str());
 
@@ -193,7 +200,7 @@ int run_generate(const GenerateOptions& o) {
   std::printf("\n%-6s %-10s %-12s %s\n", "STEP", "TOKEN", "SECONDS", "TOK/S");
   std::printf("----------------------------------------\n");
   stages::Scratch scratch;
-  std::vector<float> logits(static_cast<size_t>(cfg.vocab));
+  std::vector<float> logits(static_cast<size_t>(cfg.vocab)), step0_logits;
   std::vector<int32_t> generated;
   double t_steps = 0;
   for (int g = 0; g < o.gen; ++g) {
@@ -205,20 +212,31 @@ int run_generate(const GenerateOptions& o) {
       state.reset();  // full recompute: KDA state zeroed, whole prefix every step
       feed = seq;
     }
-    stages::forward(*model, state, feed, stages::HeadAt::last, logits, scratch);
+    if (stream)
+      stream->forward(state, feed, logits);
+    else
+      stages::forward(*model, state, feed, stages::HeadAt::last, logits, scratch);
     const int32_t next = stages::greedy(logits);
     const double dt = now() - ts;
     t_steps += dt;
-    if (g == 0 && o.dump_logits) {
+    if (stream) stream->record_step(g, next);
+    if (g == 0 && o.dump_logits && stream) {
+      step0_logits = logits;  // written after the last step: a failed run leaves no logits file
+    } else if (g == 0 && o.dump_logits) {
       write_file_atomic(*o.dump_logits, std::as_bytes(std::span<const float>(logits)));
       std::printf("wrote %s (%d float32 logits)\n", o.dump_logits->c_str(), cfg.vocab);
     }
     seq.push_back(next);
     generated.push_back(next);
-    std::printf("%-6d %-10d %-12.4f %.2f\n", g, next, dt, dt > 0 ? 1.0 / dt : 0.0);
+    std::printf("%-6d %-10d %-12.4f %.2f%s\n", g, next, dt, dt > 0 ? 1.0 / dt : 0.0,
+                stream ? ("   " + stream->step_note()).c_str() : "");
     std::fflush(stdout);
   }
   std::printf("----------------------------------------\n");
+  if (!step0_logits.empty()) {
+    write_file_atomic(*o.dump_logits, std::as_bytes(std::span<const float>(step0_logits)));
+    std::printf("wrote %s (%d float32 logits)\n", o.dump_logits->c_str(), cfg.vocab);
+  }
 
   if (o.save_state) {
     if (!o.incremental) {
@@ -247,6 +265,9 @@ int run_generate(const GenerateOptions& o) {
   r.seconds_per_token = spt;
   r.wall_seconds = now() - t_start;
   r.peak_rss_bytes = rss;
+  r.threads =
+      static_cast<int>(tbb::global_control::active_value(tbb::global_control::max_allowed_parallelism));
+  if (stream) stream->finish(r, t_steps);
   const std::string out = o.out_path.value_or("k3_run.json");
   write_file_atomic(out, to_json(r));
   std::printf("wrote %s\n", out.c_str());
@@ -275,6 +296,7 @@ Action add_generate(CLI::App& sub) {
                  "resume from a K3ST state; the ids continue it (needs --incremental)");
   sub.add_option("--config", o->config, "config.json to use (default MODEL_DIR/config.json)");
   sub.add_option("--threads", o->threads, "compute threads (0 = oneTBB default)")->check(CLI::Range(0, 4096));
+  add_stream_flags(sub, o->stream);
   return [o] { return run_generate(*o); };
 }
 

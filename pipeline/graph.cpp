@@ -141,6 +141,27 @@ int env_int(const char* name) {
   return v && *v ? std::atoi(v) : 0;
 }
 
+io::UringReader::Options trunk_reader_options() {
+  io::UringReader::Options o;
+  if (int qd = env_int("K3FLOW_TRUNK_QD")) o.queue_depth = unsigned(qd);
+  if (int kb = env_int("K3FLOW_TRUNK_CHUNK_KB")) o.chunk_bytes = size_t(kb) << 10;
+  return o;
+}
+
+// Expert reads complete in order, about one expert in flight at a time: with a batch of 8 experts
+// all in flight at once they shared the device and landed together at the end, so "compute each
+// expert as it lands" computed nothing early (measured on the medium synthetic checkpoint: 0.147 ->
+// 0.121 s/token). Four chunks of a quarter expert each keep the device queue non-empty.
+io::UringReader::Options expert_reader_options(uint64_t expert_bytes) {
+  io::UringReader::Options o;
+  o.queue_depth = 4;
+  o.chunk_bytes = std::clamp<size_t>(io::align_up(expert_bytes / 4, io::kDirectAlign), size_t{256} << 10,
+                                     size_t{8} << 20);
+  if (int qd = env_int("K3FLOW_EXPERT_QD")) o.queue_depth = unsigned(qd);
+  if (int kb = env_int("K3FLOW_EXPERT_CHUNK_KB")) o.chunk_bytes = size_t(kb) << 10;
+  return o;
+}
+
 }  // namespace
 
 struct StreamingModel::Impl {
@@ -266,7 +287,9 @@ struct StreamingModel::Impl {
         L(size_t(c.latent)),
         K(size_t(c.top_k)),
         dot(d),
-        trunk(p, s) {
+        trunk(p, s),
+        trunk_reader(trunk_reader_options()),
+        expert_reader(expert_reader_options(s.expert_window_bytes())) {
     head = src.load_head();
     if (src.has_experts()) {
       const uint64_t slots = p.inflight_slots + p.lookahead_slots + p.cache_slots;

@@ -12,12 +12,26 @@ std::string ids(const std::vector<int32_t>& v) {
 }  // namespace
 
 std::string to_json(const RunReport& r) {
+  std::string tokens;
+  for (const RunReport::Token& t : r.tokens)
+    tokens += fmt::format(
+        "{}{{\"step\":{},\"token\":{},\"wall_seconds\":{:.6f},\"io_wait_seconds\":{:.6f},\"compute_seconds\":"
+        "{:.6f},\"trunk_bytes\":{},\"expert_bytes\":{}}}",
+        tokens.empty() ? "" : ",", t.step, t.token, t.wall_seconds, t.io_wait_seconds, t.compute_seconds,
+        t.trunk_bytes, t.expert_bytes);
   return fmt::format(
       "{{\"prompt_ids\":{},\"generated_ids\":{},\"full_ids\":{},\"layers\":{},\"threads\":{},\"incremental\":"
       "{},"
-      "\"peak_rss_bytes\":{},\"wall_seconds\":{:.4f},\"seconds_per_token\":{:.4f}}}\n",
+      "\"peak_rss_bytes\":{},\"wall_seconds\":{:.4f},\"seconds_per_token\":{:.4f},"
+      "\"strategy\":\"{}\",\"budget_bytes\":{},\"trunk_bytes_read\":{},\"expert_bytes_read\":{},"
+      "\"expert_requests\":{},\"expert_hits\":{},\"lookahead_predicted\":{},\"lookahead_used\":{},"
+      "\"uring_bytes\":{},\"pread_bytes\":{},\"io_busy_seconds\":{:.6f},\"compute_busy_seconds\":{:.6f},"
+      "\"overlap_efficiency\":{:.4f},\"tokens\":[{}]}}\n",
       ids(r.prompt_ids), ids(r.generated_ids), ids(r.full_ids), r.layers, r.threads,
-      r.incremental ? "true" : "false", r.peak_rss_bytes, r.wall_seconds, r.seconds_per_token);
+      r.incremental ? "true" : "false", r.peak_rss_bytes, r.wall_seconds, r.seconds_per_token, r.strategy,
+      r.budget_bytes, r.trunk_bytes_read, r.expert_bytes_read, r.expert_requests, r.expert_hits,
+      r.lookahead_predicted, r.lookahead_used, r.uring_bytes, r.pread_bytes, r.io_busy_seconds,
+      r.compute_busy_seconds, r.overlap_efficiency, tokens);
 }
 
 uint64_t peak_rss_bytes() {

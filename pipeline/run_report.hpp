@@ -1,5 +1,7 @@
 // The run report of `k3flow generate` (k3_run.json, ENGINE.md §5.5): one JSON line with the
-// reference fields plus peak RSS, threads and the decoding mode.
+// reference fields plus peak RSS, threads and the decoding mode, then the streamed-decode fields
+// (PIPELINE.md §5; `k3flow bench` parses them by these exact names). A resident run reports
+// strategy "resident" and zeros for the streaming counters.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -16,6 +18,21 @@ struct RunReport {
   bool incremental = false;
   double seconds_per_token = 0, wall_seconds = 0;
   uint64_t peak_rss_bytes = 0;
+
+  // Streamed decode (pipeline/graph.hpp).
+  std::string strategy = "resident";
+  uint64_t budget_bytes = 0, trunk_bytes_read = 0, expert_bytes_read = 0, expert_requests = 0,
+           expert_hits = 0, lookahead_predicted = 0, lookahead_used = 0, uring_bytes = 0, pread_bytes = 0;
+  double io_busy_seconds = 0;       // wall time with at least one read in flight
+  double compute_busy_seconds = 0;  // wall time with a compute node running
+  double overlap_efficiency = 0;    // max(io_busy, compute_busy) / decode wall, this run's own measure
+  struct Token {
+    int step = 0;
+    int32_t token = 0;
+    double wall_seconds = 0, io_wait_seconds = 0, compute_seconds = 0;
+    uint64_t trunk_bytes = 0, expert_bytes = 0;
+  };
+  std::vector<Token> tokens;
 };
 
 std::string to_json(const RunReport&);

@@ -1,0 +1,225 @@
+#include "pipeline/streaming_run.hpp"
+
+#include <fmt/format.h>
+#include <tbb/global_control.h>
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <optional>
+#include <string>
+
+#include "io/error.hpp"
+#include "io/packed_trunk.hpp"
+#include "pipeline/graph_dot.hpp"
+#include "pipeline/planner.hpp"
+#include "pipeline/streaming_source.hpp"
+#include "pipeline/trace.hpp"
+
+namespace k3::pipeline {
+
+namespace {
+
+constexpr uint64_t kGiB = uint64_t{1} << 30;
+// Thread stacks actually touched, allocator arenas, per-call std::vector growth and the reader
+// queues: not in the planner's terms, measured at a few MiB on the synthetic checkpoints.
+constexpr uint64_t kSlackBytes = uint64_t{6} << 20;
+
+uint64_t gib_flag(double gb, const char* flag) {
+  if (!(gb > 0) || !std::isfinite(gb) || gb > 1e6)
+    throw io::usage_error(fmt::format("{} {} is not a positive size in GiB", flag, gb));
+  return uint64_t(std::llround(gb * double(kGiB)));
+}
+
+uint64_t proc_kb(const char* file, const char* key) {
+  std::ifstream f(file);
+  std::string line;
+  const std::string k = std::string(key) + ":";
+  while (std::getline(f, line))
+    if (line.rfind(k, 0) == 0) return std::strtoull(line.c_str() + k.size(), nullptr, 10);
+  return 0;
+}
+
+std::string mb(uint64_t b) {
+  return fmt::format("{:.1f} MB", double(b) / 1e6);
+}
+
+}  // namespace
+
+uint64_t mem_available_bytes() {
+  return proc_kb("/proc/meminfo", "MemAvailable") * 1024;
+}
+
+uint64_t current_rss_bytes() {
+  return proc_kb("/proc/self/status", "VmRSS") * 1024;
+}
+
+uint64_t checkpoint_bytes(const io::ShardSet& shards) {
+  uint64_t n = 0;
+  shards.for_each([&](std::string_view, const io::TensorInfo& t) { n += t.nbytes; });
+  return n;
+}
+
+bool StreamFlags::requested() const {
+  return !trunk_dir.empty() || !preset.empty() || !strategy.empty() || mem_gb > 0 || trunk_gb > 0 ||
+         cache_gb > 0;
+}
+
+void add_stream_flags(CLI::App& sub, StreamFlags& f) {
+  sub.add_option("--trunk", f.trunk_dir,
+                 "packed trunk directory (trunk.json + trunk.bin): one read per layer");
+  auto* mem =
+      sub.add_option("--mem-gb", f.mem_gb, "memory budget in GiB: weights are streamed to stay within it");
+  auto* preset =
+      sub.add_option("--preset", f.preset,
+                     "named budget: ultra (the floor), laptop 8, desktop 32, workstation 96, server "
+                     "128, max 224 GiB");
+  auto* trunk_gb =
+      sub.add_option("--trunk-gb", f.trunk_gb, "GiB for the trunk ring + pinned layers (with --cache-gb)");
+  auto* cache_gb = sub.add_option("--cache-gb", f.cache_gb, "GiB for expert slots + cache (with --trunk-gb)");
+  trunk_gb->needs(cache_gb);
+  cache_gb->needs(trunk_gb);
+  mem->excludes(preset)->excludes(trunk_gb)->excludes(cache_gb);
+  preset->excludes(trunk_gb)->excludes(cache_gb);
+  sub.add_option(
+         "--strategy", f.strategy,
+         "overlap strategy: serial, trunk, overlap, lookahead (default lookahead); all give the same bits")
+      ->check(CLI::IsMember({"serial", "trunk", "overlap", "lookahead"}));
+  sub.add_option("--trace", f.trace, "write a Chrome trace (Perfetto) of the streamed run");
+  sub.add_option("--graph-dot", f.graph_dot, "write the flow graph as Graphviz DOT, annotated with the run");
+}
+
+struct StreamRun::State {
+  std::optional<io::PackedTrunk> trunk;
+  std::unique_ptr<WeightSources> src;
+  Plan plan;
+  Strategy strategy = Strategy::lookahead;
+  GraphDescription dot;
+  std::unique_ptr<StreamingModel> model;
+  StreamFlags flags;
+  std::vector<RunReport::Token> tokens;
+};
+
+StreamRun::~StreamRun() = default;
+
+std::unique_ptr<StreamRun> StreamRun::open(const StreamFlags& f, const io::ModelConfig& cfg,
+                                           const io::ShardSet& shards, int n_layers, uint64_t context,
+                                           int gen) {
+  const uint64_t avail = mem_available_bytes();
+  const bool budget_given = f.mem_gb > 0 || !f.preset.empty() || f.trunk_gb > 0;
+  if (!f.requested()) {
+    // No flag: resident unless the weights plus headroom do not fit in what the machine has free.
+    const uint64_t need = checkpoint_bytes(shards);
+    if (avail == 0 || need + need / 8 + (uint64_t{256} << 20) <= avail) return nullptr;
+    std::printf("weights (%s) do not fit in MemAvailable (%s): streaming within it\n", mb(need).c_str(),
+                mb(avail).c_str());
+  }
+
+  auto run = std::unique_ptr<StreamRun>(new StreamRun());
+  run->s_ = std::make_unique<State>();
+  State& s = *run->s_;
+  s.flags = f;
+  s.strategy = f.strategy.empty() ? Strategy::lookahead : parse_strategy(f.strategy);
+  if (!f.trunk_dir.empty()) s.trunk.emplace(io::PackedTrunk::open(f.trunk_dir, cfg.n_layers));
+  s.src = WeightSources::open(cfg, shards, s.trunk ? &*s.trunk : nullptr, n_layers);
+
+  const uint64_t baseline = current_rss_bytes();
+  PlanInputs in = s.src->plan_inputs(
+      context, {{"process baseline (code, libraries, index; measured)", 1, baseline, baseline},
+                {"threads, allocator and reader slack", 1, kSlackBytes, kSlackBytes}});
+  PlanBudget b;
+  b.lookahead = s.strategy == Strategy::lookahead;
+  if (!f.preset.empty()) {
+    b.total = preset_budget(f.preset, in);
+    b.source = fmt::format("--preset {}", f.preset);
+  } else if (f.mem_gb > 0) {
+    b.total = gib_flag(f.mem_gb, "--mem-gb");
+    b.source = fmt::format("--mem-gb {}", f.mem_gb);
+  } else if (f.trunk_gb > 0) {
+    b.trunk = gib_flag(f.trunk_gb, "--trunk-gb");
+    b.experts = gib_flag(f.cache_gb, "--cache-gb");
+    b.source = fmt::format("--trunk-gb {} --cache-gb {}", f.trunk_gb, f.cache_gb);
+  } else {
+    if (avail == 0)
+      throw io::usage_error("no budget given and /proc/meminfo has no MemAvailable: pass --mem-gb X");
+    b.total = avail;
+    b.source = "MemAvailable";
+  }
+  (void)budget_given;
+  b.source += fmt::format(", context {}, trunk {}", context, s.trunk ? f.trunk_dir : "read from the shards");
+  s.plan = make_plan(in, b);
+  std::printf("%s", format_plan(s.plan).c_str());
+  std::printf("streaming: strategy %s, trunk %s, %d of %d layers pinned, ring %d x %s, %llu expert slots\n",
+              strategy_name(s.strategy), s.trunk ? "packed (trunk.bin)" : "from the shards",
+              int(s.plan.pinned.size()), s.plan.n_layers, s.plan.ring_slots,
+              mb(s.plan.slot_read_bytes).c_str(),
+              (unsigned long long)(s.plan.inflight_slots + s.plan.lookahead_slots + s.plan.cache_slots));
+
+  if (!f.trace.empty()) {
+    Trace::clear();
+    Trace::enable();
+    Trace::name_thread("main (driver, tbb)");
+  }
+  s.model =
+      std::make_unique<StreamingModel>(*s.src, s.plan, s.strategy, f.graph_dot.empty() ? nullptr : &s.dot);
+  s.model->expect_calls(gen);
+  return run;
+}
+
+void StreamRun::forward(stages::DecodeState& st, std::span<const int32_t> ids, std::span<float> logits) {
+  s_->model->forward(st, ids, logits);
+}
+
+void StreamRun::record_step(int step, int32_t token) {
+  const StepStats& x = s_->model->last_step();
+  s_->tokens.push_back(RunReport::Token{step, token, x.wall_seconds, x.io_wait_seconds, x.compute_seconds,
+                                        x.trunk_bytes, x.expert_bytes});
+}
+
+std::string StreamRun::step_note() const {
+  const StepStats& x = s_->model->last_step();
+  return fmt::format("read {} trunk + {} experts, io wait {:.3f} s", mb(x.trunk_bytes), mb(x.expert_bytes),
+                     x.io_wait_seconds);
+}
+
+void StreamRun::finish(RunReport& r, double decode_seconds) {
+  State& s = *s_;
+  const StreamTotals t = s.model->totals();
+  if (!s.flags.trace.empty()) {
+    Trace::disable();
+    Trace::write(s.flags.trace);
+    std::printf("wrote %s (Chrome trace, %zu events)\n", s.flags.trace.c_str(), Trace::event_count());
+  }
+  if (!s.flags.graph_dot.empty()) {
+    s.dot.write_dot(s.flags.graph_dot);
+    std::printf("wrote %s (flow graph)\n", s.flags.graph_dot.c_str());
+  }
+  std::printf(
+      "streamed: trunk %s + experts %s read (%s through io_uring, %s O_DIRECT, %s pread); experts "
+      "%llu requests, %llu hits; lookahead %llu prefetched, %llu used\n",
+      mb(t.trunk_bytes_read).c_str(), mb(t.expert_bytes_read).c_str(), mb(t.uring_bytes).c_str(),
+      mb(t.direct_bytes).c_str(), mb(t.pread_bytes).c_str(), (unsigned long long)t.expert_requests,
+      (unsigned long long)t.expert_hits, (unsigned long long)t.lookahead_predicted,
+      (unsigned long long)t.lookahead_used);
+  const double eff =
+      decode_seconds > 0 ? std::max(t.io_busy_seconds, t.compute_busy_seconds) / decode_seconds : 0;
+  std::printf("I/O busy %.3f s, compute busy %.3f s of %.3f s decoding: overlap efficiency %.2f\n",
+              t.io_busy_seconds, t.compute_busy_seconds, decode_seconds, eff);
+
+  r.strategy = strategy_name(s.strategy);
+  r.budget_bytes = s.plan.budget;
+  r.trunk_bytes_read = t.trunk_bytes_read;
+  r.expert_bytes_read = t.expert_bytes_read;
+  r.expert_requests = t.expert_requests;
+  r.expert_hits = t.expert_hits;
+  r.lookahead_predicted = t.lookahead_predicted;
+  r.lookahead_used = t.lookahead_used;
+  r.uring_bytes = t.uring_bytes;
+  r.pread_bytes = t.pread_bytes;
+  r.io_busy_seconds = t.io_busy_seconds;
+  r.compute_busy_seconds = t.compute_busy_seconds;
+  r.overlap_efficiency = eff;
+  r.tokens = s.tokens;
+}
+
+}  // namespace k3::pipeline

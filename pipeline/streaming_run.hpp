@@ -1,0 +1,64 @@
+// `k3flow generate`'s streaming side: its flags, the decision resident vs streamed, the plan, the
+// graph, and what the run report and the STEP table get from them. cmd_generate.cpp stays the
+// decode loop; it calls forward() here instead of stages::forward when a StreamRun exists.
+//
+// When the graph runs: any of --mem-gb / --preset / --trunk-gb + --cache-gb / --trunk / --strategy,
+// or (no flag) when the checkpoint does not fit in MemAvailable. Without a budget flag the budget is
+// MemAvailable. Otherwise generate stays resident, exactly as before.
+//
+// The budget is what the OS will measure: the plan is made for the budget MINUS this process's own
+// resident memory when planning (code, libraries, the tensor index: measured from /proc/self/status)
+// and a small allowance for thread stacks and allocator slack, both listed as resident terms.
+#pragma once
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+
+#include "io/config.hpp"
+#include "io/safetensors.hpp"
+#include "pipeline/graph.hpp"
+#include "pipeline/run_report.hpp"
+
+namespace k3::pipeline {
+
+struct StreamFlags {
+  std::string trunk_dir, preset, strategy, trace, graph_dot;
+  double mem_gb = 0, trunk_gb = 0, cache_gb = 0;
+  bool requested() const;
+};
+
+// Declares --trunk, --mem-gb, --preset, --trunk-gb, --cache-gb, --strategy, --trace, --graph-dot.
+void add_stream_flags(CLI::App& sub, StreamFlags& flags);
+
+class StreamRun {
+ public:
+  // Null when generate should stay resident. Prints the plan. Throws usage Error (exit 2) for a
+  // budget below the plan floor, naming the shortfall.
+  static std::unique_ptr<StreamRun> open(const StreamFlags&, const io::ModelConfig&, const io::ShardSet&,
+                                         int n_layers, uint64_t context, int gen);
+  ~StreamRun();
+
+  void forward(stages::DecodeState&, std::span<const int32_t> ids, std::span<float> logits);
+  void record_step(int step, int32_t token);  // after forward(): the per-token row of the report
+  std::string step_note() const;              // extra STEP-table text for the last step
+
+  // After a successful run: writes --trace / --graph-dot, prints the I/O summary, fills the report.
+  void finish(RunReport& report, double decode_seconds);
+
+ private:
+  StreamRun() = default;
+  struct State;
+  std::unique_ptr<State> s_;
+};
+
+// Bytes of every tensor in the shards (the resident footprint of the weights, to the byte).
+uint64_t checkpoint_bytes(const io::ShardSet&);
+// MemAvailable from /proc/meminfo in bytes (0 when unreadable).
+uint64_t mem_available_bytes();
+// VmRSS of this process in bytes (0 when unreadable).
+uint64_t current_rss_bytes();
+
+}  // namespace k3::pipeline

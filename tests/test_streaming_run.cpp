@@ -1,0 +1,412 @@
+// `k3flow generate` streamed through the flow graph (pipeline/streaming_run.*, graph.*), driven as
+// a child process (K3FLOW_BIN) on checkpoints written by `k3flow synth` into a temp dir and on
+// fixtures/tiny-k3:
+//   - identical bits: --dump-logits bytes and generated ids equal the resident run's, with and
+//     without --trunk, for every strategy, budgets from the floor to everything resident, 1 and 2
+//     threads, full recompute and --incremental;
+//   - the budget holds: a checkpoint >= 3x the budget decodes with the child's peak RSS (wait4) under it;
+//   - real io_uring: uring_bytes == trunk + expert bytes read, pread_bytes == 0; K3FLOW_NO_URING=1
+//     gives the same bits with uring_bytes == 0;
+//   - faults: a shard truncated between tokens, an unreadable / truncated trunk, an interrupted pack
+//     -> one line naming the file, exit 1, no hang, no k3_run.json and no logits file;
+//   - the run report's field names, the trace and the graph dump.
+// Every child runs under a time bound.
+#include <doctest/doctest.h>
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <signal.h>
+#include <simdjson.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iterator>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string kTinyK3 = std::string(K3_FIXTURES) + "/tiny-k3";
+const std::string kTinyFull =
+    "203,34,2,239,195,71,163,54,121,104,16,16,219,63,4,31,48,193,57,231,219,205,145,117,79,208,18,1,74,125,"
+    "66,121";
+
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    std::string tmpl = (fs::temp_directory_path() / "k3_stream_XXXXXX").string();
+    REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
+    path = tmpl;
+  }
+  ~TempDir() { fs::remove_all(path); }
+  std::string operator/(const std::string& name) const { return (path / name).string(); }
+};
+
+std::string slurp(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+std::vector<std::string> words(const std::string& s) {
+  std::vector<std::string> w;
+  size_t i = 0;
+  while (i < s.size()) {
+    while (i < s.size() && s[i] == ' ') ++i;
+    size_t j = i;
+    while (j < s.size() && s[j] != ' ') ++j;
+    if (j > i) w.push_back(s.substr(i, j - i));
+    i = j;
+  }
+  return w;
+}
+
+struct Run {
+  int code = -1;
+  bool timed_out = false;
+  std::string out, err;
+  uint64_t peak_rss = 0;  // the child's, as the kernel measured it (wait4 ru_maxrss)
+};
+
+// Runs `k3flow <args>` with extra environment `env` (NAME=VALUE words), killing it after
+// `timeout_s`. `while_running` is polled every 10 ms with the stdout so far (a test hook may change
+// files under the child); it returns false once it has done its work.
+Run k3flow(const std::string& args, const std::string& env = "", int timeout_s = 60,
+           std::function<bool(const std::string&)> while_running = {}) {
+  TempDir io;
+  const std::string out = io / "out", err = io / "err";
+  std::vector<std::string> argv = words(args);
+  argv.insert(argv.begin(), K3FLOW_BIN);
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    for (const std::string& kv : words(env)) {
+      const size_t eq = kv.find('=');
+      ::setenv(kv.substr(0, eq).c_str(), kv.substr(eq + 1).c_str(), 1);
+    }
+    const int o = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    const int e = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ::dup2(o, 1);
+    ::dup2(e, 2);
+    std::vector<char*> cargv;
+    for (std::string& a : argv) cargv.push_back(a.data());
+    cargv.push_back(nullptr);
+    ::execv(cargv[0], cargv.data());
+    ::_exit(127);
+  }
+  Run r;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
+  int status = 0;
+  rusage ru{};
+  bool hook = bool(while_running);
+  for (;;) {
+    const pid_t w = ::wait4(pid, &status, WNOHANG, &ru);
+    if (w == pid) break;
+    if (std::chrono::steady_clock::now() > deadline) {
+      ::kill(pid, SIGKILL);
+      ::wait4(pid, &status, 0, &ru);
+      r.timed_out = true;
+      break;
+    }
+    if (hook) hook = while_running(slurp(out));
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.out = slurp(out);
+  r.err = slurp(err);
+  r.peak_rss = uint64_t(ru.ru_maxrss) * 1024;
+  return r;
+}
+
+// A field of the one-line run report.
+std::string field(const std::string& json, const std::string& key) {
+  const size_t at = json.find("\"" + key + "\":");
+  if (at == std::string::npos) return "<missing " + key + ">";
+  size_t b = at + key.size() + 3, e = b;
+  if (json[b] == '[') {
+    e = json.find(']', b);
+    return json.substr(b + 1, e - b - 1);
+  }
+  while (e < json.size() && json[e] != ',' && json[e] != '}') ++e;
+  return json.substr(b, e - b);
+}
+uint64_t num(const std::string& json, const std::string& key) {
+  return std::strtoull(field(json, key).c_str(), nullptr, 10);
+}
+
+struct Output {
+  std::string ids, logits, report;
+};
+
+// One generate; REQUIREs success and returns ids, logits bytes and the report.
+Output generate(const std::string& model, const std::string& ids, const std::string& flags, const TempDir& d,
+                const std::string& env = "") {
+  fs::remove(d / "l.bin");
+  fs::remove(d / "r.json");
+  const Run r = k3flow(fmt::format("generate {} --ids {} --dump-logits {} --out {} {}", model, ids,
+                                   d / "l.bin", d / "r.json", flags),
+                       env);
+  INFO(flags);
+  INFO(r.out);
+  INFO(r.err);
+  REQUIRE(!r.timed_out);
+  REQUIRE(r.code == 0);
+  Output o;
+  o.report = slurp(d / "r.json");
+  o.ids = field(o.report, "generated_ids");
+  o.logits = slurp(d / "l.bin");
+  return o;
+}
+
+// 8 layers (dense 0, MoE 1..7, MLA 3 and 7), 32 experts, top-4: ~14 MB in 3 shards.
+struct Synth {
+  TempDir dir;
+  std::string model, trunk;
+  Synth() {
+    model = dir / "m";
+    trunk = dir / "t";
+    Run s = k3flow(fmt::format("synth {} --size tiny --layers 8 --shards 3 --seed 4", model));
+    REQUIRE_MESSAGE(s.code == 0, s.err);
+    Run p = k3flow(fmt::format("pack-trunk {} {}", model, trunk));
+    REQUIRE_MESSAGE(p.code == 0, p.err);
+  }
+};
+
+Synth& synth() {
+  static Synth s;
+  return s;
+}
+
+const char* const kStrategies[] = {"serial", "trunk", "overlap", "lookahead"};
+
+}  // namespace
+
+TEST_CASE(
+    "synthetic checkpoint: streamed == resident bits for every strategy, budget, source, mode, threads") {
+  Synth& s = synth();
+  TempDir d;
+  const std::string ids = "5,900,17,17,3,640,201,88";
+  for (const char* mode : {"--incremental", ""}) {
+    CAPTURE(mode);
+    const Output ref = generate(s.model, ids, fmt::format("--gen 4 {}", mode), d);
+    CHECK(field(ref.report, "strategy") == "\"resident\"");
+    for (const char* budget : {"--preset ultra", "--mem-gb 0.02", "--mem-gb 1"})
+      for (const char* strategy : kStrategies)
+        for (bool trunk : {false, true}) {
+          if (*mode == 0 && trunk && std::string(budget) != "--preset ultra") continue;  // keep it short
+          const std::string flags = fmt::format("--gen 4 {} {} --strategy {} {}", mode, budget, strategy,
+                                                trunk ? "--trunk " + s.trunk : "");
+          CAPTURE(flags);
+          const Output o = generate(s.model, ids, flags, d);
+          CHECK(o.ids == ref.ids);
+          CHECK(o.logits == ref.logits);
+          CHECK(field(o.report, "strategy") == fmt::format("\"{}\"", strategy));
+        }
+  }
+  for (const char* threads : {"--threads 1", "--threads 2"}) {
+    CAPTURE(threads);
+    const Output ref = generate(s.model, ids, fmt::format("--gen 3 --incremental {}", threads), d);
+    for (const char* strategy : {"serial", "lookahead"}) {
+      const Output o = generate(
+          s.model, ids,
+          fmt::format("--gen 3 --incremental --preset ultra --strategy {} {}", strategy, threads), d);
+      CHECK(o.ids == ref.ids);
+      CHECK(o.logits == ref.logits);
+    }
+  }
+}
+
+TEST_CASE(
+    "fixtures/tiny-k3 streamed at the floor: the golden logits, from the shards and from a packed trunk") {
+  TempDir d;
+  REQUIRE(k3flow(fmt::format("pack-trunk {} {}", kTinyK3, d / "trunk")).code == 0);
+  const std::string golden = slurp(std::string(K3_FIXTURES) + "/golden/tiny_c_logits.bin");
+  for (const char* strategy : kStrategies)
+    for (const std::string& trunk : {std::string(), "--trunk " + d / "trunk"}) {
+      CAPTURE(strategy);
+      CAPTURE(trunk);
+      const Output o = generate(kTinyK3, kTinyFull,
+                                fmt::format("--gen 1 --preset ultra --strategy {} {}", strategy, trunk), d);
+      CHECK(o.logits == golden);
+      CHECK(o.ids == "6");
+    }
+}
+
+TEST_CASE("report: field names, io_uring carries every byte, K3FLOW_NO_URING gives the same bits by pread") {
+  Synth& s = synth();
+  TempDir d;
+  const Output a = generate(s.model, "1,2,3", "--gen 3 --incremental --mem-gb 0.02", d);
+  for (const char* key : {"strategy", "threads", "budget_bytes", "trunk_bytes_read", "expert_bytes_read",
+                          "expert_requests", "expert_hits", "lookahead_predicted", "lookahead_used",
+                          "uring_bytes", "pread_bytes", "io_busy_seconds", "compute_busy_seconds",
+                          "wall_seconds", "overlap_efficiency", "peak_rss_bytes", "tokens"})
+    CHECK_MESSAGE(a.report.find(fmt::format("\"{}\":", key)) != std::string::npos, key);
+  const std::string tokens = field(a.report, "tokens");
+  for (const char* key :
+       {"step", "token", "wall_seconds", "io_wait_seconds", "compute_seconds", "trunk_bytes", "expert_bytes"})
+    CHECK_MESSAGE(tokens.find(fmt::format("\"{}\":", key)) != std::string::npos, key);
+  CHECK(field(a.report, "strategy") == "\"lookahead\"");  // the default
+  CHECK(num(a.report, "budget_bytes") == uint64_t(std::llround(0.02 * (1 << 30))));
+  const uint64_t read = num(a.report, "trunk_bytes_read") + num(a.report, "expert_bytes_read");
+  CHECK(read > 0);
+  CHECK(num(a.report, "uring_bytes") == read);
+  CHECK(num(a.report, "pread_bytes") == 0);
+  CHECK(num(a.report, "expert_hits") <= num(a.report, "expert_requests"));
+  CHECK(num(a.report, "lookahead_used") <= num(a.report, "lookahead_predicted"));
+
+  const Output b = generate(s.model, "1,2,3", "--gen 3 --incremental --mem-gb 0.02", d, "K3FLOW_NO_URING=1");
+  CHECK(b.ids == a.ids);
+  CHECK(b.logits == a.logits);
+  CHECK(num(b.report, "uring_bytes") == 0);
+  CHECK(num(b.report, "pread_bytes") ==
+        num(b.report, "trunk_bytes_read") + num(b.report, "expert_bytes_read"));
+}
+
+TEST_CASE("the budget holds: a checkpoint over 3x the budget decodes with the child's peak RSS under it") {
+  TempDir d;
+  const std::string model = d / "small";
+  REQUIRE(k3flow(fmt::format("synth {} --size small --seed 2", model)).code == 0);
+  uint64_t on_disk = 0;
+  for (const auto& e : fs::directory_iterator(model)) on_disk += fs::file_size(e.path());
+  const double gb = 0.09;
+  const uint64_t budget = uint64_t(std::llround(gb * (1 << 30)));
+  REQUIRE(on_disk >= 3 * budget);
+  const Run r = k3flow(fmt::format("generate {} --ids 7,8,9 --gen 3 --incremental --mem-gb {} --out {}",
+                                   model, gb, d / "r.json"),
+                       "", 120);
+  REQUIRE_MESSAGE(r.code == 0, std::string(r.out + r.err));
+  MESSAGE(fmt::format("small ({} MB on disk) at --mem-gb {} ({} B): child peak RSS {} B", on_disk / 1000000,
+                      gb, budget, r.peak_rss));
+  CHECK(r.peak_rss <= budget);
+  CHECK(num(slurp(d / "r.json"), "peak_rss_bytes") <= budget);
+
+  const Run low =
+      k3flow(fmt::format("generate {} --ids 7 --gen 1 --mem-gb 0.01 --out {}", model, d / "x.json"));
+  CHECK(low.code == 2);
+  CHECK(low.err.find("short of the floor") != std::string::npos);
+  CHECK(!fs::exists(d / "x.json"));
+}
+
+TEST_CASE("faults: one line naming the file, exit 1, no hang, no output that looks complete") {
+  Synth& s = synth();
+  TempDir d;
+  auto no_outputs = [&] {
+    CHECK(!fs::exists(d / "r.json"));
+    CHECK(!fs::exists(d / "l.bin"));
+  };
+  auto one_line = [](const std::string& err) { return !err.empty() && err.find('\n') == err.size() - 1; };
+
+  SUBCASE("a shard truncated between tokens") {
+    fs::copy(s.model, d / "m");
+    const std::string victim = d / "m/model-00003-of-000003.safetensors";
+    bool truncated = false;
+    const Run r = k3flow(
+        fmt::format("generate {} --ids 1,2,3 --gen 4 --incremental --preset ultra --dump-logits {} --out {}",
+                    d / "m", d / "l.bin", d / "r.json"),
+        "K3FLOW_TEST_STEP_DELAY_MS=1500", 60, [&](const std::string& out) {
+          if (out.find("\n0      ") == std::string::npos) return true;
+          fs::resize_file(victim, 4096);
+          truncated = true;
+          return false;
+        });
+    INFO(r.out);
+    CHECK(truncated);
+    CHECK(!r.timed_out);
+    CHECK(r.code == 1);
+    CHECK(r.err.find("model-00003-of-000003.safetensors") != std::string::npos);
+    CHECK(one_line(r.err));
+    no_outputs();
+  }
+  SUBCASE("trunk.bin truncated between tokens") {
+    fs::copy(s.trunk, d / "t");
+    bool truncated = false;
+    const Run r =
+        k3flow(fmt::format("generate {} --ids 1,2,3 --gen 4 --incremental --preset ultra --trunk {} "
+                           "--dump-logits {} --out {}",
+                           s.model, d / "t", d / "l.bin", d / "r.json"),
+               "K3FLOW_TEST_STEP_DELAY_MS=1500", 60, [&](const std::string& out) {
+                 if (out.find("\n0      ") == std::string::npos) return true;
+                 fs::resize_file(d / "t/trunk.bin", 8192);
+                 truncated = true;
+                 return false;
+               });
+    INFO(r.out);
+    CHECK(truncated);
+    CHECK(r.code == 1);
+    CHECK(r.err.find("trunk.bin") != std::string::npos);
+    CHECK(one_line(r.err));
+    no_outputs();
+  }
+  SUBCASE("an unreadable trunk file") {
+    fs::create_directories(d / "t");
+    fs::copy_file(s.trunk + "/trunk.json", d / "t/trunk.json");
+    fs::create_directory(d / "t/trunk.bin");  // not a readable file, even for root
+    const Run r =
+        k3flow(fmt::format("generate {} --ids 1,2 --gen 2 --mem-gb 0.02 --trunk {} --dump-logits {} --out {}",
+                           s.model, d / "t", d / "l.bin", d / "r.json"));
+    CHECK(r.code == 1);
+    CHECK(r.err.find("trunk.bin") != std::string::npos);
+    CHECK(one_line(r.err));
+    no_outputs();
+  }
+  SUBCASE("a pack interrupted half way") {
+    const Run p = k3flow(fmt::format("pack-trunk {} {}", s.model, d / "t"),
+                         "K3FLOW_FAIL_AFTER_BYTES=3000000 K3FLOW_FAIL_MODE=kill");
+    CHECK(p.code != 0);
+    const Run r =
+        k3flow(fmt::format("generate {} --ids 1,2 --gen 2 --mem-gb 0.02 --trunk {} --dump-logits {} --out {}",
+                           s.model, d / "t", d / "l.bin", d / "r.json"));
+    CHECK(r.code == 1);
+    CHECK(r.err.find("trunk.json") != std::string::npos);
+    CHECK(one_line(r.err));
+    no_outputs();
+  }
+}
+
+TEST_CASE("--trace writes Chrome trace events; --graph-dot writes the graph annotated with the run") {
+  Synth& s = synth();
+  TempDir d;
+  const Output o = generate(
+      s.model, "1,2,3",
+      fmt::format("--gen 2 --incremental --mem-gb 0.02 --trace {} --graph-dot {}", d / "t.json", d / "g.dot"),
+      d);
+  simdjson::dom::parser parser;
+  simdjson::dom::element doc;
+  REQUIRE(parser.load(d / "t.json").get(doc) == simdjson::SUCCESS);
+  simdjson::dom::array events;
+  REQUIRE(doc["traceEvents"].get_array().get(events) == simdjson::SUCCESS);
+  int begins = 0, ends = 0, counters = 0, names = 0, attention = 0;
+  for (simdjson::dom::element e : events) {
+    std::string_view ph, name;
+    REQUIRE(e["ph"].get_string().get(ph) == simdjson::SUCCESS);
+    if (e["name"].get_string().get(name) != simdjson::SUCCESS) name = {};
+    if (ph == "b") {
+      ++begins;
+      int64_t bytes = -1;
+      CHECK(e["args"]["bytes"].get_int64().get(bytes) == simdjson::SUCCESS);
+      CHECK(bytes > 0);
+    }
+    ends += ph == "e";
+    counters += ph == "C";
+    names += ph == "M";
+    attention += ph == "X" && name == "attention";
+  }
+  CHECK(begins > 0);
+  CHECK(begins == ends);
+  CHECK(counters > 0);
+  CHECK(names >= 2);          // the driver and at least one reader thread
+  CHECK(attention == 2 * 8);  // 2 tokens x 8 layers
+  const std::string dot = slurp(d / "g.dot");
+  for (const char* node : {"trunk_read", "layer_gate", "attention", "expert_fetch", "expert_compute",
+                           "combine", "trunk ring", "expert slots"})
+    CHECK_MESSAGE(dot.find(node) != std::string::npos, node);
+  CHECK(dot.find("16 items") != std::string::npos);  // attention ran 16 times
+}
