@@ -106,7 +106,6 @@ std::unique_ptr<StreamRun> StreamRun::open(const StreamFlags& f, const io::Model
                                            const io::ShardSet& shards, int n_layers, uint64_t context,
                                            int gen) {
   const uint64_t avail = mem_available_bytes();
-  const bool budget_given = f.mem_gb > 0 || !f.preset.empty() || f.trunk_gb > 0;
   if (!f.requested()) {
     // No flag: resident unless the weights plus headroom do not fit in what the machine has free.
     const uint64_t need = checkpoint_bytes(shards);
@@ -123,7 +122,9 @@ std::unique_ptr<StreamRun> StreamRun::open(const StreamFlags& f, const io::Model
   if (!f.trunk_dir.empty()) s.trunk.emplace(io::PackedTrunk::open(f.trunk_dir, cfg.n_layers));
   s.src = WeightSources::open(cfg, shards, s.trunk ? &*s.trunk : nullptr, n_layers);
 
+  // The planner's own terms (what `k3flow plan` and `k3flow bench` count) plus this process's.
   const uint64_t baseline = current_rss_bytes();
+  const PlanInputs bare = s.src->plan_inputs(context, {});
   PlanInputs in = s.src->plan_inputs(
       context, {{"process baseline (code, libraries, index; measured)", 1, baseline, baseline},
                 {"threads, allocator and reader slack", 1, kSlackBytes, kSlackBytes}});
@@ -145,8 +146,17 @@ std::unique_ptr<StreamRun> StreamRun::open(const StreamFlags& f, const io::Model
     b.total = avail;
     b.source = "MemAvailable";
   }
-  (void)budget_given;
   b.source += fmt::format(", context {}, trunk {}", context, s.trunk ? f.trunk_dir : "read from the shards");
+  // The floor is the planner's (so plan, bench and generate refuse the same budgets). A budget above
+  // it but too small to also hold this process is planned without the process terms: the run works,
+  // and says its peak RSS will exceed the budget.
+  if (!b.trunk && b.total < plan_floor(in, b.ring_slots) && b.total >= plan_floor(bare, b.ring_slots)) {
+    std::printf(
+        "WARNING: budget %s is above the plan floor but below floor + this process's own %s (baseline + "
+        "slack): planned at the floor; peak RSS will exceed the budget\n",
+        mb(b.total).c_str(), mb(baseline + kSlackBytes).c_str());
+    in = bare;
+  }
   s.plan = make_plan(in, b);
   std::printf("%s", format_plan(s.plan).c_str());
   std::printf("streaming: strategy %s, trunk %s, %d of %d layers pinned, ring %d x %s, %llu expert slots\n",

@@ -6,9 +6,12 @@
 // or (no flag) when the checkpoint does not fit in MemAvailable. Without a budget flag the budget is
 // MemAvailable. Otherwise generate stays resident, exactly as before.
 //
-// The budget is what the OS will measure: the plan is made for the budget MINUS this process's own
-// resident memory when planning (code, libraries, the tensor index: measured from /proc/self/status)
-// and a small allowance for thread stacks and allocator slack, both listed as resident terms.
+// The budget is what the OS will measure: the plan counts this process's own resident memory when
+// planning (code, libraries, the tensor index: VmRSS from /proc/self/status) and an allowance for
+// thread stacks and allocator slack as resident terms, so the pools shrink by that much. The floor
+// that refuses a budget (exit 2) is the planner's own, as `k3flow plan` and `k3flow bench` compute
+// it; a budget between that floor and floor + the process terms is planned at the floor with a
+// warning that the peak RSS will exceed it (only tiny models get there: the process terms are ~12 MB).
 #pragma once
 #include <CLI/CLI.hpp>
 #include <cstdint>
