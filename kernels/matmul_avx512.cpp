@@ -272,12 +272,21 @@ struct Group {
 }
 
 // s_l over the four chunks, then t_j = s_j + s_{j+4} (lo256 + hi256).
-[[gnu::always_inline]] inline __m256d group_partial(const Group& g, const double* x) {
-  __m512d s = _mm512_fmadd_pd(g.w[0], _mm512_loadu_pd(x), _mm512_setzero_pd());
-  s = _mm512_fmadd_pd(g.w[1], _mm512_loadu_pd(x + 8), s);
-  s = _mm512_fmadd_pd(g.w[2], _mm512_loadu_pd(x + 16), s);
-  s = _mm512_fmadd_pd(g.w[3], _mm512_loadu_pd(x + 24), s);
+[[gnu::always_inline]] inline __m256d group_partial(const Group& g, const __m512d x[4]) {
+  __m512d s = _mm512_fmadd_pd(g.w[0], x[0], _mm512_setzero_pd());
+  s = _mm512_fmadd_pd(g.w[1], x[1], s);
+  s = _mm512_fmadd_pd(g.w[2], x[2], s);
+  s = _mm512_fmadd_pd(g.w[3], x[3], s);
   return _mm256_add_pd(_mm512_castpd512_pd256(s), _mm512_extractf64x4_pd(s, 1));
+}
+
+// The group's 32 inputs, loaded once for all the rows of a block.
+struct GroupX {
+  __m512d v[4];
+};
+
+[[gnu::always_inline]] inline GroupX load_group_x(const double* x) {
+  return {{_mm512_loadu_pd(x), _mm512_loadu_pd(x + 8), _mm512_loadu_pd(x + 16), _mm512_loadu_pd(x + 24)}};
 }
 
 // Four groups' t vectors -> their subs (t0+t1)+(t2+t3), one per lane, in group order.
@@ -333,22 +342,28 @@ void mxfp4_block(const uint8_t* packed, size_t pc, const uint8_t* scales, size_t
   }
   size_t g = 0;
   for (; g + 4 <= full; g += 4) {
+    __m256d tv[NR][NT][4];
+#pragma GCC unroll 8
+    for (int k = 0; k < 4; ++k) {
+      GroupX xk[NT];
+#pragma GCC unroll 8
+      for (int t = 0; t < NT; ++t) xk[t] = load_group_x(x + t * cols + (g + k) * G);
+#pragma GCC unroll 8
+      for (int r = 0; r < NR; ++r) {
+        // A skipped group's lanes are computed (the inputs may hold inf / NaN) but masked out below.
+        const Group w = decode(packed + r * pc + (g + k) * G / 2);
+#pragma GCC unroll 8
+        for (int t = 0; t < NT; ++t) tv[r][t][k] = group_partial(w, xk[t].v);
+      }
+    }
 #pragma GCC unroll 8
     for (int r = 0; r < NR; ++r) {
       _mm_prefetch(reinterpret_cast<const char*>(packed + r * pc + g * G / 2 + kPrefetchBytes), _MM_HINT_T0);
       __mmask8 keep;
       const __m256d s4 = scales4(scales + r * sc + g, keep);
-      __m256d tv[NT][4];
-#pragma GCC unroll 8
-      for (int k = 0; k < 4; ++k) {
-        // A skipped group's lanes are computed (the inputs may hold inf / NaN) but masked out below.
-        const Group w = decode(packed + r * pc + (g + k) * G / 2);
-#pragma GCC unroll 8
-        for (int t = 0; t < NT; ++t) tv[t][k] = group_partial(w, x + t * cols + (g + k) * G);
-      }
 #pragma GCC unroll 8
       for (int t = 0; t < NT; ++t) {
-        const __m256d sub = subs4(tv[t][0], tv[t][1], tv[t][2], tv[t][3]);
+        const __m256d sub = subs4(tv[r][t][0], tv[r][t][1], tv[r][t][2], tv[r][t][3]);
         acc[r][t] = add4(acc[r][t], _mm256_maskz_mul_pd(keep, sub, s4));  // separate multiply, then add
       }
     }
@@ -363,7 +378,10 @@ void mxfp4_block(const uint8_t* packed, size_t pc, const uint8_t* scales, size_t
       if (g < full) {
         const Group w = decode(bytes);
 #pragma GCC unroll 8
-        for (int t = 0; t < NT; ++t) acc[r][t] = acc[r][t] + sub1(group_partial(w, x + t * cols + g * G)) * s;
+        for (int t = 0; t < NT; ++t) {
+          const GroupX xg = load_group_x(x + t * cols + g * G);
+          acc[r][t] = acc[r][t] + sub1(group_partial(w, xg.v)) * s;
+        }
       } else {
 #pragma GCC unroll 8
         for (int t = 0; t < NT; ++t) {
