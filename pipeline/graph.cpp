@@ -404,21 +404,29 @@ struct StreamingModel::Impl {
       a.offset = int64_t(ls.reads.front().offset);
       Trace::async_begin("trunk read", "io", id, a);
     }
+    // The graph waits for this read: wait_for_all() cannot return while it is in flight. If the
+    // submission itself throws, nothing will complete, so the wait is given back here.
     gw.reserve_wait();
-    trunk_reader.submit(trunk_reqs,
-                        [this, &gw, &h, visit, layer, slot, id, total](const io::ReadCompletion& r) {
-                          name_reader("io_uring trunk reader");
-                          if (!r.ok()) {
-                            h.read_failed.store(true);
-                            fail(r.message);
-                          }
-                          if (h.pending_reads.fetch_sub(1) == 1) {
-                            if (Trace::enabled()) Trace::async_end("trunk read", "io", id);
-                            act.read_end(total);
-                            if (!h.read_failed.load()) gw.try_put(TrunkReady{visit, layer, slot});
-                            gw.release_wait();
-                          }
-                        });
+    try {
+      trunk_reader.submit(trunk_reqs,
+                          [this, &gw, &h, visit, layer, slot, id, total](const io::ReadCompletion& r) {
+                            name_reader("io_uring trunk reader");
+                            if (!r.ok()) {
+                              h.read_failed.store(true);
+                              fail(r.message);
+                            }
+                            if (h.pending_reads.fetch_sub(1) == 1) {
+                              if (Trace::enabled()) Trace::async_end("trunk read", "io", id);
+                              act.read_end(total);
+                              if (!h.read_failed.load()) gw.try_put(TrunkReady{visit, layer, slot});
+                              gw.release_wait();
+                            }
+                          });
+    } catch (...) {
+      act.read_end(total);
+      gw.release_wait();
+      throw;
+    }
   }
 
   // Puts visit v's trunk on its way: a loaded pin is ready now, an unloaded one is read into its
@@ -491,21 +499,29 @@ struct StreamingModel::Impl {
       gw.reserve_wait();
     }
     counters();
-    expert_reader.submit(expert_reqs, [this, &gw](const io::ReadCompletion& r) {
-      name_reader("io_uring expert reader");
-      const int slot = int(r.tag);
-      SlotRead& sr = slot_reads[size_t(slot)];
-      if (!r.ok()) {
-        sr.failed.store(true);
-        fail(r.message);
-      }
-      if (sr.pending.fetch_sub(1) == 1) {
-        if (Trace::enabled()) Trace::async_end(sr.trace_name, "io", sr.trace_id);
-        act.read_end(sr.bytes);
-        gw.try_put(ExpertLanded{slot, -1, true, !sr.failed.load()});
+    try {
+      expert_reader.submit(expert_reqs, [this, &gw](const io::ReadCompletion& r) {
+        name_reader("io_uring expert reader");
+        const int slot = int(r.tag);
+        SlotRead& sr = slot_reads[size_t(slot)];
+        if (!r.ok()) {
+          sr.failed.store(true);
+          fail(r.message);
+        }
+        if (sr.pending.fetch_sub(1) == 1) {
+          if (Trace::enabled()) Trace::async_end(sr.trace_name, "io", sr.trace_id);
+          act.read_end(sr.bytes);
+          gw.try_put(ExpertLanded{slot, -1, true, !sr.failed.load()});
+          gw.release_wait();
+        }
+      });
+    } catch (...) {  // nothing was queued: give back every wait taken above
+      for (const ReadItem& it : b.items) {
+        act.read_end(slot_reads[size_t(it.slot)].bytes);
         gw.release_wait();
       }
-    });
+      throw;
+    }
   }
 
   // ------------------------------------------------------------------ the graph
