@@ -904,14 +904,19 @@ void StreamingModel::Impl::build() {
 
   if (!dot) return;
   dot->add_pool("trunk ring", "trunk io", uint64_t(trunk.ring_slots()), trunk.slot_read_bytes());
-  dot->add_pool("pinned trunk", "trunk io", plan.pinned.size(), 0);
-  if (cache) dot->add_pool("expert slots", "moe", cache->slot_count(), cache->slot_bytes());
+  dot->add_pool("pinned trunk", "trunk io", plan.pinned.size(),
+                plan.pinned.empty() ? 0 : trunk.pinned_bytes() / plan.pinned.size());
+  if (cache) {
+    dot->add_pool("expert slots", "moe", cache->slot_count(), cache->slot_bytes());
+    dot->add_edge("expert slots", kNodeNames[kExpertFetch], "claim (LRU, pins)");
+  }
   auto e = [&](Node a, Node b, const char* label = "") {
     dot->add_edge(kNodeNames[a], kNodeNames[b], label);
   };
   e(kSchedule, kTrunkClaim, "job");
   e(kTrunkFree, kTrunkClaim, "free slot");
   dot->add_edge("trunk ring", kNodeNames[kTrunkFree], "slot ids");
+  dot->add_edge("pinned trunk", kNodeNames[kTrunkRead], "first touch");
   e(kTrunkClaim, kTrunkRead, "(job, slot)");
   e(kTrunkRead, kTrunkBind, "landed");
   e(kTrunkBind, kLayerGate, "weights ready");

@@ -12,6 +12,10 @@ namespace {
 std::string dot_quoted(const std::string& s) {
   std::string out = "\"";
   for (char c : s) {
+    if (c == '\n') {  // a line break in a label: DOT's own escape
+      out += "\\n";
+      continue;
+    }
     if (c == '"' || c == '\\') out += '\\';
     out += c;
   }
@@ -57,20 +61,22 @@ std::string GraphDescription::to_dot() const {
     for (size_t i : members) {
       const Node& n = nodes_[i];
       const NodeStats& s = stats_[i];
-      std::string label = n.id + "\\n" + n.kind;
+      std::string label = n.id + "\n" + n.kind;
       if (n.pool) {
-        label += "\\n" + std::to_string(n.slots) + " x " + human_bytes(double(n.slot_bytes));
+        label += "\n" + std::to_string(n.slots) + " x " + human_bytes(double(n.slot_bytes));
       } else {
-        label += "\\nconcurrency " + (n.concurrency == 0 ? std::string("unlimited") : std::to_string(n.concurrency));
+        label += "\nconcurrency " +
+                 (n.concurrency == 0 ? std::string("unlimited") : std::to_string(n.concurrency));
       }
       if (s.items.load() > 0) {
         char buf[128];
-        std::snprintf(buf, sizeof buf, "\\n%llu items, busy %.3f s", (unsigned long long)s.items.load(),
+        std::snprintf(buf, sizeof buf, "\n%llu items, busy %.3f s", (unsigned long long)s.items.load(),
                       double(s.busy_us.load()) / 1e6);
         label += buf;
         if (s.bytes.load() > 0) label += ", " + human_bytes(double(s.bytes.load()));
       }
-      out += "    " + dot_quoted(n.id) + " [label=" + dot_quoted(label) + ", shape=" + (n.pool ? "cylinder" : "box") + "];\n";
+      out += "    " + dot_quoted(n.id) + " [label=" + dot_quoted(label) +
+             ", shape=" + (n.pool ? "cylinder" : "box") + "];\n";
     }
     out += "  }\n";
   }
