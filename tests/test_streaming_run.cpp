@@ -238,6 +238,17 @@ TEST_CASE(
       CHECK(o.logits == golden);
       CHECK(o.ids == "6");
     }
+  // An unseen prompt, 6 tokens incremental, at the floor and with room for a cache and lookahead.
+  const Output ref = generate(kTinyK3, "17,250,3,3,3,99,0,128", "--gen 6 --incremental", d);
+  for (const char* strategy : kStrategies)
+    for (const char* budget : {"--preset ultra", "--mem-gb 0.05"}) {
+      CAPTURE(strategy);
+      CAPTURE(budget);
+      const Output o = generate(kTinyK3, "17,250,3,3,3,99,0,128",
+                                fmt::format("--gen 6 --incremental {} --strategy {}", budget, strategy), d);
+      CHECK(o.ids == ref.ids);
+      CHECK(o.logits == ref.logits);
+    }
 }
 
 TEST_CASE("report: field names, io_uring carries every byte, K3FLOW_NO_URING gives the same bits by pread") {
