@@ -272,6 +272,13 @@ TEST_CASE("report: field names, io_uring carries every byte, K3FLOW_NO_URING giv
   CHECK(num(a.report, "pread_bytes") == 0);
   CHECK(num(a.report, "expert_hits") <= num(a.report, "expert_requests"));
   CHECK(num(a.report, "lookahead_used") <= num(a.report, "lookahead_predicted"));
+  const double io = std::atof(field(a.report, "io_busy_seconds").c_str()),
+               cpu = std::atof(field(a.report, "compute_busy_seconds").c_str()),
+               eff = std::atof(field(a.report, "overlap_efficiency").c_str());
+  CHECK(io > 0);
+  CHECK(cpu > 0);
+  CHECK(eff > 0);
+  CHECK(eff <= 1.0);
 
   const Output b = generate(s.model, "1,2,3", "--gen 3 --incremental --mem-gb 0.02", d, "K3FLOW_NO_URING=1");
   CHECK(b.ids == a.ids);
