@@ -1,11 +1,11 @@
+// clang-format off
 // Streaming decode as a oneTBB flow graph (PIPELINE.md §4). Built once per run from the plan,
 // reused for every forward call; messages carry handles (visit = call * n_layers + layer, slot,
 // expert group), never weights; every weight byte lives in a slot of a pool the planner sized.
 //
 //  trunk_schedule ─┐
 //  trunk_free ─────┴► trunk_claim (join) ► trunk_read (async, io_uring) ► trunk_bind ─┐
-//                                                                                    ├► layer_gate (key =
-//                                                                                    visit)
+//                                                                                    ├► layer_gate (key = visit)
 //  layer_go (hidden state of visit v, from layer_done or the driver) ─────────────────┘      │
 //      ┌──────────────────────────────────────────────────────────────────────────────────┘
 //      └► attention ─► dense_ffn ─────────────────────────────────────────► layer_done
@@ -63,6 +63,7 @@
 // experts read after routing and all awaited, then shared + experts computed), overlap (expert reads
 // async, shared experts and latent computed while they load, each expert computed as it lands),
 // lookahead (overlap + next-layer expert prefetch).
+// clang-format on
 #pragma once
 #include <cstdint>
 #include <memory>
