@@ -197,6 +197,7 @@ RunSample summarize_run(const ChildReport& rep, const std::vector<StepRow>& tabl
                         uint64_t peak_rss_os) {
   RunSample s;
   s.ids = rep.generated_ids;
+  s.strategy = rep.strategy;
   s.peak_rss_os = peak_rss_os;
   s.peak_rss_report = rep.peak_rss_bytes;
   s.lookahead_predicted = rep.lookahead_predicted;

@@ -47,6 +47,7 @@ std::vector<StepRow> parse_step_table(std::string_view stdout_text);
 // One child run, reduced to per-token figures.
 struct RunSample {
   std::vector<int32_t> ids;  // generated_ids
+  std::string strategy;      // as the child reports it ("resident", a strategy, or empty: not reported)
   double s_per_token = 0;    // mean wall time of the measured steps
   double bytes_per_token = 0;
   double compute_per_token = 0;  // 0 when the child reports no compute time

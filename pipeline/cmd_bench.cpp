@@ -321,23 +321,32 @@ int run_bench(const BenchArgs& a) {
   for (uint32_t s = 0; s < shards.shard_count(); ++s) model_bytes += shards.shard_size(s);
   const uint64_t avail = available_memory();
   std::optional<double> t_cpu;
-  if (model_bytes + model_bytes / 10 + (uint64_t{256} << 20) <= avail) {
+  // The same headroom rule generate applies before it decides to stream when given no budget.
+  bool resident = model_bytes + model_bytes / 8 + (uint64_t{256} << 20) <= avail;
+  if (resident) {
     std::vector<double> cpu, wall;
-    for (int r = 0; r < a.repeat; ++r) {
+    for (int r = 0; r < a.repeat && resident; ++r) {
       const RunSample s = runner.run(fmt::format("resident (repeat {})", r + 1), {}, cache_dirs);
+      if (!s.strategy.empty() && s.strategy != "resident") {
+        std::printf("compute: generate without a budget ran '%s', not resident\n", s.strategy.c_str());
+        resident = false;
+      }
       cpu.push_back(s.compute_per_token > 0 ? s.compute_per_token : s.s_per_token);
       wall.push_back(s.s_per_token);
     }
-    t_cpu = median(cpu);
-    sum.t_cpu_source = fmt::format("resident run, median of {}", a.repeat);
-    std::printf("compute, weights resident (%s): %.4f s/token median, %.4f min (wall %.4f s/token)\n",
-                human(double(model_bytes)).c_str(), *t_cpu, *std::min_element(cpu.begin(), cpu.end()),
-                median(wall));
-  } else {
+    if (resident) {
+      t_cpu = median(cpu);
+      sum.t_cpu_source = fmt::format("resident run, median of {}", a.repeat);
+      std::printf("compute, weights resident (%s): %.4f s/token median, %.4f min (wall %.4f s/token)\n",
+                  human(double(model_bytes)).c_str(), *t_cpu, *std::min_element(cpu.begin(), cpu.end()),
+                  median(wall));
+    }
+  }
+  if (!resident) {
     sum.t_cpu_source = "each strategy's compute busy time";
     std::printf(
-        "compute: the model (%s) does not fit in the %s available, so no resident run; T_cpu is "
-        "each strategy's own compute busy time\n",
+        "compute: no resident measurement (the model is %s, %s available); T_cpu is each strategy's "
+        "own compute busy time\n",
         human(double(model_bytes)).c_str(), human(double(avail)).c_str());
   }
   sum.t_cpu_per_token = t_cpu;
@@ -362,6 +371,9 @@ int run_bench(const BenchArgs& a) {
         extra.insert(extra.end(),
                      {"--trace", (fs::path(a.trace_dir) / fmt::format("{}-r{}.json", st, r + 1)).string()});
       const RunSample s = runner.run(fmt::format("strategy '{}' (repeat {})", st, r + 1), extra, cache_dirs);
+      if (has("--strategy") && !s.strategy.empty() && s.strategy != st)
+        throw io::runtime_error(
+            fmt::format("strategy '{}' (repeat {}): the run reports strategy '{}'", st, r + 1, s.strategy));
       std::printf("  [%d/%d] %-10s %.4f s/token over %d step%s, %s read/token, peak RSS %s\n", r + 1,
                   a.repeat, st.c_str(), s.s_per_token, s.measured_steps, s.measured_steps == 1 ? "" : "s",
                   human(s.bytes_per_token).c_str(), human(double(s.peak_rss_os)).c_str());

@@ -128,8 +128,8 @@ void check_keys(const Json& j) {
 
 // A stand-in for `k3flow generate`: the streaming engine's full report, with per-strategy step-1
 // wall times serial 0.4, trunk 0.3, overlap 0.2, lookahead 0.25 s (resident 0.1) and a step 0 far
-// slower, so using it would show. FAKE_FAIL / FAKE_BAD_IDS / FAKE_BAD_LOGITS name a strategy to
-// misbehave; every call is logged to FAKE_LOG.
+// slower, so using it would show. FAKE_FAIL / FAKE_BAD_IDS / FAKE_BAD_LOGITS / FAKE_WRONG_STRATEGY
+// name a strategy to misbehave; every call is logged to FAKE_LOG.
 const char* kFakeGenerate = R"FAKE(#!/bin/bash
 [ "$1" = generate ] || { echo "fake: expected generate, got $1" >&2; exit 9; }
 shift
@@ -152,10 +152,11 @@ echo "$st $mem" >> "$FAKE_LOG"
 if [ "$st" = "$FAKE_FAIL" ]; then echo "STEP TOKEN"; echo "k3flow: $st ran out of expert slots" >&2; exit 1; fi
 case $st in serial) w=0.4;; trunk) w=0.3;; overlap) w=0.2;; lookahead) w=0.25;; *) w=0.1;; esac
 ids="7,8"; [ "$st" = "$FAKE_BAD_IDS" ] && ids="7,9"
+said=$st; [ "$st" = "$FAKE_WRONG_STRATEGY" ] && said=serial
 printf 'LOGITS' > "$logits"; [ "$st" = "$FAKE_BAD_LOGITS" ] && printf 'LOGITX' > "$logits"
 pred=0; used=0; [ "$st" = lookahead ] && { pred=10; used=7; }
 cat > "$out" <<JSON
-{"prompt_ids":[1,2],"generated_ids":[$ids],"full_ids":[1,2,$ids],"layers":4,"seconds_per_token":9.9,"peak_rss_bytes":123456789,"strategy":"$st","threads":0,"budget_bytes":0,"trunk_bytes_read":7000000000,"expert_bytes_read":6000000000,"expert_requests":20,"expert_hits":5,"lookahead_predicted":$pred,"lookahead_used":$used,"uring_bytes":0,"pread_bytes":0,"io_busy_seconds":1,"compute_busy_seconds":1,"wall_seconds":2,"overlap_efficiency":0.5,"tokens":[{"step":0,"token":7,"wall_seconds":5.0,"io_wait_seconds":1,"compute_seconds":2.0,"trunk_bytes":5000000000,"expert_bytes":5000000000},{"step":1,"token":8,"wall_seconds":$w,"io_wait_seconds":0.1,"compute_seconds":0.1,"trunk_bytes":2000000000,"expert_bytes":1000000000}]}
+{"prompt_ids":[1,2],"generated_ids":[$ids],"full_ids":[1,2,$ids],"layers":4,"seconds_per_token":9.9,"peak_rss_bytes":123456789,"strategy":"$said","threads":0,"budget_bytes":0,"trunk_bytes_read":7000000000,"expert_bytes_read":6000000000,"expert_requests":20,"expert_hits":5,"lookahead_predicted":$pred,"lookahead_used":$used,"uring_bytes":0,"pread_bytes":0,"io_busy_seconds":1,"compute_busy_seconds":1,"wall_seconds":2,"overlap_efficiency":0.5,"tokens":[{"step":0,"token":7,"wall_seconds":5.0,"io_wait_seconds":1,"compute_seconds":2.0,"trunk_bytes":5000000000,"expert_bytes":5000000000},{"step":1,"token":8,"wall_seconds":$w,"io_wait_seconds":0.1,"compute_seconds":0.1,"trunk_bytes":2000000000,"expert_bytes":1000000000}]}
 JSON
 )FAKE";
 
@@ -281,7 +282,7 @@ TEST_CASE("--strategies picks a subset in the order given; without serial the sp
   CHECK(r.last_stdout_line.ends_with(" speedup_vs_serial=n/a"));
 }
 
-TEST_CASE("a strategy that differs in ids or logits fails the bench (exit 1) by name, no JSON") {
+TEST_CASE("a strategy that differs in ids, logits or reported strategy fails the bench (exit 1) by name") {
   Fake f;
   TempDir d;
   const std::string args =
@@ -296,6 +297,13 @@ TEST_CASE("a strategy that differs in ids or logits fails the bench (exit 1) by 
   CHECK_MESSAGE(r.code == 1, r.out);
   CHECK_MESSAGE(r.out.find("strategy 'trunk'") != std::string::npos, r.out);
   CHECK_MESSAGE(r.out.find("different ids") != std::string::npos, r.out);
+  CHECK(!fs::exists(d / "bench.json"));
+  // A run that says it ran another strategy than asked (the flag ignored) is not a comparison.
+  r = k3flow(args, f.env("FAKE_WRONG_STRATEGY=lookahead"));
+  CHECK_MESSAGE(r.code == 1, r.out);
+  CHECK_MESSAGE(
+      r.out.find("strategy 'lookahead' (repeat 1): the run reports strategy 'serial'") != std::string::npos,
+      r.out);
   CHECK(!fs::exists(d / "bench.json"));
 }
 

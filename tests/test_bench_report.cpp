@@ -105,6 +105,7 @@ TEST_CASE("the STEP table: rows after the header, 'wrote' lines skipped, stops a
 TEST_CASE("summarize_run: steps after the prefill, from the report's tokens when present") {
   const RunSample s = summarize_run(parse_child_report(kNew, "new"), {}, 3, 4096);
   CHECK(s.ids == std::vector<int32_t>{4, 5, 6});
+  CHECK(s.strategy == "lookahead");
   CHECK(s.s_per_token == doctest::Approx(0.25));     // (0.2 + 0.3) / 2, step 0 excluded
   CHECK(s.bytes_per_token == doctest::Approx(250));  // (240 + 260) / 2
   CHECK(s.compute_per_token == doctest::Approx(0.1));
