@@ -6,8 +6,8 @@
 //   2. compute time per token with every weight resident: `k3flow generate` without a budget, when
 //      the model fits in available memory (else each strategy's own compute busy time);
 //   3. each strategy decoded R times, each run a child `k3flow generate --strategy S --mem-gb X`
-//      (peak RSS from wait4), strategies interleaved within a repeat so slow drift of the machine
-//      spreads over all of them; every run must emit the same ids and byte-identical step-0 logits;
+//      (peak RSS from wait4); runs go in rounds (resident, then every strategy) so slow drift of the
+//      machine spreads over all rows; every run must emit the same ids and byte-identical logits;
 //   4. a table and a JSON file; the last line is `best=S overlap_efficiency=X speedup_vs_serial=Y`.
 // Every run decodes with --incremental (KV cache and KDA state carried), as the reference numbers
 // were measured (ENGINE.md §7): without it each step recomputes the whole prefix.
@@ -316,46 +316,30 @@ int run_bench(const BenchArgs& a) {
 
   Runner runner(base, a.gen, tmp);
 
-  // ---- 2. compute time with the weights resident ----
+  // ---- 2 + 3. each repeat: the resident run (compute time), then every strategy ----
+  // Rounds interleave everything, so slow drift of a shared machine lands on every row alike, and the
+  // compute figure is measured in the same minutes as the runs it is compared with.
   uint64_t model_bytes = 0;
   for (uint32_t s = 0; s < shards.shard_count(); ++s) model_bytes += shards.shard_size(s);
   const uint64_t avail = available_memory();
-  std::optional<double> t_cpu;
   // The same headroom rule generate applies before it decides to stream when given no budget.
   bool resident = model_bytes + model_bytes / 8 + (uint64_t{256} << 20) <= avail;
-  if (resident) {
-    std::vector<double> cpu, wall;
-    for (int r = 0; r < a.repeat && resident; ++r) {
+  std::vector<double> cpu, cpu_wall;
+  if (!a.trace_dir.empty()) fs::create_directories(a.trace_dir);
+  std::vector<std::vector<RunSample>> samples(strategies.size());
+  for (int r = 0; r < a.repeat; ++r) {
+    if (resident) {
       const RunSample s = runner.run(fmt::format("resident (repeat {})", r + 1), {}, cache_dirs);
       if (!s.strategy.empty() && s.strategy != "resident") {
         std::printf("compute: generate without a budget ran '%s', not resident\n", s.strategy.c_str());
         resident = false;
+      } else {
+        cpu.push_back(s.compute_per_token > 0 ? s.compute_per_token : s.s_per_token);
+        cpu_wall.push_back(s.s_per_token);
+        std::printf("  [%d/%d] %-10s %.4f s/token compute, weights resident (%s)\n", r + 1, a.repeat,
+                    "resident", cpu.back(), human(double(model_bytes)).c_str());
       }
-      cpu.push_back(s.compute_per_token > 0 ? s.compute_per_token : s.s_per_token);
-      wall.push_back(s.s_per_token);
     }
-    if (resident) {
-      t_cpu = median(cpu);
-      sum.t_cpu_source = fmt::format("resident run, median of {}", a.repeat);
-      std::printf("compute, weights resident (%s): %.4f s/token median, %.4f min (wall %.4f s/token)\n",
-                  human(double(model_bytes)).c_str(), *t_cpu, *std::min_element(cpu.begin(), cpu.end()),
-                  median(wall));
-    }
-  }
-  if (!resident) {
-    sum.t_cpu_source = "each strategy's compute busy time";
-    std::printf(
-        "compute: no resident measurement (the model is %s, %s available); T_cpu is each strategy's "
-        "own compute busy time\n",
-        human(double(model_bytes)).c_str(), human(double(avail)).c_str());
-  }
-  sum.t_cpu_per_token = t_cpu;
-  std::fflush(stdout);
-
-  // ---- 3. every strategy, R times, interleaved ----
-  if (!a.trace_dir.empty()) fs::create_directories(a.trace_dir);
-  std::vector<std::vector<RunSample>> samples(strategies.size());
-  for (int r = 0; r < a.repeat; ++r) {
     for (size_t i = 0; i < strategies.size(); ++i) {
       const std::string& st = strategies[i];
       std::vector<std::string> extra;
@@ -381,6 +365,21 @@ int run_bench(const BenchArgs& a) {
       samples[i].push_back(s);
     }
   }
+  std::optional<double> t_cpu;
+  if (resident) {
+    t_cpu = median(cpu);
+    sum.t_cpu_source = fmt::format("resident run, median of {}", cpu.size());
+    std::printf("compute, weights resident (%s): %.4f s/token median, %.4f min (wall %.4f s/token)\n",
+                human(double(model_bytes)).c_str(), *t_cpu, *std::min_element(cpu.begin(), cpu.end()),
+                median(cpu_wall));
+  } else {
+    sum.t_cpu_source = "each strategy's compute busy time";
+    std::printf(
+        "compute: no resident measurement (the model is %s, %s available); T_cpu is each strategy's "
+        "own compute busy time\n",
+        human(double(model_bytes)).c_str(), human(double(avail)).c_str());
+  }
+  sum.t_cpu_per_token = t_cpu;
 
   // ---- 4. table, JSON, verdict ----
   for (size_t i = 0; i < strategies.size(); ++i)
