@@ -539,7 +539,7 @@ void StreamingModel::forward(stages::DecodeState& st, std::span<const int32_t> i
   m.prepare_call(st, T, logits.first(V));
   {
     m.act.compute_begin();
-    TraceSpan span("embed", "compute", m.args(-1));
+    TraceSpan span(m.embed_track, "embed", "compute", m.args(-1));
     stages::embed_tokens(m.head->w, c, ids, m.call.P);
     m.act.compute_end();
   }

@@ -5,10 +5,10 @@
 // (trunk ring, expert slots), keeps each slot's read in flight, and emits the trace counters.
 #pragma once
 #include <fmt/format.h>
-#include <sys/syscall.h>
 #include <tbb/flow_graph.h>
-#include <unistd.h>
+#include <tbb/global_control.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -17,7 +17,6 @@
 #include <optional>
 #include <span>
 #include <string>
-#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -156,7 +155,9 @@ struct StreamingModel::Impl {
   std::atomic<int> ring_in_use{0};
   std::unique_ptr<NodeStats[]> own_stats;
   NodeStats* stats[kNodeCount] = {};
-  std::thread::id main_thread = std::this_thread::get_id();
+  // Trace rows: one per node (lanes where its runs overlap), one per reader for its reads.
+  std::unique_ptr<TraceTrack> tracks[kNodeCount];
+  TraceTrack embed_track{"node: embed"}, trunk_track{"reader: trunk"}, expert_track{"reader: experts"};
 
   // ---- failure: the first message wins; nodes skip their bodies afterwards ----
   std::atomic<bool> failed{false};
@@ -277,33 +278,15 @@ struct StreamingModel::Impl {
     }
   }
 
-  void name_thread() {
-    thread_local bool named = false;
-    if (named || !Trace::enabled()) return;
-    named = true;
-    if (std::this_thread::get_id() == main_thread)
-      Trace::name_thread("main (driver, tbb)");
-    else
-      Trace::name_thread(fmt::format("tbb worker {}", ::syscall(SYS_gettid)));
-  }
-
-  static void name_reader(const char* name) {
-    thread_local bool named = false;
-    if (named || !Trace::enabled()) return;
-    named = true;
-    Trace::name_thread(name);
-  }
-
   // Runs a node body: skipped after a failure; an exception becomes the run's failure; its wall
   // time goes to the node's statistics, the trace, and compute-busy when it computes.
   template <class F>
   void run_node(Node id, bool compute, const TraceArgs& args, F&& body) {
     if (failed.load(std::memory_order_relaxed)) return;
-    name_thread();
     const auto t0 = std::chrono::steady_clock::now();
     if (compute) act.compute_begin();
     {
-      TraceSpan span(kNodeNames[id], compute ? "compute" : "graph", args);
+      TraceSpan span(*tracks[id], kNodeNames[id], compute ? "compute" : "graph", args);
       try {
         body();
       } catch (const std::exception& e) {
@@ -362,7 +345,11 @@ struct StreamingModel::Impl {
 
   // ------------------------------------------------------------------ the graph
 
+  // Registers node `id` with the DOT description (or its own statistics) and its trace row.
   NodeStats& describe(Node id, const char* kind, int concurrency, const char* cluster) {
+    const int threads = int(tbb::global_control::active_value(tbb::global_control::max_allowed_parallelism));
+    tracks[id] = std::make_unique<TraceTrack>(fmt::format("node: {}", kNodeNames[id]),
+                                              concurrency == 0 ? std::min(2 * threads, 64) : 1);
     if (dot) return dot->add_node(kNodeNames[id], kind, concurrency, cluster);
     return own_stats[id];
   }

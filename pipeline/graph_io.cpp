@@ -72,7 +72,7 @@ void StreamingModel::Impl::submit_trunk(uint64_t visit, int layer, int slot,
     TraceArgs a = args(layer, -1, slot);
     a.bytes = int64_t(total);
     a.offset = int64_t(ls.reads.front().offset);
-    Trace::async_begin("trunk read", "io", id, a);
+    Trace::async_begin("trunk read", "io", id, a, trunk_track.tid());
   }
   // The graph waits for this read: wait_for_all() cannot return while it is in flight. If the
   // submission itself throws, nothing will complete, so the wait is given back here.
@@ -80,13 +80,12 @@ void StreamingModel::Impl::submit_trunk(uint64_t visit, int layer, int slot,
   try {
     trunk_reader.submit(trunk_reqs,
                         [this, &gw, &h, visit, layer, slot, id, total](const io::ReadCompletion& r) {
-                          name_reader("io_uring trunk reader");
                           if (!r.ok()) {
                             h.read_failed.store(true);
                             fail(r.message);
                           }
                           if (h.pending_reads.fetch_sub(1) == 1) {
-                            if (Trace::enabled()) Trace::async_end("trunk read", "io", id);
+                            if (Trace::enabled()) Trace::async_end("trunk read", "io", id, trunk_track.tid());
                             act.read_end(total);
                             if (!h.read_failed.load()) gw.try_put(TrunkReady{visit, layer, slot});
                             gw.release_wait();
@@ -148,14 +147,13 @@ void StreamingModel::Impl::submit_experts(const ReadBatch& b, ExpertReadNode::ga
       TraceArgs a = args(it.layer, it.expert, it.slot);
       a.bytes = int64_t(er.read_bytes);
       a.offset = int64_t(er.sort_offset);
-      Trace::async_begin(sr.trace_name, "io", sr.trace_id, a);
+      Trace::async_begin(sr.trace_name, "io", sr.trace_id, a, expert_track.tid());
     }
     gw.reserve_wait();
   }
   counters();
   try {
     expert_reader.submit(expert_reqs, [this, &gw](const io::ReadCompletion& r) {
-      name_reader("io_uring expert reader");
       const int slot = int(r.tag);
       SlotRead& sr = slot_reads[size_t(slot)];
       if (!r.ok()) {
@@ -163,7 +161,7 @@ void StreamingModel::Impl::submit_experts(const ReadBatch& b, ExpertReadNode::ga
         fail(r.message);
       }
       if (sr.pending.fetch_sub(1) == 1) {
-        if (Trace::enabled()) Trace::async_end(sr.trace_name, "io", sr.trace_id);
+        if (Trace::enabled()) Trace::async_end(sr.trace_name, "io", sr.trace_id, expert_track.tid());
         act.read_end(sr.bytes);
         gw.try_put(ExpertLanded{slot, -1, true, !sr.failed.load()});
         gw.release_wait();

@@ -1,9 +1,11 @@
 // The trace recorder writes valid Chrome trace JSON: every event has the fields its phase needs,
-// events from several threads land in one file, and nothing is recorded while tracing is off.
+// events from several threads land in one file, nothing is recorded while tracing is off, and spans
+// recorded on a track land on its named virtual row (a lane each when they overlap).
 #include <doctest/doctest.h>
 #include <simdjson.h>
 
 #include <filesystem>
+#include <map>
 #include <set>
 #include <string>
 #include <thread>
@@ -26,7 +28,8 @@ TEST_CASE("trace: off records nothing, on records spans, async reads and counter
   { TraceSpan s("attention", "compute", TraceArgs{.layer = 3}); }
   std::thread worker([] {
     Trace::name_thread("reader");
-    Trace::async_begin("trunk_read", "io", 42, TraceArgs{.layer = 4, .slot = 1, .bytes = 4096, .offset = 8192});
+    Trace::async_begin("trunk_read", "io", 42,
+                       TraceArgs{.layer = 4, .slot = 1, .bytes = 4096, .offset = 8192});
     Trace::counter("bytes_in_flight", 4096);
     Trace::async_end("trunk_read", "io", 42);
   });
@@ -76,4 +79,52 @@ TEST_CASE("trace: an unwritable path is a one-line error naming it, and leaves n
     CHECK(std::string(e.what()).find(bad.string()) != std::string::npos);
   }
   CHECK(!std::filesystem::exists(bad));
+}
+
+TEST_CASE("trace: spans on a track land on its virtual tid, named once; concurrent spans take lanes") {
+  Trace::clear();
+  Trace::enable();
+  k3::pipeline::TraceTrack node("node: expert_compute", 2), reader("reader: trunk"), unused("node: never");
+  CHECK(node.tid() >= Trace::kFirstTrackTid);
+  CHECK(reader.tid() != node.tid());
+  CHECK(reader.tid() != node.tid() + 1);  // node took two tids
+  k3::pipeline::TraceTrack again("node: expert_compute", 2);
+  CHECK(again.tid() == node.tid());  // the same track registered twice: the same rows
+  {
+    TraceSpan a(node, "expert_compute", "compute", TraceArgs{.layer = 1, .expert = 7});
+    {
+      TraceSpan b(node, "expert_compute", "compute", TraceArgs{.layer = 1, .expert = 9});   // lane 2
+      TraceSpan c(node, "expert_compute", "compute", TraceArgs{.layer = 1, .expert = 11});  // no lane left
+    }
+  }
+  { TraceSpan d(node, "expert_compute", "compute", TraceArgs{.layer = 2}); }  // lane 1 is free again
+  Trace::async_begin("trunk read", "io", 7, TraceArgs{.bytes = 4096}, reader.tid());
+  Trace::async_end("trunk read", "io", 7, reader.tid());
+  Trace::disable();
+
+  auto path = std::filesystem::temp_directory_path() / "k3flow_test_trace_tracks.json";
+  Trace::write(path);
+  simdjson::dom::parser parser;
+  simdjson::dom::element doc = parser.load(path.string());
+  std::map<int64_t, std::string> names;
+  std::map<int64_t, int> spans;  // tid -> X events
+  std::set<int64_t> read_tids;
+  for (simdjson::dom::object ev : doc["traceEvents"].get_array()) {
+    const std::string_view ph = ev["ph"];
+    const int64_t tid = ev["tid"];
+    if (ph == "M" && std::string_view(ev["name"]) == "thread_name")
+      names[tid] = std::string(std::string_view(ev["args"]["name"]));
+    if (ph == "X") ++spans[tid];
+    if (ph == "b" || ph == "e") read_tids.insert(tid);
+  }
+  CHECK(spans[node.tid()] == 2);      // a, then d once a had ended
+  CHECK(spans[node.tid() + 1] == 1);  // b
+  CHECK(spans.size() == 3);           // c: on this thread's own row
+  CHECK(spans.begin()->first < Trace::kFirstTrackTid);
+  CHECK(read_tids == std::set<int64_t>{reader.tid()});
+  CHECK(names[node.tid()] == "node: expert_compute");
+  CHECK(names[node.tid() + 1] == "node: expert_compute #2");
+  CHECK(names[reader.tid()] == "reader: trunk");
+  CHECK(names.count(unused.tid()) == 0);  // a track without events is not written
+  std::filesystem::remove(path);
 }
