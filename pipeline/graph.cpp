@@ -120,12 +120,14 @@ void StreamingModel::Impl::build() {
   stats[kDenseFfn] = &describe(kDenseFfn, "multifunction_node", 1, "layer");
   dense_ffn = std::make_unique<flow::multifunction_node<LayerMsg, std::tuple<LayerDone>>>(
       g, serial, [this](const LayerMsg& m, auto& out) {
+        bool done = false;
         run_node(kDenseFfn, true, args(cur.layer), [&] {
           stages::dense_ffn(std::get<stages::DenseFfnWeights>(cur.w->ffn), c, call.x, call.T, call.a,
                             call.dense_sc);
           stages::layer_ffn_add(call.P, call.a.first(call.T * E));
-          std::get<0>(out).try_put(LayerDone{m.visit});
+          done = true;
         });
+        if (done) std::get<0>(out).try_put(LayerDone{m.visit});  // after the span: see kLayerDone
       });
 
   // ---- MoE: route, fetch (cache, reads), land, latent + shared, experts, combine ----
@@ -152,6 +154,8 @@ void StreamingModel::Impl::build() {
             }
             moe.next_pending = moe.wave_pending = 0;
             moe.held.clear();
+            moe.unbound.clear();
+            moe.computing = 0;
             moe.shared_started = moe.fetched = false;
             moe.remaining.store(int(U) + 1 + (la ? 1 : 0));
           }
@@ -203,26 +207,41 @@ void StreamingModel::Impl::build() {
                  [&] { submit_experts(b, gw); });
       });
 
+  // Binds a landed read's expert weights; returns its group (< 0: a prefetch).
+  auto bind_landed = [this](int slot) {
+    SlotRead& sr = slot_reads[size_t(slot)];
+    std::span<const std::byte> bytes = cache->bytes(slot).subspan(sr.bind_offset, sr.layout->buffer_bytes);
+    cache->weights(slot) = stages::bind_expert(c, *sr.layout, bytes, cache->widen(slot));
+    return cache->landed(slot, true);
+  };
+  // serial: a landed read is only noted, and its wave is bound when the wave's last expert lands, so
+  // nothing computes while one of the wave's reads is in flight. Whether this message completes the
+  // wave is known on entry: a wave's claims are all counted before its first read or hit is sent, and
+  // the next wave is claimed only once this one is computed.
   stats[kExpertLanded] = &describe(kExpertLanded, "multifunction_node", 1, "moe");
   expert_landed =
       std::make_unique<flow::multifunction_node<ExpertLanded, std::tuple<ExpertGo, LayerMsg, FetchMsg>>>(
-          g, serial, [this, waves](const ExpertLanded& m, auto& out) {
-            run_node(kExpertLanded, m.read, args(moe.layer, -1, m.slot), [&] {
+          g, serial, [this, waves, ser, bind_landed](const ExpertLanded& m, auto& out) {
+            bool binds = m.read;
+            if (ser) {
+              std::lock_guard lk(moe.mu);
+              binds = moe.wave_pending == 1;
+            }
+            run_node(kExpertLanded, binds, args(moe.layer, -1, m.slot), [&] {
               int gi = m.group;
+              const bool defer = ser && m.read;
               if (m.read) {
                 if (!m.ok) {
                   cache->landed(m.slot, false);
                   return;
                 }
-                SlotRead& sr = slot_reads[size_t(m.slot)];
-                std::span<const std::byte> bytes =
-                    cache->bytes(m.slot).subspan(sr.bind_offset, sr.layout->buffer_bytes);
-                cache->weights(m.slot) = stages::bind_expert(c, *sr.layout, bytes, cache->widen(m.slot));
-                gi = cache->landed(m.slot, true);
-                if (gi < 0) {  // a prefetch landed: one more evictable slot for a layer waiting on slots
-                  std::lock_guard lk(moe.mu);
-                  if (moe.next_pending < moe.unique()) std::get<2>(out).try_put(FetchMsg{moe.visit});
-                  return;
+                if (!defer) {
+                  gi = bind_landed(m.slot);
+                  if (gi < 0) {  // a prefetch landed: one more evictable slot for a layer waiting on slots
+                    std::lock_guard lk(moe.mu);
+                    if (moe.next_pending < moe.unique()) std::get<2>(out).try_put(FetchMsg{moe.visit});
+                    return;
+                  }
                 }
               }
               go_out.clear();
@@ -234,8 +253,13 @@ void StreamingModel::Impl::build() {
                 if (!waves) {
                   go_out.push_back(ExpertGo{group_key(v, gi), gi, moe.slot[size_t(gi)]});
                 } else {
-                  moe.held.push_back(gi);
+                  if (defer)
+                    moe.unbound.push_back(m.slot);
+                  else
+                    moe.held.push_back(gi);
                   if (--moe.wave_pending == 0) {  // the whole wave has landed
+                    for (int slot : moe.unbound) moe.held.push_back(bind_landed(slot));
+                    moe.unbound.clear();
                     for (int h : moe.held)
                       go_out.push_back(ExpertGo{group_key(v, h), h, moe.slot[size_t(h)]});
                     moe.held.clear();
@@ -243,6 +267,7 @@ void StreamingModel::Impl::build() {
                     moe.shared_started = true;
                   }
                 }
+                moe.computing += go_out.size();
               }
               for (const ExpertGo& x : go_out) std::get<0>(out).try_put(x);
               if (start_shared) std::get<1>(out).try_put(LayerMsg{v});
@@ -252,6 +277,7 @@ void StreamingModel::Impl::build() {
   stats[kShared] = &describe(kShared, "multifunction_node", 1, "moe");
   shared = std::make_unique<flow::multifunction_node<LayerMsg, std::tuple<LatentGo, FetchMsg, LayerMsg>>>(
       g, serial, [this, ser](const LayerMsg& m, auto& out) {
+        bool fetch = false;
         run_node(kShared, true, args(cur.layer), [&] {
           const auto& mw = std::get<stages::MoeWeights>(cur.w->ffn);
           const size_t T = call.T;
@@ -259,9 +285,10 @@ void StreamingModel::Impl::build() {
           for (size_t i = 0; i < moe.unique(); ++i)
             std::get<0>(out).try_put(LatentGo{group_key(m.visit, int(i))});
           stages::shared_experts(mw, c, call.x, T, call.shared, call.shared_sc);
-          if (ser) std::get<1>(out).try_put(FetchMsg{m.visit});  // serial: experts are read only now
+          fetch = ser;  // serial: experts are read only now
           if (--moe.remaining == 0) std::get<2>(out).try_put(LayerMsg{m.visit});
         });
+        if (fetch) std::get<1>(out).try_put(FetchMsg{m.visit});  // after the span, as the read follows it
       });
 
   stats[kExpertJoin] = &describe(kExpertJoin, "join_node key_matching (visit, expert)", 0, "moe");
@@ -272,24 +299,26 @@ void StreamingModel::Impl::build() {
   stats[kExpertCompute] = &describe(kExpertCompute, "multifunction_node", 0, "moe");
   expert_compute = std::make_unique<
       flow::multifunction_node<std::tuple<ExpertGo, LatentGo>, std::tuple<FetchMsg, LayerMsg>>>(
-      g, unlimited, [this](const std::tuple<ExpertGo, LatentGo>& in, auto& out) {
+      g, unlimited, [this, ser](const std::tuple<ExpertGo, LatentGo>& in, auto& out) {
         const ExpertGo& x = std::get<0>(in);
         const uint64_t v = x.key >> 16;
         const size_t gi = size_t(x.group);
+        bool retry = false;
         run_node(kExpertCompute, true, args(moe.layer, moe.groups.experts[gi], x.slot), [&] {
           std::span<const uint32_t> rows = moe.groups.rows_of(gi);
           std::span<float> sc =
               call.apply_sc.subspan(moe.apply_off[gi], stages::expert_apply_scratch(c, rows.size()));
           stages::expert_apply(cache->weights(x.slot), c, call.z, rows, call.eout, sc);
           cache->release(x.slot);
-          bool retry;
           {
             std::lock_guard lk(moe.mu);
-            retry = moe.next_pending < moe.unique();
+            const bool wave_computed = --moe.computing == 0;
+            // serial: the next wave is read once this one is computed, not as its first slot frees
+            retry = moe.next_pending < moe.unique() && (!ser || wave_computed);
           }
-          if (retry) std::get<0>(out).try_put(FetchMsg{v});
           if (--moe.remaining == 0) std::get<1>(out).try_put(LayerMsg{v});
         });
+        if (retry) std::get<0>(out).try_put(FetchMsg{v});  // after the span, as the read follows it
       });
 
   stats[kLookahead] = &describe(kLookahead, "multifunction_node", 1, "moe");
@@ -330,16 +359,20 @@ void StreamingModel::Impl::build() {
   stats[kCombine] = &describe(kCombine, "multifunction_node", 1, "moe");
   combine = std::make_unique<flow::multifunction_node<LayerMsg, std::tuple<LayerDone>>>(
       g, serial, [this](const LayerMsg& m, auto& out) {
+        bool done = false;
         run_node(kCombine, true, args(cur.layer), [&] {
           const size_t T = call.T;
           stages::moe_combine(std::get<stages::MoeWeights>(cur.w->ffn), c, call.weight.first(T * K),
                               call.eout, call.shared, T, call.a, call.combine_sc);
           stages::layer_ffn_add(call.P, call.a.first(T * E));
-          std::get<0>(out).try_put(LayerDone{m.visit});
+          done = true;
         });
+        if (done) std::get<0>(out).try_put(LayerDone{m.visit});  // after the span: see kLayerDone
       });
 
   // ---- the layer is done: its ring slot goes back to the free list, the next layer may run ----
+  // (serial reads the next layer from here, so dense_ffn and combine send LayerDone only after their
+  // compute span has closed: one read or one compute at a time, to the microsecond.)
   stats[kLayerDone] = &describe(kLayerDone, "multifunction_node", 1, "layer");
   layer_done = std::make_unique<flow::multifunction_node<
       LayerDone, std::tuple<int, LayerGo, HeadMsg, TrunkJob, TrunkClaim, TrunkReady>>>(

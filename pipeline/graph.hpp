@@ -59,10 +59,13 @@
 //  - The graph allocates no weight memory after construction. Activations (T-sized) grow only when a
 //    call feeds more tokens than any before (full recompute), never in incremental decode.
 //
-// Strategies (all bit-identical): serial (one read or one compute at a time), trunk (ring ahead;
-// experts read after routing and all awaited, then shared + experts computed), overlap (expert reads
-// async, shared experts and latent computed while they load, each expert computed as it lands),
-// lookahead (overlap + next-layer expert prefetch).
+// Strategies (all bit-identical): serial (never a read and a compute at once: a wave of expert reads
+// all lands before it is bound and computed, the next wave and the next layer are read only after,
+// and a node that starts a read is sent its message after the compute span before it has closed;
+// tests/test_streaming_trace.cpp checks it in the trace), trunk (ring ahead; experts read after
+// routing and all awaited, then shared + experts computed), overlap (expert reads async, shared
+// experts and latent computed while they load, each expert computed as it lands), lookahead (overlap
+// + next-layer expert prefetch).
 // clang-format on
 #pragma once
 #include <cstdint>

@@ -188,9 +188,11 @@ struct StreamingModel::Impl {
     stages::ExpertGroups groups;
     std::vector<int> slot;
     std::vector<size_t> apply_off;
-    size_t next_pending = 0;  // groups [next_pending, U) wait for a free slot
-    size_t wave_pending = 0;  // trunk / serial: claimed groups whose bytes have not landed
-    std::vector<int> held;    // trunk / serial: landed groups held until their wave is complete
+    size_t next_pending = 0;   // groups [next_pending, U) wait for a free slot
+    size_t wave_pending = 0;   // trunk / serial: claimed groups whose bytes have not landed
+    std::vector<int> held;     // trunk / serial: landed groups held until their wave is complete
+    std::vector<int> unbound;  // serial: landed reads' slots, bound when their wave is complete
+    size_t computing = 0;      // groups sent to expert_compute and not yet computed
     bool shared_started = false, fetched = false;
     std::atomic<int> remaining{0};  // pieces left: groups + shared (+ lookahead)
     size_t unique() const { return groups.experts.size(); }

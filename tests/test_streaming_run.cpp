@@ -12,26 +12,22 @@
 //   - the run report's field names, the trace and the graph dump.
 // Every child runs under a time bound.
 #include <doctest/doctest.h>
-#include <fcntl.h>
 #include <fmt/format.h>
-#include <signal.h>
 #include <simdjson.h>
-#include <sys/resource.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
-#include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <functional>
-#include <iterator>
 #include <string>
-#include <thread>
-#include <vector>
+
+#include "tests/run_helpers.hpp"
 
 namespace fs = std::filesystem;
+using k3::test::k3flow;
+using k3::test::Run;
+using k3::test::slurp;
+using k3::test::TempDir;
 
 namespace {
 
@@ -39,92 +35,6 @@ const std::string kTinyK3 = std::string(K3_FIXTURES) + "/tiny-k3";
 const std::string kTinyFull =
     "203,34,2,239,195,71,163,54,121,104,16,16,219,63,4,31,48,193,57,231,219,205,145,117,79,208,18,1,74,125,"
     "66,121";
-
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "k3_stream_XXXXXX").string();
-    REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
-    path = tmpl;
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string operator/(const std::string& name) const { return (path / name).string(); }
-};
-
-std::string slurp(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(f), {});
-}
-
-std::vector<std::string> words(const std::string& s) {
-  std::vector<std::string> w;
-  size_t i = 0;
-  while (i < s.size()) {
-    while (i < s.size() && s[i] == ' ') ++i;
-    size_t j = i;
-    while (j < s.size() && s[j] != ' ') ++j;
-    if (j > i) w.push_back(s.substr(i, j - i));
-    i = j;
-  }
-  return w;
-}
-
-struct Run {
-  int code = -1;
-  bool timed_out = false;
-  std::string out, err;
-  uint64_t peak_rss = 0;  // the child's, as the kernel measured it (wait4 ru_maxrss)
-};
-
-// Runs `k3flow <args>` with extra environment `env` (NAME=VALUE words), killing it after
-// `timeout_s`. `while_running` is polled every 10 ms with the stdout so far (a test hook may change
-// files under the child); it returns false once it has done its work.
-Run k3flow(const std::string& args, const std::string& env = "", int timeout_s = 60,
-           std::function<bool(const std::string&)> while_running = {}) {
-  TempDir io;
-  const std::string out = io / "out", err = io / "err";
-  std::vector<std::string> argv = words(args);
-  argv.insert(argv.begin(), K3FLOW_BIN);
-  const pid_t pid = ::fork();
-  REQUIRE(pid >= 0);
-  if (pid == 0) {
-    for (const std::string& kv : words(env)) {
-      const size_t eq = kv.find('=');
-      ::setenv(kv.substr(0, eq).c_str(), kv.substr(eq + 1).c_str(), 1);
-    }
-    const int o = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    const int e = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    ::dup2(o, 1);
-    ::dup2(e, 2);
-    std::vector<char*> cargv;
-    for (std::string& a : argv) cargv.push_back(a.data());
-    cargv.push_back(nullptr);
-    ::execv(cargv[0], cargv.data());
-    ::_exit(127);
-  }
-  Run r;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
-  int status = 0;
-  rusage ru{};
-  bool hook = bool(while_running);
-  for (;;) {
-    const pid_t w = ::wait4(pid, &status, WNOHANG, &ru);
-    if (w == pid) break;
-    if (std::chrono::steady_clock::now() > deadline) {
-      ::kill(pid, SIGKILL);
-      ::wait4(pid, &status, 0, &ru);
-      r.timed_out = true;
-      break;
-    }
-    if (hook) hook = while_running(slurp(out));
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.out = slurp(out);
-  r.err = slurp(err);
-  r.peak_rss = uint64_t(ru.ru_maxrss) * 1024;
-  return r;
-}
 
 // A field of the one-line run report.
 std::string field(const std::string& json, const std::string& key) {
