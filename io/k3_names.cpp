@@ -23,21 +23,6 @@ constexpr uint64_t kVisionTemporal = 1732, kVisionRope = 17532;
 
 const std::string kPrefix = "language_model.model.";
 
-// safetensors' writer orders data by descending dtype (F32 before F16/BF16 before U8), then name.
-int data_rank(DType d) {
-  switch (d) {
-    case DType::F32:
-      return 0;
-    case DType::F16:
-      return 1;
-    case DType::BF16:
-      return 2;
-    case DType::U8:
-      return 3;
-  }
-  return 4;
-}
-
 struct Builder {
   std::vector<TensorEntry> out;
   void add(std::string name, DType dtype, std::vector<uint64_t> shape) {
@@ -163,7 +148,7 @@ std::vector<TensorEntry> k3_shard_tensors(uint32_t shard) {
     throw usage_error(fmt::format("k3_shard_tensors: shard {} out of range 0..{}", shard, kK3Shards - 1));
   }
   std::sort(b.out.begin(), b.out.end(), [](const TensorEntry& x, const TensorEntry& y) {
-    const int rx = data_rank(x.dtype), ry = data_rank(y.dtype);
+    const int rx = data_order_rank(x.dtype), ry = data_order_rank(y.dtype);
     return rx != ry ? rx < ry : x.name < y.name;
   });
   return std::move(b.out);

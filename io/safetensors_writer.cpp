@@ -30,6 +30,20 @@ uint64_t TensorEntry::numel() const {
   return n;
 }
 
+int data_order_rank(DType d) {
+  switch (d) {
+    case DType::F32:
+      return 0;
+    case DType::F16:
+      return 1;
+    case DType::BF16:
+      return 2;
+    case DType::U8:
+      return 3;
+  }
+  return 4;
+}
+
 std::string json_quote(std::string_view s) {
   std::string out;
   out.reserve(s.size() + 2);

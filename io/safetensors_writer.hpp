@@ -39,6 +39,10 @@ struct ShardLayout {
 // Lays tensors out back to back. Throws usage Error on an empty or duplicate name, or rank > 4.
 ShardLayout layout_shard(std::span<const TensorEntry> tensors, const Metadata& metadata);
 
+// Data order inside a shard as safetensors' own writer (and so the released files) lays it out:
+// F32, then F16, then BF16, then U8, each group by name.
+int data_order_rank(DType d);
+
 // `s` as a JSON string literal (quotes included).
 std::string json_quote(std::string_view s);
 

@@ -6,6 +6,7 @@
 #include <set>
 
 #include "io/error.hpp"
+#include "io/safetensors_writer.hpp"
 #include "perf/synth.hpp"
 
 namespace k3::perf {
@@ -94,26 +95,12 @@ void add_expert(std::vector<SynthTensor>& v, const std::string& p, int layer, in
   add("w3", I, L);  // up
 }
 
-// Data order inside a shard, as safetensors' writer (and so the released files) lays it out: F32,
-// then F16/BF16, then U8, each group by name. Applied per layer, so a layer's trunk is one run and,
-// names sorting "experts.1." before "experts.10.", each expert's six tensors are one run too.
-int data_rank(DType d) {
-  switch (d) {
-    case DType::F32:
-      return 0;
-    case DType::F16:
-      return 1;
-    case DType::BF16:
-      return 2;
-    case DType::U8:
-      return 3;
-  }
-  return 4;
-}
+// io::data_order_rank applied per layer, so a layer's trunk is one run and, names sorting
+// "experts.1." before "experts.10.", each expert's six tensors are one run too.
 
 void sort_data_order(std::vector<SynthTensor>& v) {
   std::sort(v.begin(), v.end(), [](const SynthTensor& a, const SynthTensor& b) {
-    const int ra = data_rank(a.entry.dtype), rb = data_rank(b.entry.dtype);
+    const int ra = io::data_order_rank(a.entry.dtype), rb = io::data_order_rank(b.entry.dtype);
     return ra != rb ? ra < rb : a.entry.name < b.entry.name;
   });
 }

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "io/error.hpp"
+#include "io/safetensors_writer.hpp"
 
 namespace k3::pipeline {
 
@@ -84,31 +85,6 @@ std::string jnum(double d) {
 }
 std::string jopt(const std::optional<double>& d) {
   return d ? jnum(*d) : "null";
-}
-std::string jstr(std::string_view s) {
-  std::string out = "\"";
-  for (char ch : s) {
-    switch (ch) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      default:
-        if (static_cast<unsigned char>(ch) < 0x20)
-          out += fmt::format("\\u{:04x}", int(ch));
-        else
-          out += ch;
-    }
-  }
-  return out + "\"";
 }
 std::string jids(const std::vector<int32_t>& v) {
   return fmt::format("[{}]", fmt::join(v, ","));
@@ -333,23 +309,23 @@ std::string bench_json(const BenchSummary& s) {
         "\"overlap_efficiency\":{},\"lookahead_hit_rate\":{},\"expert_hit_rate\":{},\"peak_rss_bytes\":{},"
         "\"report_peak_rss_bytes\":{},\"over_budget\":{},\"timing_source\":{},\"bytes_source\":{},"
         "\"ids\":{}}}",
-        jstr(r.strategy), jnum(r.s_per_token), jnum(r.s_per_token_min), fmt::join(runs, ","),
+        io::json_quote(r.strategy), jnum(r.s_per_token), jnum(r.s_per_token_min), fmt::join(runs, ","),
         jnum(r.bytes_per_token), jnum(r.t_io), jnum(r.t_cpu), jnum(r.disk_busy), jnum(r.cpu_busy),
         jnum(r.overlap_efficiency), jopt(r.lookahead_hit_rate), jopt(r.expert_hit_rate), r.peak_rss_bytes,
-        r.report_peak_rss_bytes, r.over_budget ? "true" : "false", jstr(r.timing_source),
-        jstr(r.bytes_source), jids(r.ids));
+        r.report_peak_rss_bytes, r.over_budget ? "true" : "false", io::json_quote(r.timing_source),
+        io::json_quote(r.bytes_source), jids(r.ids));
   }
   std::vector<std::string> missing;
-  for (const std::string& f : s.child_missing_flags) missing.push_back(jstr(f));
+  for (const std::string& f : s.child_missing_flags) missing.push_back(io::json_quote(f));
   return fmt::format(
       "{{\"model\":{},\"budget_bytes\":{},\"budget_source\":{},\"device_gbps\":{},\"device_trunk_gbps\":{},"
       "\"device_expert_gbps\":{},\"device_direct_fraction\":{},\"t_cpu_per_token\":{},\"t_cpu_source\":{},"
       "\"gen\":{},\"repeat\":{},\"threads\":{},\"prompt_ids\":{},\"child_missing_flags\":[{}],"
       "\"strategies\":[{}],\"best\":{},\"speedup_vs_serial\":{}}}\n",
-      jstr(s.model), s.budget_bytes, jstr(s.budget_source), jnum(s.device_gbps), jnum(s.device_trunk_gbps),
+      io::json_quote(s.model), s.budget_bytes, io::json_quote(s.budget_source), jnum(s.device_gbps), jnum(s.device_trunk_gbps),
       jnum(s.device_expert_gbps), jnum(s.device_direct_fraction), jopt(s.t_cpu_per_token),
-      jstr(s.t_cpu_source), s.gen, s.repeat, s.threads, jids(s.prompt_ids), fmt::join(missing, ","), st,
-      s.best.empty() ? "null" : jstr(s.best), jopt(s.speedup_vs_serial));
+      io::json_quote(s.t_cpu_source), s.gen, s.repeat, s.threads, jids(s.prompt_ids), fmt::join(missing, ","), st,
+      s.best.empty() ? "null" : io::json_quote(s.best), jopt(s.speedup_vs_serial));
 }
 
 std::string bench_last_line(const BenchSummary& s) {

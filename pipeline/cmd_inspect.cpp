@@ -17,6 +17,7 @@
 #include "io/config.hpp"
 #include "io/error.hpp"
 #include "io/safetensors.hpp"
+#include "io/safetensors_writer.hpp"
 #include "pipeline/commands.hpp"
 #include "pipeline/progress.hpp"
 
@@ -205,30 +206,17 @@ uint64_t resident_bytes(const Census& c) {
   return c.by_role[int(Role::embedding)].bytes + c.by_role[int(Role::head)].bytes;
 }
 
-std::string jstr(std::string_view s) {
-  std::string o = "\"";
-  for (char ch : s) {
-    if (ch == '"' || ch == '\\') o += '\\';
-    if (static_cast<unsigned char>(ch) < 0x20) {
-      o += fmt::format("\\u{:04x}", int(ch));
-      continue;
-    }
-    o += ch;
-  }
-  return o + "\"";
-}
-
 void print_json(const Census& c, const fs::path& dir) {
   const io::ModelConfig& g = c.cfg;
   const TrunkStats ts = trunk_stats(c);
   std::string o = "{";
   auto kv = [&](std::string_view k, const std::string& v) {
     if (o.size() > 1) o += ",";
-    o += fmt::format("\n  {}: {}", jstr(k), v);
+    o += fmt::format("\n  {}: {}", io::json_quote(k), v);
   };
   auto num = [](auto v) { return fmt::format("{}", v); };
-  kv("model_dir", jstr(dir.string()));
-  kv("config_shape", jstr(g.nested ? "nested" : "flat"));
+  kv("model_dir", io::json_quote(dir.string()));
+  kv("config_shape", io::json_quote(g.nested ? "nested" : "flat"));
   kv("shards", num(c.shards));
   kv("tensors", num(c.tensors));
   kv("total_bytes", num(c.file_bytes));
@@ -241,7 +229,7 @@ void print_json(const Census& c, const fs::path& dir) {
   kv("mla_layers", num(g.mla_layer_count()));
   kv("dense_layers", num(std::min(g.first_dense, g.n_layers)));
   kv("moe_layers", num(g.n_layers - std::min(g.first_dense, g.n_layers)));
-  kv("layer_map", jstr(layer_map(g)));
+  kv("layer_map", io::json_quote(layer_map(g)));
   std::string fa = "[";
   for (size_t i = 0; i < g.full_attn_layers.size(); ++i) fa += (i ? "," : "") + num(g.full_attn_layers[i]);
   kv("full_attn_layers", fa + "]");
@@ -280,16 +268,16 @@ void print_json(const Census& c, const fs::path& dir) {
   for (int i = 0; i < 4; ++i) {
     if (!c.by_dtype[i].tensors) continue;
     d += fmt::format("{}{}: {{\"tensors\": {}, \"bytes\": {}}}", d.size() > 1 ? ", " : "",
-                     jstr(kDtypeNames[i]), c.by_dtype[i].tensors, c.by_dtype[i].bytes);
+                     io::json_quote(kDtypeNames[i]), c.by_dtype[i].tensors, c.by_dtype[i].bytes);
   }
   kv("dtypes", d + "}");
   std::string r = "{";
   for (int i = 0; i < 5; ++i)
-    r += fmt::format("{}{}: {{\"tensors\": {}, \"bytes\": {}}}", i ? ", " : "", jstr(kRoleNames[i]),
+    r += fmt::format("{}{}: {{\"tensors\": {}, \"bytes\": {}}}", i ? ", " : "", io::json_quote(kRoleNames[i]),
                      c.by_role[i].tensors, c.by_role[i].bytes);
   kv("roles", r + "}");
   std::string p = "[";
-  for (size_t i = 0; i < c.problems.size(); ++i) p += (i ? ", " : "") + jstr(c.problems[i]);
+  for (size_t i = 0; i < c.problems.size(); ++i) p += (i ? ", " : "") + io::json_quote(c.problems[i]);
   kv("problems", p + "]");
   o += "\n}\n";
   fmt::print("{}", o);
