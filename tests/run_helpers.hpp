@@ -1,5 +1,6 @@
 // Test helpers for tests that run the k3flow binary (K3FLOW_BIN) as a child: a temp directory, whole
-// files, and a time-bounded run that captures stdout, stderr, the exit code and the child's peak RSS.
+// files, and a time-bounded run that captures stdout, stderr, the exit code and the child's peak RSS:
+// of k3flow with its arguments as plain words (k3flow), or of a shell command line (shell, k3flow_sh).
 #pragma once
 #include <doctest/doctest.h>
 #include <fcntl.h>
@@ -17,14 +18,17 @@
 #include <iterator>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace k3::test {
 
 struct TempDir {
   std::filesystem::path path;
-  TempDir() {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "k3_run_XXXXXX").string();
+  TempDir() : TempDir(std::filesystem::temp_directory_path()) {}
+  // A new directory under `parent` (e.g. the build directory, for real disk rather than a tmpfs).
+  explicit TempDir(const std::filesystem::path& parent, const std::string& prefix = "k3_run_") {
+    std::string tmpl = (parent / (prefix + "XXXXXX")).string();
     REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
     path = tmpl;
   }
@@ -57,34 +61,15 @@ struct Run {
   bool timed_out = false;
   std::string out, err;
   uint64_t peak_rss = 0;  // the child's, as the kernel measured it (wait4 ru_maxrss)
+  int signal = 0;         // the signal that ended the child, if one did (code is then -1)
 };
 
-// Runs `k3flow <args>` with extra environment `env` (NAME=VALUE words), killing it after
-// `timeout_s`. `while_running` is polled every 10 ms with the stdout so far (a test hook may change
-// files under the child); it returns false once it has done its work.
-inline Run k3flow(const std::string& args, const std::string& env = "", int timeout_s = 60,
-                  std::function<bool(const std::string&)> while_running = {}) {
-  TempDir io;
-  const std::string out = io / "out", err = io / "err";
-  std::vector<std::string> argv = words(args);
-  argv.insert(argv.begin(), K3FLOW_BIN);
-  const pid_t pid = ::fork();
-  REQUIRE(pid >= 0);
-  if (pid == 0) {
-    for (const std::string& kv : words(env)) {
-      const size_t eq = kv.find('=');
-      ::setenv(kv.substr(0, eq).c_str(), kv.substr(eq + 1).c_str(), 1);
-    }
-    const int o = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    const int e = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    ::dup2(o, 1);
-    ::dup2(e, 2);
-    std::vector<char*> cargv;
-    for (std::string& a : argv) cargv.push_back(a.data());
-    cargv.push_back(nullptr);
-    ::execv(cargv[0], cargv.data());
-    ::_exit(127);
-  }
+namespace detail {
+
+// Waits for `pid` (whose stdout and stderr go to the files `out` and `err`), killing it after
+// `timeout_s`; `while_running` as for k3flow below.
+inline Run reap(pid_t pid, const std::string& out, const std::string& err, int timeout_s,
+                std::function<bool(const std::string&)> while_running) {
   Run r;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
   int status = 0;
@@ -103,10 +88,71 @@ inline Run k3flow(const std::string& args, const std::string& env = "", int time
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.signal = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
   r.out = slurp(out);
   r.err = slurp(err);
   r.peak_rss = uint64_t(ru.ru_maxrss) * 1024;
   return r;
+}
+
+// In a forked child: stdout and stderr to the files `out` and `err`.
+inline void redirect(const std::string& out, const std::string& err) {
+  const int o = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  const int e = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  ::dup2(o, 1);
+  ::dup2(e, 2);
+}
+
+}  // namespace detail
+
+// Runs `k3flow <args>` with extra environment `env` (NAME=VALUE words), killing it after
+// `timeout_s`. `while_running` is polled every 10 ms with the stdout so far (a test hook may change
+// files under the child); it returns false once it has done its work.
+inline Run k3flow(const std::string& args, const std::string& env = "", int timeout_s = 60,
+                  std::function<bool(const std::string&)> while_running = {}) {
+  TempDir io;
+  const std::string out = io / "out", err = io / "err";
+  std::vector<std::string> argv = words(args);
+  argv.insert(argv.begin(), K3FLOW_BIN);
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    for (const std::string& kv : words(env)) {
+      const size_t eq = kv.find('=');
+      ::setenv(kv.substr(0, eq).c_str(), kv.substr(eq + 1).c_str(), 1);
+    }
+    detail::redirect(out, err);
+    std::vector<char*> cargv;
+    for (std::string& a : argv) cargv.push_back(a.data());
+    cargv.push_back(nullptr);
+    ::execv(cargv[0], cargv.data());
+    ::_exit(127);
+  }
+  return detail::reap(pid, out, err, timeout_s, std::move(while_running));
+}
+
+// Runs the shell command line `cmd` as `/bin/sh -c CMD` (so quoting, NAME=VALUE prefixes and
+// redirections such as 2>&1 work), its stdout and stderr captured apart, killing it after
+// `timeout_s` (by default the tests' ctest TIMEOUT). `code` is the shell's exit status: a command
+// ended by a signal shows as 128 + the signal unless `cmd` execs it (then code is -1 and `signal`
+// names it).
+inline Run shell(const std::string& cmd, int timeout_s = 600) {
+  TempDir io;
+  const std::string out = io / "out", err = io / "err";
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    detail::redirect(out, err);
+    ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  return detail::reap(pid, out, err, timeout_s, {});
+}
+
+// Runs `ENV k3flow ARGS` through the shell: `args` are shell words (quotes allowed), `env` shell
+// NAME=VALUE assignments for the child.
+inline Run k3flow_sh(const std::string& args, const std::string& env = "", int timeout_s = 600) {
+  return shell(env + " " + K3FLOW_BIN + " " + args, timeout_s);
 }
 
 }  // namespace k3::test

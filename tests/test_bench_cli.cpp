@@ -22,6 +22,8 @@
 #include <string>
 #include <vector>
 
+#include "tests/run_helpers.hpp"
+
 namespace fs = std::filesystem;
 
 namespace {
@@ -32,21 +34,8 @@ struct Run {
   std::string last_stdout_line;
 };
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "k3bench_test.XXXXXX").string();
-    REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
-    path = tmpl;
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string operator/(const std::string& name) const { return (path / name).string(); }
-};
-
-std::string slurp(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(f), {});
-}
+using k3::test::slurp;
+using k3::test::TempDir;
 
 std::string last_line(const std::string& text) {
   std::string t = text;
@@ -57,14 +46,11 @@ std::string last_line(const std::string& text) {
 
 // Runs `k3flow ARGS` with ENV prepended; stdout and stderr kept apart for the last-line check.
 Run k3flow(const std::string& args, const std::string& env = "") {
-  TempDir io;
-  const std::string cmd = fmt::format("{} {} {} >{} 2>{}", env, K3FLOW_BIN, args, io / "out", io / "err");
-  const int st = std::system(cmd.c_str());
+  const k3::test::Run c = k3::test::k3flow_sh(args, env);
   Run r;
-  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  const std::string out = slurp(io / "out");
-  r.last_stdout_line = last_line(out);
-  r.out = out + slurp(io / "err");
+  r.code = c.code;
+  r.last_stdout_line = last_line(c.out);
+  r.out = c.out + c.err;
   return r;
 }
 

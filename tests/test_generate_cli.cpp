@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "tests/fixture_json.hpp"
+#include "tests/run_helpers.hpp"
 
 namespace fs = std::filesystem;
 
@@ -25,39 +26,12 @@ const std::string kFull =
     "203,34,2,239,195,71,163,54,121,104,16,16,219,63,4,31,48,193,57,231,219,205,145,117,79,208,18,1,74,125,"
     "66,121";
 
-struct Run {
-  int code = -1;
-  std::string out;  // stdout + stderr
-};
+using k3::test::Run;
+using k3::test::slurp;
+using k3::test::TempDir;
 
-Run run(const std::string& args) {
-  Run r;
-  const std::string cmd = std::string(K3FLOW_BIN) + " " + args + " 2>&1";
-  FILE* p = ::popen(cmd.c_str(), "r");
-  REQUIRE(p != nullptr);
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  const int status = ::pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
-
-std::string slurp(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(f), {});
-}
-
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "k3gen.XXXXXX").string();
-    REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
-    path = tmpl;
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string operator/(const std::string& name) const { return (path / name).string(); }
-};
+// `k3flow ARGS` (shell words); out is stdout and stderr interleaved (2>&1).
+Run run(const std::string& args) { return k3::test::k3flow_sh(args + " 2>&1"); }
 
 // The "generated_ids":[...] array of a run report, as text.
 std::string json_array(const std::string& json, const std::string& key) {

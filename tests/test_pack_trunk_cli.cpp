@@ -18,19 +18,17 @@
 #include "io/config.hpp"
 #include "io/packed_trunk.hpp"
 #include "io/safetensors.hpp"
+#include "tests/run_helpers.hpp"
 
 namespace fs = std::filesystem;
 
 namespace {
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string tmpl = (fs::current_path() / "k3_pack_cli_XXXXXX").string();  // build dir: real disk
-    REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
-    path = tmpl;
-  }
-  ~TempDir() { fs::remove_all(path); }
+using k3::test::slurp;
+
+// Under the build directory (the tests' working directory): real disk.
+struct TempDir : k3::test::TempDir {
+  TempDir() : k3::test::TempDir(fs::current_path(), "k3_pack_cli_") {}
 };
 
 struct Run {
@@ -38,19 +36,10 @@ struct Run {
   std::string out, err;
 };
 
-std::string slurp(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  return {std::istreambuf_iterator<char>(f), {}};
-}
-
 Run k3flow(const std::string& args, const std::string& env = "") {
-  TempDir io;
-  // exec: the shell's status is then k3flow's own, so a signal shows as WIFSIGNALED.
-  const std::string cmd = env + " exec " + std::string(K3FLOW_BIN) + " " + args + " >" +
-                          (io.path / "out").string() + " 2>" + (io.path / "err").string();
-  const int st = std::system(cmd.c_str());
-  int code = WIFEXITED(st) ? WEXITSTATUS(st) : WIFSIGNALED(st) ? 128 + WTERMSIG(st) : -1;
-  return {code, slurp(io.path / "out"), slurp(io.path / "err")};
+  // exec: the shell's status is then k3flow's own, so a signal shows as one (r.signal).
+  const k3::test::Run r = k3::test::shell(env + " exec " + std::string(K3FLOW_BIN) + " " + args);
+  return {r.signal != 0 ? 128 + r.signal : r.code, r.out, r.err};
 }
 
 fs::path synth(const fs::path& dir, const std::string& args) {

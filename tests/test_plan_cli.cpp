@@ -11,39 +11,20 @@
 #include <fstream>
 #include <string>
 
+#include "tests/run_helpers.hpp"
+
 namespace fs = std::filesystem;
 
 namespace {
 
 constexpr uint64_t kGiB = uint64_t{1} << 30;
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "k3_plan_cli_XXXXXX").string();
-    REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
-    path = tmpl;
-  }
-  ~TempDir() { fs::remove_all(path); }
-};
+using k3::test::Run;
+using k3::test::slurp;
+using k3::test::TempDir;
 
-struct Run {
-  int code;
-  std::string out, err;
-};
-
-std::string slurp(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  return {std::istreambuf_iterator<char>(f), {}};
-}
-
-Run k3flow(const std::string& args) {
-  TempDir io;
-  const std::string cmd = std::string(K3FLOW_BIN) + " " + args + " >" + (io.path / "out").string() + " 2>" +
-                          (io.path / "err").string();
-  const int st = std::system(cmd.c_str());
-  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, slurp(io.path / "out"), slurp(io.path / "err")};
-}
+// `k3flow ARGS` (shell words), stdout and stderr captured apart.
+Run k3flow(const std::string& args) { return k3::test::k3flow_sh(args); }
 
 // One replica for the whole test binary (3 s, ~130 MB of headers on disk).
 const fs::path& replica() {

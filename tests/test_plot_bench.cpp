@@ -14,38 +14,20 @@
 #include <string>
 #include <vector>
 
+#include "tests/run_helpers.hpp"
+
 namespace fs = std::filesystem;
 
 namespace {
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "k3plot_test.XXXXXX").string();
-    REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
-    path = tmpl;
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string operator/(const std::string& name) const { return (path / name).string(); }
-};
+using k3::test::Run;
+using k3::test::slurp;
+using k3::test::TempDir;
 
-std::string slurp(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(f), {});
-}
-
-struct Run {
-  int code = -1;
-  std::string err;
-};
-
+// `python3 perf/plot_bench.py ARGS` (shell words); the tests read the exit code and stderr.
 Run plot(const std::string& args) {
-  TempDir io;
   const char* python = fs::exists("/usr/bin/python3") ? "/usr/bin/python3" : "python3";
-  const std::string cmd = fmt::format("{} {}/perf/plot_bench.py {} >{} 2>{}", python, K3_SOURCE_DIR, args,
-                                      io / "out", io / "err");
-  const int st = std::system(cmd.c_str());
-  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, slurp(io / "err")};
+  return k3::test::shell(fmt::format("{} {}/perf/plot_bench.py {}", python, K3_SOURCE_DIR, args));
 }
 
 uint32_t be32(const std::string& s, size_t at) {

@@ -25,40 +25,20 @@
 #include "io/config.hpp"
 #include "io/safetensors.hpp"
 #include "perf/synth.hpp"
+#include "tests/run_helpers.hpp"
 
 namespace fs = std::filesystem;
 using k3::io::DType;
 
 namespace {
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "k3_synth_XXXXXX").string();
-    REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
-    path = tmpl;
-  }
-  ~TempDir() { fs::remove_all(path); }
-};
+using k3::test::Run;
+using k3::test::slurp;
+using k3::test::TempDir;
 
-struct Run {
-  int code;
-  std::string out, err;
-};
-
-std::string slurp(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  return {std::istreambuf_iterator<char>(f), {}};
-}
-
-// Runs the real binary with `args` (shell words), capturing stdout and stderr.
-Run k3flow(const std::string& args, const std::string& env = "") {
-  TempDir io;
-  const std::string cmd = env + " " + K3FLOW_BIN + " " + args + " >" + (io.path / "out").string() + " 2>" +
-                          (io.path / "err").string();
-  const int st = std::system(cmd.c_str());
-  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, slurp(io.path / "out"), slurp(io.path / "err")};
-}
+// Runs the real binary with `args` (shell words) and `env` (NAME=VALUE words), capturing stdout and
+// stderr.
+Run k3flow(const std::string& args, const std::string& env = "") { return k3::test::k3flow_sh(args, env); }
 
 // Dims deliberately unlike any preset, so a default leaking through would show.
 const char* kDims =
