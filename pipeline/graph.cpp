@@ -408,6 +408,7 @@ void StreamingModel::Impl::build() {
                             call.agg_sc);
       stages::lm_head(hw, c, call.h, 1, call.logits, call.head_sc);
     });
+    end_call();  // the logits are written: the driver may sample while reads for the next call run on
     return flow::continue_msg();
   });
 
@@ -565,9 +566,12 @@ void StreamingModel::forward(stages::DecodeState& st, std::span<const int32_t> i
     throw io::runtime_error(
         fmt::format("MLA KV cache overflow: {} positions needed, capacity {}", st.cached + T, st.capacity()));
   if (m.failed.load()) throw io::runtime_error(m.fail_msg);
-  if (m.calls_done > 0 && m.step_delay_ms > 0)  // test hook: time to change files between tokens
+  if (m.calls_done.load() > 0 && m.step_delay_ms > 0)  // test hook: time to change files between tokens
     std::this_thread::sleep_for(std::chrono::milliseconds(m.step_delay_ms));
 
+  // Reads for this call may have landed (and their bind nodes run) since the last call returned;
+  // nothing but this call's nodes touches the activations prepared here.
+  if (!m.open_call()) throw io::runtime_error(m.fail_msg);
   m.act.step_begin();
   m.prepare_call(st, T, logits.first(V));
   {
@@ -576,7 +580,7 @@ void StreamingModel::forward(stages::DecodeState& st, std::span<const int32_t> i
     stages::embed_tokens(m.head->w, c, ids, m.call.P);
     m.act.compute_end();
   }
-  const int k = m.calls_done;
+  const int k = m.calls_done.load();
   const uint64_t v0 = uint64_t(k) * uint64_t(m.n);
   auto job = [&](const TrunkJob& j) { m.schedule->try_put(j); };
   auto claim = [&](const TrunkClaim& cl) { m.trunk_read->try_put(cl); };
@@ -590,9 +594,12 @@ void StreamingModel::forward(stages::DecodeState& st, std::span<const int32_t> i
     if (k + 1 < m.expected_calls && m.ring_scheduled_through < k + 1) m.schedule_ring(k + 1);
   }
   flow::input_port<0>(*m.layer_gate).try_put(LayerGo{v0});
-  m.g.wait_for_all();
+  m.wait_call();
   m.last = m.act.step_end();
-  if (m.failed.load()) throw io::runtime_error(m.fail_msg);
+  if (m.failed.load()) {
+    m.g.wait_for_all();  // every node has skipped its body or finished; reads have completed
+    throw io::runtime_error(m.fail_msg);
+  }
   st.cached += T;
   ++m.calls_done;
 }

@@ -7,6 +7,8 @@
 #include <fmt/format.h>
 #include <tbb/flow_graph.h>
 #include <tbb/global_control.h>
+#include <tbb/task_arena.h>
+#include <tbb/task_group.h>
 
 #include <algorithm>
 #include <atomic>
@@ -125,6 +127,10 @@ struct StreamingModel::Impl {
   using TrunkReadNode = flow::async_node<TrunkClaim, TrunkReady>;
   using ExpertReadNode = flow::async_node<ReadBatch, ExpertLanded>;
 
+  // ---- where the graph's tasks run: an arena of its own, so the driver thread can wait for one
+  // call inside it (and execute the graph's tasks while it waits, as it must with one thread) ----
+  tbb::task_arena arena;
+
   // ---- what the run is ----
   const WeightSources& src;
   const io::ModelConfig& c;
@@ -197,7 +203,8 @@ struct StreamingModel::Impl {
     std::atomic<int> remaining{0};  // pieces left: groups + shared (+ lookahead)
     size_t unique() const { return groups.experts.size(); }
   } moe;
-  int calls_done = 0, expected_calls = 1;
+  std::atomic<int> calls_done{0};
+  int expected_calls = 1;
   int64_t ring_scheduled_through = -1;  // ring jobs are queued for every call <= this
   std::vector<int> span_held;
   std::vector<io::ReadRequest> trunk_reqs, expert_reqs;  // reused by the serial read nodes
@@ -207,8 +214,16 @@ struct StreamingModel::Impl {
   std::vector<ExpertGo> go_out;
   const int step_delay_ms = env_int("K3FLOW_TEST_STEP_DELAY_MS");
 
-  // ---- the graph ----
-  flow::graph g;
+  // ---- the end of a forward call: the driver waits for call_group, which call_open holds until
+  // the head has run (or the run failed). Not g.wait_for_all(): that also waits for reads already
+  // in flight for the next call, and the next token's resident layers could be computing by then.
+  std::mutex call_mu;
+  tbb::task_group call_group;
+  tbb::task_handle call_open;
+
+  // ---- the graph (made inside `arena`, so its tasks run there) ----
+  std::unique_ptr<flow::graph> graph_owner;
+  flow::graph& g;
   std::unique_ptr<flow::queue_node<TrunkJob>> schedule;
   std::unique_ptr<flow::queue_node<int>> trunk_free;
   std::unique_ptr<flow::join_node<TrunkClaim, flow::queueing>> trunk_claim;
@@ -238,8 +253,15 @@ struct StreamingModel::Impl {
   // ---- readers: declared last, so destroyed first (they write into the slots above) ----
   io::UringReader trunk_reader, expert_reader;
 
+  static std::unique_ptr<flow::graph> graph_in(tbb::task_arena& a) {
+    std::unique_ptr<flow::graph> made;
+    a.execute([&] { made = std::make_unique<flow::graph>(); });  // the graph attaches to `a`
+    return made;
+  }
+
   Impl(const WeightSources& s, const Plan& p, Strategy st, GraphDescription* d)
-      : src(s),
+      : arena(int(tbb::global_control::active_value(tbb::global_control::max_allowed_parallelism))),
+        src(s),
         c(s.config()),
         plan(p),
         strategy(st),
@@ -249,6 +271,8 @@ struct StreamingModel::Impl {
         K(size_t(c.top_k)),
         dot(d),
         trunk(p, s),
+        graph_owner(graph_in(arena)),
+        g(*graph_owner),
         trunk_reader(trunk_reader_options()),
         expert_reader(expert_reader_options(s.expert_window_bytes())) {
     head = src.load_head();
@@ -273,11 +297,30 @@ struct StreamingModel::Impl {
   // ------------------------------------------------------------------ helpers
 
   void fail(const std::string& msg) {
-    std::lock_guard lk(fail_mu);
-    if (!failed.load()) {
-      fail_msg = msg;
-      failed.store(true);
+    {
+      std::lock_guard lk(fail_mu);
+      if (!failed.load()) {
+        fail_msg = msg;
+        failed.store(true);
+      }
     }
+    end_call();  // the call in progress cannot finish: let the driver see the failure
+  }
+
+  // Opens a forward call (false: the run has already failed); end_call() closes it, from the head
+  // node or from fail(); wait_call() returns when it is closed.
+  bool open_call() {
+    std::lock_guard lk(call_mu);
+    if (failed.load()) return false;
+    call_open = call_group.defer([] {});
+    return true;
+  }
+  void end_call() {
+    std::lock_guard lk(call_mu);
+    call_open = tbb::task_handle{};  // dropping the handle releases call_group's wait
+  }
+  void wait_call() {
+    arena.execute([&] { call_group.wait(); });
   }
 
   // Runs a node body: skipped after a failure; an exception becomes the run's failure; its wall
@@ -307,7 +350,7 @@ struct StreamingModel::Impl {
     a.layer = layer;
     a.expert = expert;
     a.slot = slot;
-    a.token = calls_done;
+    a.token = calls_done.load(std::memory_order_relaxed);
     return a;
   }
 
