@@ -40,6 +40,7 @@
 #include "pipeline/device_probe.hpp"
 #include "pipeline/output_file.hpp"
 #include "pipeline/planner.hpp"
+#include "pipeline/reader_options.hpp"
 
 namespace k3::pipeline {
 
@@ -294,6 +295,8 @@ int run_bench(const BenchArgs& a) {
   ProbeOptions po;
   po.seconds = a.probe_seconds;
   const ProbePattern pattern = probe_pattern(config, shards, trunk ? &*trunk : nullptr);
+  po.trunk_reader = trunk_reader_options();
+  po.expert_reader = expert_reader_options(pattern.largest_expert_read());
   const ProbeResult probe = probe_device(pattern, po);
   std::printf("%s", format_probe(pattern, probe).c_str());
   std::fflush(stdout);

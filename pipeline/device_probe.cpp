@@ -120,7 +120,7 @@ enum Reads : unsigned { kTrunk = 1, kExperts = 2 };
 // and queue depth).
 struct Readers {
   io::UringReader trunk, experts;
-  explicit Readers(const io::UringReader::Options& o) : trunk(o), experts(o) {}
+  Readers(const io::UringReader::Options& t, const io::UringReader::Options& e) : trunk(t), experts(e) {}
   uint64_t direct_bytes() const { return trunk.counters().direct_bytes + experts.counters().direct_bytes; }
 };
 
@@ -299,11 +299,13 @@ ProbePattern probe_pattern(const io::ModelConfig& config, const io::ShardSet& sh
 
 ProbeResult probe_device(const ProbePattern& p, const ProbeOptions& o) {
   ProbeResult r;
-  Readers readers(o.reader);
+  Readers readers(o.trunk_reader, o.expert_reader);
   r.backend = io::backend_name(readers.trunk.backend());
   r.fallback_reason = readers.trunk.fallback_reason();
-  r.queue_depth = readers.trunk.options().queue_depth;
-  r.chunk_bytes = readers.trunk.options().chunk_bytes;
+  r.trunk_queue_depth = readers.trunk.options().queue_depth;
+  r.trunk_chunk_bytes = readers.trunk.options().chunk_bytes;
+  r.expert_queue_depth = readers.experts.options().queue_depth;
+  r.expert_chunk_bytes = readers.experts.options().chunk_bytes;
 
   size_t trunk_per_layer = 1;
   for (const ProbeLayer& l : p.layers) trunk_per_layer = std::max(trunk_per_layer, l.trunk.size());
@@ -322,9 +324,10 @@ std::string format_probe(const ProbePattern& p, const ProbeResult& r) {
   const uint64_t direct = r.mixed.direct_bytes + r.trunk.direct_bytes + r.experts.direct_bytes;
   const double direct_pct = all ? 100.0 * double(direct) / double(all) : 0.0;
   std::string s = fmt::format(
-      "device probe: {} readers (trunk + experts), queue depth {} each, {} MiB chunks, O_DIRECT {:.1f}% of "
-      "bytes, reading {}\n",
-      r.backend, r.queue_depth, r.chunk_bytes >> 20, direct_pct, p.source);
+      "device probe: {} readers as the engine opens them (trunk: queue depth {} x {} KiB chunks, experts: {} x "
+      "{} KiB), O_DIRECT {:.1f}% of bytes, reading {}\n",
+      r.backend, r.trunk_queue_depth, r.trunk_chunk_bytes >> 10, r.expert_queue_depth, r.expert_chunk_bytes >> 10,
+      direct_pct, p.source);
   if (!r.fallback_reason.empty()) s += fmt::format("  (pread fallback: {})\n", r.fallback_reason);
   if (direct_pct < 99.0)
     s += "  NOTE: part of the reads were buffered (filesystem refused O_DIRECT, or unaligned edges): the "

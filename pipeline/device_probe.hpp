@@ -59,7 +59,8 @@ ProbePattern probe_pattern(const io::ModelConfig& config, const io::ShardSet& sh
 struct ProbeOptions {
   double seconds = 1.5;  // whole probe; the mixed phase gets half, each single phase a quarter
   uint64_t seed = 1;     // expert picks
-  io::UringReader::Options reader{};
+  // The readers' tuning: pass the engine's (reader_options.hpp), so the probe reads as it does.
+  io::UringReader::Options trunk_reader{}, expert_reader{};
 };
 
 struct PhaseResult {
@@ -73,8 +74,8 @@ struct PhaseResult {
 struct ProbeResult {
   PhaseResult mixed, trunk, experts;
   std::string backend, fallback_reason;
-  unsigned queue_depth = 0;
-  size_t chunk_bytes = 0;
+  unsigned trunk_queue_depth = 0, expert_queue_depth = 0;
+  size_t trunk_chunk_bytes = 0, expert_chunk_bytes = 0;
   double gbps() const { return mixed.gbps(); }  // GB/s (1e9 B), the figure T_io is computed with
 };
 

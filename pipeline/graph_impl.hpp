@@ -25,6 +25,7 @@
 #include "io/uring_reader.hpp"
 #include "pipeline/expert_cache.hpp"
 #include "pipeline/graph.hpp"
+#include "pipeline/reader_options.hpp"
 #include "pipeline/slot_pool.hpp"
 #include "pipeline/trace.hpp"
 #include "stages/moe.hpp"
@@ -115,9 +116,6 @@ inline constexpr const char* kNodeNames[kNodeCount] = {
     "expert_read",    "expert_landed", "shared",      "expert_join", "expert_compute",
     "lookahead",      "combine",       "layer_done",  "head"};
 
-int env_int(const char* name);  // 0 when unset or empty
-io::UringReader::Options trunk_reader_options();
-io::UringReader::Options expert_reader_options(uint64_t expert_bytes);
 
 }  // namespace graph_detail
 

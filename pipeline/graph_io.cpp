@@ -1,4 +1,4 @@
-// Reads for the streaming graph (graph_impl.hpp): the readers' tuning, a layer's trunk read into its
+// Reads for the streaming graph (graph_impl.hpp): a layer's trunk read into its
 // ring slot or pin region, a batch of expert reads into claimed slots (sorted by file offset, each
 // slot's read tracked until its last chunk lands), the ring schedule, and the trace counters.
 #include <algorithm>
@@ -8,36 +8,6 @@
 #include "pipeline/graph_impl.hpp"
 
 namespace k3::pipeline {
-
-namespace graph_detail {
-
-int env_int(const char* name) {
-  const char* v = std::getenv(name);
-  return v && *v ? std::atoi(v) : 0;
-}
-
-io::UringReader::Options trunk_reader_options() {
-  io::UringReader::Options o;
-  if (int qd = env_int("K3FLOW_TRUNK_QD")) o.queue_depth = unsigned(qd);
-  if (int kb = env_int("K3FLOW_TRUNK_CHUNK_KB")) o.chunk_bytes = size_t(kb) << 10;
-  return o;
-}
-
-// Expert reads complete in order, about one expert in flight at a time: with a batch of 8 experts
-// all in flight at once they shared the device and landed together at the end, so "compute each
-// expert as it lands" computed nothing early (medium synthetic checkpoint at 1 GiB, overlap: 0.069 ->
-// 0.060 s/token). Four chunks of a quarter expert each keep the device queue non-empty.
-io::UringReader::Options expert_reader_options(uint64_t expert_bytes) {
-  io::UringReader::Options o;
-  o.queue_depth = 4;
-  o.chunk_bytes = std::clamp<size_t>(io::align_up(expert_bytes / 4, io::kDirectAlign), size_t{256} << 10,
-                                     size_t{8} << 20);
-  if (int qd = env_int("K3FLOW_EXPERT_QD")) o.queue_depth = unsigned(qd);
-  if (int kb = env_int("K3FLOW_EXPERT_CHUNK_KB")) o.chunk_bytes = size_t(kb) << 10;
-  return o;
-}
-
-}  // namespace graph_detail
 
 void StreamingModel::Impl::counters() {
   if (!Trace::enabled()) return;

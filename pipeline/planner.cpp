@@ -10,6 +10,7 @@
 #include "io/packed_trunk.hpp"
 #include "io/safetensors_writer.hpp"
 #include "io/uring_reader.hpp"
+#include "pipeline/reader_options.hpp"
 #include "stages/plan.hpp"
 
 namespace k3::pipeline {
@@ -261,7 +262,9 @@ PlanInputs plan_inputs(const io::ModelConfig& c, const io::ShardSet& shards, con
       4 * uint64_t(n_mla) * (uint64_t(c.mla_heads) * uint64_t(c.qk_nope + c.v_head) + uint64_t(c.qk_rope));
   const uint64_t scratch = scratch_bytes(c, context);
   const uint64_t index = shards.index_bytes() + (trunk ? trunk->index_bytes() : 0);
-  const uint64_t ring = io::UringReader::ring_bytes(io::UringReader::Options{}.queue_depth);
+  // The two readers' rings, at the queue depths the graph opens them with (reader_options.hpp).
+  const uint64_t trunk_ring = io::UringReader::ring_bytes(trunk_reader_options().queue_depth);
+  const uint64_t expert_ring = io::UringReader::ring_bytes(expert_reader_options(0).queue_depth);
   in.resident = {
       {"embedding + lm_head + head vectors", 1, head_bytes, head_bytes},
       {fmt::format("KDA recurrent + conv state ({} KDA layers)", n_kda), uint64_t(n_kda), kda_state,
@@ -270,7 +273,8 @@ PlanInputs plan_inputs(const io::ModelConfig& c, const io::ShardSet& shards, con
        context * kv_pos},
       {"activation scratch (estimate)", 1, scratch, scratch},
       {trunk ? "tensor index (shards + trunk.json)" : "tensor index (shards)", 1, index, index},
-      {"io_uring rings (trunk + experts)", 2, ring, 2 * ring},
+      {"io_uring rings (trunk + experts)", 2, trunk_ring == expert_ring ? trunk_ring : 0,
+       trunk_ring + expert_ring},
   };
   if (c.first_dense < c.n_layers && c.n_experts > 0) {
     in.expert_bytes = stages::locate_expert(shards, c, c.first_dense, 0).buffer_bytes;

@@ -80,8 +80,13 @@ TEST_CASE("probe pattern and measurement on a synthetic checkpoint, shards and p
 
     ProbeOptions o;
     o.seconds = 0.2;
+    o.trunk_reader.queue_depth = 3;  // the readers are opened with the options given
+    o.trunk_reader.chunk_bytes = size_t{1} << 20;
+    o.expert_reader.queue_depth = 2;
     const ProbeResult r = probe_device(p, o);
-    CHECK(r.queue_depth == k3::io::UringReader::Options{}.queue_depth);
+    CHECK(r.trunk_queue_depth == 3);
+    CHECK(r.trunk_chunk_bytes == size_t{1} << 20);
+    CHECK(r.expert_queue_depth == 2);
     CHECK(r.mixed.passes >= 1);
     CHECK(r.mixed.bytes >= uint64_t(r.mixed.passes) * p.token_bytes_estimate() / 2);
     CHECK(r.gbps() > 0);
