@@ -159,8 +159,11 @@ void StreamingModel::Impl::build() {
             moe.shared_started = moe.fetched = false;
             moe.remaining.store(int(U) + 1 + (la ? 1 : 0));
           }
-          if (!ser) std::get<0>(out).try_put(FetchMsg{m.visit});
+          // Fetch last: a thread runs the task it spawned last first, so the reads are submitted
+          // before this thread starts the shared experts (with one thread, the only order that
+          // overlaps them).
           if (strategy == Strategy::overlap || la || ser) std::get<1>(out).try_put(LayerMsg{m.visit});
+          if (!ser) std::get<0>(out).try_put(FetchMsg{m.visit});
         });
       });
 
@@ -193,10 +196,10 @@ void StreamingModel::Impl::build() {
                     batch.items.push_back(ReadItem{r.slot, moe.layer, e, false});
                 }
               }
-              if (!batch.items.empty()) std::get<0>(out).try_put(std::move(batch));
               for (int gi : hit_groups)
                 std::get<1>(out).try_put(ExpertLanded{moe.slot[size_t(gi)], gi, false, true});
               if (first && la) std::get<2>(out).try_put(LayerMsg{m.visit});
+              if (!batch.items.empty()) std::get<0>(out).try_put(std::move(batch));  // last: runs first
             });
           });
 
