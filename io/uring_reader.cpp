@@ -123,6 +123,17 @@ std::string eof_error(const Op& op) {
       op.job->req.file->path().string(), op.len, op.off, now);
 }
 
+// Queues a job: an urgent one goes before the first non-urgent job, which may be partly issued
+// (its remaining chunks then wait); otherwise at the back.
+void queue_job(std::deque<Job*>& q, Job* j) {
+  if (!j->req.urgent) {
+    q.push_back(j);
+    return;
+  }
+  auto it = std::find_if(q.begin(), q.end(), [](const Job* x) { return !x->req.urgent; });
+  q.insert(it, j);
+}
+
 bool env_flag(const char* name) {
   const char* v = std::getenv(name);
   return v && *v && std::strcmp(v, "0") != 0;
@@ -195,7 +206,7 @@ struct UringReader::Impl {
   void enqueue(std::vector<Job*> jobs) {
     {
       std::lock_guard lk(mu);
-      for (Job* j : jobs) pending.push_back(j);
+      for (Job* j : jobs) queue_job(pending, j);
       submitted += jobs.size();
     }
     n_requests += jobs.size();
@@ -265,7 +276,7 @@ struct UringReader::Impl {
     for (;;) {
       {
         std::lock_guard lk(mu);
-        for (Job* j : pending) issuing.push_back(j);
+        for (Job* j : pending) queue_job(issuing, j);
         pending.clear();
         stop = stopping;
       }

@@ -5,7 +5,9 @@
 // and wakes it through an eventfd the ring polls. Each request is split into chunks (default
 // 8 MiB, a multiple of 4096) so one large layer read keeps the device queue deep; up to
 // `queue_depth` chunks are in flight, and everything ready is handed to the kernel with one
-// io_uring_submit per loop turn. Short reads, -EINTR and -EAGAIN are resubmitted at the right
+// io_uring_submit per loop turn. Requests are issued in submission order, except that an urgent
+// one (ReadRequest::urgent: a read the compute is waiting for) overtakes non-urgent ones not yet
+// issued (a prefetch). Short reads, -EINTR and -EAGAIN are resubmitted at the right
 // offset; an O_DIRECT chunk the filesystem refuses (-EINVAL) is retried on the buffered descriptor.
 //
 // O_DIRECT is used for the 4096-aligned interior of a request when the File has a direct
@@ -37,6 +39,9 @@ struct ReadRequest {
   uint64_t offset = 0;         // byte offset in the file
   std::span<std::byte> dst;    // exactly dst.size() bytes are read; must stay valid until completion
   uint64_t tag = 0;            // echoed in the completion (e.g. layer/expert/slot packed by the caller)
+  // Read before every queued non-urgent request: its chunks go to the kernel ahead of theirs (chunks
+  // already in the kernel are not recalled). Urgent requests keep their order among themselves.
+  bool urgent = false;
 };
 
 struct ReadCompletion {

@@ -109,7 +109,8 @@ void StreamingModel::Impl::submit_experts(const ReadBatch& b, ExpertReadNode::ga
     std::span<std::byte> dst = cache->bytes(it.slot);
     for (const Extent& e : er.reads)
       expert_reqs.push_back(
-          io::ReadRequest{e.file, e.offset, dst.subspan(e.dst_offset, e.bytes), uint64_t(it.slot)});
+          io::ReadRequest{e.file, e.offset, dst.subspan(e.dst_offset, e.bytes), uint64_t(it.slot),
+                          /*urgent=*/!it.prefetch});  // the layer waits for it: ahead of prefetches
     if (it.prefetch) ++predicted;
     act.read_begin(er.read_bytes, true);
     stats[kExpertRead]->bytes.fetch_add(er.read_bytes, std::memory_order_relaxed);
