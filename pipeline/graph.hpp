@@ -43,7 +43,8 @@
 //  - The spanning layer (planner.hpp) takes the whole ring, not `span_slots` of it (slot_pool.hpp).
 //  - Reads run ahead across forward calls: the next call's ring reads are queued behind this call's,
 //    gated only by free slots, so the ring does not drain at token boundaries (trunk reads do not
-//    depend on the token). expect_calls() bounds it.
+//    depend on the token). expect_calls() bounds it. A call returns as soon as its head has run,
+//    not when the graph is idle (that waited for the next call's reads: 15-23 ms per token).
 //  - Lookahead is counted as a piece of layer L (it reads L's FFN input), so the next attention cannot
 //    overwrite that input under it; it never waits for a read.
 //  - Two io_uring readers (trunk, experts), one ring and one reaper thread each, so an expert batch
@@ -54,8 +55,10 @@
 //    Medium synthetic checkpoint at 1 GiB, s/token after the prefill, median of 3: overlap 0.069 ->
 //    0.060, lookahead 0.078 -> 0.063.
 //  - Reads are sorted by file offset within a batch (ENGINE.md §3.5), and a batch is submitted in
-//    one call, but the readers' FIFO order is the compute order: the current layer's misses, then
-//    the lookahead's prefetches behind them.
+//    one call, but the readers' order is the compute order: the current layer's misses are urgent
+//    and overtake queued lookahead prefetches; the trunk reader keeps only 4 x 1 MiB in flight, so
+//    an expert read never waits behind a whole layer (reader_options.cpp); and a node that starts
+//    reads spawns them last, so its thread submits them before it computes what hides them.
 //  - The graph allocates no weight memory after construction. Activations (T-sized) grow only when a
 //    call feeds more tokens than any before (full recompute), never in incremental decode.
 //
