@@ -2,7 +2,9 @@
 // ring slot or pin region, a batch of expert reads into claimed slots (sorted by file offset, each
 // slot's read tracked until its last chunk lands), the ring schedule, and the trace counters.
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
+#include <thread>
 #include <utility>
 
 #include "pipeline/graph_impl.hpp"
@@ -55,6 +57,8 @@ void StreamingModel::Impl::submit_trunk(uint64_t visit, int layer, int slot,
                             fail(r.message);
                           }
                           if (h.pending_reads.fetch_sub(1) == 1) {
+                            if (trunk_delay_ms > 0)  // test hook: the layer lands that much later
+                              std::this_thread::sleep_for(std::chrono::milliseconds(trunk_delay_ms));
                             if (Trace::enabled()) Trace::async_end("trunk read", "io", id, trunk_track.tid());
                             act.read_end(total);
                             if (!h.read_failed.load()) gw.try_put(TrunkReady{visit, layer, slot});

@@ -6,6 +6,7 @@
 //   - overlap: under --strategy overlap some read (b..e, matched by id) is in flight while a compute
 //     span runs; under --strategy serial none is, at the floor (the prefill's experts come in
 //     waves) and with room;
+//   - the call boundary: with slow trunk reads, the next token starts while its reads still land;
 //   - the graph dump of a real run renders with Graphviz's dot and names the nodes.
 #include <doctest/doctest.h>
 #include <fmt/format.h>
@@ -82,13 +83,13 @@ std::string get_string(simdjson::dom::element e, const char* key) {
 
 // Generates 4 tokens after an 8-token prompt (incremental) with `flags`, tracing; parses the trace
 // and checks each event's fields as it goes.
-ParsedTrace traced_run(const std::string& flags, const std::string& dot = "") {
+ParsedTrace traced_run(const std::string& flags, const std::string& dot = "", const std::string& env = "") {
   TempDir d;
   const Run r = k3flow(
       fmt::format("generate {} --ids 5,900,17,17,3,640,201,88 --gen 4 --incremental {} --trace {} {} "
                   "--out {}",
                   synth().model, flags, d / "t.json", dot.empty() ? "" : "--graph-dot " + dot, d / "r.json"),
-      "", 60);
+      env, 60);
   INFO(flags);
   INFO(r.out);
   INFO(r.err);
@@ -232,6 +233,26 @@ TEST_CASE("trace: overlap reads while it computes; serial never does, at the flo
         CHECK(most > 1);
       }
     }
+}
+
+TEST_CASE("trace: a token starts while the ring reads queued for it are still landing") {
+  // A forward call ends when its head has run, not when the graph is idle: with every trunk read
+  // held back 40 ms (a slow disk), the next token's embed must start while a read is in flight.
+  // Waiting for an idle graph (which also waits for the next call's reads) can never show this.
+  const ParsedTrace t =
+      traced_run("--preset ultra --strategy overlap", "", "K3FLOW_TEST_TRUNK_READ_DELAY_MS=40");
+  int embeds = 0, boundary = 0;
+  for (const Span& c : t.compute) {
+    if (c.name != "embed") continue;
+    ++embeds;
+    for (const Span& r : t.reads)
+      if (r.name == "trunk read" && r.begin < c.begin && c.begin < r.end) {
+        ++boundary;
+        break;
+      }
+  }
+  CHECK(embeds == 4);              // --gen 4: the prompt's call and three more
+  CHECK(boundary == embeds - 1);  // every call after the first (the first has nothing queued yet)
 }
 
 TEST_CASE("graph dot: a real run's dump renders with dot -Tsvg and names the graph's nodes and pools") {
