@@ -211,7 +211,7 @@ struct StreamingModel::Impl {
   std::vector<int> hit_groups, predicted_experts;
   std::vector<ExpertGo> go_out;
   const int step_delay_ms = env_int("K3FLOW_TEST_STEP_DELAY_MS");
-  const int trunk_delay_ms = env_int("K3FLOW_TEST_TRUNK_READ_DELAY_MS");  // a slow disk, for tests
+  const int read_delay_ms = env_int("K3FLOW_TEST_READ_DELAY_MS");  // a slow disk, for tests
 
   // ---- the end of a forward call: the driver waits for call_group, which call_open holds until
   // the head has run (or the run failed). Not g.wait_for_all(): that also waits for reads already

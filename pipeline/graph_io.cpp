@@ -57,8 +57,8 @@ void StreamingModel::Impl::submit_trunk(uint64_t visit, int layer, int slot,
                             fail(r.message);
                           }
                           if (h.pending_reads.fetch_sub(1) == 1) {
-                            if (trunk_delay_ms > 0)  // test hook: the layer lands that much later
-                              std::this_thread::sleep_for(std::chrono::milliseconds(trunk_delay_ms));
+                            if (read_delay_ms > 0)  // test hook: the layer lands that much later
+                              std::this_thread::sleep_for(std::chrono::milliseconds(read_delay_ms));
                             if (Trace::enabled()) Trace::async_end("trunk read", "io", id, trunk_track.tid());
                             act.read_end(total);
                             if (!h.read_failed.load()) gw.try_put(TrunkReady{visit, layer, slot});
@@ -136,6 +136,8 @@ void StreamingModel::Impl::submit_experts(const ReadBatch& b, ExpertReadNode::ga
         fail(r.message);
       }
       if (sr.pending.fetch_sub(1) == 1) {
+        if (read_delay_ms > 0)  // test hook: the expert lands that much later
+          std::this_thread::sleep_for(std::chrono::milliseconds(read_delay_ms));
         if (Trace::enabled()) Trace::async_end(sr.trace_name, "io", sr.trace_id, expert_track.tid());
         act.read_end(sr.bytes);
         gw.try_put(ExpertLanded{slot, -1, true, !sr.failed.load()});

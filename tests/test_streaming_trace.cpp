@@ -236,11 +236,11 @@ TEST_CASE("trace: overlap reads while it computes; serial never does, at the flo
 }
 
 TEST_CASE("trace: a token starts while the ring reads queued for it are still landing") {
-  // A forward call ends when its head has run, not when the graph is idle: with every trunk read
+  // A forward call ends when its head has run, not when the graph is idle: with every read
   // held back 40 ms (a slow disk), the next token's embed must start while a read is in flight.
   // Waiting for an idle graph (which also waits for the next call's reads) can never show this.
   const ParsedTrace t =
-      traced_run("--preset ultra --strategy overlap", "", "K3FLOW_TEST_TRUNK_READ_DELAY_MS=40");
+      traced_run("--preset ultra --strategy overlap", "", "K3FLOW_TEST_READ_DELAY_MS=40");
   int embeds = 0, boundary = 0;
   for (const Span& c : t.compute) {
     if (c.name != "embed") continue;
@@ -253,6 +253,32 @@ TEST_CASE("trace: a token starts while the ring reads queued for it are still la
   }
   CHECK(embeds == 4);              // --gen 4: the prompt's call and three more
   CHECK(boundary == embeds - 1);  // every call after the first (the first has nothing queued yet)
+}
+
+TEST_CASE("trace: with one thread, a layer's expert reads are in flight while its shared experts compute") {
+  // The router's thread runs the task it spawned last first: the fetch (which submits the reads)
+  // must be spawned after the shared experts, or one thread computes them before any read starts.
+  // Reads held back 20 ms each: under overlap some "shared" span runs while an expert read of its
+  // own layer is in flight, at one thread and at two.
+  for (const char* threads : {"--threads 1", "--threads 2"}) {
+    CAPTURE(threads);
+    const ParsedTrace t = traced_run(fmt::format("--mem-gb 0.02 --strategy overlap {}", threads), "",
+                                     "K3FLOW_TEST_READ_DELAY_MS=20");
+    int shared = 0, hidden = 0;
+    for (const Span& c : t.compute) {
+      if (c.name != "shared") continue;
+      ++shared;
+      for (const Span& r : t.reads)
+        if (r.name == "expert read" && r.layer == c.layer && r.token == c.token && r.begin < c.end &&
+            c.begin < r.end) {
+          ++hidden;
+          break;
+        }
+    }
+    MESSAGE(fmt::format("{}: {} of {} shared spans overlap their layer's expert read", threads, hidden, shared));
+    CHECK(shared > 0);
+    CHECK(hidden > 0);
+  }
 }
 
 TEST_CASE("graph dot: a real run's dump renders with dot -Tsvg and names the graph's nodes and pools") {
