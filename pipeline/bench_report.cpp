@@ -254,7 +254,8 @@ StrategyResult aggregate(const std::string& strategy, const std::vector<RunSampl
   r.s_per_token_min = *std::min_element(r.s_runs.begin(), r.s_runs.end());
   r.bytes_per_token = mean(bytes);
   r.t_io = device_gbps > 0 ? r.bytes_per_token / (device_gbps * 1e9) : 0.0;
-  r.t_cpu = t_cpu_resident ? *t_cpu_resident : median(compute);
+  r.compute_per_token = median(compute);
+  r.t_cpu = t_cpu_resident ? *t_cpu_resident : r.compute_per_token;
   if (r.s_per_token > 0) {
     r.disk_busy = r.t_io / r.s_per_token;
     r.cpu_busy = r.t_cpu / r.s_per_token;
@@ -285,12 +286,13 @@ void rank(BenchSummary& s) {
 
 std::string bench_table(const BenchSummary& s) {
   std::string out =
-      fmt::format("{:<10} {:>11} {:>11} {:>12} {:>9} {:>9} {:>8} {:>10} {:>12}\n", "strategy", "s/tok med",
-                  "s/tok min", "read/tok", "disk %", "CPU %", "overlap", "lookahead", "peak RSS");
+      fmt::format("{:<10} {:>11} {:>11} {:>12} {:>9} {:>9} {:>11} {:>8} {:>10} {:>12}\n", "strategy",
+                  "s/tok med", "s/tok min", "read/tok", "disk %", "CPU %", "compute/tok", "overlap", "lookahead",
+                  "peak RSS");
   for (const StrategyResult& r : s.strategies) {
-    out += fmt::format("{:<10} {:>11.4f} {:>11.4f} {:>12} {:>9} {:>9} {:>8.3f} {:>10} {:>12}{}\n", r.strategy,
-                       r.s_per_token, r.s_per_token_min, human(r.bytes_per_token), pct(r.disk_busy),
-                       pct(r.cpu_busy), r.overlap_efficiency,
+    out += fmt::format("{:<10} {:>11.4f} {:>11.4f} {:>12} {:>9} {:>9} {:>11.4f} {:>8.3f} {:>10} {:>12}{}\n",
+                       r.strategy, r.s_per_token, r.s_per_token_min, human(r.bytes_per_token), pct(r.disk_busy),
+                       pct(r.cpu_busy), r.compute_per_token, r.overlap_efficiency,
                        r.lookahead_hit_rate ? pct(*r.lookahead_hit_rate) : std::string("-"),
                        human(double(r.peak_rss_bytes)), r.over_budget ? "  OVER BUDGET" : "");
   }
@@ -305,12 +307,14 @@ std::string bench_json(const BenchSummary& s) {
     for (double x : r.s_runs) runs.push_back(jnum(x));
     st += fmt::format(
         "{{\"strategy\":{},\"s_per_token\":{},\"s_per_token_min\":{},\"s_per_token_runs\":[{}],"
-        "\"bytes_per_token\":{},\"t_io\":{},\"t_cpu\":{},\"disk_busy\":{},\"cpu_busy\":{},"
+        "\"bytes_per_token\":{},\"t_io\":{},\"t_cpu\":{},\"compute_per_token\":{},\"disk_busy\":{},"
+        "\"cpu_busy\":{},"
         "\"overlap_efficiency\":{},\"lookahead_hit_rate\":{},\"expert_hit_rate\":{},\"peak_rss_bytes\":{},"
         "\"report_peak_rss_bytes\":{},\"over_budget\":{},\"timing_source\":{},\"bytes_source\":{},"
         "\"ids\":{}}}",
         io::json_quote(r.strategy), jnum(r.s_per_token), jnum(r.s_per_token_min), fmt::join(runs, ","),
-        jnum(r.bytes_per_token), jnum(r.t_io), jnum(r.t_cpu), jnum(r.disk_busy), jnum(r.cpu_busy),
+        jnum(r.bytes_per_token), jnum(r.t_io), jnum(r.t_cpu), jnum(r.compute_per_token), jnum(r.disk_busy),
+        jnum(r.cpu_busy),
         jnum(r.overlap_efficiency), jopt(r.lookahead_hit_rate), jopt(r.expert_hit_rate), r.peak_rss_bytes,
         r.report_peak_rss_bytes, r.over_budget ? "true" : "false", io::json_quote(r.timing_source),
         io::json_quote(r.bytes_source), jids(r.ids));

@@ -71,6 +71,8 @@ struct StrategyResult {
   double bytes_per_token = 0;  // mean over repeats
   double t_io = 0;             // bytes_per_token / device bandwidth
   double t_cpu = 0;            // resident compute per token, else this strategy's own compute time
+  double compute_per_token = 0;  // this strategy's own compute busy time per token (median): against
+                                 // t_cpu it shows how much slower compute runs while the disk streams
   double disk_busy = 0, cpu_busy = 0, overlap_efficiency = 0;  // shares of s_per_token
   std::optional<double> lookahead_hit_rate;                    // none when nothing was predicted
   std::optional<double> expert_hit_rate;                       // none when no expert was requested

@@ -399,7 +399,8 @@ int run_bench(const BenchArgs& a) {
               a.repeat == 1 ? "" : "s");
   std::printf(
       "disk %% = T_io / s/token with T_io = bytes read / %.3f GB/s (measured above); CPU %% = T_cpu / "
-      "s/token with T_cpu from the %s; overlap = max(T_io, T_cpu) / s/token\n",
+      "s/token with T_cpu from the %s; overlap = max(T_io, T_cpu) / s/token; compute/tok = the strategy's own "
+      "compute busy time per token (above T_cpu: compute ran slower while the disk streamed)\n",
       sum.device_gbps, sum.t_cpu_source.c_str());
   std::printf("every run emitted the same ids [%s] and byte-identical step-0 logits; peak RSS from wait4\n",
               fmt::format("{}", fmt::join(any.ids, ",")).c_str());

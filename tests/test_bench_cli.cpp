@@ -102,7 +102,7 @@ const char* kTopKeys[] = {"model",      "budget_bytes", "device_gbps",      "t_c
                           "strategies", "best",         "speedup_vs_serial"};
 const char* kStrategyKeys[] = {"strategy",       "s_per_token", "s_per_token_min",    "bytes_per_token",
                                "t_io",           "t_cpu",       "overlap_efficiency", "lookahead_hit_rate",
-                               "peak_rss_bytes", "ids"};
+                               "peak_rss_bytes", "ids",         "compute_per_token"};
 const std::regex kLastLine(R"(best=(serial|trunk|overlap|lookahead) overlap_efficiency=[0-9]+\.[0-9]+ )"
                            R"(speedup_vs_serial=[0-9]+\.[0-9]+)");
 
@@ -229,6 +229,7 @@ TEST_CASE("stand-in engine: prefill excluded, medians, T_io / T_cpu / overlap ar
     const double t_io = 3e9 / (gbps * 1e9);
     CHECK(num(s["t_io"]) == doctest::Approx(t_io));
     CHECK(num(s["t_cpu"]) == doctest::Approx(0.1));
+    CHECK(num(s["compute_per_token"]) == doctest::Approx(0.1));  // the stand-in's step 1 compute
     CHECK(num(s["overlap_efficiency"]) == doctest::Approx(std::max(t_io, 0.1) / wall.at(name)));
     CHECK(num(s["report_peak_rss_bytes"]) == 123456789);
     CHECK(num(s["peak_rss_bytes"]) > 0);  // the stand-in's own, from wait4
