@@ -29,7 +29,10 @@ void Activity::read_begin(uint64_t bytes, bool expert) {
   ++reads_;
   in_flight_bytes_ += bytes;
   (expert ? expert_bytes_ : trunk_bytes_) += bytes;
-  (expert ? step_expert_ : step_trunk_) += bytes;
+  if (in_step_)
+    (expert ? step_expert_ : step_trunk_) += bytes;
+  else  // begun between steps (the ring reads ahead while the driver samples): the next step's
+    (expert ? next_expert_ : next_trunk_) += bytes;
   if (Trace::enabled()) Trace::counter("bytes in flight", int64_t(in_flight_bytes_));
 }
 
@@ -60,7 +63,9 @@ void Activity::step_begin() {
   in_step_ = true;
   step_start_ = now;
   step_wait_ = step_compute_ = 0;
-  step_trunk_ = step_expert_ = 0;
+  step_trunk_ = next_trunk_;
+  step_expert_ = next_expert_;
+  next_trunk_ = next_expert_ = 0;
 }
 
 StepStats Activity::step_end() {

@@ -1,8 +1,10 @@
 // Wall-clock accounting of one streamed run (the run report's io_busy / compute_busy / io_wait):
 // two counters -- reads in flight and compute nodes running -- and the time each spent non-zero,
 // advanced at every change. io_wait is the time inside a step when a read was in flight and no
-// compute node ran (compute waiting on I/O). Also emits the trace's counters. One mutex; it is taken
-// a few times per read and per node run, never per weight.
+// compute node ran (compute waiting on I/O). A step's bytes are those whose read began in it or
+// since the step before it ended (the trunk ring reads ahead across tokens while the driver
+// samples). Also emits the trace's counters. One mutex; it is taken a few times per read and per
+// node run, never per weight.
 #pragma once
 #include <chrono>
 #include <cstdint>
@@ -42,6 +44,7 @@ class Activity {
   double io_busy_ = 0, compute_busy_ = 0;
   double step_wait_ = 0, step_compute_ = 0;
   uint64_t in_flight_bytes_ = 0, trunk_bytes_ = 0, expert_bytes_ = 0, step_trunk_ = 0, step_expert_ = 0;
+  uint64_t next_trunk_ = 0, next_expert_ = 0;  // begun between steps: counted to the next one
 };
 
 }  // namespace k3::pipeline
