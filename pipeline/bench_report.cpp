@@ -285,14 +285,13 @@ void rank(BenchSummary& s) {
 }
 
 std::string bench_table(const BenchSummary& s) {
-  std::string out =
-      fmt::format("{:<10} {:>11} {:>11} {:>12} {:>9} {:>9} {:>11} {:>8} {:>10} {:>12}\n", "strategy",
-                  "s/tok med", "s/tok min", "read/tok", "disk %", "CPU %", "compute/tok", "overlap", "lookahead",
-                  "peak RSS");
+  std::string out = fmt::format("{:<10} {:>11} {:>11} {:>12} {:>9} {:>9} {:>11} {:>8} {:>10} {:>12}\n",
+                                "strategy", "s/tok med", "s/tok min", "read/tok", "disk %", "CPU %",
+                                "compute/tok", "overlap", "lookahead", "peak RSS");
   for (const StrategyResult& r : s.strategies) {
     out += fmt::format("{:<10} {:>11.4f} {:>11.4f} {:>12} {:>9} {:>9} {:>11.4f} {:>8.3f} {:>10} {:>12}{}\n",
-                       r.strategy, r.s_per_token, r.s_per_token_min, human(r.bytes_per_token), pct(r.disk_busy),
-                       pct(r.cpu_busy), r.compute_per_token, r.overlap_efficiency,
+                       r.strategy, r.s_per_token, r.s_per_token_min, human(r.bytes_per_token),
+                       pct(r.disk_busy), pct(r.cpu_busy), r.compute_per_token, r.overlap_efficiency,
                        r.lookahead_hit_rate ? pct(*r.lookahead_hit_rate) : std::string("-"),
                        human(double(r.peak_rss_bytes)), r.over_budget ? "  OVER BUDGET" : "");
   }
@@ -314,10 +313,9 @@ std::string bench_json(const BenchSummary& s) {
         "\"ids\":{}}}",
         io::json_quote(r.strategy), jnum(r.s_per_token), jnum(r.s_per_token_min), fmt::join(runs, ","),
         jnum(r.bytes_per_token), jnum(r.t_io), jnum(r.t_cpu), jnum(r.compute_per_token), jnum(r.disk_busy),
-        jnum(r.cpu_busy),
-        jnum(r.overlap_efficiency), jopt(r.lookahead_hit_rate), jopt(r.expert_hit_rate), r.peak_rss_bytes,
-        r.report_peak_rss_bytes, r.over_budget ? "true" : "false", io::json_quote(r.timing_source),
-        io::json_quote(r.bytes_source), jids(r.ids));
+        jnum(r.cpu_busy), jnum(r.overlap_efficiency), jopt(r.lookahead_hit_rate), jopt(r.expert_hit_rate),
+        r.peak_rss_bytes, r.report_peak_rss_bytes, r.over_budget ? "true" : "false",
+        io::json_quote(r.timing_source), io::json_quote(r.bytes_source), jids(r.ids));
   }
   std::vector<std::string> missing;
   for (const std::string& f : s.child_missing_flags) missing.push_back(io::json_quote(f));
@@ -326,10 +324,11 @@ std::string bench_json(const BenchSummary& s) {
       "\"device_expert_gbps\":{},\"device_direct_fraction\":{},\"t_cpu_per_token\":{},\"t_cpu_source\":{},"
       "\"gen\":{},\"repeat\":{},\"threads\":{},\"prompt_ids\":{},\"child_missing_flags\":[{}],"
       "\"strategies\":[{}],\"best\":{},\"speedup_vs_serial\":{}}}\n",
-      io::json_quote(s.model), s.budget_bytes, io::json_quote(s.budget_source), jnum(s.device_gbps), jnum(s.device_trunk_gbps),
-      jnum(s.device_expert_gbps), jnum(s.device_direct_fraction), jopt(s.t_cpu_per_token),
-      io::json_quote(s.t_cpu_source), s.gen, s.repeat, s.threads, jids(s.prompt_ids), fmt::join(missing, ","), st,
-      s.best.empty() ? "null" : io::json_quote(s.best), jopt(s.speedup_vs_serial));
+      io::json_quote(s.model), s.budget_bytes, io::json_quote(s.budget_source), jnum(s.device_gbps),
+      jnum(s.device_trunk_gbps), jnum(s.device_expert_gbps), jnum(s.device_direct_fraction),
+      jopt(s.t_cpu_per_token), io::json_quote(s.t_cpu_source), s.gen, s.repeat, s.threads, jids(s.prompt_ids),
+      fmt::join(missing, ","), st, s.best.empty() ? "null" : io::json_quote(s.best),
+      jopt(s.speedup_vs_serial));
 }
 
 std::string bench_last_line(const BenchSummary& s) {

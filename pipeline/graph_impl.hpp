@@ -116,7 +116,6 @@ inline constexpr const char* kNodeNames[kNodeCount] = {
     "expert_read",    "expert_landed", "shared",      "expert_join", "expert_compute",
     "lookahead",      "combine",       "layer_done",  "head"};
 
-
 }  // namespace graph_detail
 
 using namespace graph_detail;  // this header is included only by graph*.cpp

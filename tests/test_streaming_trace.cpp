@@ -239,8 +239,7 @@ TEST_CASE("trace: a token starts while the ring reads queued for it are still la
   // A forward call ends when its head has run, not when the graph is idle: with every read
   // held back 40 ms (a slow disk), the next token's embed must start while a read is in flight.
   // Waiting for an idle graph (which also waits for the next call's reads) can never show this.
-  const ParsedTrace t =
-      traced_run("--preset ultra --strategy overlap", "", "K3FLOW_TEST_READ_DELAY_MS=40");
+  const ParsedTrace t = traced_run("--preset ultra --strategy overlap", "", "K3FLOW_TEST_READ_DELAY_MS=40");
   int embeds = 0, boundary = 0;
   for (const Span& c : t.compute) {
     if (c.name != "embed") continue;
@@ -251,7 +250,7 @@ TEST_CASE("trace: a token starts while the ring reads queued for it are still la
         break;
       }
   }
-  CHECK(embeds == 4);              // --gen 4: the prompt's call and three more
+  CHECK(embeds == 4);             // --gen 4: the prompt's call and three more
   CHECK(boundary == embeds - 1);  // every call after the first (the first has nothing queued yet)
 }
 
@@ -275,7 +274,8 @@ TEST_CASE("trace: with one thread, a layer's expert reads are in flight while it
           break;
         }
     }
-    MESSAGE(fmt::format("{}: {} of {} shared spans overlap their layer's expert read", threads, hidden, shared));
+    MESSAGE(
+        fmt::format("{}: {} of {} shared spans overlap their layer's expert read", threads, hidden, shared));
     CHECK(shared > 0);
     CHECK(hidden > 0);
   }
