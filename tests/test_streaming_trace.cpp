@@ -250,8 +250,13 @@ TEST_CASE("trace: a token starts while the ring reads queued for it are still la
         break;
       }
   }
-  CHECK(embeds == 4);             // --gen 4: the prompt's call and three more
-  CHECK(boundary == embeds - 1);  // every call after the first (the first has nothing queued yet)
+  CHECK(embeds == 4);  // --gen 4: the prompt's call and three more
+  // Usually every call after the first (the first has nothing queued yet); on a loaded machine the
+  // rest of a call can outlast a 40 ms read, so at least one. An idle-graph wait gives 0, always:
+  // it returns only once every read has landed.
+  MESSAGE(fmt::format("{} of {} calls after the first started with a trunk read in flight", boundary,
+                      embeds - 1));
+  CHECK(boundary >= 1);
 }
 
 TEST_CASE("trace: with one thread, a layer's expert reads are in flight while its shared experts compute") {
