@@ -324,9 +324,8 @@ std::string format_probe(const ProbePattern& p, const ProbeResult& r) {
   const uint64_t direct = r.mixed.direct_bytes + r.trunk.direct_bytes + r.experts.direct_bytes;
   const double direct_pct = all ? 100.0 * double(direct) / double(all) : 0.0;
   std::string s = fmt::format(
-      "device probe: {} readers as the engine opens them (trunk: queue depth {} x {} KiB chunks, experts: {} "
-      "x "
-      "{} KiB), O_DIRECT {:.1f}% of bytes, reading {}\n",
+      "device probe: {} readers as the engine opens them (trunk: queue depth {} x {} KiB chunks, "
+      "experts: {} x {} KiB), O_DIRECT {:.1f}% of bytes, reading {}\n",
       r.backend, r.trunk_queue_depth, r.trunk_chunk_bytes >> 10, r.expert_queue_depth,
       r.expert_chunk_bytes >> 10, direct_pct, p.source);
   if (!r.fallback_reason.empty()) s += fmt::format("  (pread fallback: {})\n", r.fallback_reason);

@@ -3,7 +3,6 @@
 // slot's read tracked until its last chunk lands), the ring schedule, and the trace counters.
 #include <algorithm>
 #include <chrono>
-#include <cstdlib>
 #include <thread>
 #include <utility>
 

@@ -15,8 +15,8 @@ int env_int(const char* name) {
 // Trunk reads keep a short window in flight (4 x 1 MiB), not a whole layer: the device serves
 // requests about in order, so an expert read submitted behind 32 x 8 MiB of trunk chunks waited for
 // all of them -- 13 ms per MoE layer with the compute idle (16-layer synthetic checkpoint streaming 3
-// layers, 1.05 GiB: overlap 0.079 -> 0.055 s/token). The short window costs no bandwidth here:
-// trunk-only reads 2.72 GB/s at 4 x 2 MiB vs 2.85 at 32 x 8 MiB, within run-to-run noise.
+// layers, 1.05 GiB: overlap 0.079 -> 0.055-0.064 s/token). The price, on an idle machine: trunk-only
+// reads 2.48-2.65 GB/s at 4 x 1 MiB vs 2.78-2.85 at 32 x 8 MiB (bench's probe, several runs).
 io::UringReader::Options trunk_reader_options() {
   io::UringReader::Options o;
   o.queue_depth = 4;
