@@ -319,16 +319,20 @@ std::string bench_json(const BenchSummary& s) {
   }
   std::vector<std::string> missing;
   for (const std::string& f : s.child_missing_flags) missing.push_back(io::json_quote(f));
+  std::vector<std::string> samples;
+  for (double g : s.device_gbps_samples) samples.push_back(jnum(g));
   return fmt::format(
-      "{{\"model\":{},\"budget_bytes\":{},\"budget_source\":{},\"device_gbps\":{},\"device_trunk_gbps\":{},"
+      "{{\"model\":{},\"budget_bytes\":{},\"budget_source\":{},\"device_gbps\":{},\"device_gbps_samples\":[{}"
+      "],"
+      "\"device_trunk_gbps\":{},"
       "\"device_expert_gbps\":{},\"device_direct_fraction\":{},\"t_cpu_per_token\":{},\"t_cpu_source\":{},"
       "\"gen\":{},\"repeat\":{},\"threads\":{},\"prompt_ids\":{},\"child_missing_flags\":[{}],"
       "\"strategies\":[{}],\"best\":{},\"speedup_vs_serial\":{}}}\n",
       io::json_quote(s.model), s.budget_bytes, io::json_quote(s.budget_source), jnum(s.device_gbps),
-      jnum(s.device_trunk_gbps), jnum(s.device_expert_gbps), jnum(s.device_direct_fraction),
-      jopt(s.t_cpu_per_token), io::json_quote(s.t_cpu_source), s.gen, s.repeat, s.threads, jids(s.prompt_ids),
-      fmt::join(missing, ","), st, s.best.empty() ? "null" : io::json_quote(s.best),
-      jopt(s.speedup_vs_serial));
+      fmt::join(samples, ","), jnum(s.device_trunk_gbps), jnum(s.device_expert_gbps),
+      jnum(s.device_direct_fraction), jopt(s.t_cpu_per_token), io::json_quote(s.t_cpu_source), s.gen,
+      s.repeat, s.threads, jids(s.prompt_ids), fmt::join(missing, ","), st,
+      s.best.empty() ? "null" : io::json_quote(s.best), jopt(s.speedup_vs_serial));
 }
 
 std::string bench_last_line(const BenchSummary& s) {

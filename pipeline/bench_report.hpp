@@ -68,9 +68,9 @@ struct StrategyResult {
   std::vector<double> s_runs;  // per repeat
   double s_per_token = 0;      // median of s_runs
   double s_per_token_min = 0;
-  double bytes_per_token = 0;  // mean over repeats
-  double t_io = 0;             // bytes_per_token / device bandwidth
-  double t_cpu = 0;            // resident compute per token, else this strategy's own compute time
+  double bytes_per_token = 0;    // mean over repeats
+  double t_io = 0;               // bytes_per_token / device bandwidth
+  double t_cpu = 0;              // resident compute per token, else this strategy's own compute time
   double compute_per_token = 0;  // this strategy's own compute busy time per token (median): against
                                  // t_cpu it shows how much slower compute runs while the disk streams
   double disk_busy = 0, cpu_busy = 0, overlap_efficiency = 0;  // shares of s_per_token
@@ -92,8 +92,9 @@ double median(std::vector<double> v);
 struct BenchSummary {
   std::string model;
   uint64_t budget_bytes = 0;
-  std::string budget_source;  // "--mem-gb 8" / "--preset laptop"
-  double device_gbps = 0;
+  std::string budget_source;                // "--mem-gb 8" / "--preset laptop"
+  double device_gbps = 0;                   // median of the per-round probes below
+  std::vector<double> device_gbps_samples;  // the token-pattern rate probed at the start of each round
   double device_trunk_gbps = 0, device_expert_gbps = 0, device_direct_fraction = 0;
   std::optional<double> t_cpu_per_token;  // resident compute per token (median over repeats)
   std::string t_cpu_source;

@@ -2,11 +2,11 @@
 //  [--repeat R] [--ids LIST] [--threads N] [--json FILE] [--trace-dir DIR]`: the overlap strategies
 // compared on one checkpoint and one budget in one run (PIPELINE.md §5).
 //   1. device bandwidth: the engine's read pattern replayed on the model's own files
-//      (pipeline/device_probe.*);
+//      (pipeline/device_probe.*), once at the start of every round; T_io uses the median;
 //   2. compute time per token with every weight resident: `k3flow generate` without a budget, when
 //      the model fits in available memory (else each strategy's own compute busy time);
 //   3. each strategy decoded R times, each run a child `k3flow generate --strategy S --mem-gb X`
-//      (peak RSS from wait4); runs go in rounds (resident, then every strategy) so slow drift of the
+//      (peak RSS from wait4); runs go in rounds (probe, resident, then every strategy) so slow drift of the
 //      machine spreads over all rows; every run must emit the same ids and byte-identical logits;
 //   4. a table and a JSON file; the last line is `best=S overlap_efficiency=X speedup_vs_serial=Y`.
 // Every run decodes with --incremental (KV cache and KDA state carried), as the reference numbers
@@ -291,27 +291,36 @@ int run_bench(const BenchArgs& a) {
         fmt::format("{}", fmt::join(sum.child_missing_flags, " ")).c_str());
   std::fflush(stdout);
 
-  // ---- 1. device bandwidth ----
+  // ---- 1. device bandwidth: probed at the start of every round (below), the median used ----
   ProbeOptions po;
   po.seconds = a.probe_seconds;
   const ProbePattern pattern = probe_pattern(config, shards, trunk ? &*trunk : nullptr);
   po.trunk_reader = trunk_reader_options();
   po.expert_reader = expert_reader_options(pattern.largest_expert_read());
-  const ProbeResult probe = probe_device(pattern, po);
-  std::printf("%s", format_probe(pattern, probe).c_str());
-  std::fflush(stdout);
+  std::vector<double> probe_trunk, probe_experts;
+  uint64_t probed = 0, probed_direct = 0;
+  // One probe per round, beside the runs it prices: a single probe at the start caught whatever the
+  // host's disk was doing in those 1.5 s (on a shared VM the same pattern read at 1.97 and 2.63 GB/s
+  // minutes apart), and put efficiencies above 1 on the runs that came after a slow probe.
+  auto probe_round = [&](int r) {
+    po.seed = uint64_t(r) + 1;
+    const ProbeResult probe = probe_device(pattern, po);
+    if (r == 0)
+      std::printf("%s", format_probe(pattern, probe).c_str());
+    else
+      std::printf("  [%d/%d] %-10s token pattern %.3f GB/s, trunk %.3f GB/s, experts %.3f GB/s\n", r + 1,
+                  a.repeat, "probe", probe.gbps(), probe.trunk.gbps(), probe.experts.gbps());
+    std::fflush(stdout);
+    sum.device_gbps_samples.push_back(probe.gbps());
+    probe_trunk.push_back(probe.trunk.gbps());
+    probe_experts.push_back(probe.experts.gbps());
+    probed += probe.mixed.bytes + probe.trunk.bytes + probe.experts.bytes;
+    probed_direct += probe.mixed.direct_bytes + probe.trunk.direct_bytes + probe.experts.direct_bytes;
+  };
 
   sum.model = a.model_dir;
   sum.budget_bytes = plan.budget;
   sum.budget_source = pb.source;
-  sum.device_gbps = probe.gbps();
-  sum.device_trunk_gbps = probe.trunk.gbps();
-  sum.device_expert_gbps = probe.experts.gbps();
-  const uint64_t probed = probe.mixed.bytes + probe.trunk.bytes + probe.experts.bytes;
-  sum.device_direct_fraction =
-      probed ? double(probe.mixed.direct_bytes + probe.trunk.direct_bytes + probe.experts.direct_bytes) /
-                   double(probed)
-             : 0.0;
   sum.gen = a.gen;
   sum.repeat = a.repeat;
   sum.threads = a.threads;
@@ -331,6 +340,7 @@ int run_bench(const BenchArgs& a) {
   if (!a.trace_dir.empty()) fs::create_directories(a.trace_dir);
   std::vector<std::vector<RunSample>> samples(strategies.size());
   for (int r = 0; r < a.repeat; ++r) {
+    probe_round(r);
     if (resident) {
       const RunSample s = runner.run(fmt::format("resident (repeat {})", r + 1), {}, cache_dirs);
       if (!s.strategy.empty() && s.strategy != "resident") {
@@ -383,6 +393,14 @@ int run_bench(const BenchArgs& a) {
         human(double(model_bytes)).c_str(), human(double(avail)).c_str());
   }
   sum.t_cpu_per_token = t_cpu;
+  sum.device_gbps = median(sum.device_gbps_samples);
+  sum.device_trunk_gbps = median(probe_trunk);
+  sum.device_expert_gbps = median(probe_experts);
+  sum.device_direct_fraction = probed ? double(probed_direct) / double(probed) : 0.0;
+  const auto [gmin, gmax] =
+      std::minmax_element(sum.device_gbps_samples.begin(), sum.device_gbps_samples.end());
+  std::printf("device: token pattern %.3f GB/s, median of %zu probe%s (%.3f..%.3f)\n", sum.device_gbps,
+              sum.device_gbps_samples.size(), sum.device_gbps_samples.size() == 1 ? "" : "s", *gmin, *gmax);
 
   // ---- 4. table, JSON, verdict ----
   for (size_t i = 0; i < strategies.size(); ++i)
@@ -398,8 +416,9 @@ int run_bench(const BenchArgs& a) {
   std::printf("s/token: %s; median and min over %d repeat%s\n", steps.c_str(), a.repeat,
               a.repeat == 1 ? "" : "s");
   std::printf(
-      "disk %% = T_io / s/token with T_io = bytes read / %.3f GB/s (measured above); CPU %% = T_cpu / "
-      "s/token with T_cpu from the %s; overlap = max(T_io, T_cpu) / s/token; compute/tok = the strategy's own "
+      "disk %% = T_io / s/token with T_io = bytes read / %.3f GB/s (the probes' median); CPU %% = T_cpu / "
+      "s/token with T_cpu from the %s; overlap = max(T_io, T_cpu) / s/token; compute/tok = the strategy's "
+      "own "
       "compute busy time per token (above T_cpu: compute ran slower while the disk streamed)\n",
       sum.device_gbps, sum.t_cpu_source.c_str());
   std::printf("every run emitted the same ids [%s] and byte-identical step-0 logits; peak RSS from wait4\n",
@@ -408,6 +427,12 @@ int run_bench(const BenchArgs& a) {
     std::printf("NOTE: timing from the %s, bytes from %s (the child's report lacks the per-token fields)\n",
                 any.timing_source.c_str(),
                 any.bytes_source == "none" ? "nowhere (0)" : any.bytes_source.c_str());
+  for (const StrategyResult& r : sum.strategies)
+    if (r.overlap_efficiency > 1.0)
+      std::printf(
+          "NOTE: %s read faster than the probes' median rate (overlap %.3f > 1): the device's rate drifted "
+          "during this bench; rerun on a quieter machine or with more --repeat\n",
+          r.strategy.c_str(), r.overlap_efficiency);
   for (const std::string& n : runner.notes) std::printf("NOTE: %s\n", n.c_str());
   if (!a.json_path.empty()) {
     write_file_atomic(a.json_path, bench_json(sum));

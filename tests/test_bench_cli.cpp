@@ -98,8 +98,8 @@ std::vector<int64_t> ints(simdjson::dom::element e) {
 }
 
 const std::vector<std::string> kAll = {"serial", "trunk", "overlap", "lookahead"};
-const char* kTopKeys[] = {"model",      "budget_bytes", "device_gbps",      "t_cpu_per_token",
-                          "strategies", "best",         "speedup_vs_serial"};
+const char* kTopKeys[] = {"model",           "budget_bytes", "device_gbps", "device_gbps_samples",
+                          "t_cpu_per_token", "strategies",   "best",        "speedup_vs_serial"};
 const char* kStrategyKeys[] = {"strategy",       "s_per_token", "s_per_token_min",    "bytes_per_token",
                                "t_io",           "t_cpu",       "overlap_efficiency", "lookahead_hit_rate",
                                "peak_rss_bytes", "ids",         "compute_per_token"};
@@ -216,6 +216,12 @@ TEST_CASE("stand-in engine: prefill excluded, medians, T_io / T_cpu / overlap ar
   CHECK(j.doc["child_missing_flags"].get_array().size() == 0);
   const double gbps = num(j.doc["device_gbps"]);
   REQUIRE(gbps > 0);
+  // One device probe per round; T_io prices bytes with their median (of 2: the mean).
+  std::vector<double> probes;
+  for (simdjson::dom::element g : j.doc["device_gbps_samples"].get_array()) probes.push_back(num(g));
+  REQUIRE(probes.size() == 2);
+  CHECK(gbps == doctest::Approx((probes[0] + probes[1]) / 2));
+  CHECK(r.out.find("[2/2] probe      token pattern ") != std::string::npos);
   CHECK(num(j.doc["t_cpu_per_token"]) == doctest::Approx(0.1));  // resident step 1 compute
   const std::map<std::string, double> wall = {
       {"serial", 0.4}, {"trunk", 0.3}, {"overlap", 0.2}, {"lookahead", 0.25}};
