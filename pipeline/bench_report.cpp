@@ -9,6 +9,7 @@
 
 #include "io/error.hpp"
 #include "io/safetensors_writer.hpp"
+#include "pipeline/human_bytes.hpp"
 
 namespace k3::pipeline {
 
@@ -63,16 +64,6 @@ double mean(const std::vector<double>& v) {
   double s = 0;
   for (double x : v) s += x;
   return v.empty() ? 0.0 : s / double(v.size());
-}
-
-std::string human(double b) {
-  const char* unit[] = {"B", "KB", "MB", "GB", "TB"};
-  int i = 0;
-  while (b >= 1000.0 && i < 4) {
-    b /= 1000.0;
-    ++i;
-  }
-  return fmt::format("{:.2f} {}", b, unit[i]);
 }
 
 std::string pct(double share) {
@@ -290,10 +281,10 @@ std::string bench_table(const BenchSummary& s) {
                                 "compute/tok", "overlap", "lookahead", "peak RSS");
   for (const StrategyResult& r : s.strategies) {
     out += fmt::format("{:<10} {:>11.4f} {:>11.4f} {:>12} {:>9} {:>9} {:>11.4f} {:>8.3f} {:>10} {:>12}{}\n",
-                       r.strategy, r.s_per_token, r.s_per_token_min, human(r.bytes_per_token),
+                       r.strategy, r.s_per_token, r.s_per_token_min, human_bytes(r.bytes_per_token),
                        pct(r.disk_busy), pct(r.cpu_busy), r.compute_per_token, r.overlap_efficiency,
                        r.lookahead_hit_rate ? pct(*r.lookahead_hit_rate) : std::string("-"),
-                       human(double(r.peak_rss_bytes)), r.over_budget ? "  OVER BUDGET" : "");
+                       human_bytes(double(r.peak_rss_bytes)), r.over_budget ? "  OVER BUDGET" : "");
   }
   return out;
 }

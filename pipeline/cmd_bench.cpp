@@ -38,6 +38,7 @@
 #include "pipeline/bench_report.hpp"
 #include "pipeline/commands.hpp"
 #include "pipeline/device_probe.hpp"
+#include "pipeline/human_bytes.hpp"
 #include "pipeline/output_file.hpp"
 #include "pipeline/planner.hpp"
 #include "pipeline/reader_options.hpp"
@@ -59,16 +60,6 @@ struct BenchArgs {
   int gen = 8, repeat = 3, threads = 0;
   double probe_seconds = 1.5;
 };
-
-std::string human(double b) {
-  const char* unit[] = {"B", "KB", "MB", "GB", "TB"};
-  int i = 0;
-  while (b >= 1000.0 && i < 4) {
-    b /= 1000.0;
-    ++i;
-  }
-  return fmt::format("{:.2f} {}", b, unit[i]);
-}
 
 std::vector<std::string> parse_strategies(const std::string& text) {
   std::vector<std::string> out;
@@ -203,8 +194,8 @@ class Runner {
     if (s.peak_rss_report > 0) {
       const double a = double(s.peak_rss_os), b = double(s.peak_rss_report);
       if (std::abs(a - b) > std::max(0.10 * std::max(a, b), 8.0 * (1 << 20)))
-        notes.push_back(
-            fmt::format("{}: peak RSS from wait4 {} vs the report's {}", label, human(a), human(b)));
+        notes.push_back(fmt::format("{}: peak RSS from wait4 {} vs the report's {}", label, human_bytes(a),
+                                    human_bytes(b)));
     }
     return s;
   }
@@ -281,8 +272,8 @@ int run_bench(const BenchArgs& a) {
   std::printf(
       "bench: %s, budget %s (%s; plan floor %s), %zu prompt ids, %d tokens%s, %d repeat%s, "
       "strategies %s\n",
-      a.model_dir.c_str(), human(double(plan.budget)).c_str(), pb.source.c_str(),
-      human(double(plan.floor)).c_str(), ids.size(), a.gen, has("--incremental") ? " incremental" : "",
+      a.model_dir.c_str(), human_bytes(double(plan.budget)).c_str(), pb.source.c_str(),
+      human_bytes(double(plan.floor)).c_str(), ids.size(), a.gen, has("--incremental") ? " incremental" : "",
       a.repeat, a.repeat == 1 ? "" : "s", fmt::format("{}", fmt::join(strategies, ",")).c_str());
   if (!sum.child_missing_flags.empty())
     std::printf(
@@ -350,7 +341,7 @@ int run_bench(const BenchArgs& a) {
         cpu.push_back(s.compute_per_token > 0 ? s.compute_per_token : s.s_per_token);
         cpu_wall.push_back(s.s_per_token);
         std::printf("  [%d/%d] %-10s %.4f s/token compute, weights resident (%s)\n", r + 1, a.repeat,
-                    "resident", cpu.back(), human(double(model_bytes)).c_str());
+                    "resident", cpu.back(), human_bytes(double(model_bytes)).c_str());
       }
     }
     for (size_t i = 0; i < strategies.size(); ++i) {
@@ -373,7 +364,7 @@ int run_bench(const BenchArgs& a) {
             fmt::format("strategy '{}' (repeat {}): the run reports strategy '{}'", st, r + 1, s.strategy));
       std::printf("  [%d/%d] %-10s %.4f s/token over %d step%s, %s read/token, peak RSS %s\n", r + 1,
                   a.repeat, st.c_str(), s.s_per_token, s.measured_steps, s.measured_steps == 1 ? "" : "s",
-                  human(s.bytes_per_token).c_str(), human(double(s.peak_rss_os)).c_str());
+                  human_bytes(s.bytes_per_token).c_str(), human_bytes(double(s.peak_rss_os)).c_str());
       std::fflush(stdout);
       samples[i].push_back(s);
     }
@@ -383,14 +374,14 @@ int run_bench(const BenchArgs& a) {
     t_cpu = median(cpu);
     sum.t_cpu_source = fmt::format("resident run, median of {}", cpu.size());
     std::printf("compute, weights resident (%s): %.4f s/token median, %.4f min (wall %.4f s/token)\n",
-                human(double(model_bytes)).c_str(), *t_cpu, *std::min_element(cpu.begin(), cpu.end()),
+                human_bytes(double(model_bytes)).c_str(), *t_cpu, *std::min_element(cpu.begin(), cpu.end()),
                 median(cpu_wall));
   } else {
     sum.t_cpu_source = "each strategy's compute busy time";
     std::printf(
         "compute: no resident measurement (the model is %s, %s available); T_cpu is each strategy's "
         "own compute busy time\n",
-        human(double(model_bytes)).c_str(), human(double(avail)).c_str());
+        human_bytes(double(model_bytes)).c_str(), human_bytes(double(avail)).c_str());
   }
   sum.t_cpu_per_token = t_cpu;
   sum.device_gbps = median(sum.device_gbps_samples);

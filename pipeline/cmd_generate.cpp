@@ -18,6 +18,7 @@
 #include "io/error.hpp"
 #include "io/safetensors.hpp"
 #include "pipeline/commands.hpp"
+#include "pipeline/human_bytes.hpp"
 #include "pipeline/output_file.hpp"
 #include "pipeline/run_report.hpp"
 #include "pipeline/state_file.hpp"
@@ -47,16 +48,6 @@ struct GenerateOptions {
 double now() {
   using namespace std::chrono;
   return duration<double>(steady_clock::now().time_since_epoch()).count();
-}
-
-std::string human_bytes(double b) {
-  const char* unit[] = {"B", "KB", "MB", "GB", "TB"};
-  int i = 0;
-  while (b >= 1000.0 && i < 4) {
-    b /= 1000.0;
-    ++i;
-  }
-  return fmt::format("{:.2f} {}", b, unit[i]);
 }
 
 // Strict: ids separated by commas and/or whitespace; anything else names the flag (exit 2).

@@ -19,7 +19,7 @@
 #include "io/safetensors.hpp"
 #include "io/safetensors_writer.hpp"
 #include "pipeline/commands.hpp"
-#include "pipeline/progress.hpp"
+#include "pipeline/human_bytes.hpp"
 
 namespace k3::pipeline {
 

@@ -12,6 +12,7 @@
 #include "io/packed_trunk.hpp"
 #include "io/safetensors.hpp"
 #include "pipeline/commands.hpp"
+#include "pipeline/human_bytes.hpp"
 #include "pipeline/progress.hpp"
 
 namespace k3::pipeline {

@@ -11,6 +11,7 @@
 #include "io/error.hpp"
 #include "perf/synth.hpp"
 #include "pipeline/commands.hpp"
+#include "pipeline/human_bytes.hpp"
 #include "pipeline/progress.hpp"
 
 namespace k3::pipeline {

@@ -12,6 +12,7 @@
 #include "io/error.hpp"
 #include "io/packed_trunk.hpp"
 #include "io/safetensors.hpp"
+#include "pipeline/human_bytes.hpp"
 #include "stages/plan.hpp"
 
 namespace k3::pipeline {
@@ -202,20 +203,10 @@ PhaseResult run_phase(Readers& readers, const ProbePattern& p, unsigned reads, d
   return r;
 }
 
-std::string human(double b) {
-  const char* unit[] = {"B", "KB", "MB", "GB", "TB"};
-  int i = 0;
-  while (b >= 1000.0 && i < 4) {
-    b /= 1000.0;
-    ++i;
-  }
-  return fmt::format("{:.2f} {}", b, unit[i]);
-}
-
 std::string phase_line(const char* what, const PhaseResult& r) {
   if (r.bytes == 0) return fmt::format("  {:<34} -\n", what);
   std::string s = fmt::format("  {:<34} {:7.3f} GB/s  ({} in {:.2f} s, {} requests", what, r.gbps(),
-                              human(double(r.bytes)), r.seconds, r.requests);
+                              human_bytes(double(r.bytes)), r.seconds, r.requests);
   if (r.pass_gbps.size() >= 2) {
     std::vector<double> v = r.pass_gbps;
     std::sort(v.begin(), v.end());
@@ -336,12 +327,13 @@ std::string format_probe(const ProbePattern& p, const ProbeResult& r) {
     s += fmt::format(
         "  NOTE: one token's reads ({}) were replayed {} times: a cache in the device can flatter a model "
         "this small\n",
-        human(double(p.token_bytes_estimate())), r.mixed.passes);
+        human_bytes(double(p.token_bytes_estimate())), r.mixed.passes);
   s += phase_line(fmt::format("token pattern (trunk + {} experts)", p.top_k).c_str(), r.mixed);
-  s += phase_line(fmt::format("trunk reads (largest {})", human(double(p.largest_trunk_read()))).c_str(),
-                  r.trunk);
-  s += phase_line(fmt::format("expert reads ({} windows)", human(double(p.largest_expert_read()))).c_str(),
-                  r.experts);
+  s += phase_line(
+      fmt::format("trunk reads (largest {})", human_bytes(double(p.largest_trunk_read()))).c_str(), r.trunk);
+  s += phase_line(
+      fmt::format("expert reads ({} windows)", human_bytes(double(p.largest_expert_read()))).c_str(),
+      r.experts);
   return s;
 }
 

@@ -4,6 +4,7 @@
 #include <map>
 
 #include "io/error.hpp"
+#include "pipeline/human_bytes.hpp"
 
 namespace k3::pipeline {
 
@@ -20,18 +21,6 @@ std::string dot_quoted(const std::string& s) {
     out += c;
   }
   return out + "\"";
-}
-
-std::string human_bytes(double b) {
-  const char* units[] = {"B", "KB", "MB", "GB", "TB"};
-  int u = 0;
-  while (b >= 1000 && u < 4) {
-    b /= 1000;
-    ++u;
-  }
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.3g %s", b, units[u]);
-  return buf;
 }
 
 }  // namespace

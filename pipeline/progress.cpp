@@ -3,14 +3,9 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
-namespace k3::pipeline {
+#include "pipeline/human_bytes.hpp"
 
-std::string human_bytes(double b) {
-  const char* units[] = {"B", "kB", "MB", "GB", "TB", "PB"};
-  int u = 0;
-  while (b >= 1000 && u < 5) b /= 1000, ++u;
-  return u == 0 ? fmt::format("{:.0f} B", b) : fmt::format("{:.2f} {}", b, units[u]);
-}
+namespace k3::pipeline {
 
 Progress::Progress(std::string label, Mode mode, std::FILE* out)
     : label_(std::move(label)),

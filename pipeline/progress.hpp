@@ -33,7 +33,4 @@ class Progress {
   std::chrono::steady_clock::time_point start_, last_;
 };
 
-// "1.23 GB", "456.7 MB", "12 B": decimal units, as the rest of the tool reports bytes.
-std::string human_bytes(double bytes);
-
 }  // namespace k3::pipeline
