@@ -561,13 +561,7 @@ void StreamingModel::forward(stages::DecodeState& st, std::span<const int32_t> i
   Impl& m = *impl_;
   const io::ModelConfig& c = m.c;
   const size_t T = ids.size(), V = size_t(c.vocab);
-  if (T == 0) throw io::runtime_error("forward: no tokens to feed");
-  for (int32_t id : ids)
-    if (id < 0 || id >= c.vocab)
-      throw io::runtime_error(fmt::format("forward: token id {} outside 0..{}", id, V - 1));
-  if (st.cached + T > st.capacity())
-    throw io::runtime_error(
-        fmt::format("MLA KV cache overflow: {} positions needed, capacity {}", st.cached + T, st.capacity()));
+  stages::check_forward_inputs(c, st, ids);
   if (m.failed.load()) throw io::runtime_error(m.fail_msg);
   if (m.calls_done.load() > 0 && m.step_delay_ms > 0)  // test hook: time to change files between tokens
     std::this_thread::sleep_for(std::chrono::milliseconds(m.step_delay_ms));

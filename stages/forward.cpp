@@ -44,17 +44,21 @@ LayerState DecodeState::layer(int l) {
   return s;
 }
 
+void check_forward_inputs(const io::ModelConfig& c, const DecodeState& st, std::span<const int32_t> ids) {
+  if (ids.empty()) throw io::runtime_error("forward: no tokens to feed");
+  for (int32_t id : ids)
+    if (id < 0 || id >= c.vocab)
+      throw io::runtime_error(fmt::format("forward: token id {} outside 0..{}", id, c.vocab - 1));
+  if (st.cached + ids.size() > st.capacity())
+    throw io::runtime_error(fmt::format("MLA KV cache overflow: {} positions needed, capacity {}",
+                                        st.cached + ids.size(), st.capacity()));
+}
+
 void forward(const WeightSource& ws, DecodeState& st, std::span<const int32_t> ids, HeadAt head_at,
              std::span<float> logits, Scratch& scratch) {
   const io::ModelConfig& c = ws.config();
   const size_t T = ids.size(), E = static_cast<size_t>(c.hidden), V = static_cast<size_t>(c.vocab);
-  if (T == 0) throw io::runtime_error("forward: no tokens to feed");
-  for (int32_t id : ids)
-    if (id < 0 || id >= c.vocab)
-      throw io::runtime_error(fmt::format("forward: token id {} outside 0..{}", id, V - 1));
-  if (st.cached + T > st.capacity())
-    throw io::runtime_error(
-        fmt::format("MLA KV cache overflow: {} positions needed, capacity {}", st.cached + T, st.capacity()));
+  check_forward_inputs(c, st, ids);
 
   const size_t maxb = static_cast<size_t>(c.max_blocks());
   const size_t n_out = head_at == HeadAt::all ? T : 1, t_out = T - n_out;

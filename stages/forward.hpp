@@ -51,6 +51,10 @@ class DecodeState {
 
 enum class HeadAt { last, all };
 
+// The checks every forward pass makes before touching state: at least one id, every id inside the
+// vocabulary, room in the MLA KV cache. Throws io::Error naming the id or the positions.
+void check_forward_inputs(const io::ModelConfig&, const DecodeState&, std::span<const int32_t> ids);
+
 // Feeds `ids` at positions state.cached.. and advances state.cached. logits: vocab floats for
 // HeadAt::last (the last new position), ids.size() * vocab for HeadAt::all (teacher forcing).
 // Throws io::Error on KV overflow or an out-of-range id.

@@ -9,6 +9,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -109,8 +110,9 @@ struct Streamed {
   pipeline::Plan plan;
 };
 
-// budget: 0 = the floor, else bytes.
-Streamed streamed(pipeline::Strategy s, uint64_t budget, bool use_trunk, bool incremental, int gen) {
+// budget: 0 = the floor, else bytes. `before` runs on the built model before the decode.
+Streamed streamed(pipeline::Strategy s, uint64_t budget, bool use_trunk, bool incremental, int gen,
+                  const std::function<void(pipeline::StreamingModel&, const io::ModelConfig&)>& before = {}) {
   Checkpoint& ck = checkpoint();
   const io::ModelConfig c = io::load_config(ck.model / "config.json");
   const io::ShardSet shards = io::ShardSet::open(ck.model);
@@ -125,6 +127,7 @@ Streamed streamed(pipeline::Strategy s, uint64_t budget, bool use_trunk, bool in
   Streamed out;
   out.plan = pipeline::make_plan(in, b);
   pipeline::StreamingModel m(*src, out.plan, s, nullptr);
+  if (before) before(m, c);
   m.expect_calls(gen);
   out.logits = decode(c, incremental, gen,
                       [&](stages::DecodeState& st, std::span<const int32_t> ids, std::span<float> lg) {
@@ -163,6 +166,30 @@ TEST_CASE("streamed == resident, bit for bit: every strategy, floor to everythin
         const Streamed full = streamed(s, budget, use_trunk, false, 3);
         CHECK(same_bits(full.logits, ref_full));
       }
+}
+
+TEST_CASE(
+    "a streamed forward refuses bad ids and a full KV cache before it starts, then decodes the same bits") {
+  int refused = 0;
+  const Streamed out =
+      streamed(pipeline::Strategy::overlap, 0, false, true, 3,
+               [&](pipeline::StreamingModel& m, const io::ModelConfig& c) {
+                 std::vector<float> lg(size_t(c.vocab));
+                 stages::DecodeState st(c, c.n_layers, 4);
+                 const std::vector<int32_t> bad = {5, c.vocab}, negative = {-1}, five = {1, 2, 3, 4, 5};
+                 CHECK_THROWS_WITH_AS(m.forward(st, bad, lg),
+                                      doctest::Contains(fmt::format("token id {} outside", c.vocab).c_str()),
+                                      io::Error);
+                 CHECK_THROWS_WITH_AS(m.forward(st, negative, lg), doctest::Contains("token id -1 outside"),
+                                      io::Error);
+                 CHECK_THROWS_WITH_AS(m.forward(st, {}, lg), doctest::Contains("no tokens"), io::Error);
+                 CHECK_THROWS_WITH_AS(m.forward(st, five, lg),
+                                      doctest::Contains("KV cache overflow: 5 positions"), io::Error);
+                 CHECK(st.cached == 0);
+                 refused = 4;
+               });
+  CHECK(refused == 4);
+  CHECK(same_bits(out.logits, resident(true, 3)));
 }
 
 TEST_CASE("1 and 2 threads give the same bits") {
