@@ -154,7 +154,7 @@ struct UringReader::Impl {
   uint64_t submitted = 0, completed = 0;
 
   std::atomic<uint64_t> n_requests{0}, n_failed{0}, n_uring_chunks{0}, n_uring_bytes{0}, n_pread_bytes{0},
-      n_direct_bytes{0}, n_resubmissions{0};
+      n_direct_bytes{0}, n_resubmissions{0}, peak_in_flight{0};
 
   io_uring ring{};
   int wake_fd = -1;
@@ -295,6 +295,8 @@ struct UringReader::Impl {
         io_uring_sqe_set_data(sqe, op);
         ++inflight;
       }
+      if (inflight > peak_in_flight.load(std::memory_order_relaxed))
+        peak_in_flight.store(inflight, std::memory_order_relaxed);
       if (stop && inflight == 0 && issuing.empty() && retry.empty()) break;
 
       int r = io_uring_submit_and_wait(&ring, 1);
@@ -447,9 +449,9 @@ const UringReader::Options& UringReader::options() const {
 
 ReaderCounters UringReader::counters() const {
   const Impl& i = *impl_;
-  return ReaderCounters{i.n_requests.load(),     i.n_failed.load(),      i.n_uring_chunks.load(),
-                        i.n_uring_bytes.load(),  i.n_pread_bytes.load(), i.n_direct_bytes.load(),
-                        i.n_resubmissions.load()};
+  return ReaderCounters{i.n_requests.load(),      i.n_failed.load(),      i.n_uring_chunks.load(),
+                        i.n_uring_bytes.load(),   i.n_pread_bytes.load(), i.n_direct_bytes.load(),
+                        i.n_resubmissions.load(), i.peak_in_flight.load()};
 }
 
 size_t UringReader::ring_bytes(unsigned queue_depth) {

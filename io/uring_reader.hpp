@@ -53,13 +53,14 @@ struct ReadCompletion {
 };
 
 struct ReaderCounters {
-  uint64_t requests = 0;       // requests submitted
-  uint64_t failed = 0;         // requests completed with an error (cancellations included)
-  uint64_t uring_chunks = 0;   // chunks first submitted through io_uring (resubmissions excluded)
-  uint64_t uring_bytes = 0;    // bytes delivered by io_uring completions
-  uint64_t pread_bytes = 0;    // bytes delivered by pread (fallback backend)
-  uint64_t direct_bytes = 0;   // of those, bytes read through the O_DIRECT descriptor
-  uint64_t resubmissions = 0;  // short reads, EINTR/EAGAIN, O_DIRECT refusals retried
+  uint64_t requests = 0;        // requests submitted
+  uint64_t failed = 0;          // requests completed with an error (cancellations included)
+  uint64_t uring_chunks = 0;    // chunks first submitted through io_uring (resubmissions excluded)
+  uint64_t uring_bytes = 0;     // bytes delivered by io_uring completions
+  uint64_t pread_bytes = 0;     // bytes delivered by pread (fallback backend)
+  uint64_t direct_bytes = 0;    // of those, bytes read through the O_DIRECT descriptor
+  uint64_t resubmissions = 0;   // short reads, EINTR/EAGAIN, O_DIRECT refusals retried
+  uint64_t peak_in_flight = 0;  // most chunks the io_uring backend had in the kernel at once
 };
 
 class UringReader {

@@ -212,6 +212,7 @@ TEST_CASE("large requests are split into chunk_bytes pieces and the queue depth 
   auto c = reader.counters();
   CHECK(c.uring_chunks == kFileBytes / (256 << 10));
   CHECK(c.uring_bytes == kFileBytes);
+  CHECK(c.peak_in_flight == 4);  // 256 chunks ready at once: exactly the queue depth in the kernel
   if (f.direct()) CHECK(c.direct_bytes == kFileBytes);
 }
 
