@@ -6,6 +6,8 @@
 //   3. trunk ring: S >= 2 uniform slots (unless the whole trunk is pinned);
 //   4. expert lookahead slots: top_k more, when the budget allows;
 //   5. pinned trunk layers: largest first, iterated to a fixed point (each pin can shrink the slot);
+//      then, among layers of one size, the streamed ones spread out over the token (each as far as
+//      it can be from the others: a run of pinned layers lets the ring fill and the disk idle);
 //   6. expert cache: whatever is left, in whole expert slots.
 // 1-3 are the floor; a budget below it is refused naming the missing bytes.
 //

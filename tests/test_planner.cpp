@@ -160,6 +160,28 @@ TEST_CASE("pinning iterates to a fixed point: a pin that shrinks the slot frees 
   CHECK(q.total() == 18 * kPage);
 }
 
+TEST_CASE("streamed layers of one size are spread over the token, not bunched after the pinned ones") {
+  // 16 equal layers, room for the 2-slot ring and 8 pins: streamed every other layer (first pick
+  // layer 0, then each the farthest from those already streamed, cyclically; ties to the lower).
+  PlanInputs even;
+  even.layers.assign(16, {4 * kPage, 0});
+  Plan p = k3::pipeline::make_plan(even, total((8 + 8 * 4) * kPage));
+  check_consistent(p);
+  CHECK(p.pinned == std::vector<int>{1, 3, 5, 7, 9, 11, 13, 15});
+  CHECK(p.streamed_bytes == 8 * 4 * kPage);
+
+  // `wide`-shaped: layers 3, 7, 11, 15 smaller (all streamed), 7 of the 12 others pinned. Lowest
+  // index first would stream 3, 7, 11..15 (five in a row); spread, no two streamed layers are
+  // adjacent except where five must go among the twelve.
+  PlanInputs wide;
+  for (int l = 0; l < 16; ++l) wide.layers.push_back({(l % 4 == 3 ? 3 : 4) * kPage, 0});
+  Plan q = k3::pipeline::make_plan(wide, total((8 + 7 * 4) * kPage));
+  check_consistent(q);
+  CHECK(q.pinned == std::vector<int>{2, 4, 6, 8, 10, 12, 14});
+  CHECK(q.streamed_bytes == (5 * 4 + 4 * 3) * kPage);  // the same sizes as lowest-index pinning
+  CHECK(q.slot_read_bytes == 4 * kPage);
+}
+
 TEST_CASE("a trunk smaller than the ring is planned resident") {
   PlanInputs in;
   in.layers = {{3 * kPage, kPage}, {3 * kPage, kPage}};
