@@ -409,8 +409,7 @@ int run_bench(const BenchArgs& a) {
   std::printf(
       "disk %% = T_io / s/token with T_io = bytes read / %.3f GB/s (the probes' median); CPU %% = T_cpu / "
       "s/token with T_cpu from the %s; overlap = max(T_io, T_cpu) / s/token; compute/tok = the strategy's "
-      "own "
-      "compute busy time per token (above T_cpu: compute ran slower while the disk streamed)\n",
+      "own compute busy time per token (above T_cpu: compute ran slower while the disk streamed)\n",
       sum.device_gbps, sum.t_cpu_source.c_str());
   std::printf("every run emitted the same ids [%s] and byte-identical step-0 logits; peak RSS from wait4\n",
               fmt::format("{}", fmt::join(any.ids, ",")).c_str());

@@ -171,8 +171,8 @@ TEST_CASE("streamed layers of one size are spread over the token, not bunched af
   CHECK(p.streamed_bytes == 8 * 4 * kPage);
 
   // `wide`-shaped: layers 3, 7, 11, 15 smaller (all streamed), 7 of the 12 others pinned. Lowest
-  // index first would stream 3, 7, 11..15 (five in a row); spread, no two streamed layers are
-  // adjacent except where five must go among the twelve.
+  // index first would stream 3, 7 and 9..15 (seven in a row); spread, the only adjacent streamed
+  // layers are 15, 0, 1 (nine of sixteen cannot all be apart).
   PlanInputs wide;
   for (int l = 0; l < 16; ++l) wide.layers.push_back({(l % 4 == 3 ? 3 : 4) * kPage, 0});
   Plan q = k3::pipeline::make_plan(wide, total((8 + 7 * 4) * kPage));
