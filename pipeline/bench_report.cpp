@@ -298,8 +298,8 @@ std::string bench_json(const BenchSummary& s) {
     st += fmt::format(
         "{{\"strategy\":{},\"s_per_token\":{},\"s_per_token_min\":{},\"s_per_token_runs\":[{}],"
         "\"bytes_per_token\":{},\"t_io\":{},\"t_cpu\":{},\"compute_per_token\":{},\"disk_busy\":{},"
-        "\"cpu_busy\":{},"
-        "\"overlap_efficiency\":{},\"lookahead_hit_rate\":{},\"expert_hit_rate\":{},\"peak_rss_bytes\":{},"
+        "\"cpu_busy\":{},\"overlap_efficiency\":{},\"lookahead_hit_rate\":{},\"expert_hit_rate\":{},"
+        "\"peak_rss_bytes\":{},"
         "\"report_peak_rss_bytes\":{},\"over_budget\":{},\"timing_source\":{},\"bytes_source\":{},"
         "\"ids\":{}}}",
         io::json_quote(r.strategy), jnum(r.s_per_token), jnum(r.s_per_token_min), fmt::join(runs, ","),
@@ -313,10 +313,9 @@ std::string bench_json(const BenchSummary& s) {
   std::vector<std::string> samples;
   for (double g : s.device_gbps_samples) samples.push_back(jnum(g));
   return fmt::format(
-      "{{\"model\":{},\"budget_bytes\":{},\"budget_source\":{},\"device_gbps\":{},\"device_gbps_samples\":[{}"
-      "],"
-      "\"device_trunk_gbps\":{},"
-      "\"device_expert_gbps\":{},\"device_direct_fraction\":{},\"t_cpu_per_token\":{},\"t_cpu_source\":{},"
+      "{{\"model\":{},\"budget_bytes\":{},\"budget_source\":{},\"device_gbps\":{},"
+      "\"device_gbps_samples\":[{}],\"device_trunk_gbps\":{},\"device_expert_gbps\":{},"
+      "\"device_direct_fraction\":{},\"t_cpu_per_token\":{},\"t_cpu_source\":{},"
       "\"gen\":{},\"repeat\":{},\"threads\":{},\"prompt_ids\":{},\"child_missing_flags\":[{}],"
       "\"strategies\":[{}],\"best\":{},\"speedup_vs_serial\":{}}}\n",
       io::json_quote(s.model), s.budget_bytes, io::json_quote(s.budget_source), jnum(s.device_gbps),
