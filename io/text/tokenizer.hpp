@@ -56,6 +56,8 @@ class Tokenizer {
   bool is_special(int32_t id) const;
   std::optional<int32_t> special_id(std::string_view text) const;  // "<|end_of_msg|>" -> 163586
   Pattern pattern() const;
+  // Where this tokenizer came from, for messages: the directory or the rank file as given.
+  const std::string& source() const;
 
   // Every id must fit the model's embedding: refuses (runtime, naming the tokenizer source and
   // the first offending id) a tokenizer with ids >= model_vocab.

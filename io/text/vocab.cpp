@@ -1,0 +1,150 @@
+#include "io/text/vocab.hpp"
+
+#include <fmt/format.h>
+
+#include <array>
+#include <cstddef>
+#include <span>
+
+#include "io/error.hpp"
+#include "io/file.hpp"
+
+namespace k3::io::text {
+namespace {
+
+constexpr uint32_t kUnset = UINT32_MAX;
+
+constexpr std::array<int8_t, 256> base64_table() {
+  std::array<int8_t, 256> t{};
+  for (auto& v : t) v = -1;
+  constexpr std::string_view alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  for (size_t i = 0; i < alphabet.size(); ++i) t[uint8_t(alphabet[i])] = int8_t(i);
+  return t;
+}
+constexpr std::array<int8_t, 256> kBase64 = base64_table();
+
+// Standard padded base64 (what tiktoken writes). Appends the bytes to `out`; false when `in` is not
+// a whole number of 4-character groups over the alphabet with at most two '=' at its very end.
+bool base64_decode(std::string_view in, std::string& out) {
+  if (in.empty() || in.size() % 4 != 0) return false;
+  size_t pad = 0;
+  if (in.back() == '=') pad = in[in.size() - 2] == '=' ? 2 : 1;
+  const size_t groups = in.size() / 4;
+  const auto* s = reinterpret_cast<const unsigned char*>(in.data());
+  for (size_t g = 0; g < groups; ++g, s += 4) {
+    const bool last = g + 1 == groups;
+    const int a = kBase64[s[0]], b = kBase64[s[1]];
+    const int c = last && pad == 2 ? 0 : kBase64[s[2]];
+    const int d = last && pad >= 1 ? 0 : kBase64[s[3]];
+    if ((a | b | c | d) < 0) return false;
+    const uint32_t v = (uint32_t(a) << 18) | (uint32_t(b) << 12) | (uint32_t(c) << 6) | uint32_t(d);
+    out.push_back(char(v >> 16));
+    if (!(last && pad == 2)) out.push_back(char(v >> 8));
+    if (!(last && pad >= 1)) out.push_back(char(v));
+  }
+  return true;
+}
+
+std::string read_all(const std::filesystem::path& path) {
+  const File f = File::open_read(path, File::Mode::buffered);
+  std::string buf(f.size(), '\0');
+  f.read_exact(0, std::as_writable_bytes(std::span<char>(buf.data(), buf.size())));
+  return buf;
+}
+
+// The lines of `buf` without their '\n' and a trailing '\r', numbered from 1; `fn(line, number)`.
+template <class Fn>
+void for_each_line(std::string_view buf, Fn fn) {
+  size_t pos = 0;
+  for (uint32_t number = 1; pos < buf.size(); ++number) {
+    size_t end = buf.find('\n', pos);
+    if (end == std::string_view::npos) end = buf.size();
+    std::string_view line = buf.substr(pos, end - pos);
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    fn(line, number);
+    pos = end + 1;
+  }
+}
+
+}  // namespace
+
+Vocab Vocab::load(const std::filesystem::path& path) {
+  const std::string buf = read_all(path);
+  const std::string where = path.string();
+  auto fail = [&](uint32_t line, const std::string& why) {
+    return io::runtime_error(fmt::format("{}:{}: {}", where, line, why));
+  };
+
+  size_t n_tokens = 0;
+  for_each_line(buf, [&](std::string_view line, uint32_t) { n_tokens += !line.empty(); });
+  if (n_tokens == 0) throw io::runtime_error(where + ": empty rank file (no `base64 rank` lines)");
+  if (n_tokens > size_t(INT32_MAX)) throw io::runtime_error(where + ": more than 2^31 ranks");
+
+  Vocab v;
+  v.arena_.reserve(buf.size());
+  v.spans_.assign(n_tokens, Span{kUnset, 0});
+  size_t cap = 512;
+  while (cap < 2 * n_tokens) cap <<= 1;
+  v.slots_.assign(cap, Slot{0, 0});
+  v.mask_ = cap - 1;
+  std::vector<uint32_t> line_of(n_tokens, 0);  // for naming the first line of a duplicate
+
+  for_each_line(buf, [&](std::string_view line, uint32_t number) {
+    if (line.empty()) return;
+    const size_t sp = line.find(' ');
+    if (sp == std::string_view::npos) throw fail(number, "expected `base64 rank`, found no space");
+    const std::string_view b64 = line.substr(0, sp), rank_text = line.substr(sp + 1);
+    if (b64.empty()) throw fail(number, "empty token (nothing before the space)");
+
+    if (rank_text.empty()) throw fail(number, "missing rank after the space");
+    const bool negative = rank_text[0] == '-';
+    const std::string_view digits = rank_text.substr(negative ? 1 : 0);
+    if (digits.empty() || digits.find_first_not_of("0123456789") != std::string_view::npos)
+      throw fail(number, fmt::format("rank `{}` is not a decimal number", rank_text));
+    if (negative) throw fail(number, fmt::format("rank {} is negative", rank_text));
+    uint64_t rank = 0;
+    for (const char c : digits) {
+      rank = rank * 10 + uint64_t(c - '0');
+      if (rank >= (uint64_t(1) << 31))
+        throw fail(number, fmt::format("rank {} is not below 2^31", rank_text));
+    }
+    if (rank >= n_tokens)
+      throw fail(number, fmt::format("rank {} out of range: {} tokens must have the ranks 0..{}", rank,
+                                     n_tokens, n_tokens - 1));
+    if (v.spans_[rank].off != kUnset)
+      throw fail(number, fmt::format("rank {} repeats (first on line {})", rank, line_of[rank]));
+
+    const size_t off = v.arena_.size();
+    if (!base64_decode(b64, v.arena_)) throw fail(number, fmt::format("`{}` is not valid base64", b64));
+    const size_t len = v.arena_.size() - off;
+    if (len == 0) throw fail(number, "empty token (base64 of no bytes)");
+    const uint64_t h = hash(v.arena_.data() + off, len);
+    const uint32_t tag = uint32_t(h >> 32) | 1;
+    for (size_t i = h & v.mask_;; i = (i + 1) & v.mask_) {
+      Slot& s = v.slots_[i];
+      if (s.tag == 0) {
+        s = Slot{tag, uint32_t(rank)};
+        break;
+      }
+      const Span other = v.spans_[s.rank];
+      if (s.tag == tag && other.len == len &&
+          std::memcmp(v.arena_.data() + other.off, v.arena_.data() + off, len) == 0)
+        throw fail(number, fmt::format("token `{}` repeats: it already has rank {} (line {})", b64, s.rank,
+                                       line_of[s.rank]));
+    }
+    v.spans_[rank] = Span{uint32_t(off), uint32_t(len)};
+    line_of[rank] = number;
+  });
+
+  for (int b = 0; b < 256; ++b) {
+    const char c = char(b);
+    v.byte_ranks_[b] = v.find(&c, 1);
+    if (v.byte_ranks_[b] < 0)
+      throw io::runtime_error(
+          fmt::format("{}: no token for the single byte 0x{:02X} (rank BPE needs all 256 bytes)", where, b));
+  }
+  v.arena_.shrink_to_fit();
+  return v;
+}
+
+}  // namespace k3::io::text
