@@ -5,7 +5,9 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <string_view>
 
+#include "io/text/pretokenize.hpp"
 #include "io/text/unicode_classes.hpp"
 
 namespace k3::io::text {
@@ -32,6 +34,19 @@ void cut_space_runs(const uint8_t* cls, size_t n, size_t max_run, Fn fn) {
     }
   }
   fn(start, n);
+}
+
+// The whole of Moonshot's cut of `text`: chunks decoded one at a time (so memory stays bounded by
+// the chunk), fn(chunk, first, last) for each cut piece in the chunk's code point indices. Invalid
+// UTF-8 is a usage error naming its byte offset.
+template <class Fn>
+void for_each_cut(std::string_view text, Pattern pattern, Fn fn) {
+  DecodedText chunk;
+  for (size_t pos = 0; pos < text.size();) {
+    pos = decode_code_points(text, pos, kChunkCodePoints, pattern, chunk);
+    cut_space_runs(chunk.cls.data(), chunk.size(), kMaxSpaceRun,
+                   [&](size_t first, size_t last) { fn(chunk, first, last); });
+  }
 }
 
 }  // namespace k3::io::text

@@ -29,18 +29,6 @@ struct Tokenizer::Impl {
   Pattern pattern;
   std::string source;
 
-  // Moonshot's chunks, then its space / non-space runs: fn(decoded chunk, first, last) for each cut
-  // piece, in code point indices of the chunk.
-  template <class Fn>
-  void for_each_cut(std::string_view text, Fn fn) const {
-    DecodedText chunk;
-    for (size_t pos = 0; pos < text.size();) {
-      pos = decode_code_points(text, pos, kChunkCodePoints, pattern, chunk);
-      cut_space_runs(chunk.cls.data(), chunk.size(), kMaxSpaceRun,
-                     [&](size_t first, size_t last) { fn(chunk, first, last); });
-    }
-  }
-
   void encode_ordinary(const DecodedText& t, size_t first, size_t last, std::vector<int32_t>& out) const {
     split_pieces(t, first, last, pattern, [&](size_t i, size_t e) {
       bpe_encode(vocab, t.bytes.substr(t.off[i], t.off[e] - t.off[i]), out);
@@ -103,7 +91,7 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool allow_special
   std::vector<int32_t> out;
   out.reserve(text.size() / 4 + 4);
   const bool specials = allow_special && !impl_->specials.empty();
-  impl_->for_each_cut(text, [&](const DecodedText& t, size_t first, size_t last) {
+  for_each_cut(text, impl_->pattern, [&](const DecodedText& t, size_t first, size_t last) {
     if (specials) {
       impl_->encode_with_specials(t, first, last, out);
     } else {
@@ -115,7 +103,7 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool allow_special
 
 std::vector<std::string_view> Tokenizer::pieces(std::string_view text) const {
   std::vector<std::string_view> out;
-  impl_->for_each_cut(text, [&](const DecodedText& t, size_t first, size_t last) {
+  for_each_cut(text, impl_->pattern, [&](const DecodedText& t, size_t first, size_t last) {
     split_pieces(t, first, last, impl_->pattern,
                  [&](size_t i, size_t e) { out.push_back(t.bytes.substr(t.off[i], t.off[e] - t.off[i])); });
   });
