@@ -40,16 +40,19 @@ struct Tokenizer::Impl {
     return size_t(std::lower_bound(t.off.begin(), t.off.end(), uint32_t(byte)) - t.off.begin());
   }
 
-  void encode_with_specials(const DecodedText& t, size_t first, size_t last,
-                            std::vector<int32_t>& out) const {
+  // Ordinary stretches and special tokens in order: ordinary(first, last) in code points of t,
+  // special(match) for each special text found (leftmost, then longest).
+  template <class Ordinary, class Special>
+  void with_specials(const DecodedText& t, size_t first, size_t last, Ordinary ordinary,
+                     Special special) const {
     const std::string_view piece = t.bytes.substr(0, t.off[last]);
     size_t from = t.off[first];
     while (const auto m = specials.find(piece, from)) {
-      encode_ordinary(t, index_of_offset(t, from), index_of_offset(t, m->pos), out);
-      out.push_back(m->id);
+      ordinary(index_of_offset(t, from), index_of_offset(t, m->pos));
+      special(*m);
       from = m->pos + m->len;
     }
-    encode_ordinary(t, index_of_offset(t, from), last, out);
+    ordinary(index_of_offset(t, from), last);
   }
 };
 
@@ -92,20 +95,29 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool allow_special
   out.reserve(text.size() / 4 + 4);
   const bool specials = allow_special && !impl_->specials.empty();
   for_each_cut(text, impl_->pattern, [&](const DecodedText& t, size_t first, size_t last) {
-    if (specials) {
-      impl_->encode_with_specials(t, first, last, out);
-    } else {
-      impl_->encode_ordinary(t, first, last, out);
-    }
+    if (!specials) return impl_->encode_ordinary(t, first, last, out);
+    impl_->with_specials(
+        t, first, last, [&](size_t a, size_t b) { impl_->encode_ordinary(t, a, b, out); },
+        [&](const SpecialTokens::Match& m) { out.push_back(m.id); });
   });
   return out;
 }
 
 std::vector<std::string_view> Tokenizer::pieces(std::string_view text) const {
+  return pieces(text, false);
+}
+
+std::vector<std::string_view> Tokenizer::pieces(std::string_view text, bool allow_special) const {
   std::vector<std::string_view> out;
+  const bool specials = allow_special && !impl_->specials.empty();
   for_each_cut(text, impl_->pattern, [&](const DecodedText& t, size_t first, size_t last) {
-    split_pieces(t, first, last, impl_->pattern,
-                 [&](size_t i, size_t e) { out.push_back(t.bytes.substr(t.off[i], t.off[e] - t.off[i])); });
+    auto ordinary = [&](size_t a, size_t b) {
+      split_pieces(t, a, b, impl_->pattern,
+                   [&](size_t i, size_t e) { out.push_back(t.bytes.substr(t.off[i], t.off[e] - t.off[i])); });
+    };
+    if (!specials) return ordinary(first, last);
+    impl_->with_specials(t, first, last, ordinary,
+                         [&](const SpecialTokens::Match& m) { out.push_back(t.bytes.substr(m.pos, m.len)); });
   });
   return out;
 }

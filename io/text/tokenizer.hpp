@@ -44,6 +44,9 @@ class Tokenizer {
 
   // The pre-tokenizer alone: the pieces BPE sees, as byte ranges of `text` (ordinary text only).
   std::vector<std::string_view> pieces(std::string_view text) const;
+  // The same with special texts (when allow_special) cut out as pieces of their own, as encode sees
+  // them: each special piece is one id, each other piece is BPE-encoded on its own.
+  std::vector<std::string_view> pieces(std::string_view text, bool allow_special) const;
 
   // Concatenated token bytes (specials as their text). An id outside the vocabulary is a usage
   // error naming it. The result need not be valid UTF-8 (a token may hold part of a code point).
