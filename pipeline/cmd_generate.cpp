@@ -1,31 +1,37 @@
-// `k3flow generate MODEL_DIR`: greedy decoding with the reference CLI's flags and meanings
-// (ENGINE.md §5): token ids in, token ids out, a STEP table, k3_run.json, optional logits dump and
-// K3ST state save / resume. Weights are bound resident from the ShardSet by their released names, or
-// streamed through the flow graph within a memory budget (pipeline/streaming_run.hpp).
+// `k3flow generate MODEL_DIR`: one prompt, one continuation.
+//   --ids 1,2,3         ids in; the STEP table and the generated ids on stdout (the reference CLI's
+//                       output, and what the bench and the tests parse);
+//   --prompt / --prompt-file
+//                       text in; stdout carries only the continuation, printed as it is generated;
+//                       everything else (load, plan, summary) goes to stderr.
+// Decoding is incremental (KV cache + carried KDA state) unless --recompute; greedy unless
+// --temperature > 0 (pipeline/decoder.hpp, stages/sampler.hpp). Text runs stop at the end of the
+// model's turn ([EOS] / <|end_of_msg|>) or at a --stop string; --gen caps every run.
 #include <fmt/format.h>
 #include <tbb/global_control.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <limits>
 #include <memory>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <vector>
 
-#include "io/config.hpp"
 #include "io/error.hpp"
-#include "io/safetensors.hpp"
+#include "io/text/text_stream.hpp"
 #include "pipeline/commands.hpp"
+#include "pipeline/decoder.hpp"
 #include "pipeline/human_bytes.hpp"
+#include "pipeline/interrupt.hpp"
+#include "pipeline/model_tokenizer.hpp"
 #include "pipeline/output_file.hpp"
 #include "pipeline/run_report.hpp"
-#include "pipeline/state_file.hpp"
-#include "pipeline/streaming_run.hpp"
-#include "stages/bind.hpp"
-#include "stages/forward.hpp"
-#include "stages/head.hpp"
+#include "pipeline/sampler_flags.hpp"
 
 namespace k3::pipeline {
 
@@ -35,14 +41,14 @@ constexpr int kMaxGen = 4096;
 constexpr size_t kMaxPositions = 36864;  // prompt + generation + 1, as the references cap it
 
 struct GenerateOptions {
-  std::string model_dir;
-  std::optional<std::string> ids, prompt, prompt_file, tok, config, out_path, dump_logits, save_state,
+  DecoderOptions dec;
+  std::optional<std::string> ids, prompt, prompt_file, tokenizer, out_path, dump_logits, save_state,
       load_state;
-  int gen = 8;
-  bool incremental = false;
-  int layers = 0;
+  std::vector<std::string> stop;
+  int gen = 128;
+  bool incremental = false, print_ids = false, ignore_eos = false;
   int threads = 0;
-  StreamFlags stream;
+  stages::SamplerOptions sampling;
 };
 
 double now() {
@@ -80,188 +86,221 @@ std::vector<int32_t> parse_ids(const std::string& text) {
   return out;
 }
 
-io::ModelConfig load_model_config(const GenerateOptions& o) {
-  const std::filesystem::path path =
-      o.config ? std::filesystem::path(*o.config) : std::filesystem::path(o.model_dir) / "config.json";
-  if (!std::filesystem::exists(path))
-    throw io::usage_error(fmt::format("no model config at {} (pass --config PATH)", path.string()));
-  try {
-    return io::load_config(path);
-  } catch (const io::Error& e) {
-    // A config that exists but cannot be trusted is a usage problem: never fall back to constants.
-    throw io::usage_error(
-        fmt::format("{}\nABORTED: the model config could not be read with confidence.", e.what()));
-  }
+std::string read_prompt_file(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    throw io::usage_error(fmt::format("--prompt-file {}: is a directory", path));
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw io::usage_error(fmt::format("--prompt-file {}: cannot be read", path));
+  std::ostringstream s;
+  s << f.rdbuf();
+  return s.str();
 }
 
-int run_generate(const GenerateOptions& o) {
+// In text mode stdout carries only the continuation: the descriptor the user sees as stdout is
+// kept for the text, and fd 1 is pointed at stderr, so every diagnostic printf lands there.
+struct TextOut {
+  FILE* text = stdout;
+  void split_from_diagnostics() {
+    std::fflush(stdout);
+    const int fd = dup(STDOUT_FILENO);
+    if (fd < 0 || dup2(STDERR_FILENO, STDOUT_FILENO) < 0) return;  // keep one stream if dup fails
+    text = fdopen(fd, "w");
+    if (!text) text = stdout;
+  }
+  void write(const std::string& s) {
+    if (s.empty()) return;
+    std::fwrite(s.data(), 1, s.size(), text);
+    std::fflush(text);
+  }
+};
+
+int run_generate(GenerateOptions o) {
   const double t_start = now();
   // ---- usage checks that need no files ----
   const int sources = (o.ids ? 1 : 0) + (o.prompt ? 1 : 0) + (o.prompt_file ? 1 : 0);
   if (sources != 1)
     throw io::usage_error(
         fmt::format("exactly one of --ids, --prompt, --prompt-file is required ({} given)", sources));
-  if (o.prompt || o.prompt_file) {
-    const char* flag = o.prompt ? "--prompt" : "--prompt-file";
-    if (!o.tok)
-      throw io::usage_error(fmt::format("{} needs --tok DIR (text is tokenized); or pass --ids", flag));
-    throw io::usage_error(fmt::format("{}: tokenizer not yet supported; pass token ids with --ids", flag));
-  }
-  std::vector<int32_t> prompt = parse_ids(*o.ids);
-  if (prompt.empty() && !o.load_state) throw io::usage_error("--ids: no token ids given");
-  if (o.load_state && !o.incremental) throw io::usage_error("--load-state needs --incremental");
+  const bool text_mode = !o.ids;
+  stages::validate(o.sampling);
   if (o.dump_logits && o.gen == 0) throw io::usage_error("--dump-logits needs --gen >= 1 (it dumps step 0)");
+  if (o.incremental && o.dec.recompute)
+    throw io::usage_error("--incremental and --recompute exclude each other");
+  if (!o.stop.empty() && !text_mode)
+    throw io::usage_error("--stop needs a text prompt (--prompt / --prompt-file)");
+  const std::string prompt_text = o.prompt        ? *o.prompt
+                                  : o.prompt_file ? read_prompt_file(*o.prompt_file)
+                                                  : "";
+  for (const auto& [flag, value] :
+       {std::pair{"--trace", o.dec.stream.trace}, {"--graph-dot", o.dec.stream.graph_dot}})
+    if (!value.empty() && !o.dec.stream.requested())
+      throw io::usage_error(fmt::format(
+          "{} shows a streamed run: add a budget (--mem-gb, --preset, --trunk-gb + --cache-gb) or --trunk",
+          flag));
+  // Every output is checked before the first read: a typo must not throw a long run away.
+  for (const auto& [flag, path] :
+       {std::pair{"--out", o.out_path}, {"--dump-logits", o.dump_logits}, {"--save-state", o.save_state}})
+    if (path) check_writable(*path, flag);
+  if (!o.dec.stream.trace.empty()) check_writable(o.dec.stream.trace, "--trace");
+  if (!o.dec.stream.graph_dot.empty()) check_writable(o.dec.stream.graph_dot, "--graph-dot");
+
+  TextOut out;
+  if (text_mode) out.split_from_diagnostics();
 
   std::optional<tbb::global_control> threads;
   if (o.threads > 0)
     threads.emplace(tbb::global_control::max_allowed_parallelism, static_cast<size_t>(o.threads));
 
-  // ---- config ----
-  const io::ModelConfig cfg = load_model_config(o);
+  // ---- config, tokenizer, prompt ids ----
+  io::ModelConfig cfg = load_model_config(o.dec.model_dir, o.dec.config);
   std::printf("%s\n", cfg.summary().c_str());
-  for (int32_t id : prompt)
-    if (id >= cfg.vocab)
-      throw io::usage_error(
-          fmt::format("--ids: token id {} is outside the vocabulary (0..{})", id, cfg.vocab - 1));
-  const int n_layers = (o.layers <= 0 || o.layers >= cfg.n_layers) ? cfg.n_layers : o.layers;
+  const std::optional<io::text::Tokenizer> tok = model_tokenizer(
+      o.dec.model_dir, o.tokenizer, cfg, text_mode ? (o.prompt ? "--prompt" : "--prompt-file") : nullptr);
+  std::vector<int32_t> prompt = text_mode ? tok->encode(prompt_text, true) : parse_ids(*o.ids);
+  if (prompt.empty() && !o.load_state)
+    throw io::usage_error(text_mode ? "the prompt is empty" : "--ids: no token ids given");
+  if (!text_mode)
+    for (int32_t id : prompt)
+      if (id >= cfg.vocab)
+        throw io::usage_error(
+            fmt::format("--ids: token id {} is outside the vocabulary (0..{})", id, cfg.vocab - 1));
 
   // ---- resume header before anything is sized ----
   std::optional<StateHeader> saved;
   if (o.load_state) saved = peek_state(*o.load_state);
   const size_t prior = saved ? static_cast<size_t>(saved->nseq) : 0;
-  const size_t t_max = prior + prompt.size() + static_cast<size_t>(o.gen) + 1;
-  if (t_max > kMaxPositions)
+  o.dec.capacity = prior + prompt.size() + static_cast<size_t>(o.gen) + 1;
+  if (o.dec.capacity > kMaxPositions)
     throw io::usage_error(fmt::format("prompt + --gen + 1 = {} positions exceeds the {} this build allows",
-                                      t_max, kMaxPositions));
+                                      o.dec.capacity, kMaxPositions));
+  o.dec.expected_calls = o.gen;
 
   std::printf("\nKimi K3, k3flow, released checkpoint layout\n");
-  std::printf("  model   : %s\n", o.model_dir.c_str());
-  if (saved) {
+  std::printf("  model   : %s\n", o.dec.model_dir.c_str());
+  if (saved)
     std::printf("  prompt  : %zu saved + %zu new ids\n", prior, prompt.size());
-  } else {
+  else
     std::printf("  prompt  : %zu ids\n", prompt.size());
-  }
-  std::printf("  decode  : greedy, %s, %d tokens, threads %s\n",
-              o.incremental ? "incremental (KV cache + carried KDA state)" : "full recompute", o.gen,
+  std::printf("  decode  : %s, %s, up to %d tokens, threads %s\n", describe_sampling(o.sampling).c_str(),
+              o.dec.recompute ? "full recompute" : "incremental (KV cache + carried KDA state)", o.gen,
               o.threads > 0 ? std::to_string(o.threads).c_str() : "default");
-  if (n_layers != cfg.n_layers)
+  if (o.dec.layers > 0 && o.dec.layers < cfg.n_layers)
     std::printf(
         "  NOTE    : --layers %d runs only the first %d of %d layers; the output is not the model's\n",
-        n_layers, n_layers, cfg.n_layers);
+        o.dec.layers, o.dec.layers, cfg.n_layers);
 
-  // ---- weights ----
-  double t0 = now();
-  const io::ShardSet shards = io::ShardSet::open(o.model_dir);
-  std::printf("indexed %zu tensors from %zu shards in %.2f s\n", shards.tensor_count(), shards.shard_count(),
-              now() - t0);
-  t0 = now();
-  const std::unique_ptr<StreamRun> stream = StreamRun::open(o.stream, cfg, shards, n_layers, t_max, o.gen);
-  std::unique_ptr<stages::ResidentModel> model;
-  if (!stream) {
-    model = stages::ResidentModel::load(shards, cfg, n_layers);
-    std::printf("resident weights: %s bound for %d layers in %.2f s\n",
-                human_bytes(static_cast<double>(model->weight_bytes())).c_str(), n_layers, now() - t0);
-  }
-  std::printf("peak RSS after loading weights: %s\n",
-              human_bytes(static_cast<double>(peak_rss_bytes())).c_str());
-
-  // ---- state ----
-  stages::DecodeState state(cfg, n_layers, t_max);
-  std::printf("recurrent state for %d layers: %s\n", n_layers,
-              human_bytes(static_cast<double>(state.kper()) * n_layers * 4).c_str());
-  std::vector<int32_t> seq;
+  Decoder dec(o.dec, std::move(cfg));
+  const io::ModelConfig& c = dec.config();
   if (saved) {
-    t0 = now();
-    load_state(*o.load_state, cfg, state, seq);
-    std::printf("restored %zu positions from %s in %.2f s\n", state.cached, o.load_state->c_str(),
-                now() - t0);
+    const double t0 = now();
+    dec.load(*o.load_state);
+    std::printf("restored %zu positions from %s in %.2f s\n", dec.seq().size() - dec.pending(),
+                o.load_state->c_str(), now() - t0);
   }
-  seq.insert(seq.end(), prompt.begin(), prompt.end());
-  if (o.incremental) {
-    std::printf(
-        "incremental decode: KV cache %s for %d MLA layers at %zu positions\n",
-        human_bytes(static_cast<double>(t_max) * (state.kvpp() + state.ropepp()) * state.n_mla() * 4).c_str(),
-        state.n_mla(), t_max);
-  }
-  if (o.incremental && o.gen > 0 && seq.size() == state.cached)
+  dec.push(prompt);
+  if (o.gen > 0 && dec.pending() == 0)
     throw io::usage_error(
         "--load-state: nothing to feed (the saved state has no pending token and --ids is empty)");
 
   // ---- decode ----
-  std::printf("\n%-6s %-10s %-12s %s\n", "STEP", "TOKEN", "SECONDS", "TOK/S");
-  std::printf("----------------------------------------\n");
-  stages::Scratch scratch;
-  std::vector<float> logits(static_cast<size_t>(cfg.vocab)), step0_logits;
+  std::optional<io::text::TextStream> text;
+  if (text_mode)
+    text.emplace(*tok, o.ignore_eos ? std::vector<int32_t>{} : io::text::end_of_turn_ids(*tok), o.stop);
+  if (!text_mode) {
+    std::printf("\n%-6s %-10s %-12s %s\n", "STEP", "TOKEN", "SECONDS", "TOK/S");
+    std::printf("----------------------------------------\n");
+  }
+  stages::Sampler sampler(o.sampling);
+  InterruptScope interrupts;
+  std::vector<float> step0_logits;
   std::vector<int32_t> generated;
-  double t_steps = 0;
+  double t_steps = 0, t_first = 0;
+  const char* ended = "the --gen cap";
   for (int g = 0; g < o.gen; ++g) {
-    const double ts = now();
-    std::span<const int32_t> feed;
-    if (o.incremental) {
-      feed = std::span<const int32_t>(seq).subspan(state.cached);  // step 0: pending token + prompt; then 1
-    } else {
-      state.reset();  // full recompute: KDA state zeroed, whole prefix every step
-      feed = seq;
+    if (InterruptScope::requested()) {
+      ended = "an interrupt";
+      break;
     }
-    if (stream)
-      stream->forward(state, feed, logits);
-    else
-      stages::forward(*model, state, feed, stages::HeadAt::last, logits, scratch);
-    const int32_t next = stages::greedy(logits);
+    const double ts = now();
+    const std::span<const float> logits = dec.logits();
+    const int32_t next = sampler.next(logits, dec.seq());
     const double dt = now() - ts;
     t_steps += dt;
-    if (stream) stream->record_step(g, next);
-    if (g == 0 && o.dump_logits && stream) {
-      step0_logits = logits;  // written after the last step: a failed run leaves no logits file
-    } else if (g == 0 && o.dump_logits) {
-      write_file_atomic(*o.dump_logits, std::as_bytes(std::span<const float>(logits)));
-      std::printf("wrote %s (%d float32 logits)\n", o.dump_logits->c_str(), cfg.vocab);
-    }
-    seq.push_back(next);
+    if (g == 0) t_first = dt;
+    if (dec.stream()) dec.stream()->record_step(g, next);
+    if (g == 0 && o.dump_logits) step0_logits.assign(logits.begin(), logits.end());
+    dec.push(next);
     generated.push_back(next);
-    std::printf("%-6d %-10d %-12.4f %.2f%s\n", g, next, dt, dt > 0 ? 1.0 / dt : 0.0,
-                stream ? ("   " + stream->step_note()).c_str() : "");
-    std::fflush(stdout);
+    if (text) {
+      const io::text::TextStream::Out piece = text->push(next);
+      out.write(piece.text);
+      if (piece.stop) {
+        ended = "the end of the turn or a --stop string";
+        break;
+      }
+    } else {
+      std::printf("%-6d %-10d %-12.4f %.2f%s\n", g, next, dt, dt > 0 ? 1.0 / dt : 0.0,
+                  dec.stream() ? ("   " + dec.stream()->step_note()).c_str() : "");
+      std::fflush(stdout);
+    }
   }
-  std::printf("----------------------------------------\n");
+  const bool interrupted = InterruptScope::requested();
+  if (text) {
+    out.write(text->finish());
+    out.write("\n");
+  } else {
+    std::printf("----------------------------------------\n");
+  }
+  // Written after the last step: a failed run leaves no logits file.
   if (!step0_logits.empty()) {
     write_file_atomic(*o.dump_logits, std::as_bytes(std::span<const float>(step0_logits)));
-    std::printf("wrote %s (%d float32 logits)\n", o.dump_logits->c_str(), cfg.vocab);
+    std::printf("wrote %s (%d float32 logits)\n", o.dump_logits->c_str(), c.vocab);
   }
-
   if (o.save_state) {
-    if (!o.incremental) {
-      std::fprintf(stderr, "k3flow: --save-state needs --incremental; nothing written\n");
-    } else {
-      const uint64_t bytes = save_state(*o.save_state, cfg, seq, state);
-      std::printf("wrote %s (%s, %zu positions)\n", o.save_state->c_str(),
-                  human_bytes(static_cast<double>(bytes)).c_str(), state.cached);
-    }
+    const uint64_t bytes = dec.save(*o.save_state);
+    std::printf("wrote %s (%s, %zu positions)\n", o.save_state->c_str(), human_bytes(double(bytes)).c_str(),
+                dec.seq().size() - dec.pending());
   }
-  const double spt = o.gen > 0 ? t_steps / o.gen : 0.0;
-  std::printf("%d tokens in %.3f s, %.4f s/token average\n", o.gen, t_steps, spt);
-  std::printf("generated ids:");
-  for (int32_t id : generated) std::printf(" %d", id);
-  std::printf("\n");
+  const int n = int(generated.size());
+  const double spt = n > 0 ? t_steps / n : 0.0;
+  std::printf(
+      "%d tokens in %.3f s, %.4f s/token average (first step, with the %zu-id prompt: %.3f s); "
+      "stopped by %s\n",
+      n, t_steps, spt, prompt.size(), t_first, ended);
+  if (o.print_ids || !text_mode) {
+    std::string ids;
+    for (int32_t id : generated) ids += fmt::format(" {}", id);
+    if (text_mode)
+      out.write(fmt::format("ids:{}\n", ids));
+    else
+      std::printf("generated ids:%s\n", ids.c_str());
+  }
   const uint64_t rss = peak_rss_bytes();
   std::printf("PEAK RSS %s (quote this, not the plan)\n", human_bytes(static_cast<double>(rss)).c_str());
 
   RunReport r;
   r.prompt_ids = prompt;
   r.generated_ids = generated;
-  r.full_ids = seq;
-  r.layers = n_layers;
-  r.threads = o.threads;
-  r.incremental = o.incremental;
+  r.full_ids = dec.seq();
+  r.layers = dec.n_layers();
+  r.incremental = !dec.recompute();
+  r.interrupted = interrupted;
   r.seconds_per_token = spt;
   r.wall_seconds = now() - t_start;
   r.peak_rss_bytes = rss;
   r.threads =
       static_cast<int>(tbb::global_control::active_value(tbb::global_control::max_allowed_parallelism));
-  if (stream) stream->finish(r, t_steps);
-  const std::string out = o.out_path.value_or("k3_run.json");
-  write_file_atomic(out, to_json(r));
-  std::printf("wrote %s\n", out.c_str());
+  if (dec.stream()) dec.stream()->finish(r, t_steps);
+  if (o.out_path) {
+    write_file_atomic(*o.out_path, to_json(r));
+    std::printf("wrote %s\n", o.out_path->c_str());
+  }
+  if (interrupted) {
+    std::fprintf(stderr, "k3flow: generate interrupted after %d tokens; the report and trace cover them\n",
+                 n);
+    return interrupted_exit_code();
+  }
   return 0;
 }
 
@@ -269,25 +308,33 @@ int run_generate(const GenerateOptions& o) {
 
 Action add_generate(CLI::App& sub) {
   auto o = std::make_shared<GenerateOptions>();
-  sub.add_option("MODEL_DIR", o->model_dir, "checkpoint directory (config.json + *.safetensors)")->required();
-  sub.add_option("--ids", o->ids, "prompt as token ids: 1,2,3 (commas and/or spaces)");
-  sub.add_option("--prompt", o->prompt, "prompt text (needs --tok)");
-  sub.add_option("--prompt-file", o->prompt_file, "prompt text read verbatim from a file (needs --tok)");
-  sub.add_option("--tok", o->tok, "tokenizer directory (tiktoken.model + tokenizer_config.json)");
-  sub.add_option("--gen", o->gen, "tokens to generate (0..4096)")
+  sub.add_option("MODEL_DIR", o->dec.model_dir, "checkpoint directory (config.json + *.safetensors)")
+      ->required();
+  sub.add_option("--ids", o->ids, "prompt as token ids: 1,2,3 (commas and/or spaces); output is ids");
+  sub.add_option("--prompt", o->prompt, "prompt text; the continuation is printed as text");
+  sub.add_option("--prompt-file", o->prompt_file, "prompt text read verbatim from a file");
+  sub.add_option("--tokenizer", o->tokenizer,
+                 "tokenizer directory (tiktoken.model + tokenizer_config.json; default MODEL_DIR)");
+  sub.add_option("--gen", o->gen,
+                 "most tokens to generate (0..4096); text runs stop earlier at the end of the turn")
       ->check(CLI::Range(0, kMaxGen))
       ->capture_default_str();
-  sub.add_flag("--incremental", o->incremental, "carry the MLA KV cache and KDA state between tokens");
-  sub.add_option("--layers", o->layers, "run only the first N layers (N <= 0 or >= n_layers: all)");
-  sub.add_option("--out", o->out_path, "run report JSON (default k3_run.json)");
+  sub.add_option("--stop", o->stop, "stop before this text (repeatable; text prompts only)");
+  sub.add_flag("--ignore-eos", o->ignore_eos, "do not stop at [EOS] / <|end_of_msg|>");
+  sub.add_flag("--print-ids", o->print_ids, "after the text, print the generated ids on stdout");
+  sub.add_flag("--recompute", o->dec.recompute,
+               "recompute the whole sequence every token (the reference check; same bits, slower)");
+  sub.add_flag("--incremental", o->incremental,
+               "carry the KV cache and KDA state between tokens (the default)");
+  add_sampler_flags(sub, o->sampling);
+  sub.add_option("--layers", o->dec.layers, "run only the first N layers (N <= 0 or >= n_layers: all)");
+  sub.add_option("--out", o->out_path, "write the run report JSON here");
   sub.add_option("--dump-logits", o->dump_logits, "write step 0's last-position logits (vocab x float32)");
-  sub.add_option("--save-state", o->save_state,
-                 "write the carried state (K3ST) after the run (needs --incremental)");
-  sub.add_option("--load-state", o->load_state,
-                 "resume from a K3ST state; the ids continue it (needs --incremental)");
-  sub.add_option("--config", o->config, "config.json to use (default MODEL_DIR/config.json)");
+  sub.add_option("--save-state", o->save_state, "write the carried state (K3ST) after the run");
+  sub.add_option("--load-state", o->load_state, "resume from a K3ST state; the prompt continues it");
+  sub.add_option("--config", o->dec.config, "config.json to use (default MODEL_DIR/config.json)");
   sub.add_option("--threads", o->threads, "compute threads (0 = oneTBB default)")->check(CLI::Range(0, 4096));
-  add_stream_flags(sub, o->stream);
+  add_stream_flags(sub, o->dec.stream);
   return [o] { return run_generate(*o); };
 }
 

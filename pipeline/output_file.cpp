@@ -38,6 +38,23 @@ void write_file_atomic(const std::filesystem::path& path, std::span<const std::b
   }
 }
 
+void check_writable(const std::filesystem::path& path, std::string_view flag) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    throw io::usage_error(fmt::format("{} {}: is a directory", flag, path.string()));
+  const std::filesystem::path dir = path.has_parent_path() ? path.parent_path() : ".";
+  if (!std::filesystem::is_directory(dir, ec))
+    throw io::usage_error(
+        fmt::format("{} {}: directory {} does not exist", flag, path.string(), dir.string()));
+  const std::filesystem::path tmp = path.string() + fmt::format(".tmp.{}", ::getpid());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0)
+    throw io::usage_error(
+        fmt::format("{} {}: cannot be written: {}", flag, path.string(), std::strerror(errno)));
+  ::close(fd);
+  ::unlink(tmp.c_str());
+}
+
 void write_file_atomic(const std::filesystem::path& path, std::string_view text) {
   write_file_atomic(path, std::as_bytes(std::span(text.data(), text.size())));
 }

@@ -12,4 +12,9 @@ namespace k3::pipeline {
 void write_file_atomic(const std::filesystem::path& path, std::span<const std::byte> bytes);
 void write_file_atomic(const std::filesystem::path& path, std::string_view text);
 
+// Before a long run: can `path` be written when the run ends? Creates and removes the temporary
+// the write would use. A usage error (exit 2) naming `flag` and the path when it is a directory,
+// its directory is missing, or the file cannot be created there.
+void check_writable(const std::filesystem::path& path, std::string_view flag);
+
 }  // namespace k3::pipeline

@@ -16,6 +16,7 @@ struct RunReport {
   int layers = 0;
   int threads = 0;  // 0 = oneTBB default
   bool incremental = false;
+  bool interrupted = false;  // stopped by Ctrl-C / SIGTERM: covers the tokens before it
   double seconds_per_token = 0, wall_seconds = 0;
   uint64_t peak_rss_bytes = 0;
 

@@ -1,0 +1,15 @@
+// The sampling flags shared by `generate` and `chat` (stages/sampler.hpp holds the sampler).
+#pragma once
+#include <CLI/CLI.hpp>
+#include <string>
+
+#include "stages/sampler.hpp"
+
+namespace k3::pipeline {
+
+// --temperature --top-k --top-p --min-p --repeat-penalty --repeat-last-n --seed
+void add_sampler_flags(CLI::App& sub, stages::SamplerOptions& o);
+// One line for the run header: "greedy" or "sampled (temperature 0.7, top-p 0.9, seed 1)".
+std::string describe_sampling(const stages::SamplerOptions& o);
+
+}  // namespace k3::pipeline
