@@ -50,6 +50,8 @@ struct CheckpointPlan {
   std::string config_text;  // config.json as written; empty = config_json(config)
   std::vector<ShardPlan> shards;
   bool sparse = false;
+  // tiktoken.model + tokenizer_config.json written beside the shards; empty = none.
+  std::string tiktoken_model, tokenizer_config;
   size_t tensor_count() const;
   uint64_t data_bytes() const;
 };
@@ -84,6 +86,18 @@ constexpr uint64_t kFillChunk = uint64_t{1} << 20;
 // Text of config.json (nested, as the released file spells it) and of the index.
 std::string config_json(const io::ModelConfig& c);
 std::string index_json(const CheckpointPlan& plan);
+
+// A tokenizer for a synthetic checkpoint whose vocabulary has `vocab` ids, laid out like K3's
+// (ordinary ranks first, then a block of 256 specials whose names and offsets are K3's: [BOS],
+// [EOS], <|end_of_msg|>, <|open|>, ...), so text and the XTML chat work on it:
+//   vocab >= 512: the first vocab - 256 ranks of `ranks_file` (a tiktoken rank file such as o200k,
+//                 whose first 256 ranks are the single bytes) + the special block at the top;
+//   256..511:     byte-level ranks, and every further id a reserved special (no XTML controls);
+//   < 256:        none (a byte-level vocabulary needs 256 ids): returns false.
+// Ranks beyond what `ranks_file` holds, or with no ranks file, stay byte-level; the ids between
+// the ranks and the special block are reserved specials. `description` says which was chosen.
+bool synth_tokenizer(int vocab, const std::filesystem::path& ranks_file, CheckpointPlan& plan,
+                     std::string& description);
 
 struct SynthOptions {
   uint64_t seed = 0;

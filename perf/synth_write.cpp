@@ -32,9 +32,10 @@ bool is_checkpoint_file(const std::string& n) {
   auto ends = [&](std::string_view s) {
     return n.size() >= s.size() && n.compare(n.size() - s.size(), s.size(), s) == 0;
   };
-  return n == "config.json" || n == "model.safetensors.index.json" || n == "config.json.partial" ||
-         n == "model.safetensors.index.json.partial" ||
-         (n.rfind("model-", 0) == 0 && (ends(".safetensors") || ends(".safetensors.partial")));
+  for (const char* f :
+       {"config.json", "model.safetensors.index.json", "tiktoken.model", "tokenizer_config.json"})
+    if (n == f || n == std::string(f) + ".partial") return true;
+  return (n.rfind("model-", 0) == 0 && (ends(".safetensors") || ends(".safetensors.partial")));
 }
 
 // Everything this run created; removed again unless the run is marked done.
@@ -229,8 +230,8 @@ SynthReport write_checkpoint(const CheckpointPlan& plan, const fs::path& out_dir
   }
   const std::string index = index_json(plan);
   const std::string config = plan.config_text.empty() ? config_json(plan.config) : plan.config_text;
-  check_free_space(out_dir,
-                   (plan.sparse ? header_bytes : logical) + index.size() + config.size() + (16 << 20));
+  check_free_space(out_dir, (plan.sparse ? header_bytes : logical) + index.size() + config.size() +
+                                plan.tiktoken_model.size() + plan.tokenizer_config.size() + (16 << 20));
 
   SynthReport report;
   report.shards = plan.shards.size();
@@ -299,6 +300,10 @@ SynthReport write_checkpoint(const CheckpointPlan& plan, const fs::path& out_dir
     rb.files.push_back(shard_path(s));
   }
   write_text_file(out_dir / "model.safetensors.index.json", index, rb);
+  if (!plan.tiktoken_model.empty()) {
+    write_text_file(out_dir / "tiktoken.model", plan.tiktoken_model, rb);
+    write_text_file(out_dir / "tokenizer_config.json", plan.tokenizer_config, rb);
+  }
   write_text_file(out_dir / "config.json", config, rb);
   std::set<fs::path> ours(rb.files.begin(), rb.files.end());
   for (const fs::path& p : stale)

@@ -74,6 +74,7 @@ struct SynthArgs {
   uint64_t seed = 1;
   int shards = 0;
   std::string full_attn;
+  std::string ranks = K3_DEFAULT_RANKS;
   int dims[std::size(kDimFlags)] = {};
   CLI::Option* dim_opts[std::size(kDimFlags)] = {};
   CLI::Option *size_opt = nullptr, *full_attn_opt = nullptr;
@@ -119,6 +120,8 @@ int run_synth(SynthArgs& a) {
     plan = perf::plan_dense(c, a.shards);
   }
 
+  std::string tokenizer_note;
+  perf::synth_tokenizer(plan.config.vocab, a.ranks, plan, tokenizer_note);
   const uint64_t data = plan.data_bytes();
   if (a.dry_run) {
     fmt::print("synth plan: {} tensors in {} shards, {} data bytes ({}){}\n{}\n", plan.tensor_count(),
@@ -139,6 +142,7 @@ int run_synth(SynthArgs& a) {
   const perf::SynthReport r = perf::write_checkpoint(plan, a.out_dir, opt);
   bar.finish();
 
+  fmt::print("synth: {}\n", tokenizer_note);
   if (plan.sparse) {
     fmt::print(
         "synth: sparse replica of the released checkpoint in {}: {} tensors, {} shards, {} bytes logical "
@@ -178,6 +182,10 @@ Action add_synth(CLI::App& sub) {
                                     "one-based MLA layers, e.g. \"4,8,12\" (default: every 4th and the last)")
                          ->excludes(sparse);
   a->size_opt->excludes(sparse);
+  sub.add_option("--ranks", a->ranks,
+                 "tiktoken rank file whose first ranks make the synthetic tokenizer (default: the o200k "
+                 "ranks in the source tree; byte-level when absent)")
+      ->capture_default_str();
   sub.add_flag("--force", a->force, "replace the checkpoint files already in OUT_DIR");
   sub.add_flag("--dry-run", a->dry_run, "print the plan (tensors, shards, bytes) and write nothing");
   sub.add_flag("--progress", a->progress, "draw the progress bar even when stderr is not a terminal");
