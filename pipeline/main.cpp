@@ -33,8 +33,9 @@ int main(int argc, char** argv) {
   };
   add("inspect", "summarise a checkpoint: config, layer map, tensor census, bytes", k3::pipeline::add_inspect);
   add("synth", "write a synthetic checkpoint in the released format", k3::pipeline::add_synth);
-  add("generate", "greedy decoding from token ids: STEP table, k3_run.json, state files",
+  add("generate", "continue a prompt (text or token ids): greedy or sampled, resident or streamed",
       k3::pipeline::add_generate);
+  add("chat", "talk to the model in K3's chat format; the state carries over between turns", k3::pipeline::add_chat);
   add("plan", "split a memory budget into resident, trunk ring, pinned layers and expert slots", k3::pipeline::add_plan);
   add("pack-trunk", "copy every layer's dense weights into one aligned trunk.bin + trunk.json",
       k3::pipeline::add_pack_trunk);

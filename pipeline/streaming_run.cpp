@@ -192,6 +192,11 @@ std::string StreamRun::step_note() const {
                      x.io_wait_seconds);
 }
 
+uint64_t StreamRun::bytes_read() const {
+  const StreamTotals t = s_->model->totals();
+  return t.trunk_bytes_read + t.expert_bytes_read;
+}
+
 void StreamRun::finish(RunReport& r, double decode_seconds) {
   State& s = *s_;
   const StreamTotals t = s.model->totals();

@@ -50,6 +50,7 @@ class StreamRun {
   void forward(stages::DecodeState&, std::span<const int32_t> ids, std::span<float> logits);
   void record_step(int step, int32_t token);  // after forward(): the per-token row of the report
   std::string step_note() const;              // extra STEP-table text for the last step
+  uint64_t bytes_read() const;                // trunk + expert bytes read so far in this run
 
   // After a successful run: writes --trace / --graph-dot, prints the I/O summary, fills the report.
   void finish(RunReport& report, double decode_seconds);
