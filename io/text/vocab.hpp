@@ -8,6 +8,8 @@
 #include <string_view>
 #include <vector>
 
+#include "io/aligned.hpp"
+
 namespace k3::io::text {
 
 class Vocab {
@@ -26,16 +28,22 @@ class Vocab {
     return {arena_.data() + s.off, s.len};
   }
 
-  // The rank of exactly these bytes, or -1.
+  // The rank of exactly these bytes, or -1. Most lookups (BPE pairs, short words) are of at most 8
+  // bytes, which the slot holds itself, so they read one slot and nothing else.
   int32_t find(const char* p, size_t n) const {
+    if (n == 2) return pairs_[(uint8_t(p[0]) << 8) | uint8_t(p[1])];
     const uint64_t h = hash(p, n);
-    const uint32_t tag = uint32_t(h >> 32) | 1;  // never 0, which marks an empty slot
+    if (!maybe_present(h)) return -1;
+    const uint32_t tag = slot_tag(h, n);
+    const uint64_t head = load_head(p, n);
     for (size_t i = h & mask_;; i = (i + 1) & mask_) {
-      const Slot s = slots_[i];
-      if (s.tag == 0) return -1;
-      if (s.tag == tag) {
+      const Slot& s = slots_[i];
+      if (s.tag == tag && s.head == head) {
+        if (n <= 8) return int32_t(s.rank);
         const Span sp = spans_[s.rank];
-        if (sp.len == n && std::memcmp(arena_.data() + sp.off, p, n) == 0) return int32_t(s.rank);
+        if (sp.len == n && std::memcmp(arena_.data() + sp.off + 8, p + 8, n - 8) == 0) return int32_t(s.rank);
+      } else if (s.tag == 0) {
+        return -1;
       }
     }
   }
@@ -77,15 +85,36 @@ class Vocab {
     uint32_t off, len;
   };
   struct Slot {
-    uint32_t tag;  // upper hash bits | 1; 0 = empty
+    uint32_t tag;  // 24 hash bits and the length (capped at 255), never 0 for a token; 0 = empty
     uint32_t rank;
+    uint64_t head;  // the first min(len, 8) bytes, zero-padded
   };
+  // A blocked Bloom filter over all tokens (two bits in one 64-bit word per token, 256 KiB, a few
+  // per cent false positives): most failed lookups, which BPE makes for every pair that does not
+  // merge, end in this cache-resident array instead of a cache miss in the slot table.
+  static constexpr size_t kFilterWords = size_t(1) << 15;
+  static uint64_t filter_bits(uint64_t h) { return (uint64_t(1) << (h & 63)) | (uint64_t(1) << (h >> 58)); }
+  bool maybe_present(uint64_t h) const {
+    const uint64_t bits = filter_bits(h);
+    return (filter_[(h >> 6) & (kFilterWords - 1)] & bits) == bits;
+  }
+  static uint32_t slot_tag(uint64_t h, size_t n) {
+    return uint32_t(h >> 40) << 8 | uint32_t(n < 255 ? n : 255);
+  }
+  static uint64_t load_head(const char* p, size_t n) {
+    uint64_t w = 0;
+    std::memcpy(&w, p, n < 8 ? n : 8);
+    return w;
+  }
 
   std::string arena_;  // every token's bytes, back to back, in file order
   std::vector<Span> spans_;
-  std::vector<Slot> slots_;
+  io::AlignedBuffer slot_memory_;  // zero-filled = all slots empty; huge pages when large
+  const Slot* slots_ = nullptr;
   size_t mask_ = 0;
   int32_t byte_ranks_[256] = {};
+  std::vector<uint64_t> filter_;
+  std::vector<int32_t> pairs_;  // the rank of every two-byte string (-1: not a token), 256 KiB
 };
 
 }  // namespace k3::io::text
