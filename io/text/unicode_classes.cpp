@@ -1,11 +1,11 @@
 #include "io/text/unicode_classes.hpp"
 
 #include <unicode/uchar.h>
-#include <unicode/ucpmap.h>
 #include <unicode/uscript.h>
 #include <unicode/uset.h>
 
 #include <cstring>
+#include <initializer_list>
 #include <map>
 #include <stdexcept>
 #include <string>
@@ -53,21 +53,30 @@ void check(UErrorCode ec, const char* what) {
   if (U_FAILURE(ec)) throw std::runtime_error(std::string("ICU: ") + what + ": " + u_errorName(ec));
 }
 
-// Sets `bit` on every code point whose value in the int property map satisfies `pred`.
-template <class Pred>
-void mark_int_property(uint8_t* flat, UProperty prop, uint8_t bit, Pred pred) {
-  UErrorCode ec = U_ZERO_ERROR;
-  const UCPMap* map = u_getIntPropertyMap(prop, &ec);
-  check(ec, "u_getIntPropertyMap");
-  UChar32 start = 0;
-  while (start < UChar32(kCodePoints)) {
-    uint32_t value = 0;
-    const UChar32 end = ucpmap_getRange(map, start, UCPMAP_RANGE_NORMAL, 0, nullptr, nullptr, &value);
-    if (end < start) break;
-    if (pred(value))
-      for (UChar32 cp = start; cp <= end; ++cp) flat[cp] |= bit;
-    start = end + 1;
+// Sets `bit` on every code point of `set` (code point ranges only; property sets hold no strings).
+void mark_set(uint8_t* flat, const USet* set, uint8_t bit) {
+  for (int32_t i = 0, n = uset_getItemCount(set); i < n; ++i) {
+    UChar32 lo = 0, hi = 0;
+    UErrorCode ec = U_ZERO_ERROR;
+    if (uset_getItem(set, i, &lo, &hi, nullptr, 0, &ec) != 0) continue;
+    for (UChar32 cp = lo; cp <= hi; ++cp) flat[cp] |= bit;
   }
+}
+
+// Sets `bit` on every code point whose int property `prop` has one of `values`. A USet built from
+// the property walks ICU's property boundaries, far cheaper than a whole-range property map.
+void mark_int_property(uint8_t* flat, UProperty prop, std::initializer_list<int32_t> values, uint8_t bit) {
+  USet* set = uset_openEmpty();
+  for (const int32_t v : values) {
+    USet* one = uset_openEmpty();
+    UErrorCode ec = U_ZERO_ERROR;
+    uset_applyIntPropertyValue(one, prop, v, &ec);
+    check(ec, "uset_applyIntPropertyValue");
+    uset_addAll(set, one);
+    uset_close(one);
+  }
+  mark_set(flat, set, bit);
+  uset_close(set);
 }
 
 struct Built {
@@ -80,20 +89,13 @@ struct Built {
     u_enumCharTypes(on_category_range, flat.data());
 
     // Script=Han, the Script property proper (what uscript_getScript returns), not the extensions.
-    mark_int_property(flat.data(), UCHAR_SCRIPT, kHan, [](uint32_t v) { return v == USCRIPT_HAN; });
-    mark_int_property(flat.data(), UCHAR_BIDI_CLASS, kPySpace, [](uint32_t v) {
-      return v == U_WHITE_SPACE_NEUTRAL || v == U_BLOCK_SEPARATOR || v == U_SEGMENT_SEPARATOR;
-    });
-
+    mark_int_property(flat.data(), UCHAR_SCRIPT, {USCRIPT_HAN}, kHan);
+    mark_int_property(flat.data(), UCHAR_BIDI_CLASS,
+                      {U_WHITE_SPACE_NEUTRAL, U_BLOCK_SEPARATOR, U_SEGMENT_SEPARATOR}, kPySpace);
     UErrorCode ec = U_ZERO_ERROR;
     const USet* ws = u_getBinaryPropertySet(UCHAR_WHITE_SPACE, &ec);
     check(ec, "u_getBinaryPropertySet(White_Space)");
-    for (int32_t i = 0, n = uset_getItemCount(ws); i < n; ++i) {
-      UChar32 lo = 0, hi = 0;
-      ec = U_ZERO_ERROR;
-      if (uset_getItem(ws, i, &lo, &hi, nullptr, 0, &ec) != 0) continue;  // a string item; none here
-      for (UChar32 cp = lo; cp <= hi; ++cp) flat[cp] |= kSpace;
-    }
+    mark_set(flat.data(), ws, kSpace);
     flat['\r'] |= kCrLf;
     flat['\n'] |= kCrLf;
 
