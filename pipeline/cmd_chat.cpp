@@ -253,28 +253,12 @@ class ChatSession {
   }
 
   // A reply cut short (the cap, Ctrl-C, a full context, a malformed reply) still leaves a whole
-  // message in the state: the missing closing tags are appended, so the next turn starts right.
+  // message in the state: the parser knows what closes it (the rest of a cut marker included).
   void close_reply(const text::ReplyParser& p) {
-    using S = text::ReplyParser::State;
-    std::vector<text::Segment> tail;
-    auto control = [&](std::string_view s) { tail.push_back({std::string(s), true}); };
-    auto plain = [&](std::string_view s) { tail.push_back({std::string(s), false}); };
-    const S st = p.state();
-    if (st == S::done && p.end_token() != text::EndToken::none) return;
-    const bool in_think = opts_.thinking && p.reply().empty() && st != S::closed && st != S::done;
-    if (in_think) {
-      control(text::kClose), plain("think"), control(text::kSep);
-      control(text::kOpen), plain("response"), control(text::kSep);
-    }
-    if (st != S::closed && st != S::done) {
-      control(text::kClose), plain("response"), control(text::kSep);
-      control(text::kClose), plain("message"), control(text::kSep);
-    }
-    control(text::kEndOfMsg);
     try {
-      push(tail);
+      push(p.closing());
     } catch (const io::Error&) {
-      // No room to close it: the next turn will report the full context.
+      // No room to close it: the next turn reports the full context.
     }
   }
 

@@ -298,7 +298,7 @@ TEST_CASE("same seed, same bytes; another seed, other bytes; packing does not ch
       CHECK(slurp(e.path()) == slurp(c / name));  // config and index do not depend on the seed
     }
   }
-  CHECK(files == 7);  // 4 layers + head, config, index
+  CHECK(files == 9);  // 4 layers + head, config, index, tiktoken.model, tokenizer_config.json
   auto sa = k3::io::ShardSet::open(a), sd = k3::io::ShardSet::open(d);
   CHECK(sd.shard_count() == 2);
   CHECK(sd.tensor_count() == sa.tensor_count());
