@@ -175,3 +175,25 @@ TEST_CASE(
   REQUIRE(b.code == 0);
   CHECK(slurp(d / "b/tiktoken.model") == slurp(kModel + "/tiktoken.model"));
 }
+
+TEST_CASE(
+    "Ctrl-C stops a run between tokens: exit 130, the text so far, the report and trace marked interrupted") {
+  TempDir d;
+  // Streamed so the test hook can slow every token to 300 ms; the signal lands after ~1.5 s.
+  const Run r = k3::test::shell(
+      fmt::format("K3FLOW_TEST_STEP_DELAY_MS=300 {} generate {} --prompt 'Hello' --gen 60 --preset ultra "
+                  "--out {} --trace {} "
+                  ">{} 2>{} & pid=$!; sleep 1.5; kill -INT $pid; wait $pid; echo rc=$?",
+                  K3FLOW_BIN, kModel, d / "r.json", d / "t.json", d / "out.txt", d / "err.txt"));
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("rc=130") != std::string::npos);
+  const std::string json = slurp(d / "r.json");
+  INFO(slurp(d / "err.txt"));
+  CHECK(json.find("\"interrupted\":true") != std::string::npos);
+  const std::string ids = report_ids(json);
+  const long n = ids.empty() ? 0 : long(std::count(ids.begin(), ids.end(), ',')) + 1;
+  CHECK(n >= 1);
+  CHECK(n < 60);
+  CHECK(fs::file_size(d / "t.json") > 0);
+  CHECK(slurp(d / "err.txt").find("interrupted after") != std::string::npos);
+}
