@@ -104,8 +104,8 @@ struct SynthOptions {
   bool overwrite = false;  // replace checkpoint files already in the output directory
   // Called with (bytes done, bytes total) from the writing thread; may be empty.
   std::function<void(uint64_t, uint64_t)> progress;
-  // Set (e.g. from a signal handler) to stop: the run fails and removes what it created.
-  const std::atomic<bool>* cancel = nullptr;
+  // Polled between blocks; true stops the run, which fails and removes what it created.
+  bool (*cancelled)() = nullptr;
 };
 
 struct SynthReport {

@@ -239,7 +239,7 @@ SynthReport write_checkpoint(const CheckpointPlan& plan, const fs::path& out_dir
   report.logical_bytes = logical;
   const uint64_t fail_after = forced_failure_after();
   auto check_stop = [&](uint64_t done) {
-    if (options.cancel && options.cancel->load(std::memory_order_relaxed))
+    if (options.cancelled && options.cancelled())
       throw io::runtime_error(fmt::format("interrupted; removed the partial output in {}", out_dir.string()));
     if (done >= fail_after) throw io::runtime_error("forced failure (K3_SYNTH_FAIL_AFTER)");
   };

@@ -1,8 +1,6 @@
 // `k3flow synth OUT_DIR`: write a synthetic checkpoint in the released format (perf/synth.hpp).
 #include <fmt/format.h>
-#include <signal.h>
 
-#include <atomic>
 #include <charconv>
 #include <memory>
 #include <string>
@@ -12,6 +10,7 @@
 #include "perf/synth.hpp"
 #include "pipeline/commands.hpp"
 #include "pipeline/human_bytes.hpp"
+#include "pipeline/interrupt.hpp"
 #include "pipeline/progress.hpp"
 
 namespace k3::pipeline {
@@ -80,31 +79,6 @@ struct SynthArgs {
   CLI::Option *size_opt = nullptr, *full_attn_opt = nullptr;
 };
 
-// Ctrl-C / SIGTERM while writing: stop at the next block and remove the partial output instead of
-// dying with .partial files left behind. Restored when the run ends.
-std::atomic<bool> g_interrupted{false};
-static_assert(std::atomic<bool>::is_always_lock_free);
-
-class InterruptGuard {
- public:
-  InterruptGuard() {
-    g_interrupted = false;
-    struct sigaction sa {};
-    sa.sa_handler = [](int) { g_interrupted.store(true); };
-    sigemptyset(&sa.sa_mask);
-    ::sigaction(SIGINT, &sa, &old_int_);
-    ::sigaction(SIGTERM, &sa, &old_term_);
-  }
-  ~InterruptGuard() {
-    ::sigaction(SIGINT, &old_int_, nullptr);
-    ::sigaction(SIGTERM, &old_term_, nullptr);
-  }
-
- private:
-  struct sigaction old_int_ {
-  }, old_term_{};
-};
-
 int run_synth(SynthArgs& a) {
   perf::CheckpointPlan plan;
   if (a.sparse) {
@@ -133,9 +107,10 @@ int run_synth(SynthArgs& a) {
   Progress bar("synth", a.progress      ? Progress::Mode::always
                         : a.no_progress ? Progress::Mode::never
                                         : Progress::Mode::automatic);
-  InterruptGuard interrupts;
+  // Ctrl-C / SIGTERM while writing: stop at the next block and remove the partial output.
+  InterruptScope interrupts;
   perf::SynthOptions opt;
-  opt.cancel = &g_interrupted;
+  opt.cancelled = &InterruptScope::requested;
   opt.seed = a.seed;
   opt.overwrite = a.force;
   if (bar.enabled()) opt.progress = [&bar](uint64_t done, uint64_t total) { bar.update(done, total); };
