@@ -47,33 +47,44 @@ void kda_step(std::span<float> S, std::span<const float> alpha, std::span<const 
 
 namespace detail {
 
-// The reference order, vectorisable across j only: every S[i][j] and u_j / o_j sees the same f32
-// operations in the same i order whatever the vector width.
-void kda_step_scalar(float* S, const float* alpha, const float* k, const float* v, float beta, const float* q,
-                     float* o, size_t D) {
-  float u[kMaxKdaHeadDim];
+namespace {
+
+// Columns [0, W) of the strip that starts at S, v and o (rows D apart in S). The reference order,
+// vectorisable across j only: every S[i][j] and u_j / o_j sees the same f32 operations in the same
+// i order whatever the vector width.
+void strip_scalar(float* S, const float* alpha, const float* k, const float* v, float beta, const float* q,
+                  float* o, size_t D, size_t W) {
+  float u[kKdaStrip];
   for (size_t i = 0; i < D; ++i) {
     float* row = S + i * D;
-    for (size_t j = 0; j < D; ++j) row[j] = row[j] * alpha[i];
+    for (size_t j = 0; j < W; ++j) row[j] = row[j] * alpha[i];
   }
-  for (size_t j = 0; j < D; ++j) u[j] = 0.0f;
+  for (size_t j = 0; j < W; ++j) u[j] = 0.0f;
   for (size_t i = 0; i < D; ++i) {
     if (k[i] == 0.0f) continue;  // skipped, not multiplied: 0 * inf would poison u
     const float* row = S + i * D;
-    for (size_t j = 0; j < D; ++j) u[j] = u[j] + k[i] * row[j];
+    for (size_t j = 0; j < W; ++j) u[j] = u[j] + k[i] * row[j];
   }
   for (size_t i = 0; i < D; ++i) {
     if (k[i] == 0.0f) continue;
     const float kb = k[i] * beta;
     float* row = S + i * D;
-    for (size_t j = 0; j < D; ++j) row[j] = row[j] + kb * (v[j] - u[j]);
+    for (size_t j = 0; j < W; ++j) row[j] = row[j] + kb * (v[j] - u[j]);
   }
-  for (size_t j = 0; j < D; ++j) o[j] = 0.0f;
+  for (size_t j = 0; j < W; ++j) o[j] = 0.0f;
   for (size_t i = 0; i < D; ++i) {
     if (q[i] == 0.0f) continue;
     const float* row = S + i * D;
-    for (size_t j = 0; j < D; ++j) o[j] = o[j] + q[i] * row[j];
+    for (size_t j = 0; j < W; ++j) o[j] = o[j] + q[i] * row[j];
   }
+}
+
+}  // namespace
+
+void kda_step_scalar(float* S, const float* alpha, const float* k, const float* v, float beta, const float* q,
+                     float* o, size_t D) {
+  for (size_t j0 = 0; j0 < D; j0 += kKdaStrip)
+    strip_scalar(S + j0, alpha, k, v + j0, beta, q, o + j0, D, D - j0 < kKdaStrip ? D - j0 : kKdaStrip);
 }
 
 }  // namespace detail

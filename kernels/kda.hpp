@@ -17,7 +17,9 @@ float kda_q_scale(size_t head_dim);
 
 // One step of one head. S is [D][D] (row = key channel i, column = value channel j), updated in
 // place: decay rows by alpha_i, read u = S^T k, delta write S += k (beta (v - u)), then
-// o = S^T q_scaled from the UPDATED state. Zero k_i / q_i rows are skipped (f32 == 0).
+// o = S^T q_scaled from the UPDATED state. Zero k_i / q_i rows are skipped (f32 == 0). Any head_dim,
+// no allocation (value channels run in stack-sized strips, kda_bodies.hpp); o must not overlap the
+// inputs.
 void kda_step(std::span<float> S, std::span<const float> alpha, std::span<const float> k,
               std::span<const float> v, float beta, std::span<const float> q_scaled,
               std::span<float> o, size_t head_dim);

@@ -12,14 +12,13 @@ __mmask16 tail_mask(size_t n) {
   return static_cast<__mmask16>((1u << n) - 1u);
 }
 
-}  // namespace
-
-void kda_step_avx512(float* S, const float* alpha, const float* k, const float* v, float beta, const float* q,
-                     float* o, size_t D) {
-  alignas(64) float diff[kMaxKdaHeadDim];
-  alignas(64) float acc[kMaxKdaHeadDim];
-  const size_t full = D / 16 * 16;
-  const __mmask16 tm = tail_mask(D - full);
+// Columns [0, W) of the strip that starts at S, v and o (rows D apart in S).
+void strip_avx512(float* S, const float* alpha, const float* k, const float* v, float beta, const float* q,
+                  float* o, size_t D, size_t W) {
+  alignas(64) float diff[kKdaStrip];
+  alignas(64) float acc[kKdaStrip];
+  const size_t full = W / 16 * 16;
+  const __mmask16 tm = tail_mask(W - full);
   for (size_t i = 0; i < D; ++i) {
     float* row = S + i * D;
     const __m512 a = _mm512_set1_ps(alpha[i]);
@@ -28,7 +27,7 @@ void kda_step_avx512(float* S, const float* alpha, const float* k, const float* 
     if (tm) _mm512_mask_storeu_ps(row + j, tm, _mm512_mul_ps(_mm512_maskz_loadu_ps(tm, row + j), a));
   }
   // (b) u = S^T k over the decayed state, rows with k_i == 0 (either sign) skipped.
-  for (size_t j = 0; j < D; ++j) acc[j] = 0.0f;
+  for (size_t j = 0; j < W; ++j) acc[j] = 0.0f;
   for (size_t i = 0; i < D; ++i) {
     if (k[i] == 0.0f) continue;
     const float* row = S + i * D;
@@ -43,7 +42,7 @@ void kda_step_avx512(float* S, const float* alpha, const float* k, const float* 
       _mm512_mask_storeu_ps(acc + j, tm, _mm512_add_ps(_mm512_maskz_loadu_ps(tm, acc + j), p));
     }
   }
-  for (size_t j = 0; j < D; ++j) diff[j] = v[j] - acc[j];
+  for (size_t j = 0; j < W; ++j) diff[j] = v[j] - acc[j];
   // (c) delta write.
   for (size_t i = 0; i < D; ++i) {
     if (k[i] == 0.0f) continue;
@@ -60,7 +59,7 @@ void kda_step_avx512(float* S, const float* alpha, const float* k, const float* 
     }
   }
   // (d) o = S^T q from the UPDATED state.
-  for (size_t j = 0; j < D; ++j) acc[j] = 0.0f;
+  for (size_t j = 0; j < W; ++j) acc[j] = 0.0f;
   for (size_t i = 0; i < D; ++i) {
     if (q[i] == 0.0f) continue;
     const float* row = S + i * D;
@@ -75,7 +74,15 @@ void kda_step_avx512(float* S, const float* alpha, const float* k, const float* 
       _mm512_mask_storeu_ps(acc + j, tm, _mm512_add_ps(_mm512_maskz_loadu_ps(tm, acc + j), p));
     }
   }
-  for (size_t j = 0; j < D; ++j) o[j] = acc[j];
+  for (size_t j = 0; j < W; ++j) o[j] = acc[j];
+}
+
+}  // namespace
+
+void kda_step_avx512(float* S, const float* alpha, const float* k, const float* v, float beta, const float* q,
+                     float* o, size_t D) {
+  for (size_t j0 = 0; j0 < D; j0 += kKdaStrip)
+    strip_avx512(S + j0, alpha, k, v + j0, beta, q, o + j0, D, D - j0 < kKdaStrip ? D - j0 : kKdaStrip);
 }
 
 }  // namespace k3::kernels::detail

@@ -1,5 +1,9 @@
 #include <doctest/doctest.h>
+#include <tbb/global_control.h>
+#include <tbb/parallel_for.h>
+#include <tbb/task_arena.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -167,6 +171,74 @@ TEST_CASE("kda_step: every body equals the reference bit for bit, zero k/q rows 
       kda_step(S, alpha, k, v, beta, q, o, D);
       CHECK(std::memcmp(S.data(), Sr.data(), S.size() * sizeof(float)) == 0);
       CHECK(std::memcmp(o.data(), orf.data(), D * sizeof(float)) == 0);
+    }
+  }
+  set_active_isa(supported_isas().back());
+}
+
+// The bodies once kept u and o in stack arrays of 256 floats, so a larger head_dim wrote past them;
+// they now run the value channels in strips of at most 256 (kda_bodies.hpp). Sizes below, at and
+// across strip boundaries (with vector tails), several heads in parallel as stages/kda.cpp runs
+// them, two steps; `o` starts as NaN so a column left unwritten shows.
+TEST_CASE("kda_step at any head_dim: every body and thread count equals the reference bit for bit") {
+  static tbb::global_control allow(tbb::global_control::max_allowed_parallelism, 8);
+  constexpr size_t H = 3, T = 2;
+  uint32_t seed = 0xD1CE;
+  for (size_t D : {64, 72, 128, 200, 256, 257, 320, 511, 512, 1024}) {
+    CAPTURE(D);
+    const size_t P = H * D;
+    std::vector<float> S0(H * D * D), alpha(T * P), k(T * P), v(T * P), q(T * P), beta(T * H);
+    for (auto& x : S0) x = uniform(seed) * 4.0f;
+    for (auto& x : alpha) x = 0.5f + 0.5f * std::fabs(uniform(seed));
+    for (auto& x : k) x = uniform(seed) * 0.1f;
+    for (auto& x : v) x = uniform(seed) * 3.0f;
+    for (auto& x : q) x = uniform(seed) * 0.05f;
+    for (auto& x : beta) x = std::fabs(uniform(seed));
+    for (size_t r = 0; r < T * H; ++r) {  // zero rows of both signs, past 256 where D allows
+      k[r * D + D / 3] = -0.0f;
+      k[r * D + D - 1] = 0.0f;
+      q[r * D + D / 2] = 0.0f;
+      q[r * D + (D * 3) / 4] = -0.0f;
+    }
+
+    std::vector<float> Sr = S0, want_o(T * P);
+    for (size_t h = 0; h < H; ++h) {
+      std::vector<float> Sh(Sr.begin() + h * D * D, Sr.begin() + (h + 1) * D * D), oh;
+      for (size_t t = 0; t < T; ++t) {
+        const size_t at = t * P + h * D;
+        auto slice = [&](const std::vector<float>& a) {
+          return std::vector<float>(a.begin() + at, a.begin() + at + D);
+        };
+        reference_step(Sh, slice(alpha), slice(k), slice(v), beta[t * H + h], slice(q), oh, D);
+        std::copy(oh.begin(), oh.end(), want_o.begin() + at);
+      }
+      std::copy(Sh.begin(), Sh.end(), Sr.begin() + h * D * D);
+    }
+    REQUIRE(std::all_of(want_o.begin(), want_o.end(), [](float x) { return std::isfinite(x); }));
+
+    for (Isa isa : supported_isas()) {
+      set_active_isa(isa);
+      for (int threads : {1, 2}) {
+        const std::string isa_s = isa_name(isa);
+        CAPTURE(isa_s);
+        CAPTURE(threads);
+        std::vector<float> S = S0, o(T * P, NAN);
+        tbb::task_arena arena(threads);
+        arena.execute([&] {
+          tbb::parallel_for(size_t{0}, H, [&](size_t h) {
+            for (size_t t = 0; t < T; ++t) {
+              const size_t at = t * P + h * D;
+              const auto in = [&](const std::vector<float>& a) {
+                return std::span<const float>(a).subspan(at, D);
+              };
+              kda_step(std::span<float>(S).subspan(h * D * D, D * D), in(alpha), in(k), in(v),
+                       beta[t * H + h], in(q), std::span<float>(o).subspan(at, D), D);
+            }
+          });
+        });
+        CHECK(std::memcmp(S.data(), Sr.data(), S.size() * sizeof(float)) == 0);
+        CHECK(std::memcmp(o.data(), want_o.data(), o.size() * sizeof(float)) == 0);
+      }
     }
   }
   set_active_isa(supported_isas().back());
