@@ -284,7 +284,23 @@ uint64_t widen_need(const TensorSpec& s, const io::TensorInfo& t, uint64_t addr_
 
 namespace {
 
-// The refusals shared by every way of finding a tensor: missing, wrong dtype, wrong element count.
+// Dimensions other than 1, in order: [128, 1, 4] and [128, 4] are the same layout, [96, 128] and
+// [128, 96] are not (a transposed weight has the right element count and the wrong meaning).
+std::vector<uint64_t> squeezed(std::span<const uint64_t> dims) {
+  std::vector<uint64_t> v;
+  for (uint64_t d : dims)
+    if (d != 1) v.push_back(d);
+  return v;
+}
+
+std::string dims_text(std::span<const uint64_t> dims) {
+  std::string s;
+  for (uint64_t d : dims) s += (s.empty() ? "" : ", ") + std::to_string(d);
+  return "[" + s + "]";
+}
+
+// The refusals shared by every way of finding a tensor: missing, wrong dtype, wrong element count,
+// wrong shape.
 void check_found(const TensorSpec& s, const std::optional<io::TensorInfo>& t, const io::ModelConfig& c) {
   if (!t) throw io::runtime_error(fmt::format("bind: missing tensor {}", s.name));
   if (!dtype_ok(storage_of(s.field), t->dtype)) {
@@ -296,6 +312,11 @@ void check_found(const TensorSpec& s, const std::optional<io::TensorInfo>& t, co
   if (t->numel() != want && !a_log_per_head)
     throw io::runtime_error(
         fmt::format("bind: {} has {} elements, engine expects {}", s.name, t->numel(), want));
+  const std::span<const uint64_t> have(t->shape.data(), t->rank);
+  // (MXFP4 pairs get their own, more specific shape checks where they are paired.)
+  if (!a_log_per_head && storage_of(s.field) != Storage::mxfp4 && squeezed(have) != squeezed(s.shape))
+    throw io::runtime_error(
+        fmt::format("bind: {} is {}, engine expects {}", s.name, dims_text(have), dims_text(s.shape)));
 }
 
 void count_widen(Layout& lay) {

@@ -134,7 +134,7 @@ void expect_refusal(const std::vector<Tensor>& ts, const std::string& message) {
 
 }  // namespace
 
-TEST_CASE("missing and mis-sized tensors are refused by name") {
+TEST_CASE("missing, mis-sized and mis-shaped tensors are refused by name") {
   {
     auto ts = tiny_tensors();
     std::erase_if(ts, [](const Tensor& t) {
@@ -176,6 +176,15 @@ TEST_CASE("missing and mis-sized tensors are refused by name") {
     t->entry.dtype = io::DType::U8;
     t->entry.shape = {256};
     expect_refusal(ts, "routed_expert_norm.weight is U8");
+  }
+  {
+    // Declared transposed: the right element count, the wrong layout.
+    auto ts = tiny_tensors();
+    Tensor* t = find(ts, "language_model.model.layers.3.self_attn.kv_b_proj.weight");
+    t->entry.shape = {t->entry.shape[1], t->entry.shape[0]};
+    expect_refusal(
+        ts,
+        "language_model.model.layers.3.self_attn.kv_b_proj.weight is [32, 160], engine expects [160, 32]");
   }
 }
 
