@@ -67,7 +67,10 @@ std::optional<std::string> read_line(bool& interrupted) {
       return std::string();
     }
     if (n <= 0) return line.empty() ? std::nullopt : std::optional(line);
-    if (ch == '\n') return line;
+    if (ch == '\n') {
+      if (!line.empty() && line.back() == '\r') line.pop_back();  // a CRLF line end
+      return line;
+    }
     line += ch;
   }
 }
@@ -97,6 +100,8 @@ class ChatSession {
   }
 
   void run() {
+    // Ctrl-C interrupts the reply being generated, or the line being typed; never the session.
+    InterruptScope interrupts;
     if (interactive_)
       std::fprintf(stderr,
                    "k3flow chat: type a message, /help for commands; Ctrl-C stops a reply, Ctrl-D or /quit "
@@ -162,6 +167,9 @@ class ChatSession {
         say(fmt::format("saved {} ({}, {} positions) and {}.history.jsonl", arg, human_bytes(double(bytes)),
                         dec_.seq().size(), arg));
       } else if (cmd == "/load" && !arg.empty()) {
+        if (!std::filesystem::exists(arg + ".history.jsonl"))
+          throw io::usage_error(
+              fmt::format("/load {}: no {}.history.jsonl beside it (written by /save)", arg, arg));
         std::vector<text::ChatMessage> h = text::load_history(arg + ".history.jsonl");
         dec_.load(arg);
         history_ = std::move(h);
@@ -196,7 +204,7 @@ class ChatSession {
     int n = 0;
     bool in_thinking_block = false;
     const char* ended = "the --max-reply cap";
-    InterruptScope interrupts;
+    InterruptScope::clear();
     for (; n < a_.max_reply; ++n) {
       if (InterruptScope::requested()) {
         ended = "Ctrl-C";
@@ -222,6 +230,7 @@ class ChatSession {
     std::fflush(stdout);
     close_reply(parser);
     if (parser.state() == text::ReplyParser::State::done) ended = "the end of the turn";
+    if (parser.state() == text::ReplyParser::State::malformed) ended = "a reply that left the chat format";
     if (parser.state() == text::ReplyParser::State::malformed)
       std::fprintf(stderr, "k3flow: the reply left the chat format (%s); it was closed there\n",
                    parser.error().c_str());
