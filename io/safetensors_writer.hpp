@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "io/aligned.hpp"
+#include "io/json_text.hpp"
 #include "io/safetensors.hpp"
 
 namespace k3::io {
@@ -42,9 +43,6 @@ ShardLayout layout_shard(std::span<const TensorEntry> tensors, const Metadata& m
 // Data order inside a shard as safetensors' own writer (and so the released files) lays it out:
 // F32, then F16, then BF16, then U8, each group by name.
 int data_order_rank(DType d);
-
-// `s` as a JSON string literal (quotes included).
-std::string json_quote(std::string_view s);
 
 // The name a shard is written under until commit().
 std::filesystem::path partial_path(const std::filesystem::path& final_path);

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "io/error.hpp"
+#include "io/json_text.hpp"
 #include "io/text/tokenizer.hpp"
 #include "pipeline/commands.hpp"
 
@@ -75,35 +76,6 @@ std::string read_input(const std::string& file) {
   return data;
 }
 
-void append_json_string(std::string& out, std::string_view s) {
-  out += '"';
-  for (const char c : s) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\r':
-        out += "\\r";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      default:
-        if (uint8_t(c) < 0x20)
-          out += fmt::format("\\u{:04x}", unsigned(c));
-        else
-          out += c;
-    }
-  }
-  out += '"';
-}
-
 void append_ids(std::string& out, const std::vector<int32_t>& ids, const char* sep) {
   for (size_t i = 0; i < ids.size(); ++i) {
     if (i) out += sep;
@@ -130,7 +102,7 @@ void tokenize_line(const Tokenizer& tok, const TokenizeArgs& a, std::string_view
     for (const std::string_view p : tok.pieces(line, specials)) {
       if (!first) pieces += ", ";
       first = false;
-      append_json_string(pieces, p);
+      pieces += io::json_quote(p);
     }
     pieces += ']';
   }

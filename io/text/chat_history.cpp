@@ -11,6 +11,7 @@
 #include <optional>
 
 #include "io/error.hpp"
+#include "io/json_text.hpp"
 
 namespace k3::io::text {
 
@@ -56,42 +57,6 @@ ChatMessage parse_line(dom::parser& parser, std::string_view line) {
   ChatMessage m{*r, std::string(*content), std::nullopt};
   if (reasoning) m.reasoning = std::string(*reasoning);
   return m;
-}
-
-void append_json_string(std::string& out, std::string_view s) {
-  out += '"';
-  for (char ch : s) {
-    const auto c = static_cast<unsigned char>(ch);
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\r':
-        out += "\\r";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      case '\b':
-        out += "\\b";
-        break;
-      case '\f':
-        out += "\\f";
-        break;
-      default:
-        if (c < 0x20)
-          out += fmt::format("\\u{:04x}", c);
-        else
-          out += ch;
-    }
-  }
-  out += '"';
 }
 
 // Same-directory temporary, fsync, rename, fsync the directory so the rename itself is durable.
@@ -180,12 +145,12 @@ std::string history_jsonl(std::span<const ChatMessage> msgs) {
   std::string out;
   for (const ChatMessage& m : msgs) {
     out += "{\"role\": ";
-    append_json_string(out, role_name(m.role));
+    out += io::json_quote(role_name(m.role));
     out += ", \"content\": ";
-    append_json_string(out, m.content);
+    out += io::json_quote(m.content);
     if (m.role == Role::assistant && m.reasoning) {
       out += ", \"reasoning_content\": ";
-      append_json_string(out, *m.reasoning);
+      out += io::json_quote(*m.reasoning);
     }
     out += "}\n";
   }
