@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -150,44 +151,94 @@ std::string_view root_key_before(std::string_view h, size_t pos) {
   return key;
 }
 
-// When the DOM parse fails, walk the header on demand to find the tensor whose entry holds the
-// first error; falls back to the plain scan.
-std::string_view locate_json_error(std::string_view header, const simdjson::padded_string& padded,
-                                   std::string& storage) {
-  simdjson::ondemand::parser parser;
-  simdjson::ondemand::document doc;
-  simdjson::ondemand::object root;
-  if (parser.iterate(padded).get(doc) || doc.get_object().get(root))
-    return root_key_before(header, header.size());
-  storage.clear();
-  for (auto field : root) {
-    std::string_view key;
-    if (field.error() || field.unescaped_key().get(key)) return storage;
-    storage.assign(key);
-    simdjson::ondemand::value v;
-    if (field.value().get(v)) return storage;
-    if (key == "__metadata__") continue;
-    simdjson::ondemand::object t;
-    if (v.get_object().get(t)) return storage;
-    for (auto f : t) {
-      std::string_view k;
-      if (f.error() || f.unescaped_key().get(k)) return storage;
-      simdjson::ondemand::value x;
-      if (f.value().get(x)) return storage;
-      if (k == "dtype") {
-        std::string_view s;
-        if (x.get_string().get(s)) return storage;
-      } else if (k == "shape" || k == "data_offsets") {
-        simdjson::ondemand::array a;
-        if (x.get_array().get(a)) return storage;
-        for (auto e : a) {
-          simdjson::ondemand::json_type type;
-          if (e.error() || e.type().get(type) || e.raw_json_token().error()) return storage;
-        }
+// Whether every key and scalar under `v` parses; numbers are parsed too, so one that does not fit
+// 64 bits fails here (the DOM parser reports it without saying where).
+bool value_parses(simdjson::ondemand::value v) {
+  namespace od = simdjson::ondemand;
+  od::json_type type;
+  if (v.type().get(type)) return false;
+  switch (type) {
+    case od::json_type::object: {
+      od::object o;
+      if (v.get_object().get(o)) return false;
+      for (auto f : o) {
+        std::string_view k;
+        od::value x;
+        if (f.error() || f.unescaped_key().get(k) || f.value().get(x) || !value_parses(x)) return false;
       }
+      return true;
+    }
+    case od::json_type::array: {
+      od::array a;
+      if (v.get_array().get(a)) return false;
+      for (auto e : a) {
+        od::value x;
+        if (e.get(x) || !value_parses(x)) return false;
+      }
+      return true;
+    }
+    case od::json_type::string: {
+      std::string_view str;
+      return !v.get_string().get(str);
+    }
+    case od::json_type::number: {
+      od::number n;
+      return !v.get_number().get(n);
+    }
+    case od::json_type::boolean: {
+      bool b;
+      return !v.get_bool().get(b);
+    }
+    case od::json_type::null: {
+      bool is = false;
+      return !v.is_null().get(is) && is;
     }
   }
-  return storage.empty() ? root_key_before(header, header.size()) : std::string_view(storage);
+  return false;
+}
+
+// Where the first error of a header the DOM parser refused lies: the tensor whose entry holds it
+// and, when it is inside one of the entry's fields, that field's name.
+struct JsonErrorAt {
+  std::string tensor;
+  std::string field;
+};
+
+// When the DOM parse fails, walk the header on demand to find the tensor (and field) holding the
+// first error; falls back to the plain scan.
+JsonErrorAt locate_json_error(std::string_view header, const simdjson::padded_string& padded) {
+  namespace od = simdjson::ondemand;
+  od::parser parser;
+  od::document doc;
+  od::object root;
+  if (parser.iterate(padded).get(doc) || doc.get_object().get(root))
+    return {std::string(root_key_before(header, header.size())), {}};
+  JsonErrorAt at;
+  for (auto entry : root) {
+    std::string_view key;
+    if (entry.error() || entry.unescaped_key().get(key)) return at;
+    at = {std::string(key), {}};
+    od::value v;
+    od::json_type type;
+    if (entry.value().get(v) || v.type().get(type)) return at;
+    if (type != od::json_type::object) {
+      if (!value_parses(v)) return at;
+      continue;
+    }
+    od::object t;
+    if (v.get_object().get(t)) return at;
+    for (auto f : t) {
+      at.field.clear();
+      std::string_view k;
+      if (f.error() || f.unescaped_key().get(k)) return at;
+      at.field.assign(k);
+      od::value x;
+      if (f.value().get(x) || !value_parses(x)) return at;
+    }
+    at.field.clear();
+  }
+  // Every entry parses: the error is in the structure around them.
+  return {std::string(root_key_before(header, header.size())), {}};
 }
 
 std::optional<DType> parse_dtype(std::string_view s) {
@@ -331,10 +382,12 @@ void read_header(const File& file, uint32_t shard, dom::parser& parser, Collecto
   }
   dom::element doc;
   if (const auto err = parser.parse(padded).get(doc)) {
-    std::string storage;
-    const std::string_view where = locate_json_error(header, padded, storage);
-    throw refuse(path, where.empty() ? std::string_view("(start of header)") : where,
-                 fmt::format("malformed JSON in the header ({})", simdjson::error_message(err)));
+    const JsonErrorAt at = locate_json_error(header, padded);
+    throw refuse(path,
+                 at.tensor.empty() ? std::string_view("(start of header)") : std::string_view(at.tensor),
+                 fmt::format("malformed JSON in the header{} ({})",
+                             at.field.empty() ? "" : fmt::format(", in \"{}\"", printable(at.field)),
+                             simdjson::error_message(err)));
   }
   dom::object root;
   if (doc.get(root)) throw refuse_file(path, "header is not a JSON object");
@@ -345,7 +398,15 @@ void read_header(const File& file, uint32_t shard, dom::parser& parser, Collecto
   };
   std::vector<Span> spans;
   spans.reserve(root.size());
+  // Checked before the overlap test: a name listed twice with one span would otherwise be reported
+  // as a tensor overlapping itself.
+  std::unordered_set<std::string_view> seen;
+  seen.reserve(root.size());
   for (auto [name, value] : root) {
+    if (!seen.insert(name).second) {
+      throw refuse(path, name,
+                   fmt::format("duplicate tensor name {} in {}", printable(name), path.filename().string()));
+    }
     if (name == "__metadata__") {
       // Free-form string map; skipped, but it must be one (as the safetensors library requires).
       dom::object meta;
@@ -412,8 +473,12 @@ std::vector<std::string> list_shards(const fs::path& dir, dom::parser& parser, d
     }
     if (first_tensor.empty()) throw refuse_file(index, "weight_map is empty");
     for (const auto& [shard, tensor] : first_tensor) {
-      if (!fs::is_regular_file(dir / shard, ec)) {
-        throw refuse(index, tensor, fmt::format("names shard {}, which is missing", (dir / shard).string()));
+      const fs::file_status st = fs::status(dir / shard, ec);
+      if (!fs::is_regular_file(st)) {
+        const char* what = !fs::exists(st)        ? "is missing"
+                           : fs::is_directory(st) ? "is a directory, not a file"
+                                                  : "is not a regular file";
+        throw refuse(index, tensor, fmt::format("names shard {}, which {}", (dir / shard).string(), what));
       }
       files.push_back(shard);
     }
@@ -422,7 +487,10 @@ std::vector<std::string> list_shards(const fs::path& dir, dom::parser& parser, d
     if (!fs::is_directory(dir, ec)) throw refuse_file(dir, "not a directory");
     for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
       const std::string name = e.path().filename().string();
-      if (name.size() > 12 && name.ends_with(".safetensors") && e.is_regular_file(ec)) files.push_back(name);
+      if (name.size() <= 12 || !name.ends_with(".safetensors")) continue;
+      // A shard that is a directory is named, not skipped (skipping it would report no shards).
+      if (e.is_directory(ec)) throw refuse_file(e.path(), "is a directory, not a safetensors shard");
+      if (e.is_regular_file(ec)) files.push_back(name);
     }
     if (ec) throw refuse_file(dir, fmt::format("cannot list: {}", ec.message()));
     if (files.empty()) throw refuse_file(dir, fmt::format("no *.safetensors files and no {}", kIndexFile));

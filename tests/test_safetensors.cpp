@@ -449,7 +449,14 @@ TEST_CASE("refused: duplicate names across shards name both shards") {
   // Within one header too.
   const std::string one =
       refuse_one("{" + entry("twice", "U8", "[4]", 0, 4) + "," + entry("twice", "U8", "[4]", 4, 8) + "}", 8);
-  CHECK(has(one, "twice: tensor name appears twice in the header"));
+  CHECK(has(one, "twice: duplicate tensor name twice in model-00001-of-00001.safetensors"));
+}
+
+TEST_CASE("refused: a name listed twice with the same span is a duplicate, not an overlap") {
+  const std::string m =
+      refuse_one("{" + entry("same", "U8", "[4]", 0, 4) + "," + entry("same", "U8", "[4]", 0, 4) + "}", 4);
+  CHECK_MESSAGE(has(m, "same: duplicate tensor name same in model-00001-of-00001.safetensors"), m);
+  CHECK_FALSE(has(m, "overlaps"));
 }
 
 TEST_CASE("refused: invalid UTF-8 in the header names the tensor") {
@@ -478,6 +485,45 @@ TEST_CASE("refused: malformed JSON names the tensor it is in") {
   CHECK(has(m, "malformed JSON"));
   m = refuse_one("{" + ok + R"(,"lit":{"dtype":"U8","shape":[1],"data_offsets":[1,2],"x":tru}})", 2);
   CHECK(has(m, "lit: malformed JSON"));
+}
+
+TEST_CASE("refused: a number past 64 bits names the tensor and field holding it, not the last tensor") {
+  const std::string first = entry("first", "U8", "[1]", 0, 1), last = entry("last", "U8", "[1]", 2, 3);
+  std::string m = refuse_one(
+      "{" + first + R"(,"big.shape":{"dtype":"U8","shape":[99999999999999999999],"data_offsets":[1,2]},)" +
+          last + "}",
+      3);
+  CHECK_MESSAGE(has(m, "big.shape: malformed JSON in the header, in \"shape\""), m);
+  CHECK_FALSE(has(m, "last"));
+  m = refuse_one("{" + first +
+                     R"(,"big.off":{"dtype":"U8","shape":[1],"data_offsets":[1,18446744073709551616]},)" +
+                     last + "}",
+                 3);
+  CHECK_MESSAGE(has(m, "big.off: malformed JSON in the header, in \"data_offsets\""), m);
+  // In a field the format ignores, and a float out of range.
+  m = refuse_one(
+      "{" + first + R"(,"extra":{"dtype":"U8","shape":[1],"data_offsets":[1,2],"note":1e999},)" + last + "}",
+      3);
+  CHECK_MESSAGE(has(m, "extra: malformed JSON in the header, in \"note\""), m);
+  m = refuse_one(R"({"__metadata__":{"n":-99999999999999999999},)" + first + "}", 1);
+  CHECK_MESSAGE(has(m, "__metadata__: malformed JSON in the header, in \"n\""), m);
+}
+
+TEST_CASE("refused: a shard that is a directory is named as a directory, not as missing") {
+  TempDir d;
+  fs::copy_file(kShard1, d / "a.safetensors");
+  fs::create_directory(d / "b.safetensors");
+  std::ofstream(d / "model.safetensors.index.json")
+      << R"({"weight_map": {"plain.f32.2d": "a.safetensors", "second.shard.f32": "b.safetensors"}})";
+  std::string m = refusal(d.path);
+  CHECK_MESSAGE(
+      has(m, "second.shard.f32: names shard " + (d / "b.safetensors").string() + ", which is a directory"),
+      m);
+  CHECK_FALSE(has(m, "missing"));
+  // Without an index, a *.safetensors directory is refused by name rather than skipped.
+  fs::remove(d / "model.safetensors.index.json");
+  m = refusal(d.path);
+  CHECK_MESSAGE(has(m, (d / "b.safetensors").string() + ": is a directory"), m);
 }
 
 TEST_CASE("refused: an empty directory, a missing directory") {
