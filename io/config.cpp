@@ -105,6 +105,67 @@ std::string number_text(const dom::element& e) {
   return os.str();
 }
 
+// Upper bounds, far above the released model (hidden 7168, 93 layers, vocab 163840, 96 heads of
+// 128, 896 experts of 3072 x 3584, dense 33792) yet low enough that every size the engine derives
+// from them -- int sums like qk_nope + qk_rope, moe_intermediate_size x num_shared_experts, tensor
+// element counts and byte offsets in uint64 -- cannot overflow. A corrupt or hostile config is
+// refused here, naming the field, instead of overflowing or asking for terabytes later.
+struct Limit {
+  const char* key;
+  int ModelConfig::*field;
+  int max;
+};
+constexpr Limit kLimits[] = {
+    {"hidden_size", &ModelConfig::hidden, 1 << 16},
+    {"num_hidden_layers", &ModelConfig::n_layers, 1 << 10},
+    {"vocab_size", &ModelConfig::vocab, 1 << 24},
+    {"num_heads", &ModelConfig::kda_heads, 1 << 10},
+    {"head_dim", &ModelConfig::kda_head_dim, 1 << 12},
+    {"short_conv_kernel_size", &ModelConfig::conv_kernel, 1 << 8},
+    {"num_attention_heads", &ModelConfig::mla_heads, 1 << 10},
+    {"q_lora_rank", &ModelConfig::q_lora_rank, 1 << 16},
+    {"kv_lora_rank", &ModelConfig::kv_lora_rank, 1 << 16},
+    {"qk_nope_head_dim", &ModelConfig::qk_nope, 1 << 12},
+    {"qk_rope_head_dim", &ModelConfig::qk_rope, 1 << 12},
+    {"v_head_dim", &ModelConfig::v_head, 1 << 12},
+    {"num_experts", &ModelConfig::n_experts, 1 << 16},
+    {"num_shared_experts", &ModelConfig::n_shared, 1 << 8},
+    {"routed_expert_hidden_size", &ModelConfig::latent, 1 << 16},
+    {"moe_intermediate_size", &ModelConfig::moe_inter, 1 << 18},
+    {"intermediate_size", &ModelConfig::dense_inter, 1 << 20},
+    {"attn_res_block_size", &ModelConfig::attn_res_block, 1 << 10},
+};
+
+// The field limits alone keep most tensors below 2^40 elements (vocab x hidden is at most 2^40,
+// ~1000x the released model's largest); the products below are the ones they do not bound. The
+// routed experts of all layers together may hold 2^50 weights (~400x the released model's).
+constexpr uint64_t kMaxTensorElements = uint64_t{1} << 40;
+constexpr uint64_t kMaxExpertElements = uint64_t{1} << 50;
+
+void check_limits(const ModelConfig& c, const std::string& source) {
+  for (const Limit& l : kLimits) {
+    if (c.*(l.field) > l.max)
+      throw cfg_error(source, fmt::format("{} = {} exceeds the limit {}", l.key, c.*(l.field), l.max));
+  }
+  auto u = [](int v) { return static_cast<uint64_t>(v); };
+  struct Product {
+    const char* what;
+    uint64_t value;
+    uint64_t max;
+  };
+  // Within the field limits neither product can wrap (the larger is at most 2^60).
+  const Product products[] = {
+      {"num_shared_experts x moe_intermediate_size x hidden_size",
+       u(c.n_shared) * u(c.moe_inter) * u(c.hidden), kMaxTensorElements},
+      {"num_hidden_layers x num_experts x moe_intermediate_size x routed_expert_hidden_size",
+       u(c.n_layers) * u(c.n_experts) * u(c.moe_inter) * u(c.latent), kMaxExpertElements},
+  };
+  for (const Product& p : products) {
+    if (p.value > p.max)
+      throw cfg_error(source, fmt::format("{} = {} exceeds the limit {}", p.what, p.value, p.max));
+  }
+}
+
 }  // namespace
 
 bool ModelConfig::is_mla(int l) const {
@@ -301,6 +362,10 @@ ModelConfig parse_config(std::string_view json, const std::string& source) {
       throw cfg_error(source, fmt::format("{} = {} must be at least {}", p.key, p.value, p.min));
     }
   }
+  if (cfg.dense_inter < 0) {
+    throw cfg_error(source, fmt::format("intermediate_size = {} must be at least 0", cfg.dense_inter));
+  }
+  check_limits(cfg, source);
   if (cfg.first_dense > cfg.n_layers) {
     throw cfg_error(source, fmt::format("first_k_dense_replace = {} exceeds num_hidden_layers = {}",
                                         cfg.first_dense, cfg.n_layers));
@@ -316,9 +381,16 @@ ModelConfig parse_config(std::string_view json, const std::string& source) {
 }
 
 ModelConfig load_config(const std::filesystem::path& path) {
-  std::filesystem::path file = path;
+  namespace fs = std::filesystem;
+  fs::path file = path;
   std::error_code ec;
-  if (std::filesystem::is_directory(file, ec)) file /= "config.json";
+  // A model directory holds config.json; a directory that is itself named config.json (or one
+  // whose config.json is a directory) is refused by name rather than searched for a config inside.
+  if (fs::is_directory(file, ec) &&
+      (file.filename() != "config.json" || fs::exists(file / "config.json", ec)))
+    file /= "config.json";
+  if (fs::is_directory(file, ec))
+    throw runtime_error(fmt::format("k3_cfg: {} is a directory", file.string()));
   std::ifstream in(file, std::ios::binary);
   if (!in) throw cfg_error(file.string(), fmt::format("cannot open ({})", std::strerror(errno)));
   std::ostringstream buf;

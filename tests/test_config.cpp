@@ -416,3 +416,83 @@ TEST_CASE("load_config accepts a model directory") {
   CHECK(c.n_layers == 93);
   std::filesystem::remove_all(dir);
 }
+
+TEST_CASE("a config.json that is a directory is named as one, not searched inside") {
+  const auto dir = std::filesystem::temp_directory_path() / ("k3cfgdir_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir / "config.json");
+  const std::string want = "k3_cfg: " + (dir / "config.json").string() + " is a directory";
+  std::string m = load_refusal((dir / "config.json").string());
+  CHECK_MESSAGE(has(m, want), m);
+  CHECK_FALSE(has(m, "config.json/config.json"));
+  m = load_refusal(dir.string());  // the model directory whose config.json is a directory
+  CHECK_MESSAGE(has(m, want), m);
+  CHECK_FALSE(has(m, "config.json/config.json"));
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("sizes are bounded at load, naming the field and the limit") {
+  const struct {
+    const char* key;
+    const char* value;
+    const char* says;
+  } cases[] = {
+      {"hidden_size", "65537", "hidden_size = 65537 exceeds the limit 65536"},
+      {"hidden_size", "2147483647", "hidden_size = 2147483647 exceeds the limit 65536"},
+      {"num_hidden_layers", "1025", "num_hidden_layers = 1025 exceeds the limit 1024"},
+      {"vocab_size", "16777217", "vocab_size = 16777217 exceeds the limit 16777216"},
+      {"kda_num_heads", "1025", "num_heads = 1025 exceeds the limit 1024"},
+      {"kda_head_dim", "4097", "head_dim = 4097 exceeds the limit 4096"},
+      {"short_conv_kernel_size", "257", "short_conv_kernel_size = 257 exceeds the limit 256"},
+      {"num_attention_heads", "1025", "num_attention_heads = 1025 exceeds the limit 1024"},
+      {"q_lora_rank", "65537", "q_lora_rank = 65537 exceeds the limit 65536"},
+      {"kv_lora_rank", "65537", "kv_lora_rank = 65537 exceeds the limit 65536"},
+      {"qk_nope_head_dim", "2147483647", "qk_nope_head_dim = 2147483647 exceeds the limit 4096"},
+      {"qk_rope_head_dim", "2147483647", "qk_rope_head_dim = 2147483647 exceeds the limit 4096"},
+      {"v_head_dim", "4097", "v_head_dim = 4097 exceeds the limit 4096"},
+      {"num_experts", "65537", "num_experts = 65537 exceeds the limit 65536"},
+      {"num_shared_experts", "257", "num_shared_experts = 257 exceeds the limit 256"},
+      {"routed_expert_hidden_size", "65537", "routed_expert_hidden_size = 65537 exceeds the limit 65536"},
+      {"moe_intermediate_size", "262145", "moe_intermediate_size = 262145 exceeds the limit 262144"},
+      {"intermediate_size", "1048577", "intermediate_size = 1048577 exceeds the limit 1048576"},
+      {"attn_res_block_size", "1025", "attn_res_block_size = 1025 exceeds the limit 1024"},
+  };
+  for (const auto& c : cases) {
+    CAPTURE(c.key);
+    const std::string m = refusal(flat({{c.key, c.value}}), "cfg/config.json");
+    CHECK_MESSAGE(has(m, "k3_cfg: cfg/config.json: " + std::string(c.says)), m);
+  }
+  // Unused by any layer, intermediate_size may be 0 but not negative.
+  CHECK(has(refusal(flat({{"first_k_dense_replace", "0"}, {"intermediate_size", "-2147483648"}})),
+            "intermediate_size = -2147483648 must be at least 0"));
+  // Each field within its limit, the tensors they size together may not be.
+  CHECK(parse_config(flat({{"vocab_size", "16777216"}, {"hidden_size", "65536"}}), "x").vocab == 16777216);
+  CHECK(has(
+      refusal(flat(
+          {{"num_shared_experts", "256"}, {"moe_intermediate_size", "262144"}, {"hidden_size", "65536"}})),
+      "num_shared_experts x moe_intermediate_size x hidden_size = 4398046511104 exceeds the limit "
+      "1099511627776"));
+  CHECK(has(refusal(flat({{"num_hidden_layers", "1024"},
+                          {"num_experts", "65536"},
+                          {"moe_intermediate_size", "262144"},
+                          {"routed_expert_hidden_size", "65536"}})),
+            "num_hidden_layers x num_experts x moe_intermediate_size x routed_expert_hidden_size = "
+            "1152921504606846976 exceeds the limit 1125899906842624"));
+}
+
+TEST_CASE("the limits leave room: the released dimensions, and each field at its limit, load") {
+  CHECK(parse_config(real_nested(), "x").hidden == 7168);
+  const ModelConfig c = parse_config(flat({{"hidden_size", "65536"},
+                                           {"num_hidden_layers", "1024"},
+                                           {"vocab_size", "16777216"},
+                                           {"kda_num_heads", "1024"},
+                                           {"kda_head_dim", "4096"},
+                                           {"num_experts", "65536"},
+                                           {"num_experts_per_token", "64"},
+                                           {"moe_intermediate_size", "262144"},
+                                           {"routed_expert_hidden_size", "64"},
+                                           {"intermediate_size", "1048576"}}),
+                                     "x");
+  CHECK(c.vocab == 16777216);
+  CHECK(c.n_experts == 65536);
+}
