@@ -16,6 +16,7 @@
 #include <cstring>
 #include <future>
 #include <optional>
+#include <thread>
 
 #include "io/aligned.hpp"
 #include "io/error.hpp"
@@ -169,17 +170,58 @@ TrunkLayout layout_trunk(const ShardSet& shards, int n_layers) {
   return out;
 }
 
+TrunkSource trunk_source(const ShardSet& shards, const std::vector<std::vector<TensorInfo>>& sources) {
+  TrunkSource src;
+  for (uint32_t s = 0; s < shards.shard_count(); ++s) {
+    TrunkSourceShard sh;
+    sh.file = shards.shard_path(s).filename().string();
+    sh.bytes = shards.shard_size(s);
+    std::array<std::byte, 8> len_bytes{};
+    if (sh.bytes < 8)
+      throw runtime_error(
+          fmt::format("trunk: {}: too short for a safetensors header", shards.shard_path(s).string()));
+    shards.read_range(s, 0, len_bytes);
+    uint64_t len;
+    std::memcpy(&len, len_bytes.data(), 8);
+    if (len > sh.bytes - 8)
+      throw runtime_error(fmt::format("trunk: {}: header length {} runs past the end of the file",
+                                      shards.shard_path(s).string(), len));
+    std::vector<std::byte> header(size_t(8 + len));
+    shards.read_range(s, 0, header);
+    sh.header_xxh64 = xxh64(header);
+    src.shards.push_back(std::move(sh));
+  }
+  std::vector<std::byte> sample(kTrunkSampleBytes);
+  for (const auto& layer : sources) {
+    Xxh64 h;
+    for (const TensorInfo& t : layer) {
+      auto part = std::span(sample).first(size_t(std::min<uint64_t>(t.nbytes, kTrunkSampleBytes)));
+      shards.read_range(t.shard, t.offset, part);
+      h.update(part);
+    }
+    src.layer_samples.push_back(h.digest());
+  }
+  return src;
+}
+
 // ---------------------------------------------------------------- writer
 
 namespace {
 
 constexpr size_t kStageBytes = size_t{64} << 20;
 
-std::string trunk_json(const std::vector<TrunkLayer>& layers) {
+std::string trunk_json(const std::vector<TrunkLayer>& layers, const TrunkSource& src) {
   std::string s = fmt::format(
       "{{\"format\":\"k3flow-trunk\",\"version\":1,\"n_layers\":{},\"align\":{},\"tensor_align\":{},"
-      "\"checksum\":\"xxh64\",\"layers\":[",
-      layers.size(), kTrunkAlign, kTrunkTensorAlign);
+      "\"checksum\":\"xxh64\",\n\"source\":{{\"sample_bytes\":{},\"shards\":[",
+      layers.size(), kTrunkAlign, kTrunkTensorAlign, kTrunkSampleBytes);
+  for (size_t i = 0; i < src.shards.size(); ++i)
+    s += fmt::format("{}{{\"file\":{},\"bytes\":{},\"header_xxh64\":\"{:016x}\"}}", i ? "," : "",
+                     json_quote(src.shards[i].file), src.shards[i].bytes, src.shards[i].header_xxh64);
+  s += "],\n\"layer_samples\":[";
+  for (size_t i = 0; i < src.layer_samples.size(); ++i)
+    s += fmt::format("{}\"{:016x}\"", i ? "," : "", src.layer_samples[i]);
+  s += "]},\"layers\":[";
   for (size_t i = 0; i < layers.size(); ++i) {
     const TrunkLayer& L = layers[i];
     s += fmt::format("{}\n{{\"layer\":{},\"file_off\":{},\"nbytes\":{},\"xxh64\":\"{:016x}\",\"tensors\":{{",
@@ -222,8 +264,9 @@ void fsync_dir(const fs::path& dir) {
 // 109 GB pack must not evict everything else on an 8 GB machine).
 class Staged {
  public:
-  Staged(const fs::path& path, uint64_t total, const std::function<void(uint64_t, uint64_t)>& progress)
-      : path_(path), total_(total), progress_(progress) {
+  Staged(const fs::path& path, uint64_t total, const std::function<void(uint64_t, uint64_t)>& progress,
+         bool (*cancelled)())
+      : path_(path), total_(total), progress_(progress), cancelled_(cancelled) {
     fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd_ < 0) sys_fail(path, "cannot create");
     for (auto& b : bufs_) b = AlignedBuffer(kStageBytes);
@@ -231,6 +274,7 @@ class Staged {
       fail_after_ = std::strtoull(v, nullptr, 10);
       const char* mode = std::getenv("K3FLOW_FAIL_MODE");
       kill_ = mode && std::string_view(mode) == "kill";
+      wait_ = mode && std::string_view(mode) == "wait";
     }
   }
   ~Staged() {
@@ -240,10 +284,15 @@ class Staged {
 
   // Room to fill in place: at most `n` bytes at the current position.
   std::span<std::byte> room(size_t n) {
+    check_cancelled();
     if (fill_ == kStageBytes) flush();
     return bufs_[cur_].bytes().subspan(fill_, std::min(n, kStageBytes - fill_));
   }
   void commit(size_t n) { fill_ += n; }
+
+  void check_cancelled() const {
+    if (cancelled_ && cancelled_()) throw runtime_error("pack-trunk: interrupted");
+  }
 
   void finish() {
     flush();
@@ -273,6 +322,10 @@ class Staged {
     if (fail_after_ && flushed_ >= *fail_after_) {
       pending_.get();
       if (kill_) std::raise(SIGKILL);
+      if (wait_ && cancelled_)
+        for (int i = 0; i < 6000 && !cancelled_(); ++i)
+          std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      check_cancelled();
       throw runtime_error(
           fmt::format("pack-trunk: stopped after {} bytes by K3FLOW_FAIL_AFTER_BYTES (test hook)", flushed_));
     }
@@ -287,8 +340,9 @@ class Staged {
   size_t fill_ = 0;
   uint64_t flushed_ = 0;
   std::future<void> pending_;
+  bool (*cancelled_)();
   std::optional<uint64_t> fail_after_;
-  bool kill_ = false;
+  bool kill_ = false, wait_ = false;
 };
 
 // Removes the .partial files unless released (any exception path of a pack).
@@ -299,25 +353,32 @@ struct PartialGuard {
     if (keep) return;
     std::error_code ec;
     for (const auto& p : paths) fs::remove(p, ec);
+    for (const auto& d : created_dirs) fs::remove(d, ec);  // only when empty; deepest first
   }
+  std::vector<fs::path> created_dirs;
 };
 
 }  // namespace
 
 PackStats pack_trunk(const ShardSet& shards, int n_layers, const fs::path& dir,
-                     const std::function<void(uint64_t, uint64_t)>& progress) {
+                     const std::function<void(uint64_t, uint64_t)>& progress, bool (*cancelled)()) {
   auto t0 = std::chrono::steady_clock::now();
   TrunkLayout lay = layout_trunk(shards, n_layers);
+  const TrunkSource source = trunk_source(shards, lay.sources);
   std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) throw runtime_error(fmt::format("pack-trunk: cannot create {}: {}", dir.string(), ec.message()));
   const fs::path bin = dir / "trunk.bin", json = dir / "trunk.json";
   const fs::path bin_tmp = partial_path(bin), json_tmp = partial_path(json);
-  PartialGuard guard{{bin_tmp, json_tmp}};
+  PartialGuard guard{{bin_tmp, json_tmp}, false, {}};
+  for (fs::path p = dir.lexically_normal(); !p.empty() && !fs::exists(p, ec); p = p.parent_path()) {
+    guard.created_dirs.push_back(p);
+    if (p == p.parent_path()) break;
+  }
+  fs::create_directories(dir, ec);
+  if (ec) throw runtime_error(fmt::format("pack-trunk: cannot create {}: {}", dir.string(), ec.message()));
 
   PackStats st;
   {
-    Staged out(bin_tmp, lay.file_bytes, progress);
+    Staged out(bin_tmp, lay.file_bytes, progress, cancelled);
     for (size_t l = 0; l < lay.layers.size(); ++l) {
       TrunkLayer& L = lay.layers[l];
       Xxh64 h;
@@ -351,10 +412,11 @@ PackStats pack_trunk(const ShardSet& shards, int n_layers, const fs::path& dir,
       st.largest_layer = std::max(st.largest_layer, L.nbytes);
     }
     out.finish();
+    out.check_cancelled();
   }
   st.bytes_written = lay.file_bytes;
 
-  std::string text = trunk_json(lay.layers);
+  std::string text = trunk_json(lay.layers, source);
   int fd = ::open(json_tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) sys_fail(json_tmp, "cannot create");
   try {
@@ -365,6 +427,7 @@ PackStats pack_trunk(const ShardSet& shards, int n_layers, const fs::path& dir,
     throw;
   }
   ::close(fd);
+  if (cancelled && cancelled()) throw runtime_error("pack-trunk: interrupted");
   // trunk.json goes last: until it appears, no reader accepts the directory. An older trunk.json
   // is removed first so it never describes the new trunk.bin.
   fs::remove(json, ec);
@@ -434,9 +497,9 @@ PackedTrunk PackedTrunk::open(const fs::path& dir, int expected_layers, File::Mo
     if (L.file_off % kTrunkAlign || L.nbytes % kTrunkAlign || L.nbytes == 0)
       throw bad(fmt::format("{}: file_off {} / nbytes {} not positive 4096-multiples", where, L.file_off,
                             L.nbytes));
-    if (L.file_off + L.nbytes > file_size)
-      throw bad(fmt::format("{}: bytes [{}, {}) run past the end of {} ({} bytes)", where, L.file_off,
-                            L.file_off + L.nbytes, bin.string(), file_size));
+    if (L.file_off > file_size || L.nbytes > file_size - L.file_off)  // no wrap-around
+      throw bad(fmt::format("{}: file_off {} + nbytes {} runs past the end of {} ({} bytes)", where,
+                            L.file_off, L.nbytes, bin.string(), file_size));
     std::string_view hex;
     if (!le["xxh64"].get_string().get(hex)) {
       auto [p, ec] = std::from_chars(hex.data(), hex.data() + hex.size(), L.xxh64, 16);
@@ -466,9 +529,11 @@ PackedTrunk PackedTrunk::open(const fs::path& dir, int expected_layers, File::Mo
           if (s.get_uint64().get(v))
             throw bad(fmt::format("{}: shape entries must be unsigned integers", tw));
           tt.shape[tt.rank++] = v;
-          numel *= v;
+          if (__builtin_mul_overflow(numel, v, &numel))
+            throw bad(fmt::format("{}: shape overflows 64 bits", tw));
         }
-        if (numel * dtype_size(tt.dtype) != tt.nbytes)
+        uint64_t want = 0;
+        if (__builtin_mul_overflow(numel, uint64_t(dtype_size(tt.dtype)), &want) || want != tt.nbytes)
           throw bad(
               fmt::format("{}: nbytes {} != numel {} x {}", tw, tt.nbytes, numel, dtype_size(tt.dtype)));
       }
@@ -480,13 +545,45 @@ PackedTrunk PackedTrunk::open(const fs::path& dir, int expected_layers, File::Mo
     if (L.tensors.empty()) throw bad(fmt::format("{}: no tensors", where));
     t.layers_.push_back(std::move(L));
   }
+  if (simdjson::dom::element src; !doc["source"].get(src) && src.is_object()) {
+    auto hex64 = [&](simdjson::dom::element e, const std::string& what) {
+      std::string_view hex;
+      uint64_t v = 0;
+      if (e.get_string().get(hex)) throw bad(fmt::format("source: {} is not a string", what));
+      auto [p, ec] = std::from_chars(hex.data(), hex.data() + hex.size(), v, 16);
+      if (ec != std::errc() || p != hex.data() + hex.size() || hex.size() != 16)
+        throw bad(fmt::format("source: {} \"{}\" is not 16 hex digits", what, hex));
+      return v;
+    };
+    if (uint64_t sb = get_u64(src, "sample_bytes", "source"); sb != kTrunkSampleBytes)
+      throw bad(fmt::format("source: sample_bytes {} (this engine samples {})", sb, kTrunkSampleBytes));
+    simdjson::dom::array shards, samples;
+    if (src["shards"].get_array().get(shards) || src["layer_samples"].get_array().get(samples))
+      throw bad("source: \"shards\" or \"layer_samples\" missing");
+    for (simdjson::dom::element se : shards) {
+      TrunkSourceShard sh;
+      std::string_view file;
+      if (se["file"].get_string().get(file)) throw bad("source: a shard without \"file\"");
+      sh.file = std::string(file);
+      sh.bytes = get_u64(se, "bytes", "source shard " + sh.file);
+      sh.header_xxh64 = hex64(se["header_xxh64"], "shard " + sh.file + " header_xxh64");
+      t.source_.shards.push_back(std::move(sh));
+    }
+    for (simdjson::dom::element e : samples) t.source_.layer_samples.push_back(hex64(e, "layer_samples"));
+    if (t.source_.layer_samples.size() != t.layers_.size())
+      throw bad(fmt::format("source: {} layer_samples for {} layers", t.source_.layer_samples.size(),
+                            t.layers_.size()));
+    t.has_source_ = true;
+  }
   std::vector<const TrunkLayer*> by_off;
   for (const TrunkLayer& L : t.layers_) by_off.push_back(&L);
   std::sort(by_off.begin(), by_off.end(), [](auto* a, auto* b) { return a->file_off < b->file_off; });
-  for (size_t i = 1; i < by_off.size(); ++i)
+  for (size_t i = 1; i < by_off.size(); ++i)  // both ends are <= file_size: no wrap-around
     if (by_off[i - 1]->file_off + by_off[i - 1]->nbytes > by_off[i]->file_off)
       throw bad(fmt::format("layers {} and {} overlap in {}", by_off[i - 1]->layer, by_off[i]->layer,
                             bin.string()));
+  t.loaded_ok_ = std::make_unique<std::atomic<bool>[]>(t.layers_.size());
+  for (size_t i = 0; i < t.layers_.size(); ++i) t.loaded_ok_[i].store(false);
   return t;
 }
 
@@ -529,6 +626,60 @@ void PackedTrunk::verify_layer(int l) const {
     throw runtime_error(
         fmt::format("trunk: {}: layer {} checksum mismatch (xxh64 {:016x}, trunk.json says {:016x})",
                     file_.path().string(), l, got, L.xxh64));
+}
+
+void PackedTrunk::check_source(const ShardSet& shards) const {
+  const std::string dir = json_path_.parent_path().string();
+  auto stale = [&](const std::string& what) {
+    return runtime_error(fmt::format(
+        "trunk: {} was packed from another checkpoint ({}); re-run `k3flow pack-trunk MODEL_DIR {}`", dir,
+        what, dir));
+  };
+  if (!has_source_)
+    throw runtime_error(fmt::format(
+        "trunk: {} records no source checkpoint (packed by an older k3flow); re-run `k3flow pack-trunk "
+        "MODEL_DIR {}`",
+        json_path_.string(), dir));
+  const TrunkSource& was = source_;
+  if (was.shards.size() != shards.shard_count())
+    throw stale(fmt::format("{} shards then, {} now", was.shards.size(), shards.shard_count()));
+  // Resolve each trunk tensor in the shards (a missing one is a different checkpoint).
+  std::vector<std::vector<TensorInfo>> sources(layers_.size());
+  for (size_t l = 0; l < layers_.size(); ++l)
+    for (const TrunkTensor& t : layers_[l].tensors) {
+      std::optional<TensorInfo> info = shards.find(t.name);
+      if (!info) throw stale(fmt::format("tensor {} is not in it", t.name));
+      sources[l].push_back(*info);
+    }
+  const TrunkSource now = trunk_source(shards, sources);
+  for (size_t s = 0; s < now.shards.size(); ++s) {
+    const TrunkSourceShard &a = was.shards[s], &b = now.shards[s];
+    if (a.file != b.file) throw stale(fmt::format("shard {} was {}, is {}", s, a.file, b.file));
+    if (a.bytes != b.bytes) throw stale(fmt::format("{} was {} bytes, is {}", a.file, a.bytes, b.bytes));
+    if (a.header_xxh64 != b.header_xxh64) throw stale(fmt::format("{}: safetensors header differs", a.file));
+  }
+  for (size_t l = 0; l < layers_.size(); ++l)
+    if (now.layer_samples[l] != was.layer_samples[l])
+      throw stale(fmt::format("layer {}: tensor bytes differ (first {} bytes of each tensor sampled)", l,
+                              kTrunkSampleBytes));
+}
+
+void PackedTrunk::check_loaded(int l, std::span<const std::byte> bytes) const {
+  const TrunkLayer& L = layer(l);
+  std::atomic<bool>& ok = loaded_ok_[size_t(l)];
+  if (ok.load(std::memory_order_acquire)) return;
+  if (!L.has_xxh64)
+    throw runtime_error(
+        fmt::format("trunk: {}: layer {} has no xxh64 checksum; re-run pack-trunk", json_path_.string(), l));
+  if (bytes.size() < L.nbytes)
+    throw runtime_error(fmt::format("trunk: {}: layer {}: {} bytes read, {} expected", file_.path().string(),
+                                    l, bytes.size(), L.nbytes));
+  if (uint64_t got = xxh64(bytes.first(size_t(L.nbytes))); got != L.xxh64)
+    throw runtime_error(fmt::format(
+        "trunk: {}: layer {} checksum mismatch when read (xxh64 {:016x}, trunk.json says {:016x}); re-run "
+        "pack-trunk",
+        file_.path().string(), l, got, L.xxh64));
+  ok.store(true, std::memory_order_release);
 }
 
 }  // namespace k3::io

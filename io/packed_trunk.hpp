@@ -5,6 +5,8 @@
 // trunk.json (a superset of the reference's fields, which readers of either may rely on):
 //   {"format":"k3flow-trunk","version":1,"n_layers":N,"align":4096,"tensor_align":64,
 //    "checksum":"xxh64",
+//    "source":{"sample_bytes":4096,"shards":[{"file":"<shard file name>","bytes":S,"header_xxh64":"<hex>"}],
+//              "layer_samples":["<16 hex digits>", one per layer]},
 //    "layers":[{"layer":L,"file_off":F,"nbytes":B,"xxh64":"<16 hex digits>",
 //               "tensors":{"<full name>":{"off":O,"nbytes":n,"dtype":"BF16","shape":[...]}}}]}
 //   file_off: 4096-aligned offset in trunk.bin; nbytes: the layer's length rounded up to 4096
@@ -12,14 +14,22 @@
 //   by one, so a layer need not be contiguous in its shard and SIMD loads stay aligned); padding is
 //   zero. xxh64: XXH64 (seed 0) of the layer's `nbytes` bytes exactly as stored, padding included.
 //   The reader also accepts the reference tools' trunk.json (no "xxh64"; its extra fields ignored).
+//   source: what the trunk was packed from, checked by check_source() before a run uses the trunk:
+//   every shard's file name, size and XXH64 of its safetensors header (8-byte length + JSON), and
+//   per layer the XXH64 of the first `sample_bytes` bytes of each of its tensors in the shards (in
+//   the layer's tensor order), so a checkpoint with the same shapes but other values (another seed,
+//   a fine-tune) is told apart without reading it whole. config.json is not part of it: the
+//   trunk's bytes depend on the shards only (the layer count is checked separately).
 //
 // A pack writes trunk.bin.partial and trunk.json.partial and renames them only when both are
 // complete (trunk.json last), so an interrupted pack never leaves a file that looks complete.
 #pragma once
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
@@ -66,6 +76,21 @@ struct TrunkLayout {
 };
 TrunkLayout layout_trunk(const ShardSet& shards, int n_layers);
 
+// What a trunk was packed from (trunk.json "source"); see above.
+constexpr uint64_t kTrunkSampleBytes = 4096;
+struct TrunkSourceShard {
+  std::string file;  // file name only
+  uint64_t bytes = 0;
+  uint64_t header_xxh64 = 0;
+};
+struct TrunkSource {
+  std::vector<TrunkSourceShard> shards;
+  std::vector<uint64_t> layer_samples;
+};
+// The fingerprint of `shards` for a trunk whose layer l holds the tensors `sources[l]` (in order).
+// Reads every shard's header and <= 4 KiB of each tensor. Throws runtime Error naming the shard.
+TrunkSource trunk_source(const ShardSet& shards, const std::vector<std::vector<TensorInfo>>& sources);
+
 struct PackStats {
   uint64_t bytes_written = 0;  // trunk.bin size
   uint64_t payload_bytes = 0;  // tensor bytes (without padding)
@@ -74,16 +99,21 @@ struct PackStats {
 };
 
 // Packs into dir/trunk.bin + dir/trunk.json (dir is created). `progress(done, total)` is called
-// after every chunk written. Test hook: env K3FLOW_FAIL_AFTER_BYTES=N stops the pack once N bytes
-// are written, by throwing (K3FLOW_FAIL_MODE unset) or by SIGKILL (K3FLOW_FAIL_MODE=kill).
-// Throws Error naming the file on any failure; a thrown pack removes its .partial files.
+// after every chunk written; `cancelled` (may be null) is polled before every chunk and before the
+// final renames: when it returns true the pack throws runtime Error "pack-trunk: interrupted".
+// Test hook: env K3FLOW_FAIL_AFTER_BYTES=N stops the pack once N bytes are written, by throwing
+// (K3FLOW_FAIL_MODE unset), by SIGKILL (K3FLOW_FAIL_MODE=kill), or by waiting (at most 60 s) until
+// `cancelled` returns true (K3FLOW_FAIL_MODE=wait, for signal tests).
+// Throws Error naming the file on any failure; a thrown pack removes its .partial files and the
+// directories it created (when they are then empty).
 PackStats pack_trunk(const ShardSet& shards, int n_layers, const std::filesystem::path& dir,
-                     const std::function<void(uint64_t done, uint64_t total)>& progress = {});
+                     const std::function<void(uint64_t done, uint64_t total)>& progress = {},
+                     bool (*cancelled)() = nullptr);
 
 // An opened, validated packed trunk. Validation (one-line runtime Error naming the file): JSON
 // shape, align == 4096, layer count == expected, layer i has "layer" i, file_off/nbytes
-// 4096-multiples, layers inside trunk.bin and not overlapping, every tensor inside its layer with
-// nbytes == numel x dtype size.
+// 4096-multiples, layers inside trunk.bin (no wrap-around of file_off + nbytes) and not
+// overlapping, every tensor inside its layer with nbytes == numel x dtype size (no overflow).
 class PackedTrunk {
  public:
   static PackedTrunk open(const std::filesystem::path& dir, int expected_layers,
@@ -101,11 +131,27 @@ class PackedTrunk {
   // the layer on a mismatch, a read failure, or when trunk.json records no checksum.
   void verify_layer(int l) const;
 
+  // Refuses (runtime Error naming the trunk directory and what differs, asking to re-run
+  // pack-trunk) a trunk whose trunk.json "source" does not match `shards`, or that records no
+  // source (written before pack-trunk recorded one). Reads the shards' headers and samples.
+  void check_source(const ShardSet& shards) const;
+  bool has_source() const { return has_source_; }
+  const TrunkSource& source() const { return source_; }
+
+  // `bytes` holds layer l as just read from trunk.bin (at least its nbytes). The first call for a
+  // layer in this process hashes them and compares with trunk.json (runtime Error naming trunk.bin
+  // and the layer on a mismatch, or when trunk.json has no checksum); later calls return at once.
+  // Thread-safe.
+  void check_loaded(int l, std::span<const std::byte> bytes) const;
+
  private:
   explicit PackedTrunk(File f) : file_(std::move(f)) {}
   File file_;
   std::filesystem::path json_path_;
   std::vector<TrunkLayer> layers_;
+  TrunkSource source_;
+  bool has_source_ = false;
+  std::unique_ptr<std::atomic<bool>[]> loaded_ok_;  // per layer: check_loaded passed
 };
 
 // XXH64 (seed 0 unless given), streaming. Matches the reference xxHash XXH64 output.

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "io/error.hpp"
+#include "io/packed_trunk.hpp"
 #include "pipeline/graph_impl.hpp"
 #include "stages/attnres.hpp"
 #include "stages/head.hpp"
@@ -86,6 +87,9 @@ void StreamingModel::Impl::build() {
         run_node(kTrunkBind, true, args(m.layer, -1, m.slot), [&] {
           const LayerSource& ls = src.layer(m.layer);
           TrunkSlots::Holder& h = trunk.holder(m.layer, m.slot);
+          // A packed trunk's layer is checked against trunk.json's xxh64 the first time it lands.
+          if (const io::PackedTrunk* pt = src.trunk())
+            pt->check_loaded(m.layer, trunk.bytes(m.layer, m.slot));
           std::span<const std::byte> bytes =
               trunk.bytes(m.layer, m.slot).subspan(ls.bind_offset, ls.layout.buffer_bytes);
           h.w = stages::bind_layer(c, m.layer, ls.layout, bytes, trunk.widen(m.layer, m.slot));

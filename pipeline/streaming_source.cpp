@@ -43,6 +43,7 @@ std::unique_ptr<WeightSources> WeightSources::open(const io::ModelConfig& c, con
                                                    const io::PackedTrunk* trunk, int n_layers) {
   auto ws = std::unique_ptr<WeightSources>(new WeightSources(c, shards, trunk));
   ws->from_trunk_ = trunk != nullptr;
+  if (trunk) trunk->check_source(shards);  // refuses a trunk packed from another checkpoint
   const int n = (n_layers <= 0 || n_layers >= c.n_layers) ? c.n_layers : n_layers;
   ws->layers_.resize(static_cast<size_t>(n));
   for (int l = 0; l < n; ++l) {

@@ -73,6 +73,7 @@ class WeightSources {
   const io::ModelConfig& config() const { return cfg_; }
   int n_layers() const { return static_cast<int>(layers_.size()); }
   bool from_trunk() const { return from_trunk_; }
+  const io::PackedTrunk* trunk() const { return trunk_; }  // null when reading the shards
   const LayerSource& layer(int l) const { return layers_.at(static_cast<size_t>(l)); }
 
   bool has_experts() const { return !expert_index_.empty(); }

@@ -131,6 +131,11 @@ bool nothing_complete(const fs::path& out) {
   return !fs::exists(out / "trunk.json") && !fs::exists(out / "trunk.bin");
 }
 
+std::string slurp(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
 }  // namespace
 
 TEST_CASE("XXH64 matches the reference values") {
@@ -297,6 +302,22 @@ TEST_CASE("an interrupted pack leaves no trunk.json or trunk.bin") {
     std::string m = error_of([&] { k3::io::pack_trunk(shards, 3, out); });
     CHECK(m.find("K3FLOW_FAIL_AFTER_BYTES") != std::string::npos);
     CHECK(nothing_complete(out));
+    CHECK(!fs::exists(out));  // the directory the pack created goes too
+  }
+  SUBCASE("cancelled: throws \"interrupted\", removes the directory it created, keeps one that existed") {
+    ShardSet shards = ShardSet::open(model);
+    static int polls;
+    polls = 0;
+    auto after_two = [] { return ++polls > 2; };
+    CHECK(error_of([&] {
+            k3::io::pack_trunk(shards, 3, out / "a" / "b", {}, after_two);
+          }).find("pack-trunk: interrupted") != std::string::npos);
+    CHECK(!fs::exists(out));
+    fs::create_directories(out);
+    polls = 0;
+    CHECK(error_of([&] { k3::io::pack_trunk(shards, 3, out, {}, after_two); }).find("interrupted") !=
+          std::string::npos);
+    CHECK(fs::is_directory(out));
     CHECK(fs::is_empty(out));
   }
   SUBCASE("SIGKILL mid-way: only .partial files can remain") {
@@ -322,4 +343,108 @@ TEST_CASE("an interrupted pack leaves no trunk.json or trunk.bin") {
     k3::io::pack_trunk(shards, 3, out);
     CHECK_NOTHROW(PackedTrunk::open(out, 3).verify_layer(2));
   }
+}
+
+TEST_CASE("trunk.json records its source; check_source refuses another checkpoint and older trunk.json") {
+  TempDir tmp;
+  fs::path model = make_checkpoint(tmp.path / "model");
+  fs::path out = tmp.path / "trunk";
+  {
+    ShardSet shards = ShardSet::open(model);
+    k3::io::pack_trunk(shards, 3, out);
+    PackedTrunk t = PackedTrunk::open(out, 3);
+    REQUIRE(t.has_source());
+    CHECK(t.source().shards.size() == shards.shard_count());
+    CHECK(t.source().layer_samples.size() == 3);
+    CHECK_NOTHROW(t.check_source(shards));
+  }
+  SUBCASE("one byte of a layer-1 tensor differs in the checkpoint") {
+    ShardSet before = ShardSet::open(model);
+    const PackedTrunk t = PackedTrunk::open(out, 3);
+    const auto info = before.find(t.layer(1).tensors[0].name);
+    REQUIRE(info);
+    const fs::path shard = before.shard_path(info->shard);
+    {
+      std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
+      f.seekg(std::streamoff(info->offset));
+      char ch = 0;
+      f.read(&ch, 1);
+      ch = char(ch ^ 1);
+      f.seekp(std::streamoff(info->offset));
+      f.write(&ch, 1);
+    }
+    ShardSet after = ShardSet::open(model);
+    const std::string m = error_of([&] { t.check_source(after); });
+    CHECK(m.find(out.string()) != std::string::npos);
+    CHECK(m.find("layer 1: tensor bytes differ") != std::string::npos);
+    CHECK(m.find("pack-trunk") != std::string::npos);
+  }
+  SUBCASE("a shard's header differs") {
+    std::string j = slurp(out / "trunk.json");
+    const size_t at = j.find("\"header_xxh64\":\"");
+    REQUIRE(at != std::string::npos);
+    char& c = j[at + 16];
+    c = c == '0' ? '1' : '0';
+    std::ofstream(out / "trunk.json", std::ios::trunc) << j;
+    const std::string m = error_of([&] { PackedTrunk::open(out, 3).check_source(ShardSet::open(model)); });
+    CHECK(m.find("model-00001-of-00002.safetensors: safetensors header differs") != std::string::npos);
+  }
+  SUBCASE("no \"source\" (an older trunk.json): refused, asking to re-run pack-trunk") {
+    std::string j = slurp(out / "trunk.json");
+    const size_t s = j.find(",\n\"source\":"), e = j.find(",\"layers\":");
+    REQUIRE(s != std::string::npos);
+    REQUIRE(e != std::string::npos);
+    j.erase(s, e - s);
+    std::ofstream(out / "trunk.json", std::ios::trunc) << j;
+    PackedTrunk t = PackedTrunk::open(out, 3);  // still readable (plan sizes from it)
+    CHECK(!t.has_source());
+    const std::string m = error_of([&] { t.check_source(ShardSet::open(model)); });
+    CHECK(m.find("records no source") != std::string::npos);
+    CHECK(m.find("re-run `k3flow pack-trunk") != std::string::npos);
+  }
+}
+
+TEST_CASE(
+    "check_loaded: a layer's bytes are hashed the first time only; a mismatch names trunk.bin and the "
+    "layer") {
+  TempDir tmp;
+  fs::path model = make_checkpoint(tmp.path / "model");
+  fs::path out = tmp.path / "trunk";
+  ShardSet shards = ShardSet::open(model);
+  k3::io::pack_trunk(shards, 3, out);
+  PackedTrunk t = PackedTrunk::open(out, 3);
+  for (int l : {0, 2}) {
+    std::vector<std::byte> bytes = read_file_range(out / "trunk.bin", t.layer(l).file_off, t.layer(l).nbytes);
+    if (l == 2) bytes[100] ^= std::byte{4};
+    if (l == 0) {
+      CHECK_NOTHROW(t.check_loaded(l, bytes));
+      bytes[100] ^= std::byte{4};
+      CHECK_NOTHROW(t.check_loaded(l, bytes));  // already verified in this process
+    } else {
+      const std::string m = error_of([&] { t.check_loaded(l, bytes); });
+      CHECK(m.find("trunk.bin") != std::string::npos);
+      CHECK(m.find("layer 2 checksum mismatch") != std::string::npos);
+      CHECK(error_of([&] { t.check_loaded(l, std::span(bytes).first(4096)); }).find("bytes read") !=
+            std::string::npos);
+    }
+  }
+}
+
+TEST_CASE("trunk.json offsets are bound-checked without wrap-around") {
+  TempDir tmp;
+  fs::path model = make_checkpoint(tmp.path / "model");
+  fs::path out = tmp.path / "trunk";
+  ShardSet shards = ShardSet::open(model);
+  k3::io::pack_trunk(shards, 3, out);
+  const PackedTrunk good = PackedTrunk::open(out, 3);
+  std::string j = slurp(out / "trunk.json");
+  const std::string from = "\"layer\":2,\"file_off\":" + std::to_string(good.layer(2).file_off) + "," +
+                           "\"nbytes\":" + std::to_string(good.layer(2).nbytes) + ",";
+  const size_t at = j.find(from);
+  REQUIRE(at != std::string::npos);
+  j.replace(at, from.size(), "\"layer\":2,\"file_off\":18446744073709547520,\"nbytes\":8192,");
+  std::ofstream(out / "trunk.json", std::ios::trunc) << j;
+  const std::string m = error_of([&] { PackedTrunk::open(out, 3); });
+  CHECK(m.find("layer 2") != std::string::npos);
+  CHECK(m.find("runs past the end") != std::string::npos);
 }
