@@ -28,7 +28,7 @@ namespace {
 namespace fs = std::filesystem;
 
 struct PackArgs;
-int pack_and_verify(const PackArgs& a);
+int pack_and_verify(const PackArgs& a, bool& packed);
 
 struct PackArgs {
   std::string model_dir, trunk_dir;
@@ -37,6 +37,7 @@ struct PackArgs {
 
 int run_pack(const PackArgs& a) {
   InterruptScope interrupts;
+  bool packed = false;  // trunk.json and trunk.bin are in place (only --verify was still running)
   try {
     const fs::path out(a.trunk_dir);
     for (const char* name : {"trunk.json", "trunk.bin"})
@@ -45,13 +46,12 @@ int run_pack(const PackArgs& a) {
             fmt::format("pack-trunk: {} already holds a packed trunk ({}); pass --force to replace it or "
                         "choose another directory",
                         out.string(), name));
-    return pack_and_verify(a);
+    return pack_and_verify(a, packed);
   } catch (const io::Error&) {
     if (!InterruptScope::requested()) throw;
     std::error_code ec;
     const bool gone = !fs::exists(a.trunk_dir, ec);
-    const bool complete = !gone && fs::exists(fs::path(a.trunk_dir) / "trunk.json", ec) &&
-                          !fs::exists(fs::path(a.trunk_dir) / "trunk.json.partial", ec);
+    const bool complete = packed;
     std::fprintf(stderr, "k3flow: pack-trunk: interrupted by %s; %s\n",
                  InterruptScope::signal_number() == SIGTERM ? "SIGTERM" : "SIGINT",
                  complete ? "the packed trunk is complete, its verification was not"
@@ -63,7 +63,7 @@ int run_pack(const PackArgs& a) {
   }
 }
 
-int pack_and_verify(const PackArgs& a) {
+int pack_and_verify(const PackArgs& a, bool& packed) {
   const fs::path dir(a.model_dir);
   io::ModelConfig config = io::load_config(dir / "config.json");
   io::ShardSet shards = io::ShardSet::open(dir);
@@ -76,6 +76,7 @@ int pack_and_verify(const PackArgs& a) {
         shards, config.n_layers, a.trunk_dir, [&](uint64_t d, uint64_t t) { bar.update(d, t); },
         &InterruptScope::requested);
   }
+  packed = true;
   fmt::print(
       "pack-trunk: {} layers -> {} ({} B, {} of tensors) in {:.1f} s ({}/s); largest layer {} B ({})\n",
       config.n_layers, (fs::path(a.trunk_dir) / "trunk.bin").string(), st.bytes_written,
