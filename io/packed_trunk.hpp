@@ -13,7 +13,11 @@
 //   (the read length); off: relative to the layer's first byte, 64-aligned (tensors are copied one
 //   by one, so a layer need not be contiguous in its shard and SIMD loads stay aligned); padding is
 //   zero. xxh64: XXH64 (seed 0) of the layer's `nbytes` bytes exactly as stored, padding included.
-//   The reader also accepts the reference tools' trunk.json (no "xxh64"; its extra fields ignored).
+//   open() also accepts the reference tools' trunk.json (no "xxh64"; its extra fields ignored), but
+//   a run refuses any trunk.json without "source" (check_source: re-run pack-trunk) -- safer than
+//   streaming bytes nobody can tie to the checkpoint -- and checks each layer's "xxh64" the first
+//   time the layer is read (check_loaded: hashing runs at ~20 GB/s on one core, once per layer and
+//   process, so there is no switch to turn it off).
 //   source: what the trunk was packed from, checked by check_source() before a run uses the trunk:
 //   every shard's file name, size and XXH64 of its safetensors header (8-byte length + JSON), and
 //   per layer the XXH64 of the first `sample_bytes` bytes of each of its tensors in the shards (in
