@@ -115,6 +115,10 @@ struct SynthReport {
   double seconds = 0;
 };
 
+// The refusal when `out_dir` has `avail` bytes free and the checkpoint needs `need` (> avail): both
+// in exact bytes and in decimal units, so two close sizes never print alike.
+std::string free_space_refusal(const std::filesystem::path& out_dir, uint64_t avail, uint64_t need);
+
 // Writes `plan` into `out_dir` (created if absent; it must hold no finished checkpoint files unless
 // options.overwrite; leftover .partial files of a killed run are removed). Shards are
 // written as .partial and renamed only after every shard is complete; the config and index come

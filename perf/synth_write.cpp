@@ -81,14 +81,23 @@ std::vector<fs::path> existing_checkpoint_files(const fs::path& out) {
   return found;
 }
 
+// "21.47 MB": decimal units, as disk sizes are quoted.
+std::string decimal_units(uint64_t bytes) {
+  const char* unit[] = {"B", "KB", "MB", "GB", "TB", "PB"};
+  double v = double(bytes);
+  int i = 0;
+  while (v >= 1000.0 && i < 5) {
+    v /= 1000.0;
+    ++i;
+  }
+  return fmt::format("{:.2f} {}", v, unit[i]);
+}
+
 void check_free_space(const fs::path& out, uint64_t need) {
   struct statvfs st {};
   if (::statvfs(out.c_str(), &st) != 0) return;
   const uint64_t avail = uint64_t(st.f_bavail) * st.f_frsize;
-  if (need > avail)
-    throw io::runtime_error(
-        fmt::format("output directory {} has {:.2f} GB free, the checkpoint needs {:.2f} GB", out.string(),
-                    avail / 1e9, need / 1e9));
+  if (need > avail) throw io::runtime_error(free_space_refusal(out, avail, need));
 }
 
 void write_text_file(const fs::path& path, const std::string& text, Rollback& rb) {
@@ -199,6 +208,12 @@ void generate(const CheckpointPlan& plan, const ShardOffsets& offs, uint64_t see
 }
 
 }  // namespace
+
+std::string free_space_refusal(const fs::path& out_dir, uint64_t avail, uint64_t need) {
+  return fmt::format(
+      "output directory {} has {} bytes free ({}), the checkpoint needs {} bytes ({}; 1 MB = 10^6 bytes)",
+      out_dir.string(), avail, decimal_units(avail), need, decimal_units(need));
+}
 
 SynthReport write_checkpoint(const CheckpointPlan& plan, const fs::path& out_dir,
                              const SynthOptions& options) {
