@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "io/error.hpp"
+#include "pipeline/output_file.hpp"
 
 namespace k3::pipeline {
 
@@ -249,17 +250,8 @@ void Trace::write(const std::filesystem::path& path) {
     }
   }
   out += "\n]}\n";
-  std::filesystem::path tmp = path;
-  tmp += ".tmp";
-  std::FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (!f) throw io::runtime_error(path.string() + ": cannot write trace");
-  bool ok = std::fwrite(out.data(), 1, out.size(), f) == out.size();
-  ok = (std::fclose(f) == 0) && ok;
-  if (!ok) {
-    std::filesystem::remove(tmp);
-    throw io::runtime_error(path.string() + ": cannot write trace (disk full?)");
-  }
-  std::filesystem::rename(tmp, path);
+  // Removes its temporary on every failure (a directory at `path` included) and throws io::Error.
+  write_file_atomic(path, out);
 }
 
 }  // namespace k3::pipeline

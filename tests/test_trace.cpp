@@ -3,13 +3,16 @@
 // recorded on a track land on its named virtual row (a lane each when they overlap).
 #include <doctest/doctest.h>
 #include <simdjson.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <map>
 #include <set>
 #include <string>
 #include <thread>
+#include <vector>
 
+#include "io/error.hpp"
 #include "pipeline/trace.hpp"
 
 using k3::pipeline::Trace;
@@ -79,6 +82,27 @@ TEST_CASE("trace: an unwritable path is a one-line error naming it, and leaves n
     CHECK(std::string(e.what()).find(bad.string()) != std::string::npos);
   }
   CHECK(!std::filesystem::exists(bad));
+}
+
+TEST_CASE("trace: a directory at the path is an io::Error naming it, and leaves no temporary beside it") {
+  Trace::clear();
+  const std::filesystem::path parent =
+      std::filesystem::temp_directory_path() / ("k3_trace_dir_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(parent);
+  std::filesystem::create_directories(parent / "trace.json");
+  try {
+    Trace::write(parent / "trace.json");
+    FAIL("expected an error");
+  } catch (const k3::io::Error& e) {
+    const std::string m = e.what();
+    CHECK_MESSAGE(m.find((parent / "trace.json").string()) != std::string::npos, m);
+    CHECK_MESSAGE(m.find("directory") != std::string::npos, m);
+    CHECK(m.find('\n') == std::string::npos);
+  }
+  std::vector<std::string> left;
+  for (const auto& e : std::filesystem::directory_iterator(parent)) left.push_back(e.path().filename());
+  CHECK(left == std::vector<std::string>{"trace.json"});
+  std::filesystem::remove_all(parent);
 }
 
 TEST_CASE("trace: spans on a track land on its virtual tid, named once; concurrent spans take lanes") {
