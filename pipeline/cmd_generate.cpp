@@ -51,6 +51,22 @@ struct GenerateOptions {
   stages::SamplerOptions sampling;
 };
 
+// A saved state's nseq sizes the KV cache before the file is read in full, so a corrupt one must be
+// refused here, naming the file, not later as a --gen that is too large.
+void check_saved_positions(const std::filesystem::path& path, const StateHeader& h) {
+  const uint64_t nseq = static_cast<uint64_t>(h.nseq), ids_end = kStateHeaderBytes + 4 * nseq;
+  std::error_code ec;
+  const uint64_t size = std::filesystem::file_size(path, ec);
+  if (!ec && size < ids_end)
+    throw io::runtime_error(fmt::format(
+        "{}: corrupt header: nseq = {} saved positions need {} bytes of token ids and header, the file "
+        "is {} bytes",
+        path.string(), nseq, ids_end, size));
+  if (nseq >= kMaxPositions)
+    throw io::runtime_error(fmt::format("{}: nseq = {} saved positions, more than the {} this build allows",
+                                        path.string(), nseq, kMaxPositions - 1));
+}
+
 double now() {
   using namespace std::chrono;
   return duration<double>(steady_clock::now().time_since_epoch()).count();
@@ -168,12 +184,18 @@ int run_generate(GenerateOptions o) {
 
   // ---- resume header before anything is sized ----
   std::optional<StateHeader> saved;
-  if (o.load_state) saved = peek_state(*o.load_state);
+  if (o.load_state) {
+    saved = peek_state(*o.load_state);
+    check_saved_positions(*o.load_state, *saved);
+  }
   const size_t prior = saved ? static_cast<size_t>(saved->nseq) : 0;
   o.dec.capacity = prior + prompt.size() + static_cast<size_t>(o.gen) + 1;
-  if (o.dec.capacity > kMaxPositions)
-    throw io::usage_error(fmt::format("prompt + --gen + 1 = {} positions exceeds the {} this build allows",
-                                      o.dec.capacity, kMaxPositions));
+  if (o.dec.capacity > kMaxPositions) {
+    const std::string from_state =
+        saved ? fmt::format("{} saved positions in {} + ", prior, *o.load_state) : std::string();
+    throw io::usage_error(fmt::format("{}prompt + --gen + 1 = {} positions exceeds the {} this build allows",
+                                      from_state, o.dec.capacity, kMaxPositions));
+  }
   o.dec.expected_calls = o.gen;
 
   std::printf("\nKimi K3, k3flow, released checkpoint layout\n");

@@ -189,6 +189,44 @@ TEST_CASE(
   CHECK(run("generate " + kModel + " --ids 4 --incremental --recompute").code == 2);
 }
 
+TEST_CASE("a state file whose nseq is corrupt is refused naming the file and nseq, not --gen") {
+  TempDir d;
+  REQUIRE(run("generate " + kModel + " --ids 1,2,3 --gen 2 --incremental --save-state " + d / "s.k3st" +
+              " --out " + d / "r.json")
+              .code == 0);
+  const std::string good = slurp(d / "s.k3st");
+  // nseq patched in (header offset 68); `pad` zero bytes appended so the file is long enough for it.
+  auto with_nseq = [&](int32_t nseq, size_t pad) {
+    std::string bad = good;
+    for (int i = 0; i < 4; ++i) bad[68 + i] = static_cast<char>((uint32_t(nseq) >> (8 * i)) & 0xFF);
+    bad.append(pad, '\0');
+    const std::string file = d / ("nseq_" + std::to_string(nseq) + ".k3st");
+    std::ofstream(file, std::ios::binary) << bad;
+    return file;
+  };
+  const struct {
+    int32_t nseq;
+    size_t pad;
+    int code;
+    std::string says;
+  } cases[] = {
+      {2147483647, 0, 1, ": corrupt header: nseq = 2147483647 saved positions need"},
+      {40000, 0, 1, ": corrupt header: nseq = 40000 saved positions need"},
+      {36864, 4 * 36864, 1, ": nseq = 36864 saved positions, more than the 36863 this build allows"},
+      {36000, 4 * 36000, 2, " + prompt + --gen + 1 = 37002 positions exceeds"},
+  };
+  for (const auto& c : cases) {
+    CAPTURE(c.nseq);
+    const std::string file = with_nseq(c.nseq, c.pad);
+    const Run r = run("generate " + kModel + " --ids 4 --gen 1000 --incremental --load-state " + file +
+                      " --out " + d / "x.json");
+    CHECK_MESSAGE(r.code == c.code, r.out);
+    CHECK_MESSAGE(r.out.find(file + c.says) != std::string::npos, r.out);
+    if (c.code == 1) CHECK_MESSAGE(r.out.find("--gen") == std::string::npos, r.out);
+    CHECK(!fs::exists(d / "x.json"));
+  }
+}
+
 TEST_CASE("usage refusals exit 2 naming the flag, and never leave an output file") {
   TempDir d;
   const std::string out = " --out " + d / "r.json" + " --dump-logits " + d / "l.bin";
