@@ -274,6 +274,15 @@ TEST_CASE("usage refusals exit 2 naming the flag, and never leave an output file
   }
   const Run no_dir = run("generate --ids 1");
   CHECK(no_dir.code == 2);
+
+  // --trace into a directory: one line naming the flag and the path, nothing left beside it.
+  fs::create_directory(d / "trace.dir");
+  const Run trace_dir = run("generate " + kModel + " --ids 1 --gen 1 --mem-gb 1 --trace " + d / "trace.dir");
+  CHECK(trace_dir.code == 2);
+  CHECK_MESSAGE(trace_dir.out.find("--trace " + d / "trace.dir" + ": is a directory") != std::string::npos,
+                trace_dir.out);
+  for (const auto& e : fs::directory_iterator(d.path))
+    CHECK_MESSAGE(e.path().filename().string().find(".tmp") == std::string::npos, e.path());
 }
 
 TEST_CASE("runtime failures exit 1 with one clear line: missing tensors") {
