@@ -164,6 +164,10 @@ void check_limits(const ModelConfig& c, const std::string& source) {
     if (p.value > p.max)
       throw cfg_error(source, fmt::format("{} = {} exceeds the limit {}", p.what, p.value, p.max));
   }
+  // The epsilon is used as an f32: 1e300 becomes inf there and every norm then outputs zeros,
+  // which decodes "successfully" to id 0 forever.
+  if (!(c.rms_eps > 0.0f && c.rms_eps < 1.0f))
+    throw cfg_error(source, fmt::format("rms_norm_eps = {} is not in (0, 1) as a float32", c.rms_eps));
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 
 #include "io/error.hpp"
@@ -89,6 +90,13 @@ std::span<const float> Decoder::logits() {
     stream_->forward(state_, feed, logits_);
   else
     stages::forward(*model_, state_, feed, stages::HeadAt::last, logits_, scratch_);
+  // A NaN weight or state still "decodes" (greedy picks id 0 forever): such a run is invalid.
+  for (size_t i = 0; i < logits_.size(); ++i)
+    if (!std::isfinite(logits_[i]))
+      throw io::Error(io::ErrorKind::run_invalid,
+                      fmt::format("the logits at position {} are not finite (logit {} is {}): a weight or the "
+                                  "carried state holds NaN or inf; the run is invalid",
+                                  state_.cached - 1, i, logits_[i]));
   return logits_;
 }
 

@@ -478,6 +478,11 @@ TEST_CASE("sizes are bounded at load, naming the field and the limit") {
                           {"routed_expert_hidden_size", "65536"}})),
             "num_hidden_layers x num_experts x moe_intermediate_size x routed_expert_hidden_size = "
             "1152921504606846976 exceeds the limit 1125899906842624"));
+  // An epsilon that is no epsilon: 1e300 is inf as a float32 and zeroes every norm's output.
+  for (const char* eps : {"1e300", "0", "-1e-5", "2"}) {
+    CAPTURE(eps);
+    CHECK(has(refusal(flat({{"rms_norm_eps", eps}})), "rms_norm_eps = "));
+  }
 }
 
 TEST_CASE("the limits leave room: the released dimensions, and each field at its limit, load") {
