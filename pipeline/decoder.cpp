@@ -65,7 +65,7 @@ Decoder::Decoder(const DecoderOptions& o, io::ModelConfig cfg)
   std::printf("peak RSS after loading weights: %s\n", human_bytes(double(peak_rss_bytes())).c_str());
   std::printf(
       "recurrent state for %d layers: %s; KV cache %s for %d MLA layers at %zu positions\n", n_layers_,
-      human_bytes(double(state_.kper()) * n_layers_ * 4).c_str(),
+      human_bytes(double(state_.kda_bytes())).c_str(),
       human_bytes(double(state_.capacity()) * double(state_.kvpp() + state_.ropepp()) * state_.n_mla() * 4)
           .c_str(),
       state_.n_mla(), state_.capacity());

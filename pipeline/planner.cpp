@@ -13,6 +13,7 @@
 #include "io/safetensors_writer.hpp"
 #include "io/uring_reader.hpp"
 #include "pipeline/reader_options.hpp"
+#include "stages/forward.hpp"
 #include "stages/plan.hpp"
 
 namespace k3::pipeline {
@@ -281,7 +282,8 @@ uint64_t scratch_bytes(const io::ModelConfig& c, uint64_t context) {
 }
 
 PlanInputs plan_inputs(const io::ModelConfig& c, const io::ShardSet& shards, const io::PackedTrunk* trunk,
-                       uint64_t context) {
+                       uint64_t context, int n_bound) {
+  const int n = n_bound <= 0 || n_bound > c.n_layers ? c.n_layers : n_bound;
   PlanInputs in;
   if (trunk) {
     for (const io::TrunkLayer& L : trunk->layers()) in.layers.push_back({L.nbytes, 0});
@@ -289,23 +291,17 @@ PlanInputs plan_inputs(const io::ModelConfig& c, const io::ShardSet& shards, con
     for (const io::TrunkLayer& L : io::layout_trunk(shards, c.n_layers).layers)
       in.layers.push_back({L.nbytes, 0});
   }
-  int n_mla = 0;
-  for (int l = 0; l < c.n_layers; ++l) {
+  in.layers.resize(size_t(n));
+  for (int l = 0; l < n; ++l)
     in.layers[size_t(l)].widen_bytes =
         4 * stages::locate(stages::plan_layer(c, l).tensors, shards, c).widen_floats;
-    n_mla += c.is_mla(l);
-  }
-  const int n_kda = c.n_layers - n_mla;
 
   stages::Layout head = stages::locate(stages::plan_model(c), shards, c);
   const uint64_t head_bytes =
       align_up(head.buffer_bytes, kDirectAlign) + align_up(4 * head.widen_floats, kDirectAlign);
-  // KDA only: H x D x D recurrent state + the (K-1)-tap conv windows of q, k, v. The reference
-  // allocates it for all layers; MLA layers have none.
-  const uint64_t H = uint64_t(c.kda_heads), D = uint64_t(c.kda_head_dim);
-  const uint64_t kda_state = 4 * (H * D * D + 3 * H * D * uint64_t(c.conv_kernel - 1));
-  const uint64_t kv_pos =
-      4 * uint64_t(n_mla) * (uint64_t(c.mla_heads) * uint64_t(c.qk_nope + c.v_head) + uint64_t(c.qk_rope));
+  // KDA state for the KDA layers only (the references allocate it for every layer; MLA layers have
+  // none) and the KV cache: what stages::DecodeState allocates, from the same StateSizes.
+  const stages::StateSizes state = stages::StateSizes::of(c, n, context);
   const uint64_t scratch = scratch_bytes(c, context);
   const uint64_t index = shards.index_bytes() + (trunk ? trunk->index_bytes() : 0);
   // The two readers' rings, at the queue depths the graph opens them with (reader_options.hpp).
@@ -313,10 +309,10 @@ PlanInputs plan_inputs(const io::ModelConfig& c, const io::ShardSet& shards, con
   const uint64_t expert_ring = io::UringReader::ring_bytes(expert_reader_options(0).queue_depth);
   in.resident = {
       {"embedding + lm_head + head vectors", 1, head_bytes, head_bytes},
-      {fmt::format("KDA recurrent + conv state ({} KDA layers)", n_kda), uint64_t(n_kda), kda_state,
-       n_kda * kda_state},
-      {fmt::format("MLA KV cache ({} positions, {} MLA layers)", context, n_mla), context, kv_pos,
-       context * kv_pos},
+      {fmt::format("KDA recurrent + conv state ({} KDA layers)", state.n_kda), uint64_t(state.n_kda),
+       state.kda_layer_bytes(), state.kda_bytes()},
+      {fmt::format("MLA KV cache ({} positions, {} MLA layers)", context, state.n_mla), context,
+       state.kv_position_bytes(), state.kv_bytes()},
       {"activation scratch (estimate)", 1, scratch, scratch},
       {trunk ? "tensor index (shards + trunk.json)" : "tensor index (shards)", 1, index, index},
       {"io_uring rings (trunk + experts)", 2, trunk_ring == expert_ring ? trunk_ring : 0,

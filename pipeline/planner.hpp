@@ -105,9 +105,11 @@ uint64_t preset_budget(std::string_view name, const PlanInputs& in);
 std::vector<std::string> preset_names();
 
 // Inputs from a checkpoint: layer footprints from the packed trunk when given, else as pack-trunk
-// would lay the layers out from the shard index; resident terms for `context` positions.
+// would lay the layers out from the shard index; resident terms for `context` positions. The first
+// `n_bound` layers are planned (<= 0: all); the KDA state and MLA KV cache terms are
+// stages::StateSizes, the very sizes stages::DecodeState allocates.
 PlanInputs plan_inputs(const io::ModelConfig& config, const io::ShardSet& shards,
-                       const io::PackedTrunk* trunk, uint64_t context);
+                       const io::PackedTrunk* trunk, uint64_t context, int n_bound = 0);
 
 // Activation scratch for `context` positions (the estimate is documented in planner.cpp).
 uint64_t scratch_bytes(const io::ModelConfig& config, uint64_t context);

@@ -102,7 +102,15 @@ void load_state(const std::filesystem::path& path, const io::ModelConfig& c, sta
   };
   seq.assign(static_cast<size_t>(h.nseq), 0);
   read(seq.data(), seq.size() * 4);
-  read(st.kda_all().data(), st.kda_all().size() * 4);
+  // The file holds kper floats for every bound layer; only the KDA layers' are state (an MLA
+  // layer's slice is zero in files from every engine and has nowhere to go here).
+  for (int l = 0; l < h.n_bound; ++l) {
+    const std::span<float> kda = st.kda_layer(l);
+    if (kda.empty())
+      f.seekg(static_cast<std::streamoff>(4 * h.kper), std::ios::cur);
+    else
+      read(kda.data(), kda.size() * 4);
+  }
   for (int m = 0; m < h.n_mla; ++m) read(st.kv_rows(m, h.cached).data(), st.kv_rows(m, h.cached).size() * 4);
   for (int m = 0; m < h.n_mla; ++m)
     read(st.rope_rows(m, h.cached).data(), st.rope_rows(m, h.cached).size() * 4);
@@ -141,7 +149,13 @@ uint64_t save_state(const std::filesystem::path& path, const io::ModelConfig& c,
     at += bytes;
   };
   append(seq.data(), seq.size() * 4);
-  append(st.kda_all().data(), st.kda_all().size() * 4);
+  for (int l = 0; l < h.n_bound; ++l) {  // kper floats per bound layer; an MLA layer's stay zero
+    const std::span<const float> kda = st.kda_layer(l);
+    if (kda.empty())
+      at += 4 * st.kper();
+    else
+      append(kda.data(), kda.size_bytes());
+  }
   for (int m = 0; m < h.n_mla; ++m)
     append(st.kv_rows(m, st.cached).data(), st.kv_rows(m, st.cached).size() * 4);
   for (int m = 0; m < h.n_mla; ++m)

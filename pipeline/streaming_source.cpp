@@ -156,8 +156,7 @@ std::unique_ptr<WeightSources::Head> WeightSources::load_head() const {
 }
 
 PlanInputs WeightSources::plan_inputs(uint64_t context, std::vector<PlanTerm> extra) const {
-  PlanInputs in = pipeline::plan_inputs(cfg_, shards_, trunk_, context);
-  in.layers.resize(layers_.size());
+  PlanInputs in = pipeline::plan_inputs(cfg_, shards_, trunk_, context, int(layers_.size()));
   for (size_t l = 0; l < layers_.size(); ++l)
     in.layers[l] = {layers_[l].slot_bytes, 4 * layers_[l].layout.widen_floats};
   if (has_experts()) {

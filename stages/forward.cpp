@@ -12,19 +12,32 @@
 
 namespace k3::stages {
 
+StateSizes StateSizes::of(const io::ModelConfig& c, int n_bound, size_t capacity) {
+  StateSizes s;
+  s.n_bound = n_bound;
+  for (int l = 0; l < n_bound; ++l) ++(c.is_mla(l) ? s.n_mla : s.n_kda);
+  s.capacity = capacity;
+  s.kper = kda_state_floats(c);
+  s.kvpp = mla_kv_floats_per_position(c);
+  s.ropepp = mla_rope_floats_per_position(c);
+  return s;
+}
+
 DecodeState::DecodeState(const io::ModelConfig& c, int n_bound, size_t kv_capacity)
     : cfg_(&c),
-      n_bound_(n_bound),
-      capacity_(kv_capacity),
-      kper_(kda_state_floats(c)),
-      kvpp_(mla_kv_floats_per_position(c)),
-      ropepp_(mla_rope_floats_per_position(c)),
+      sizes_(StateSizes::of(c, n_bound, kv_capacity)),
+      kda_ordinal_(n_bound, -1),
       mla_ordinal_(n_bound, -1) {
-  for (int l = 0; l < n_bound; ++l)
-    if (c.is_mla(l)) mla_ordinal_[l] = n_mla_++;
-  kda_.assign(kper_ * n_bound, 0.0f);
-  kv_.assign(capacity_ * kvpp_ * n_mla_, 0.0f);
-  rope_.assign(capacity_ * ropepp_ * n_mla_, 0.0f);
+  for (int l = 0, k = 0, m = 0; l < n_bound; ++l) {
+    if (c.is_mla(l))
+      mla_ordinal_[l] = m++;
+    else
+      kda_ordinal_[l] = k++;
+  }
+  // Exactly the bytes StateSizes counts (what the planner plans), touched now rather than mid-run.
+  kda_.assign(sizes_.kda_bytes() / 4, 0.0f);
+  kv_.assign(sizes_.capacity * sizes_.kvpp * size_t(sizes_.n_mla), 0.0f);
+  rope_.assign(sizes_.capacity * sizes_.ropepp * size_t(sizes_.n_mla), 0.0f);
 }
 
 void DecodeState::reset() {
@@ -32,14 +45,19 @@ void DecodeState::reset() {
   cached = 0;  // cache rows past `cached` are never read, so they need no clearing
 }
 
+std::span<float> DecodeState::kda_layer(int l) {
+  const int k = kda_ordinal_.at(size_t(l));
+  return k < 0 ? std::span<float>() : std::span(kda_).subspan(size_t(k) * kper(), kper());
+}
+
 LayerState DecodeState::layer(int l) {
   LayerState s;
   s.cached = cached;
-  s.kda = kda_state_view(*cfg_, std::span(kda_).subspan(l * kper_, kper_));
+  if (kda_ordinal_[l] >= 0) s.kda = kda_state_view(*cfg_, kda_layer(l));
   if (mla_ordinal_[l] >= 0) {
-    const size_t m = static_cast<size_t>(mla_ordinal_[l]);
-    s.mla = {std::span(kv_).subspan(m * capacity_ * kvpp_, capacity_ * kvpp_),
-             std::span(rope_).subspan(m * capacity_ * ropepp_, capacity_ * ropepp_), capacity_};
+    const size_t m = static_cast<size_t>(mla_ordinal_[l]), cap = capacity();
+    s.mla = {std::span(kv_).subspan(m * cap * kvpp(), cap * kvpp()),
+             std::span(rope_).subspan(m * cap * ropepp(), cap * ropepp()), cap};
   }
   return s;
 }

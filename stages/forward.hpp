@@ -16,9 +16,29 @@
 
 namespace k3::stages {
 
-// Everything carried between calls, laid out as the K3ST state file stores it (ENGINE.md §5.7):
-// kper floats of KDA + ShortConv state for EVERY bound layer (MLA layers' slices stay zero), and
-// per MLA layer `capacity` KV rows of kvpp floats and rope rows of ropepp floats.
+// The bytes a DecodeState holds, from the config alone. The planner counts exactly these terms and
+// the DecodeState constructor allocates exactly these, so the plan and the allocation are one
+// computation and cannot disagree.
+//   KDA recurrent + conv state: kper floats per KDA layer (MLA layers have none);
+//   MLA KV cache: per MLA layer `capacity` KV rows of kvpp floats and rope rows of ropepp floats.
+struct StateSizes {
+  int n_bound = 0, n_kda = 0, n_mla = 0;  // bound layers and how many of them are KDA / MLA
+  size_t capacity = 0;                    // positions the MLA KV cache holds
+  size_t kper = 0, kvpp = 0, ropepp = 0;  // floats: K3ST header fields of the same names
+
+  static StateSizes of(const io::ModelConfig&, int n_bound, size_t capacity);
+  uint64_t kda_layer_bytes() const { return 4 * uint64_t(kper); }
+  uint64_t kda_bytes() const { return uint64_t(n_kda) * kda_layer_bytes(); }
+  // One position's KV + rope rows over all MLA layers.
+  uint64_t kv_position_bytes() const { return 4 * uint64_t(kvpp + ropepp) * uint64_t(n_mla); }
+  uint64_t kv_bytes() const { return uint64_t(capacity) * kv_position_bytes(); }
+  uint64_t bytes() const { return kda_bytes() + kv_bytes(); }
+};
+
+// Everything carried between calls: KDA + ShortConv state for the KDA layers only (kper floats
+// each, in layer order) and the MLA layers' KV and rope rows. The K3ST state file stores kper floats
+// for EVERY bound layer, MLA layers' slices zero, as the reference engines do; pipeline/state_file.*
+// maps between that layout and this one.
 class DecodeState {
  public:
   DecodeState(const io::ModelConfig&, int n_bound, size_t kv_capacity);
@@ -27,25 +47,33 @@ class DecodeState {
   LayerState layer(int l);
 
   size_t cached = 0;  // positions already fed
-  int n_bound() const { return n_bound_; }
-  int n_mla() const { return n_mla_; }
-  size_t capacity() const { return capacity_; }
-  size_t kper() const { return kper_; }
-  size_t kvpp() const { return kvpp_; }
-  size_t ropepp() const { return ropepp_; }
-  std::span<float> kda_all() { return kda_; }
+  const StateSizes& sizes() const { return sizes_; }
+  int n_bound() const { return sizes_.n_bound; }
+  int n_mla() const { return sizes_.n_mla; }
+  size_t capacity() const { return sizes_.capacity; }
+  size_t kper() const { return sizes_.kper; }
+  size_t kvpp() const { return sizes_.kvpp; }
+  size_t ropepp() const { return sizes_.ropepp; }
+  uint64_t kda_bytes() const { return sizes_.kda_bytes(); }
+  uint64_t kv_bytes() const { return sizes_.kv_bytes(); }
+  // What the vectors really hold (their capacities), for tests that hold the plan to it.
+  uint64_t allocated_bytes() const {
+    return 4 * uint64_t(kda_.capacity() + kv_.capacity() + rope_.capacity());
+  }
+
+  // Layer l's kper floats of KDA + conv state; empty for an MLA layer.
+  std::span<float> kda_layer(int l);
   std::span<float> kv_rows(int mla_ordinal, size_t n) {
-    return std::span(kv_).subspan(mla_ordinal * capacity_ * kvpp_, n * kvpp_);
+    return std::span(kv_).subspan(mla_ordinal * capacity() * kvpp(), n * kvpp());
   }
   std::span<float> rope_rows(int mla_ordinal, size_t n) {
-    return std::span(rope_).subspan(mla_ordinal * capacity_ * ropepp_, n * ropepp_);
+    return std::span(rope_).subspan(mla_ordinal * capacity() * ropepp(), n * ropepp());
   }
 
  private:
   const io::ModelConfig* cfg_;
-  int n_bound_, n_mla_ = 0;
-  size_t capacity_, kper_, kvpp_, ropepp_;
-  std::vector<int> mla_ordinal_;
+  StateSizes sizes_;
+  std::vector<int> kda_ordinal_, mla_ordinal_;  // per bound layer; -1 where the layer is the other kind
   std::vector<float> kda_, kv_, rope_;
 };
 

@@ -1,0 +1,156 @@
+// pipeline/state_file (K3ST) with stages::DecodeState's compact layout: the bytes on disk are the
+// reference engines' (kper floats for EVERY bound layer, MLA layers' slices zero) while memory holds
+// the KDA layers only.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "io/config.hpp"
+#include "io/error.hpp"
+#include "io/k3_names.hpp"
+#include "pipeline/state_file.hpp"
+#include "stages/forward.hpp"
+#include "tests/run_helpers.hpp"
+
+namespace fs = std::filesystem;
+using k3::pipeline::kStateHeaderBytes;
+using k3::pipeline::load_state;
+using k3::pipeline::save_state;
+using k3::stages::DecodeState;
+using k3::test::slurp;
+using k3::test::TempDir;
+
+namespace {
+
+k3::io::ModelConfig tiny() {
+  return k3::io::load_config(std::string(K3_FIXTURES) + "/tiny-k3/config.json");
+}
+k3::io::ModelConfig released() {
+  return k3::io::parse_config(k3::io::k3_config_json(), "released config.json");
+}
+
+// A state whose every float says where it is: KDA layer l's i-th float, KV / rope rows.
+void fill(DecodeState& st, size_t cached) {
+  for (int l = 0; l < st.n_bound(); ++l) {
+    std::span<float> s = st.kda_layer(l);
+    for (size_t i = 0; i < s.size(); ++i) s[i] = float(l + 1) + float(i % 1000) * 1e-3f;
+  }
+  for (int m = 0; m < st.n_mla(); ++m) {
+    std::span<float> kv = st.kv_rows(m, cached), rope = st.rope_rows(m, cached);
+    for (size_t i = 0; i < kv.size(); ++i) kv[i] = -float(m + 1) - float(i % 777) * 1e-3f;
+    for (size_t i = 0; i < rope.size(); ++i) rope[i] = 100.0f + float(m) + float(i % 333) * 1e-3f;
+  }
+  st.cached = cached;
+}
+
+std::vector<float> floats_at(const std::string& bytes, size_t offset, size_t n) {
+  std::vector<float> v(n);
+  REQUIRE(offset + 4 * n <= bytes.size());
+  std::memcpy(v.data(), bytes.data() + offset, 4 * n);
+  return v;
+}
+
+bool same(std::span<const float> a, std::span<const float> b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size_bytes()) == 0;
+}
+
+// The names in `dir`, sorted (a temporary left behind shows here).
+std::vector<std::string> entries(const fs::path& dir) {
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+}  // namespace
+
+TEST_CASE("DecodeState allocates KDA state for the KDA layers only, exactly the bytes StateSizes counts") {
+  const k3::io::ModelConfig c = released();
+  const auto sizes = k3::stages::StateSizes::of(c, c.n_layers, 128);
+  CHECK(sizes.n_kda == 69);
+  CHECK(sizes.n_mla == 24);
+  CHECK(sizes.kper == 1'683'456);                     // the released K3ST header's kper
+  CHECK(sizes.kda_bytes() == 69ull * 1'683'456 * 4);  // 443 MiB, not 93 layers' 626 MB
+  CHECK(sizes.kv_position_bytes() == 2'365'440);      // 24 MLA layers x (24,576 + 64) floats
+  DecodeState st(c, c.n_layers, 128);
+  CHECK(st.allocated_bytes() == sizes.bytes());
+  for (int l = 0; l < c.n_layers; ++l) {
+    CAPTURE(l);
+    CHECK(st.kda_layer(l).size() == (c.is_mla(l) ? 0 : sizes.kper));
+  }
+  // A run of the first few layers only (--layers): the same function, fewer layers.
+  DecodeState part(c, 5, 7);
+  CHECK(part.allocated_bytes() == k3::stages::StateSizes::of(c, 5, 7).bytes());
+  CHECK(part.sizes().n_kda == 4);  // layer 3 (one-based 4) is MLA
+}
+
+TEST_CASE("K3ST bytes: kper floats for every bound layer at its index, MLA slices zero; load maps back") {
+  const k3::io::ModelConfig c = tiny();
+  const int n = c.n_layers;
+  DecodeState st(c, n, 10);
+  fill(st, 6);
+  const std::vector<int32_t> seq = {5, 17, 250, 3, 3, 99, 7};
+  TempDir d;
+  const uint64_t bytes = save_state(d / "s.k3st", c, seq, st);
+  const std::string file = slurp(d / "s.k3st");
+  const size_t kper = st.kper(), kvpp = st.kvpp(), rpp = st.ropepp(), M = size_t(st.n_mla()), cached = 6;
+  REQUIRE(file.size() == bytes);
+  REQUIRE(bytes == kStateHeaderBytes + 4 * seq.size() + 4 * kper * n + 4 * cached * (kvpp + rpp) * M);
+  CHECK(file.substr(0, 4) == "K3ST");
+  auto i32 = [&](size_t at) {
+    int32_t v;
+    std::memcpy(&v, file.data() + at, 4);
+    return v;
+  };
+  auto i64 = [&](size_t at) {
+    int64_t v;
+    std::memcpy(&v, file.data() + at, 8);
+    return v;
+  };
+  CHECK(i32(4) == 1);
+  CHECK(i32(56) == n);
+  CHECK(i32(60) == int(M));
+  CHECK(i32(64) == int(cached));
+  CHECK(i32(68) == int(seq.size()));
+  CHECK(i64(72) == int64_t(kper));
+  CHECK(i64(80) == int64_t(kvpp));
+  CHECK(i64(88) == int64_t(rpp));
+  for (size_t i = 0; i < seq.size(); ++i) CHECK(i32(kStateHeaderBytes + 4 * i) == seq[i]);
+
+  size_t at = kStateHeaderBytes + 4 * seq.size();
+  for (int l = 0; l < n; ++l, at += 4 * kper) {
+    CAPTURE(l);
+    const std::vector<float> slice = floats_at(file, at, kper);
+    if (c.is_mla(l))
+      CHECK(std::all_of(slice.begin(), slice.end(), [](float x) { return x == 0.0f; }));
+    else
+      CHECK(same(slice, st.kda_layer(l)));
+  }
+  for (size_t m = 0; m < M; ++m, at += 4 * cached * kvpp)
+    CHECK(same(floats_at(file, at, cached * kvpp), st.kv_rows(int(m), cached)));
+  for (size_t m = 0; m < M; ++m, at += 4 * cached * rpp)
+    CHECK(same(floats_at(file, at, cached * rpp), st.rope_rows(int(m), cached)));
+  CHECK(at == file.size());
+
+  // Back into a state of another capacity: every KDA slice and occupied row lands where it was.
+  DecodeState back(c, n, 32);
+  std::vector<int32_t> seq_back;
+  load_state(d / "s.k3st", c, back, seq_back);
+  CHECK(seq_back == seq);
+  CHECK(back.cached == cached);
+  for (int l = 0; l < n; ++l) CHECK(same(back.kda_layer(l), st.kda_layer(l)));
+  for (int m = 0; m < int(M); ++m) {
+    CHECK(same(back.kv_rows(m, cached), st.kv_rows(m, cached)));
+    CHECK(same(back.rope_rows(m, cached), st.rope_rows(m, cached)));
+  }
+  // And out again: the same bytes.
+  save_state(d / "t.k3st", c, seq_back, back);
+  CHECK(slurp(d / "t.k3st") == file);
+  CHECK(entries(d.path) == std::vector<std::string>{"s.k3st", "t.k3st"});
+}
