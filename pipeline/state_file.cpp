@@ -1,13 +1,16 @@
 #include "pipeline/state_file.hpp"
 
+#include <fcntl.h>
 #include <fmt/format.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <fstream>
 #include <string>
 
 #include "io/error.hpp"
-#include "pipeline/output_file.hpp"
 
 namespace k3::pipeline {
 
@@ -18,8 +21,8 @@ constexpr int32_t kVersion = 1;
 
 // Little-endian field access (the format is defined little-endian; x86-64 and AArch64 Linux are).
 template <class T>
-void put(std::vector<std::byte>& b, size_t at, T v) {
-  std::memcpy(b.data() + at, &v, sizeof v);
+void put(std::byte* b, size_t at, T v) {
+  std::memcpy(b + at, &v, sizeof v);
 }
 template <class T>
 T get(const std::byte* b, size_t at) {
@@ -38,6 +41,94 @@ uint64_t expected_size(const StateHeader& h) {
 [[noreturn]] void refuse(const std::filesystem::path& p, const std::string& why) {
   throw io::runtime_error(fmt::format("--load-state {}: {}", p.string(), why));
 }
+
+// A file written front to back through one fixed buffer into a temporary name in the destination's
+// directory; commit() fsyncs it and renames it over the destination. Until then the destination is
+// untouched, and a writer destroyed uncommitted (any failure) removes the temporary.
+class StreamedFile {
+ public:
+  explicit StreamedFile(const std::filesystem::path& path)
+      : path_(path), tmp_(path.string() + fmt::format(".tmp.{}", ::getpid())), buf_(kStateWriteBuffer) {
+    std::error_code ec;
+    if (std::filesystem::is_directory(path, ec)) fail(EISDIR);
+    fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd_ < 0) fail(errno);
+  }
+  ~StreamedFile() {
+    if (fd_ >= 0) ::close(fd_);
+    if (!committed_) ::unlink(tmp_.c_str());
+  }
+  StreamedFile(const StreamedFile&) = delete;
+  StreamedFile& operator=(const StreamedFile&) = delete;
+
+  // Small pieces gather in the buffer; a piece at least as large as the buffer goes straight from
+  // the caller's memory, so no piece is ever copied whole.
+  void write(const void* src, size_t n) {
+    const auto* p = static_cast<const std::byte*>(src);
+    if (used_ + n > buf_.size()) flush();
+    if (n >= buf_.size()) {
+      write_fully(p, n);
+    } else {
+      std::memcpy(buf_.data() + used_, p, n);
+      used_ += n;
+    }
+  }
+  void zeros(uint64_t n) {
+    while (n > 0) {
+      if (used_ == buf_.size()) flush();
+      const size_t k = size_t(std::min<uint64_t>(n, buf_.size() - used_));
+      std::memset(buf_.data() + used_, 0, k);
+      used_ += k;
+      n -= k;
+    }
+  }
+  uint64_t size() const { return written_ + used_; }
+
+  void commit() {
+    flush();
+    if (::fsync(fd_) != 0) fail(errno);
+    const int fd = fd_;
+    fd_ = -1;
+    if (::close(fd) != 0) fail(errno);
+    if (::rename(tmp_.c_str(), path_.c_str()) != 0) fail(errno);
+    committed_ = true;
+    // The rename itself reaches the disk with the directory (best effort: not every file system
+    // lets a directory be fsynced).
+    const std::filesystem::path dir = path_.has_parent_path() ? path_.parent_path() : ".";
+    const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd >= 0) {
+      ::fsync(dfd);
+      ::close(dfd);
+    }
+  }
+
+ private:
+  [[noreturn]] void fail(int err) const {
+    throw io::runtime_error(
+        fmt::format("cannot write state file {}: {}", path_.string(), std::strerror(err ? err : EIO)));
+  }
+  void flush() {
+    write_fully(buf_.data(), used_);
+    used_ = 0;
+  }
+  void write_fully(const std::byte* p, size_t n) {
+    while (n > 0) {
+      const ssize_t w = ::write(fd_, p, std::min<size_t>(n, size_t{1} << 30));
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) fail(w < 0 ? errno : EIO);
+      p += w;
+      n -= size_t(w);
+      written_ += uint64_t(w);
+    }
+  }
+
+  std::filesystem::path path_, tmp_;
+  std::vector<std::byte> buf_;
+  size_t used_ = 0;
+  uint64_t written_ = 0;
+  int fd_ = -1;
+  bool committed_ = false;
+};
 
 }  // namespace
 
@@ -132,36 +223,39 @@ uint64_t save_state(const std::filesystem::path& path, const io::ModelConfig& c,
   h.kvpp = static_cast<int64_t>(st.kvpp());
   h.ropepp = static_cast<int64_t>(st.ropepp());
 
-  std::vector<std::byte> b(expected_size(h));
-  std::memcpy(b.data(), kMagic, 4);
-  put(b, 4, h.version);
-  for (size_t i = 0; i < 12; ++i) put(b, 8 + 4 * i, h.fingerprint[i]);
-  put(b, 56, h.n_bound);
-  put(b, 60, h.n_mla);
-  put(b, 64, h.cached);
-  put(b, 68, h.nseq);
-  put(b, 72, h.kper);
-  put(b, 80, h.kvpp);
-  put(b, 88, h.ropepp);
-  size_t at = kStateHeaderBytes;
-  auto append = [&](const void* src, size_t bytes) {
-    std::memcpy(b.data() + at, src, bytes);
-    at += bytes;
-  };
-  append(seq.data(), seq.size() * 4);
-  for (int l = 0; l < h.n_bound; ++l) {  // kper floats per bound layer; an MLA layer's stay zero
+  std::byte head[kStateHeaderBytes] = {};
+  std::memcpy(head, kMagic, 4);
+  put(head, 4, h.version);
+  for (size_t i = 0; i < 12; ++i) put(head, 8 + 4 * i, h.fingerprint[i]);
+  put(head, 56, h.n_bound);
+  put(head, 60, h.n_mla);
+  put(head, 64, h.cached);
+  put(head, 68, h.nseq);
+  put(head, 72, h.kper);
+  put(head, 80, h.kvpp);
+  put(head, 88, h.ropepp);
+
+  // Streamed from the state itself: nothing the size of the file is built in memory.
+  StreamedFile out(path);
+  out.write(head, sizeof head);
+  out.write(seq.data(), seq.size() * 4);
+  for (int l = 0; l < h.n_bound; ++l) {  // kper floats per bound layer; an MLA layer's are zero
     const std::span<const float> kda = st.kda_layer(l);
     if (kda.empty())
-      at += 4 * st.kper();
+      out.zeros(4 * st.kper());
     else
-      append(kda.data(), kda.size_bytes());
+      out.write(kda.data(), kda.size_bytes());
   }
   for (int m = 0; m < h.n_mla; ++m)
-    append(st.kv_rows(m, st.cached).data(), st.kv_rows(m, st.cached).size() * 4);
+    out.write(st.kv_rows(m, st.cached).data(), st.kv_rows(m, st.cached).size_bytes());
   for (int m = 0; m < h.n_mla; ++m)
-    append(st.rope_rows(m, st.cached).data(), st.rope_rows(m, st.cached).size() * 4);
-  write_file_atomic(path, b);
-  return b.size();
+    out.write(st.rope_rows(m, st.cached).data(), st.rope_rows(m, st.cached).size_bytes());
+  const uint64_t size = out.size();
+  if (size != expected_size(h))  // the format's own size formula: a layout slip is caught here
+    throw io::runtime_error(fmt::format("cannot write state file {}: wrote {} bytes, the header implies {}",
+                                        path.string(), size, expected_size(h)));
+  out.commit();
+  return size;
 }
 
 }  // namespace k3::pipeline

@@ -35,7 +35,11 @@ StateHeader peek_state(const std::filesystem::path&);
 void load_state(const std::filesystem::path&, const io::ModelConfig&, stages::DecodeState&,
                 std::vector<int32_t>& seq);
 
-// Writes atomically (temporary name + rename). Returns the file size.
+// Streams the file from the state through a kStateWriteBuffer-byte buffer (the state is never
+// copied whole) to a temporary name in the same directory, fsyncs it and renames it over `path`.
+// On any failure the temporary is removed, `path` is untouched, and io::Error (runtime) names the
+// path. Returns the file size.
+constexpr size_t kStateWriteBuffer = size_t{1} << 20;
 uint64_t save_state(const std::filesystem::path&, const io::ModelConfig&, const std::vector<int32_t>& seq,
                     stages::DecodeState&);
 

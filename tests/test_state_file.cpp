@@ -1,7 +1,11 @@
 // pipeline/state_file (K3ST) with stages::DecodeState's compact layout: the bytes on disk are the
 // reference engines' (kper floats for EVERY bound layer, MLA layers' slices zero) while memory holds
-// the KDA layers only.
+// the KDA layers only; save streams through a bounded buffer (its peak memory is measured on a
+// real-size state); a failed save leaves neither the file nor its temporary.
 #include <doctest/doctest.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -60,12 +64,32 @@ bool same(std::span<const float> a, std::span<const float> b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size_bytes()) == 0;
 }
 
+uint64_t status_kb(const char* key) {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  const std::string k = std::string(key) + ":";
+  while (std::getline(f, line))
+    if (line.rfind(k, 0) == 0) return std::strtoull(line.c_str() + k.size(), nullptr, 10);
+  return 0;
+}
+
 // The names in `dir`, sorted (a temporary left behind shows here).
 std::vector<std::string> entries(const fs::path& dir) {
   std::vector<std::string> names;
   for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());
   std::sort(names.begin(), names.end());
   return names;
+}
+
+// save_state's io::Error message, or "<no error>" if it returned.
+std::string save_error(const fs::path& path, const k3::io::ModelConfig& c, const std::vector<int32_t>& seq,
+                       DecodeState& st) {
+  try {
+    save_state(path, c, seq, st);
+  } catch (const k3::io::Error& e) {
+    return e.what();
+  }
+  return "<no error>";
 }
 
 }  // namespace
@@ -153,4 +177,76 @@ TEST_CASE("K3ST bytes: kper floats for every bound layer at its index, MLA slice
   save_state(d / "t.k3st", c, seq_back, back);
   CHECK(slurp(d / "t.k3st") == file);
   CHECK(entries(d.path) == std::vector<std::string>{"s.k3st", "t.k3st"});
+}
+
+TEST_CASE("save_state streams: a 626 MB real-size state is saved with ~1 MiB of extra memory") {
+  const k3::io::ModelConfig c = released();
+  DecodeState st(c, c.n_layers, 40);
+  fill(st, 16);
+  std::vector<int32_t> seq(17);
+  for (size_t i = 0; i < seq.size(); ++i) seq[i] = int32_t(i * 1000 + 1);
+  TempDir d(fs::current_path(), "k3_state_");  // the build directory: real disk, not a tmpfs
+  // Start the high-water mark at the current RSS, so that it measures this save alone.
+  const bool reset = bool(std::ofstream("/proc/self/clear_refs") << "5");
+  if (!reset) MESSAGE("/proc/self/clear_refs refused the reset: VmHWM may include earlier test cases");
+  const uint64_t hwm_before = status_kb("VmHWM") * 1024, rss_before = status_kb("VmRSS") * 1024;
+  const uint64_t bytes = save_state(d / "big.k3st", c, seq, st);
+  const uint64_t hwm_after = status_kb("VmHWM") * 1024;
+  MESSAGE("saved " << bytes << " B; VmRSS before " << rss_before << " B, VmHWM " << hwm_before << " -> "
+                   << hwm_after << " B (+" << (hwm_after - hwm_before) << " B)");
+  CHECK(bytes == fs::file_size(d / "big.k3st"));
+  CHECK(bytes == 96 + 4 * 17 + 4ull * 1'683'456 * 93 + 16ull * 2'365'440);
+  REQUIRE(hwm_before > 0);
+  // Building the file in memory would add its 626 MB; the stream adds its buffer (plus noise).
+  CHECK(hwm_after - hwm_before < 8 * k3::pipeline::kStateWriteBuffer);
+  CHECK(entries(d.path) == std::vector<std::string>{"big.k3st"});
+}
+
+TEST_CASE("a failed save throws naming the path and leaves no file and no temporary") {
+  const k3::io::ModelConfig c = tiny();
+  DecodeState st(c, c.n_layers, 8);
+  fill(st, 3);
+  const std::vector<int32_t> seq = {1, 2, 3, 4};
+  TempDir d;
+
+  SUBCASE("the path is a directory") {
+    fs::create_directory(d / "dir");
+    const std::string what = save_error(d / "dir", c, seq, st);
+    CHECK(what.find(d / "dir") != std::string::npos);
+    CHECK(fs::is_directory(d / "dir"));
+    CHECK(entries(d.path) == std::vector<std::string>{"dir"});
+  }
+  SUBCASE("the directory does not exist") {
+    CHECK(save_error(d / "no/such/s.k3st", c, seq, st).find(d / "no/such/s.k3st") != std::string::npos);
+    CHECK(entries(d.path).empty());
+  }
+  SUBCASE("the directory is not writable") {
+    if (::geteuid() == 0) {
+      MESSAGE("running as root: permissions do not stop writes, the non-writable case is skipped");
+    } else {
+      fs::create_directory(d / "ro");
+      fs::permissions(d / "ro", fs::perms::owner_read | fs::perms::owner_exec);
+      CHECK(save_error(d / "ro/s.k3st", c, seq, st).find(d / "ro/s.k3st") != std::string::npos);
+      fs::permissions(d / "ro", fs::perms::owner_all);
+      CHECK(entries(d / "ro").empty());
+    }
+  }
+  SUBCASE("the disk refuses mid-file: the temporary is removed, an older file at the path survives") {
+    // RLIMIT_FSIZE stands in for a full disk: writes past the limit fail with EFBIG (SIGXFSZ ignored).
+    std::ofstream(d / "s.k3st") << "older";
+    rlimit old{};
+    REQUIRE(::getrlimit(RLIMIT_FSIZE, &old) == 0);
+    const auto old_handler = ::signal(SIGXFSZ, SIG_IGN);
+    rlimit small = old;
+    small.rlim_cur = 2000;  // the header and the ids fit, the state does not
+    REQUIRE(::setrlimit(RLIMIT_FSIZE, &small) == 0);
+    const std::string what = save_error(d / "s.k3st", c, seq, st);
+    ::setrlimit(RLIMIT_FSIZE, &old);
+    ::signal(SIGXFSZ, old_handler);
+    MESSAGE(what);
+    CHECK(what.find(d / "s.k3st") != std::string::npos);
+    CHECK(std::count(what.begin(), what.end(), '\n') == 0);
+    CHECK(slurp(d / "s.k3st") == "older");
+    CHECK(entries(d.path) == std::vector<std::string>{"s.k3st"});
+  }
 }
