@@ -9,12 +9,19 @@
 // or (no flag) when the checkpoint does not fit in MemAvailable. Without a budget flag the budget is
 // MemAvailable. Otherwise generate stays resident, exactly as before.
 //
-// The budget is what the OS will measure: the plan counts this process's own resident memory when
-// planning (code, libraries, the tensor index: VmRSS from /proc/self/status) and an allowance for
-// thread stacks and allocator slack as resident terms, so the pools shrink by that much. The floor
-// that refuses a budget (exit 2) is the planner's own, as `k3flow plan` and `k3flow bench` compute
-// it; a budget between that floor and floor + the process terms is planned at the floor with a
-// warning that the peak RSS will exceed it (only tiny models get there: the process terms are ~12 MB).
+// The budget is what the OS will measure: besides the planner's own terms the plan counts this
+// process's memory outside the pools (code, libraries, the engine's tables, the tokenizer: an
+// allowance the process measures at start) and the threads' and allocator's slack, so the pools
+// shrink by that much. The floor that refuses a budget (exit 2) is the planner's own, as
+// `k3flow bench` computes it; a budget between that floor and floor + the process terms is planned
+// at the floor with a warning that the peak RSS will exceed it (only tiny models get there: the
+// process terms are 16 MiB + 96 B per vocabulary entry).
+//
+// `k3flow plan` prints the split `k3flow generate` runs: both call plan_run() with the same flags,
+// the same slot sizes (WeightSources') and the same context (generate: prompt + --gen + 1 positions,
+// which its plan header states; plan: --context). The process terms are fixed, not measured, so the
+// split does not depend on which command computes it; generate measures the process and, should it
+// hold more than the allowance, plans with the measured figure and says so.
 #pragma once
 #include <CLI/CLI.hpp>
 #include <cstdint>
@@ -22,22 +29,41 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "io/config.hpp"
 #include "io/safetensors.hpp"
 #include "pipeline/graph.hpp"
+#include "pipeline/planner.hpp"
 #include "pipeline/run_report.hpp"
 
 namespace k3::pipeline {
 
+// The flags that decide a streamed run's plan.
 struct StreamFlags {
   std::string trunk_dir, preset, strategy, trace, graph_dot;
-  double mem_gb = 0, trunk_gb = 0, cache_gb = 0;
+  double mem_gb = 0, trunk_gb = 0, cache_gb = 0;  // 0: not given
   bool requested() const;
+  bool budget_given() const { return !preset.empty() || mem_gb > 0 || trunk_gb > 0; }
 };
 
-// Declares --trunk, --mem-gb, --preset, --trunk-gb, --cache-gb, --strategy, --trace, --graph-dot.
+// Declares --trunk, --mem-gb, --preset, --trunk-gb, --cache-gb, --strategy: what decides the plan.
+void add_plan_flags(CLI::App& sub, StreamFlags& flags);
+// add_plan_flags, then --trace and --graph-dot.
 void add_stream_flags(CLI::App& sub, StreamFlags& flags);
+
+class WeightSources;
+
+// The plan of a streamed run of `src` for `context` positions: `k3flow plan` prints it and
+// `k3flow generate` runs it. Without a budget flag the budget is MemAvailable. `process_bytes` is
+// this process's memory outside the planned terms as measured (0: not measured); above the fixed
+// allowance it replaces it. Throws usage Error (exit 2) for a budget below the planner's floor.
+struct RunPlan {
+  Plan plan;
+  std::vector<std::string> notes;  // WARNING / NOTE lines to print with the plan
+};
+RunPlan plan_run(const StreamFlags&, const WeightSources& src, uint64_t context, int ring_slots = 2,
+                 uint64_t process_bytes = 0);
 
 class StreamRun {
  public:
@@ -52,7 +78,8 @@ class StreamRun {
   std::string step_note() const;              // extra STEP-table text for the last step
   uint64_t bytes_read() const;                // trunk + expert bytes read so far in this run
 
-  // After a successful run: writes --trace / --graph-dot, prints the I/O summary, fills the report.
+  // After a successful run: ends the streamed model (forward() may not be called again), writes
+  // --trace / --graph-dot, prints the I/O summary, fills the report.
   void finish(RunReport& report, double decode_seconds);
 
  private:

@@ -83,14 +83,19 @@ TEST_CASE("pack-trunk writes every layer's trunk byte-exactly; --verify passes; 
   });
   CHECK(tensors == trunk_tensors);
 
-  // The plan from the packed trunk sees the same per-layer bytes as the plan from the shards.
+  // The plan from the shards counts the slots a run from the shards reads into (each layer's enclosing
+  // 4096-aligned window); the packed trunk holds the same bytes without the windows' edges: no more,
+  // and at most two pages per layer less.
   simdjson::dom::parser p1, p2;
   Run a = k3flow("plan " + model.string() + " --mem-gb 1 --json");
   Run b = k3flow("plan " + model.string() + " --trunk " + trunk.string() + " --mem-gb 1 --json");
   REQUIRE_MESSAGE(a.code == 0, a.err);
   REQUIRE_MESSAGE(b.code == 0, b.err);
   simdjson::dom::element ja = p1.parse(a.out), jb = p2.parse(b.out);
-  CHECK(uint64_t(ja["trunk"]["trunk_bytes"]) == uint64_t(jb["trunk"]["trunk_bytes"]));
+  const uint64_t from_shards = uint64_t(ja["trunk"]["trunk_bytes"]),
+                 packed = uint64_t(jb["trunk"]["trunk_bytes"]);
+  CHECK(packed <= from_shards);
+  CHECK(from_shards - packed <= uint64_t(c.n_layers) * 2 * 4096);
   CHECK(std::string_view(jb["source"]).find(trunk.string()) != std::string_view::npos);
 
   Run forced = k3flow("pack-trunk " + model.string() + " " + (tmp.path / "trunk2").string() + " --progress");
