@@ -13,7 +13,7 @@ namespace k3::io {
 
 namespace {
 // Buffers this large get 2 MiB alignment and transparent-huge-page advice: weight slots and
-// expert blobs are read once per use and scanned linearly, so fewer TLB misses pay (ENGINE.md §3.4).
+// expert blobs are read once per use and scanned linearly, so fewer TLB misses pay (docs/engine.md §3.4).
 constexpr size_t kHugePage = size_t{2} << 20;
 }  // namespace
 
@@ -26,7 +26,7 @@ AlignedBuffer::AlignedBuffer(size_t bytes, size_t align) {
   if (bytes > SIZE_MAX - align)
     throw runtime_error(fmt::format("AlignedBuffer: {} bytes is too large", bytes));
   const size_t size = align_up(bytes, align);
-  // K3_NOHUGE=1 keeps 4 KiB pages (ENGINE.md §5.3), for A/B runs and hosts without THP.
+  // K3_NOHUGE=1 keeps 4 KiB pages (docs/engine.md §5.3), for A/B runs and hosts without THP.
   static const bool no_huge = [] {
     const char* v = std::getenv("K3_NOHUGE");
     return v && *v && std::strcmp(v, "0") != 0;

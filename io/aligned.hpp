@@ -8,7 +8,7 @@ namespace k3::io {
 class AlignedBuffer {
  public:
   AlignedBuffer() = default;
-  // Length rounded up to `align`; zero-filled. Huge-page advice when large (ENGINE.md §3.4).
+  // Length rounded up to `align`; zero-filled. Huge-page advice when large (docs/engine.md §3.4).
   explicit AlignedBuffer(size_t bytes, size_t align = 4096);
   AlignedBuffer(AlignedBuffer&&) noexcept;
   AlignedBuffer& operator=(AlignedBuffer&&) noexcept;

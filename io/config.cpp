@@ -1,4 +1,4 @@
-// config.json reader (MODEL.md §1). Parsing rules follow the Rust reference where the two references
+// config.json reader (docs/model.md §1). Parsing rules follow the Rust reference where the two references
 // differ (§1.2): ints and full_attn_layers entries must be JSON integer literals; bools take
 // true/false or an integer literal, anything else keeps the default.
 #include "io/config.hpp"
@@ -46,7 +46,7 @@ constexpr Field B(const char* k, bool ModelConfig::*m) {
   return {k, nullptr, Kind::boolean, nullptr, nullptr, m};
 }
 
-// Every field of MODEL.md §1.2, in the order the missing-field report lists them.
+// Every field of docs/model.md §1.2, in the order the missing-field report lists them.
 const Field kFields[] = {
     I("hidden_size", nullptr, &ModelConfig::hidden),
     I("num_hidden_layers", nullptr, &ModelConfig::n_layers),
@@ -299,7 +299,7 @@ ModelConfig parse_config(std::string_view json, const std::string& source) {
         source, missing.size(), names));
   }
 
-  // Structural refusals of MODEL.md §1.3, in the references' order.
+  // Structural refusals of docs/model.md §1.3, in the references' order.
   if (cfg.n_layers <= 0 || cfg.hidden <= 0 || cfg.vocab <= 0) {
     throw cfg_error(source, fmt::format("has non-positive layers/hidden/vocab (layers={} hidden={} vocab={})",
                                         cfg.n_layers, cfg.hidden, cfg.vocab));

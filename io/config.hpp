@@ -1,4 +1,4 @@
-// config.json reader (MODEL.md §1): nested (`text_config`) and flat shapes, every field read, no
+// config.json reader (docs/model.md §1): nested (`text_config`) and flat shapes, every field read, no
 // defaults for required fields, the structural refusals of §1.3 in their order.
 #pragma once
 #include <filesystem>
@@ -26,7 +26,7 @@ struct ModelConfig {
   int kda_heads = 0, kda_head_dim = 0, conv_kernel = 0;
   float gate_lower_bound = 0;
   int mla_heads = 0, q_lora_rank = 0, kv_lora_rank = 0, qk_nope = 0, qk_rope = 0, v_head = 0;
-  bool mla_out_gate = true;  // optional, default true (the only defaults, MODEL.md §1.2)
+  bool mla_out_gate = true;  // optional, default true (the only defaults, docs/model.md §1.2)
   int n_experts = 0, top_k = 0, n_shared = 0, latent = 0, moe_inter = 0;
   float routed_scale = 0;
   bool moe_renormalize = true, latent_norm = true;
@@ -41,7 +41,7 @@ struct ModelConfig {
   int mla_layer_count() const;  // counts duplicates twice, as the references do
   int kda_layer_count() const { return n_layers - mla_layer_count(); }
   int max_blocks() const { return n_layers / attn_res_block + 2; }
-  std::string summary() const;  // the one-line `config: ...` summary of MODEL.md §1.3
+  std::string summary() const;  // the one-line `config: ...` summary of docs/model.md §1.3
 };
 
 constexpr int kMaxTopK = 64;

@@ -62,7 +62,7 @@ void add_layer(Builder& b, uint32_t l) {
     b.add(a + "b_proj.weight", DType::BF16, {kKdaHeads, kHidden});
     b.add(a + "dt_bias", DType::F32, {kKdaProj});
     b.add(a + "o_norm.weight", DType::F32, {kKdaHeadDim});
-    b.add(a + "A_log", DType::F32, {kKdaHeadDim});  // per head, padded to D (MODEL.md §2.1)
+    b.add(a + "A_log", DType::F32, {kKdaHeadDim});  // per head, padded to D (docs/model.md §2.1)
   }
 
   if (l == 0) {  // first_k_dense_replace = 1
@@ -80,7 +80,7 @@ void add_layer(Builder& b, uint32_t l) {
   b.add(m + "shared_experts.gate_proj.weight", DType::BF16, {kMoeInter * kShared, kHidden});
   b.add(m + "shared_experts.up_proj.weight", DType::BF16, {kMoeInter * kShared, kHidden});
   b.add(m + "shared_experts.down_proj.weight", DType::BF16, {kHidden, kMoeInter * kShared});
-  // MXFP4: two values per packed byte, one E8M0 scale byte per group of 32 (MODEL.md §4).
+  // MXFP4: two values per packed byte, one E8M0 scale byte per group of 32 (docs/model.md §4).
   for (uint32_t e = 0; e < kK3Experts; ++e) {
     const std::string x = fmt::format("{}experts.{}.", m, e);
     for (const char* w : {"w1", "w2", "w3"}) {
@@ -121,7 +121,7 @@ void add_vision_encoder(Builder& b) {
   b.add("vision_tower.encoder.rope_2d.freqs", DType::F32, {kVisionRope});
 }
 
-// ENGINE.md §1.3. Shards 11.. (layers 10..) are larger by the extra digit of every name.
+// docs/engine.md §1.3. Shards 11.. (layers 10..) are larger by the extra digit of every name.
 constexpr uint64_t kLayer0Bytes = 2'341'216'112, kHeadBytes = 4'697'664'072;
 constexpr uint64_t kKdaBytes = 16'990'911'504, kMlaBytes = 16'567'501'776;
 constexpr uint64_t kKdaTwoDigit = 5'408, kMlaTwoDigit = 5'400;

@@ -1,4 +1,4 @@
-// The canonical tensor list of the real Kimi K3 checkpoint (MODEL.md §2.1, ENGINE.md §1.3-1.4):
+// The canonical tensor list of the real Kimi K3 checkpoint (docs/model.md §2.1, docs/engine.md §1.3-1.4):
 // every tensor's name, dtype and shape, shard by shard. One source of truth for the header-only
 // (sparse) replica that `k3flow synth --sparse` writes and for the real-scale index tests.
 //
@@ -10,7 +10,7 @@
 // sorted by name (the order safetensors' writer uses). Written with layout_shard(tensors, {}) (no
 // __metadata__, header space-padded to 8), shards 0..93 come out at exactly the published sizes;
 // that match is what pins the small-vector dtypes, which neither reference records:
-//   F32:  A_log, dt_bias, o_norm, q/k/v_conv1d (the 6 F32 of the layer-0 census, MODEL.md §2.1),
+//   F32:  A_log, dt_bias, o_norm, q/k/v_conv1d (the 6 F32 of the layer-0 census, docs/model.md §2.1),
 //         gate.e_score_correction_bias;
 //   BF16: everything else that is not an expert (norms, *_res_proj, routed_expert_norm,
 //         q_a/kv_a_layernorm, the model-level vectors);
@@ -44,7 +44,7 @@ std::string k3_shard_file_name(uint32_t shard);
 // The tensors of one shard, in data order (see above). Throws usage Error for shard >= 96.
 std::vector<TensorEntry> k3_shard_tensors(uint32_t shard);
 
-// The published byte size of each shard file (ENGINE.md §1.3).
+// The published byte size of each shard file (docs/engine.md §1.3).
 uint64_t k3_published_shard_bytes(uint32_t shard);
 
 // config.json of the released (nested) shape with the real values.

@@ -1,4 +1,4 @@
-// The packed trunk (ENGINE.md §2): every layer's dense (non-routed-expert) tensors copied into one
+// The packed trunk (docs/engine.md §2): every layer's dense (non-routed-expert) tensors copied into one
 // trunk.bin, each layer at a 4096-aligned offset, so a layer is ONE aligned O_DIRECT read from a
 // known offset; trunk.json describes it.
 //

@@ -1,4 +1,4 @@
-// safetensors shard set (ENGINE.md §1.2): headers only are read at open; every refusal is one line
+// safetensors shard set (docs/engine.md §1.2): headers only are read at open; every refusal is one line
 // `<shard file>: <tensor>: <what is wrong>`. Lengths and offsets from the file are checked before
 // they are used and all arithmetic on them is overflow-checked.
 #include "io/safetensors.hpp"

@@ -1,4 +1,4 @@
-// A set of safetensors shards indexed by tensor name (MODEL.md §2, ENGINE.md §1.2). Opening reads
+// A set of safetensors shards indexed by tensor name (docs/model.md §2, docs/engine.md §1.2). Opening reads
 // only the headers. The in-memory index is compact (target <= 100 bytes per tensor at 497,220
 // tensors) and measured by index_bytes().
 #pragma once

@@ -1,4 +1,4 @@
-// The compact name -> tensor index behind ShardSet (ENGINE.md §1.6: the references spend ~130 and
+// The compact name -> tensor index behind ShardSet (docs/engine.md §1.6: the references spend ~130 and
 // 216 bytes per tensor; this one spends ~30 at the real 497,220 tensors).
 //
 // Names are stored sorted and front-coded in one byte blob: each record is

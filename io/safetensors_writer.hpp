@@ -1,4 +1,4 @@
-// Writes one safetensors shard (ENGINE.md §1.2): [u64 LE header length][JSON header][data].
+// Writes one safetensors shard (docs/engine.md §1.2): [u64 LE header length][JSON header][data].
 // The header is laid out before any byte is written (tensors back to back in the order given),
 // compact JSON like the released files, space-padded so the data starts 8-byte aligned.
 // Bytes go to `<name>.partial`; only commit() renames it to its final name, so an interrupted or

@@ -26,7 +26,7 @@ namespace k3::io {
 
 namespace {
 
-constexpr size_t kMaxSyscallBytes = size_t{1} << 30;  // ENGINE.md §1.2: cap every read syscall
+constexpr size_t kMaxSyscallBytes = size_t{1} << 30;  // docs/engine.md §1.2: cap every read syscall
 constexpr uint64_t kWakeTag = 0;                      // user_data of the eventfd poll
 
 struct Job;

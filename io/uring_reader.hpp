@@ -1,4 +1,4 @@
-// Asynchronous positioned reads into caller memory (PIPELINE.md §4, ENGINE.md §3.2 / §3.4).
+// Asynchronous positioned reads into caller memory (docs/design.md §4, docs/engine.md §3.2 / §3.4).
 //
 // One reader owns one io_uring and one reaper thread; that thread alone touches the ring (it
 // prepares submissions and reaps completions), so submit() from any thread only appends to a queue

@@ -1,4 +1,4 @@
-// Exact widening of stored weights to f32 (MODEL.md §2.1: "widen BF16/F16/F32 exactly"; U8 widens
+// Exact widening of stored weights to f32 (docs/model.md §2.1: "widen BF16/F16/F32 exactly"; U8 widens
 // to its integer value). Every BF16 and F16 value, including ±0, ±inf, NaN payloads and F16
 // subnormals, is representable in f32, so these are bit-exact maps with no rounding.
 #pragma once

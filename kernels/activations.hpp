@@ -1,5 +1,5 @@
 // Scalar activations of the contract: f32 expf / tanhf from the platform libm, never vectorised
-// approximations (MODEL.md §5.1).
+// approximations (docs/model.md §5.1).
 #pragma once
 #include <span>
 

@@ -1,4 +1,4 @@
-// MLA scores and the shared softmax (MODEL.md §3.6, §5.2).
+// MLA scores and the shared softmax (docs/model.md §3.6, §5.2).
 #pragma once
 #include <span>
 

@@ -1,4 +1,4 @@
-// Attention-residual aggregation over block snapshots (MODEL.md §3.4, §5.2).
+// Attention-residual aggregation over block snapshots (docs/model.md §3.4, §5.2).
 #pragma once
 #include <span>
 

@@ -1,4 +1,4 @@
-// Kimi Delta Attention pieces (MODEL.md §3.5, §5.2). The recurrence is the naive per-step form.
+// Kimi Delta Attention pieces (docs/model.md §3.5, §5.2). The recurrence is the naive per-step form.
 #pragma once
 #include <cstddef>
 #include <span>

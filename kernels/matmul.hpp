@@ -1,4 +1,4 @@
-// Dense (f32 / bf16, MODEL.md §5.3: 16 f64 lanes, fixed reduction tree) and MXFP4 (§5.4: per-group
+// Dense (f32 / bf16, docs/model.md §5.3: 16 f64 lanes, fixed reduction tree) and MXFP4 (§5.4: per-group
 // 8-lane f64 partials, scale multiply, f64 accumulate) matrix-vector products. Output rows are
 // computed in parallel on oneTBB when rows > 64; the per-row arithmetic never depends on it.
 #pragma once

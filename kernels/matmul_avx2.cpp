@@ -1,4 +1,4 @@
-// AVX2 + FMA bodies of the dense (MODEL.md §5.3) and MXFP4 (§5.4) matmuls. Raw pointers and
+// AVX2 + FMA bodies of the dense (docs/model.md §5.3) and MXFP4 (§5.4) matmuls. Raw pointers and
 // internal-linkage helpers only (see matmul_bodies.hpp). Every f64 product here is of two
 // f32-representable values, hence exact, so vfmadd...pd equals the contract's fma64.
 #include <immintrin.h>

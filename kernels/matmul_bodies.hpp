@@ -1,4 +1,4 @@
-// Per-ISA row bodies of the matmuls (MODEL.md §5.3 dense, §5.4 MXFP4). Raw pointers only: the ISA
+// Per-ISA row bodies of the matmuls (docs/model.md §5.3 dense, §5.4 MXFP4). Raw pointers only: the ISA
 // translation units must not instantiate inline code shared with baseline ones (the linker may keep
 // any one copy). Every body writes identical bits.
 //

@@ -1,4 +1,4 @@
-// OCP MXFP4 element and scale encodings (MODEL.md §4). Data only: the matmul reads packed nibbles
+// OCP MXFP4 element and scale encodings (docs/model.md §4). Data only: the matmul reads packed nibbles
 // directly and never builds a dequantised copy.
 #pragma once
 #include <cstddef>

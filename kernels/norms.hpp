@@ -1,4 +1,4 @@
-// RMSNorm and L2Norm (MODEL.md §5.2): sequential f64 sum of squares, inverse rounded to f32 once.
+// RMSNorm and L2Norm (docs/model.md §5.2): sequential f64 sum of squares, inverse rounded to f32 once.
 #pragma once
 #include <span>
 

@@ -1,4 +1,4 @@
-// MoE router (MODEL.md §3.7 step 1, §5.2): sequential single f64 accumulator per expert (NOT the
+// MoE router (docs/model.md §3.7 step 1, §5.2): sequential single f64 accumulator per expert (NOT the
 // 16-lane matmul), independent sigmoids, bias for selection only, k strict-greater passes.
 #pragma once
 #include <cstddef>

@@ -1,4 +1,4 @@
-// Causal depthwise ShortConv + SiLU (MODEL.md §3.5 step 2, §5.2), one time step for all channels.
+// Causal depthwise ShortConv + SiLU (docs/model.md §3.5 step 2, §5.2), one time step for all channels.
 #pragma once
 #include <cstddef>
 #include <span>

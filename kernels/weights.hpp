@@ -19,7 +19,7 @@ struct Bf16Matrix {
   size_t rows = 0, cols = 0;
 };
 
-// OCP MXFP4 (MODEL.md §4): element i of a row is the LOW nibble of byte i/2 when i is even, the high
+// OCP MXFP4 (docs/model.md §4): element i of a row is the LOW nibble of byte i/2 when i is even, the high
 // nibble when odd; one E8M0 scale byte per 32 consecutive elements. `cols` is the logical width.
 struct Mxfp4Matrix {
   std::span<const uint8_t> packed;  // rows * ceil(cols/2) (real widths are even: rows * cols/2)

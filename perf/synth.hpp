@@ -1,4 +1,4 @@
-// Synthetic Kimi K3 checkpoints in the released format (PIPELINE.md §7): sharded safetensors with
+// Synthetic Kimi K3 checkpoints in the released format (docs/design.md §7): sharded safetensors with
 // model.safetensors.index.json and a nested config.json, real tensor names, bf16 trunk, MXFP4
 // experts. Two kinds:
 //   dense  — small models of any shape, deterministic pseudo-random values scaled so a forward
@@ -56,7 +56,7 @@ struct CheckpointPlan {
   uint64_t data_bytes() const;
 };
 
-// The released model's dimensions (MODEL.md §1.2, "real" column).
+// The released model's dimensions (docs/model.md §1.2, "real" column).
 io::ModelConfig real_dims();
 // Named dense sizes shaped like K3 (many experts, few layers): tiny ≈ 7 MB, small ≈ 0.3 GB,
 // medium ≈ 3 GB, large ≈ 12 GB. Throws usage Error naming --size for an unknown name.

@@ -1,5 +1,5 @@
 // config.json and model.safetensors.index.json of a synthetic checkpoint, spelled as the released
-// files are (MODEL.md §1.1–1.2; nested shape, KDA keys and the layer map in linear_attn_config).
+// files are (docs/model.md §1.1–1.2; nested shape, KDA keys and the layer map in linear_attn_config).
 #include <fmt/format.h>
 
 #include <algorithm>

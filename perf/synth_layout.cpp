@@ -15,7 +15,7 @@ namespace {
 
 using io::DType;
 
-constexpr int kMxfp4Group = 32;  // MODEL.md §4; = quantization_config.group_size
+constexpr int kMxfp4Group = 32;  // docs/model.md §4; = quantization_config.group_size
 
 io::ModelConfig base_dims() {
   io::ModelConfig c;
@@ -146,7 +146,7 @@ std::vector<SynthTensor> layer_tensors(const io::ModelConfig& c, int l) {
     o_norm.entry.dtype = DType::F32;
     t.push_back(o_norm);
     // A_log is per HEAD but stored with head_dim values; only the first H are used, the rest are
-    // exactly 0 as in the released file (MODEL.md §2.1).
+    // exactly 0 as in the released file (docs/model.md §2.1).
     t.push_back({entry(a + "A_log", DType::F32, {D}), l, -1, Fill::a_log, 0, 0, c.kda_heads});
   }
   if (c.is_dense(l)) {

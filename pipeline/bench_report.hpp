@@ -1,5 +1,5 @@
 // What `k3flow bench` reads from each `k3flow generate` child and what it makes of it
-// (PIPELINE.md §5): per strategy s/token (median and min over repeats), bytes per token, disk and
+// (docs/design.md §5): per strategy s/token (median and min over repeats), bytes per token, disk and
 // CPU busy shares, overlap efficiency = max(T_io, T_cpu) / T_wall, lookahead hit rate, peak RSS;
 // printed as a table and written as one JSON object.
 //

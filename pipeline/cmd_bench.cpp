@@ -1,6 +1,6 @@
 // `k3flow bench MODEL_DIR [--trunk DIR] (--mem-gb X | --preset P) [--strategies LIST] [--gen N]
 //  [--repeat R] [--ids LIST] [--threads N] [--json FILE] [--trace-dir DIR]`: the overlap strategies
-// compared on one checkpoint and one budget in one run (PIPELINE.md §5).
+// compared on one checkpoint and one budget in one run (docs/design.md §5).
 //   1. device bandwidth: the engine's read pattern replayed on the model's own files
 //      (pipeline/device_probe.*), once at the start of every round; T_io uses the median;
 //   2. compute time per token with every weight resident: `k3flow generate` without a budget, when
@@ -10,7 +10,7 @@
 //      machine spreads over all rows; every run must emit the same ids and byte-identical logits;
 //   4. a table and a JSON file; the last line is `best=S overlap_efficiency=X speedup_vs_serial=Y`.
 // Every run decodes with --incremental (KV cache and KDA state carried), as the reference numbers
-// were measured (ENGINE.md §7): without it each step recomputes the whole prefix.
+// were measured (docs/engine.md §7): without it each step recomputes the whole prefix.
 // Flags the child's `generate --help` does not list are not passed, and the report says which were
 // missing, so the same bench works against an engine that has not grown them yet.
 // K3FLOW_BENCH_CHILD=PATH runs PATH (as `PATH generate ...`) instead of this executable: the tests
@@ -50,7 +50,7 @@ namespace {
 namespace fs = std::filesystem;
 
 const std::vector<std::string> kStrategies = {"serial", "trunk", "overlap", "lookahead"};
-// The reference engines' benchmark prompt (ENGINE.md §3.8); taken modulo a small synthetic vocab.
+// The reference engines' benchmark prompt (docs/engine.md §3.8); taken modulo a small synthetic vocab.
 const std::vector<int32_t> kDefaultIds = {1008, 10484, 318, 15383, 387};
 
 struct BenchArgs {

@@ -44,7 +44,7 @@ bool take_int(std::string_view& s, int& out) {
   return true;
 }
 
-// Roles by released name (MODEL.md §2.1). The model-level norm and AttnRes pair belong to the head.
+// Roles by released name (docs/model.md §2.1). The model-level norm and AttnRes pair belong to the head.
 ParsedName classify(std::string_view name) {
   ParsedName r;
   if (name == "language_model.model.embed_tokens.weight") {

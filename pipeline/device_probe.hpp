@@ -1,11 +1,11 @@
-// The device's read bandwidth, measured the way the engine reads (PIPELINE.md §5: T_io = bytes read
+// The device's read bandwidth, measured the way the engine reads (docs/design.md §5: T_io = bytes read
 // ÷ the bandwidth measured by the same tool in the same run). The probe replays one token's reads of
 // the model's own files through the engine's reader (io::UringReader, O_DIRECT through the shards'
 // or trunk.bin's direct descriptors, the reader's default chunking and queue depth; one reader for
 // the trunk and one for experts, as the graph has):
 //   per layer, the layer's trunk read(s) (one aligned read of trunk.bin, or the layer's contiguous
 //   runs in its shard), then for a MoE layer top_k experts picked pseudo-randomly, each read as its
-//   enclosing 4096-byte window (ENGINE.md §3.4) and submitted as one batch sorted by file offset.
+//   enclosing 4096-byte window (docs/engine.md §3.4) and submitted as one batch sorted by file offset.
 // Reads go into a ring of 2 trunk slots and 2 x top_k expert slots, so the next layer's reads are in
 // flight while this one's land, as in the `overlap` strategy. Nothing is computed.
 //

@@ -1,4 +1,4 @@
-// Routed experts in whole packed slots (ENGINE.md §3.5, PIPELINE.md §3.4): one arena of N slots --
+// Routed experts in whole packed slots (docs/engine.md §3.5, docs/design.md §3.4): one arena of N slots --
 // the plan's in-flight + lookahead + cache slots, a single pool, so that whatever the current layer
 // does not hold serves as cache -- keyed by (layer, expert).
 //

@@ -1,5 +1,5 @@
 // clang-format off
-// Streaming decode as a oneTBB flow graph (PIPELINE.md §4). Built once per run from the plan,
+// Streaming decode as a oneTBB flow graph (docs/design.md §4). Built once per run from the plan,
 // reused for every forward call; messages carry handles (visit = call * n_layers + layer, slot,
 // expert group), never weights; every weight byte lives in a slot of a pool the planner sized.
 //
@@ -31,7 +31,7 @@
 // moe_combine sums them strictly in top-k order; every function called is the one the resident
 // forward pass calls (stages/), so the logits are the resident ones bit for bit.
 //
-// Design notes (where this departs from PIPELINE.md, and why):
+// Design notes (where this departs from docs/design.md, and why):
 //  - Expert slots are one pool, not three. The plan's in-flight, lookahead and cache slots are a
 //    single LRU arena with pin counts: whatever the current layer does not pin is cache, and a
 //    prefetch can only take unpinned slots, so lookahead can never starve the layer being computed.
@@ -54,7 +54,7 @@
 //    and landed together at the end, so "compute each expert as it lands" computed nothing early.
 //    Medium synthetic checkpoint at 1 GiB, s/token after the prefill, median of 3: overlap 0.069 ->
 //    0.060, lookahead 0.078 -> 0.063.
-//  - Reads are sorted by file offset within a batch (ENGINE.md §3.5), and a batch is submitted in
+//  - Reads are sorted by file offset within a batch (docs/engine.md §3.5), and a batch is submitted in
 //    one call, but the readers' order is the compute order: the current layer's misses are urgent
 //    and overtake queued lookahead prefetches; the trunk reader keeps only 4 x 1 MiB in flight, so
 //    an expert read never waits behind a whole layer (reader_options.cpp); and a node that starts

@@ -1,4 +1,4 @@
-// The memory planner (PIPELINE.md §3, ENGINE.md §3.1-3.2, §4): one budget, split once into pools.
+// The memory planner (docs/design.md §3, docs/engine.md §3.1-3.2, §4): one budget, split once into pools.
 //
 //   1. always resident: embedding + lm_head + head vectors, KDA recurrent/conv state (KDA layers
 //      only), MLA KV cache for the requested context, activation scratch, tensor index, reader rings;
@@ -15,7 +15,7 @@
 // area, EXCEPT that one outlier layer may span adjacent slots of the ring arena: the slot is
 // max(second-largest unpinned layer, largest / S). For K3 this is layer 0 (dense FFN, 2.34 GB vs
 // 1.27 GB for the next): without it the floor is 2 x 2.34 GB of ring and no 8 GiB plan exists
-// (ENGINE.md §3.3, the split-first arena of the C fork). The price: while the spanning layer is
+// (docs/engine.md §3.3, the split-first arena of the C fork). The price: while the spanning layer is
 // read or computed no other trunk layer is in memory, so two trunk reads per token do not overlap
 // compute. The graph must allocate the ring as one arena of S x slot_read_bytes so that adjacent
 // slots are contiguous; a spanning layer takes slots [0, span).

@@ -1,4 +1,4 @@
-// The trunk's memory, allocated once from the plan (PIPELINE.md §3): the ring -- S uniform slots in
+// The trunk's memory, allocated once from the plan (docs/design.md §3): the ring -- S uniform slots in
 // ONE arena, so that the planner's spanning layer (larger than a slot) can take all S adjacent slots
 // -- and one exact region per pinned layer, in a second arena. The graph moves slot ids between its
 // free list and the readers; this class only hands out the bytes behind an id and keeps the weights

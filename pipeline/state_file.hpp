@@ -1,4 +1,4 @@
-// The K3ST saved-state file (ENGINE.md §5.7), byte-compatible with the reference engines:
+// The K3ST saved-state file (docs/engine.md §5.7), byte-compatible with the reference engines:
 // a 96-byte little-endian header (magic, version 1, a 12-int config fingerprint, n_bound, n_mla,
 // cached, nseq, kper, kvpp, ropepp), then int32 seq[nseq], f32 KDA+conv state kper x n_bound, per
 // MLA layer `cached` KV rows, then per MLA layer `cached` rope rows (only occupied rows, so a

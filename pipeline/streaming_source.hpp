@@ -1,5 +1,5 @@
-// Where the streamed bytes come from and how they are bound once they land (PIPELINE.md §3,
-// ENGINE.md §2, §3.4). Built once at start from headers only; the graph asks it for the reads that
+// Where the streamed bytes come from and how they are bound once they land (docs/design.md §3,
+// docs/engine.md §2, §3.4). Built once at start from headers only; the graph asks it for the reads that
 // fill a slot and for the Layout that binds the slot's bytes.
 //
 // Trunk layer l, in order of preference:

@@ -1,4 +1,4 @@
-// Attention residuals over blocks (MODEL.md §3.3-3.4): the per-token block stack and the
+// Attention residuals over blocks (docs/model.md §3.3-3.4): the per-token block stack and the
 // aggregator stage that mixes it with the running prefix sum.
 #pragma once
 #include <cstddef>

@@ -1,4 +1,4 @@
-// Weight views over bytes already in memory (MODEL.md §2). Projections stay in their stored type
+// Weight views over bytes already in memory (docs/model.md §2). Projections stay in their stored type
 // (F32 / BF16 views, MXFP4 for released experts); small vectors are widened exactly to f32 into a
 // caller-given area. Nothing here owns weight memory except ResidentModel at the end.
 //

@@ -1,4 +1,4 @@
-// The whole model over new tokens (MODEL.md §3.2, §3.9): embedding -> decoder layers -> model-level
+// The whole model over new tokens (docs/model.md §3.2, §3.9): embedding -> decoder layers -> model-level
 // AttnRes -> final norm -> lm_head. One function serves both decoding modes:
 //   full recompute: state.reset() before every pass, feed the whole prefix;
 //   incremental:    reset once, feed the prompt, then one token per call (KDA recurrent + conv

@@ -1,4 +1,4 @@
-// Model-level stages: the embedding gather and the output head (MODEL.md §3.2).
+// Model-level stages: the embedding gather and the output head (docs/model.md §3.2).
 #pragma once
 #include <cstddef>
 #include <cstdint>

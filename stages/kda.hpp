@@ -1,4 +1,4 @@
-// KDA attention, one layer over T new tokens (MODEL.md §3.5). The input is already input-normed.
+// KDA attention, one layer over T new tokens (docs/model.md §3.5). The input is already input-normed.
 #pragma once
 #include <cstddef>
 #include <span>

@@ -1,4 +1,4 @@
-// One decoder layer with attention residuals (MODEL.md §3.3), composed from the stage functions:
+// One decoder layer with attention residuals (docs/model.md §3.3), composed from the stage functions:
 //   P := h;  if |B| > 0: h := AttnRes(B ++ [P]; self_attention_res)
 //   if l mod S == 0: B.push(P); P := NONE            (snapshot, then CLEAR)
 //   a := Attention(RMSNorm(h; input_layernorm));  P := P is NONE ? a : P + a

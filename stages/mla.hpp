@@ -1,4 +1,4 @@
-// Gated MLA (NoPE), one layer over T new tokens at positions cached..cached+T-1 (MODEL.md §3.6).
+// Gated MLA (NoPE), one layer over T new tokens at positions cached..cached+T-1 (docs/model.md §3.6).
 // The input is already input-normed. No rotary embedding is ever applied, but the qk_rope dims
 // stay: the query keeps its per-head rope part and the key's rope part is ONE vector per position
 // shared by all heads.

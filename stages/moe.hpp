@@ -1,4 +1,4 @@
-// Feed-forward stages (MODEL.md §3.7, §3.8). Stable LatentMoE is split into the nodes a flow
+// Feed-forward stages (docs/model.md §3.7, §3.8). Stable LatentMoE is split into the nodes a flow
 // graph schedules separately: route -> (latent down-projection, shared experts) -> one
 // expert_compute per selected expert -> moe_combine. moe_forward chains them for resident weights.
 #pragma once

@@ -248,7 +248,7 @@ std::vector<TensorSpec> plan_expert(const io::ModelConfig& c, int layer, int exp
         {X + "w3.weight", {I, Lt}, Field::expert_w3},
     };
   }
-  // MXFP4 (MODEL.md §4): two nibbles per byte, one E8M0 scale per 32 logical elements.
+  // MXFP4 (docs/model.md §4): two nibbles per byte, one E8M0 scale per 32 logical elements.
   return {
       {X + "w1.weight_packed", {I, Lt / 2}, Field::expert_w1_packed},
       {X + "w1.weight_scale", {I, Lt / 32}, Field::expert_w1_scale},
@@ -402,7 +402,7 @@ Layout locate_expert(const io::ShardSet& shards, const io::ModelConfig& c, int l
   Layout lay =
       locate(plan_expert(c, layer, expert, dense ? ExpertFormat::dense : ExpertFormat::mxfp4), shards, c);
   if (dense) return lay;
-  // MXFP4 load-time checks (MODEL.md §4), per matrix: packed and scale are U8 (checked above),
+  // MXFP4 load-time checks (docs/model.md §4), per matrix: packed and scale are U8 (checked above),
   // 2-D, with equal rows and a group size of 32, in the same shard.
   for (size_t m = 0; m < 3; ++m) {
     const io::TensorInfo& pk = lay.places[2 * m].info;

@@ -1,4 +1,4 @@
-// What every layer needs from the checkpoint, under the released names (MODEL.md §2.1): a plan is a
+// What every layer needs from the checkpoint, under the released names (docs/model.md §2.1): a plan is a
 // list of {name, expected shape, field}, independent of where the bytes live. The streaming engine
 // packs / reads a layer's bytes from it; bind.hpp turns bytes already in memory into weight views.
 #pragma once

@@ -1,4 +1,4 @@
-// Test helper: read fixtures/*.json (MODEL.md §6.1) with simdjson. Tensors are {"shape":[...],
+// Test helper: read fixtures/*.json (docs/model.md §6.1) with simdjson. Tensors are {"shape":[...],
 // "data":[flat row-major numbers]}; scalars are numbers or bools. Anything missing or malformed
 // throws, so a fixture that cannot be loaded fails its test instead of skipping it.
 #pragma once

@@ -40,7 +40,7 @@ TEST_CASE("attnres matches fixtures/ops/attnres.json (8 blocks then the prefix; 
   CHECK(c.ok());
 }
 
-TEST_CASE("attnres arithmetic equals a reference written from MODEL.md §5.2") {
+TEST_CASE("attnres arithmetic equals a reference written from docs/model.md §5.2") {
   const size_t E = 19, n = 3;
   std::vector<std::vector<float>> v(n, std::vector<float>(E));
   std::vector<float> fold(E);

@@ -1,4 +1,4 @@
-// config.json reader: the fixtures of MODEL.md §1.3, both shapes, the parsing rules of §1.2 and the
+// config.json reader: the fixtures of docs/model.md §1.3, both shapes, the parsing rules of §1.2 and the
 // stricter size checks k3flow adds.
 #include <doctest/doctest.h>
 #include <unistd.h>
@@ -102,7 +102,7 @@ bool has(const std::string& m, const std::string& part) {
   return m.find(part) != std::string::npos;
 }
 
-// The released nested shape, real values (MODEL.md §1.2), with keys the reader must ignore.
+// The released nested shape, real values (docs/model.md §1.2), with keys the reader must ignore.
 std::string real_nested() {
   std::string layers;
   for (int l = 4; l <= 92; l += 4) layers += std::to_string(l) + ", ";

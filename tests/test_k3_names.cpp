@@ -13,7 +13,7 @@
 
 using namespace k3::io;
 
-TEST_CASE("every shard lays out at its published size; counts and total match ENGINE.md") {
+TEST_CASE("every shard lays out at its published size; counts and total match docs/engine.md") {
   uint64_t tensors = 0, total = 0, published = 0;
   std::unordered_set<std::string> names;
   names.reserve(kK3Tensors);

@@ -99,7 +99,7 @@ TEST_CASE("kda recurrence matches fixtures/ops/kda_recur8.json") {
 
 namespace {
 
-// MODEL.md §5.2 KDA step, written out independently: all f32, no fusion, zero k_i / q_i rows skipped.
+// docs/model.md §5.2 KDA step, written out independently: all f32, no fusion, zero k_i / q_i rows skipped.
 void reference_step(std::vector<float>& S, const std::vector<float>& alpha, const std::vector<float>& k,
                     const std::vector<float>& v, float beta, const std::vector<float>& q,
                     std::vector<float>& o, size_t D) {

@@ -41,7 +41,7 @@ struct Rng {
   }
 };
 
-// Random KDA weights in the shapes of MODEL.md §2.2 for config `c` (all f32).
+// Random KDA weights in the shapes of docs/model.md §2.2 for config `c` (all f32).
 struct KdaTensors {
   std::vector<float> q, k, v, g, o, f_a, f_b, b, q_conv, k_conv, v_conv, a_log, dt_bias, o_norm;
   size_t E, H, D, P, K;

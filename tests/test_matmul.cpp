@@ -1,4 +1,4 @@
-// Bit-identity of the dense (MODEL.md §5.3) and MXFP4 (§5.4) matmuls: every available body, at
+// Bit-identity of the dense (docs/model.md §5.3) and MXFP4 (§5.4) matmuls: every available body, at
 // thread counts 1, 2 and 7, at awkward sizes, equals a scalar reference written here from the
 // spec's pseudo-code.
 #include <doctest/doctest.h>

@@ -1,4 +1,4 @@
-// fixtures/mxfp4.json: real checkpoint bytes (MODEL.md §6.3). Dequantisation lives here, in the test:
+// fixtures/mxfp4.json: real checkpoint bytes (docs/model.md §6.3). Dequantisation lives here, in the test:
 // the engine never builds a dequantised copy; its matmul reads the nibbles (§5.4).
 #include <doctest/doctest.h>
 

@@ -1,4 +1,4 @@
-// The tiny-model oracle (MODEL.md §6.4-6.5) through the real path: fixtures/tiny-k3 opened as a
+// The tiny-model oracle (docs/model.md §6.4-6.5) through the real path: fixtures/tiny-k3 opened as a
 // ShardSet, bound by released names, run by stages::forward. Gate 1 teacher forcing, gate 2 greedy
 // full recompute, gate 3 incremental; the golden C-engine logits byte for byte; and bit-identity
 // of full vs incremental vs chunked prefill vs thread counts on prompts the fixtures never saw.

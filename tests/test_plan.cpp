@@ -162,7 +162,7 @@ TEST_CASE("sparse replica: every planned tensor of all 93 layers is found with t
   CHECK(head.specs.size() == 5);
   MESSAGE("93 layer trunks: " << planned << " tensors, " << trunk_bytes << " bytes, largest run " << largest);
   CHECK(planned == 69 * 28 + 24 * 22 - 5);  // layer 0: 3 dense instead of 8 MoE tensors
-  CHECK(trunk_bytes / 1e9 == doctest::Approx(108.81).epsilon(0.001));  // ENGINE.md §1.4
+  CHECK(trunk_bytes / 1e9 == doctest::Approx(108.81).epsilon(0.001));  // docs/engine.md §1.4
   CHECK(largest / 1e9 == doctest::Approx(2.341).epsilon(0.001));
 
   // Experts: the MXFP4 form, validated, one contiguous 17,547,264-byte run each.

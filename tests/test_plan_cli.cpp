@@ -104,7 +104,7 @@ TEST_CASE("plan --preset laptop: within 8 GiB, a 2-slot ring, >= 16 expert slots
         16);
   // The released layer 0 (dense FFN) is the outlier that spans the two slots.
   CHECK(int64_t(p.doc["trunk"]["spanning_layer"]) == 0);
-  // Trunk bytes as pack-trunk lays them out: 93 layers, ~108.8 GB (ENGINE.md §1.4).
+  // Trunk bytes as pack-trunk lays them out: 93 layers, ~108.8 GB (docs/engine.md §1.4).
   CHECK(u(p.doc["trunk"]["trunk_bytes"]) > 108'000'000'000);
   CHECK(u(p.doc["trunk"]["trunk_bytes"]) < 110'000'000'000);
 
@@ -135,7 +135,7 @@ TEST_CASE("plan: split trunk / cache budgets and a longer context") {
   uint64_t kv = 0;
   for (simdjson::dom::element pool : p.doc["pools"].get_array())
     if (std::string_view(pool["name"]).starts_with("MLA KV cache")) kv = u(pool["bytes"]);
-  CHECK(kv == 4096ull * 2'365'440);  // ENGINE.md §1.4: 2,365,440 B per position over 24 MLA layers
+  CHECK(kv == 4096ull * 2'365'440);  // docs/engine.md §1.4: 2,365,440 B per position over 24 MLA layers
 }
 
 TEST_CASE("plan: a 2 GiB budget is refused with exit 2 naming the shortfall") {

@@ -1,4 +1,4 @@
-// pipeline/planner on hand-made byte counts: K3-shaped layers (ENGINE.md §1.4) and small cases
+// pipeline/planner on hand-made byte counts: K3-shaped layers (docs/engine.md §1.4) and small cases
 // that pin down slot spanning, largest-first pinning, the fixed point and the refusals.
 #include <doctest/doctest.h>
 #include <simdjson.h>
@@ -19,7 +19,7 @@ namespace {
 constexpr uint64_t kGiB = uint64_t{1} << 30;
 constexpr uint64_t kPage = 4096;
 
-// K3 as ENGINE.md §1.4 describes it: layer 0 dense 2.341 GB, 68 KDA+MoE layers ~1.27 GB, 24 MLA+MoE
+// K3 as docs/engine.md §1.4 describes it: layer 0 dense 2.341 GB, 68 KDA+MoE layers ~1.27 GB, 24 MLA+MoE
 // layers ~0.845 GB; head 4.70 GB; 69 KDA states; 24 MLA layers of KV per position.
 PlanInputs k3_like(uint64_t context = 128) {
   PlanInputs in;

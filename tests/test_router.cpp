@@ -60,7 +60,7 @@ TEST_CASE("router matches fixtures/ops/router.json (index sets, weights by exper
 
 namespace {
 
-// Written from MODEL.md §5.2 independently of the kernel.
+// Written from docs/model.md §5.2 independently of the kernel.
 void reference_route(const std::vector<float>& W, size_t E, size_t n, const std::vector<float>& x,
                      const std::vector<float>& bias, size_t k, bool renorm, float scale,
                      std::vector<int32_t>& idx, std::vector<float>& w) {

@@ -1,4 +1,4 @@
-// safetensors shard set: the fixtures/st/ checks of MODEL.md §6.6, the cache fixture, shard lists
+// safetensors shard set: the fixtures/st/ checks of docs/model.md §6.6, the cache fixture, shard lists
 // from model.safetensors.index.json, and every refusal (each writes its own malformed shard and
 // asserts the one-line message names the file and the tensor).
 #include <doctest/doctest.h>
