@@ -22,7 +22,7 @@ namespace dom = simdjson::dom;
 namespace {
 
 Error cfg_error(const std::string& source, const std::string& what) {
-  return runtime_error(fmt::format("k3_cfg: {}: {}", source, what));
+  return runtime_error(fmt::format("{}: {}", source, what));
 }
 
 enum class Kind { integer, real, boolean, layer_list };
@@ -294,7 +294,7 @@ ModelConfig parse_config(std::string_view json, const std::string& source) {
     std::string names;
     for (const std::string& m : missing) names += (names.empty() ? "" : ", ") + m;
     throw runtime_error(fmt::format(
-        "k3_cfg: {} is missing {} required field(s): {} -- refusing to substitute defaults: a config "
+        "{} is missing {} required field(s): {} -- refusing to substitute defaults: a config "
         "this reader cannot fully understand would silently produce a DIFFERENT model.",
         source, missing.size(), names));
   }
@@ -394,7 +394,7 @@ ModelConfig load_config(const std::filesystem::path& path) {
       (file.filename() != "config.json" || fs::exists(file / "config.json", ec)))
     file /= "config.json";
   if (fs::is_directory(file, ec))
-    throw runtime_error(fmt::format("k3_cfg: {} is a directory", file.string()));
+    throw runtime_error(fmt::format("{} is a directory", file.string()));
   std::ifstream in(file, std::ios::binary);
   if (!in) throw cfg_error(file.string(), fmt::format("cannot open ({})", std::strerror(errno)));
   std::ostringstream buf;

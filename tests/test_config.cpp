@@ -421,7 +421,7 @@ TEST_CASE("a config.json that is a directory is named as one, not searched insid
   const auto dir = std::filesystem::temp_directory_path() / ("k3cfgdir_" + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir / "config.json");
-  const std::string want = "k3_cfg: " + (dir / "config.json").string() + " is a directory";
+  const std::string want = (dir / "config.json").string() + " is a directory";
   std::string m = load_refusal((dir / "config.json").string());
   CHECK_MESSAGE(has(m, want), m);
   CHECK_FALSE(has(m, "config.json/config.json"));
@@ -460,7 +460,7 @@ TEST_CASE("sizes are bounded at load, naming the field and the limit") {
   for (const auto& c : cases) {
     CAPTURE(c.key);
     const std::string m = refusal(flat({{c.key, c.value}}), "cfg/config.json");
-    CHECK_MESSAGE(has(m, "k3_cfg: cfg/config.json: " + std::string(c.says)), m);
+    CHECK_MESSAGE(has(m, "cfg/config.json: " + std::string(c.says)), m);
   }
   // Unused by any layer, intermediate_size may be 0 but not negative.
   CHECK(has(refusal(flat({{"first_k_dense_replace", "0"}, {"intermediate_size", "-2147483648"}})),
