@@ -31,7 +31,7 @@
 // moe_combine sums them strictly in top-k order; every function called is the one the resident
 // forward pass calls (stages/), so the logits are the resident ones bit for bit.
 //
-// Design notes (where this departs from docs/design.md, and why):
+// Design decisions, each with its reason (docs/design.md §4 has the whole picture):
 //  - Expert slots are one pool, not three. The plan's in-flight, lookahead and cache slots are a
 //    single LRU arena with pin counts: whatever the current layer does not pin is cache, and a
 //    prefetch can only take unpinned slots, so lookahead can never starve the layer being computed.
