@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""Chart a `k3flow bench --json` result: python3 perf/plot_bench.py bench.json out.png
+"""Chart a `k3flow bench --out FILE` (or `--json`) result: python3 perf/plot_bench.py bench.json out.png
 
-Per strategy, a stacked bar of the I/O time (T_io = bytes read / measured device bandwidth) and
-the compute time (T_cpu) one token needs, with the measured wall time per token as a marker
+Per strategy, a stacked bar of the I/O time (T_io = bytes read priced at the device ceiling the
+bench measured) and the compute time (T_cpu) one token needs, with the measured wall time per token as a marker
 (median; min as a smaller one) and the overlap efficiency max(T_io, T_cpu) / T_wall on top. A
 perfect overlap puts the marker on the taller of the two parts; a serial engine on top of the stack.
 

@@ -193,15 +193,21 @@ RunSample summarize_run(const ChildReport& rep, const std::vector<StepRow>& tabl
     s.timing_source = "seconds_per_token";
   }
 
-  double step_bytes = 0, step_compute = 0;
+  double step_bytes = 0, step_compute = 0, step_trunk = 0, step_expert = 0, step_wait = 0;
   if (from_report)
     for (const StepRow& r : sel) {
       step_bytes += double(r.trunk_bytes + r.expert_bytes);
+      step_trunk += double(r.trunk_bytes);
+      step_expert += double(r.expert_bytes);
       step_compute += r.compute_seconds;
+      step_wait += r.io_wait_seconds;
     }
+  if (from_report && !sel.empty()) s.io_wait_per_token = step_wait / double(sel.size());
   const double total_bytes = double(rep.trunk_bytes_read + rep.expert_bytes_read);
   if (step_bytes > 0) {
     s.bytes_per_token = step_bytes / double(sel.size());
+    s.trunk_bytes_per_token = step_trunk / double(sel.size());
+    s.expert_bytes_per_token = step_expert / double(sel.size());
     s.bytes_source = "report tokens";
   } else if (total_bytes > 0 && gen > 0) {
     s.bytes_per_token = total_bytes / gen;
@@ -209,6 +215,8 @@ RunSample summarize_run(const ChildReport& rep, const std::vector<StepRow>& tabl
   } else {
     s.bytes_source = "none";
   }
+  if (total_bytes > 0 && rep.io_busy_seconds > 0) s.effective_read_gbps = total_bytes / rep.io_busy_seconds / 1e9;
+  if (rep.wall_seconds > 0 && rep.io_busy_seconds > 0) s.io_busy_share = rep.io_busy_seconds / rep.wall_seconds;
   if (step_compute > 0)
     s.compute_per_token = step_compute / double(sel.size());
   else if (rep.compute_busy_seconds > 0 && gen > 0)
@@ -223,17 +231,22 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
-StrategyResult aggregate(const std::string& strategy, const std::vector<RunSample>& runs, double device_gbps,
+StrategyResult aggregate(const std::string& strategy, const std::vector<RunSample>& runs, const Ceiling& ceiling,
                          std::optional<double> t_cpu_resident, uint64_t budget_bytes) {
   StrategyResult r;
   r.strategy = strategy;
   if (runs.empty()) return r;
-  std::vector<double> bytes, compute;
+  std::vector<double> bytes, compute, trunk_bytes, expert_bytes, effective, wait, busy;
   uint64_t predicted = 0, used = 0, requests = 0, hits = 0;
   for (const RunSample& s : runs) {
     r.s_runs.push_back(s.s_per_token);
     bytes.push_back(s.bytes_per_token);
+    trunk_bytes.push_back(s.trunk_bytes_per_token);
+    expert_bytes.push_back(s.expert_bytes_per_token);
     compute.push_back(s.compute_per_token);
+    effective.push_back(s.effective_read_gbps);
+    wait.push_back(s.io_wait_per_token);
+    busy.push_back(s.io_busy_share);
     predicted += s.lookahead_predicted;
     used += s.lookahead_used;
     requests += s.expert_requests;
@@ -244,13 +257,25 @@ StrategyResult aggregate(const std::string& strategy, const std::vector<RunSampl
   r.s_per_token = median(r.s_runs);
   r.s_per_token_min = *std::min_element(r.s_runs.begin(), r.s_runs.end());
   r.bytes_per_token = mean(bytes);
-  r.t_io = device_gbps > 0 ? r.bytes_per_token / (device_gbps * 1e9) : 0.0;
+  r.trunk_bytes_per_token = mean(trunk_bytes);
+  r.expert_bytes_per_token = mean(expert_bytes);
+  const double seq = ceiling.sequential_gbps * 1e9;
+  const double rnd = (ceiling.random_gbps > 0 ? ceiling.random_gbps : ceiling.sequential_gbps) * 1e9;
+  if (seq > 0) {
+    const bool split = r.trunk_bytes_per_token + r.expert_bytes_per_token > 0;
+    r.t_io = split ? r.trunk_bytes_per_token / seq + r.expert_bytes_per_token / rnd : r.bytes_per_token / seq;
+  }
+  if (r.t_io > 0) r.ceiling_gbps = r.bytes_per_token / r.t_io / 1e9;
+  r.effective_read_gbps = median(effective);
+  if (r.ceiling_gbps > 0 && r.effective_read_gbps > 0) r.read_vs_ceiling = r.effective_read_gbps / r.ceiling_gbps;
+  r.io_busy_share = median(busy);
   r.compute_per_token = median(compute);
   r.t_cpu = t_cpu_resident ? *t_cpu_resident : r.compute_per_token;
   if (r.s_per_token > 0) {
     r.disk_busy = r.t_io / r.s_per_token;
     r.cpu_busy = r.t_cpu / r.s_per_token;
     r.overlap_efficiency = std::max(r.t_io, r.t_cpu) / r.s_per_token;
+    r.io_wait_share = median(wait) / r.s_per_token;
   }
   if (predicted > 0) r.lookahead_hit_rate = double(used) / double(predicted);
   if (requests > 0) r.expert_hit_rate = double(hits) / double(requests);
@@ -276,15 +301,19 @@ void rank(BenchSummary& s) {
 }
 
 std::string bench_table(const BenchSummary& s) {
-  std::string out = fmt::format("{:<10} {:>11} {:>11} {:>12} {:>9} {:>9} {:>11} {:>8} {:>10} {:>12}\n",
-                                "strategy", "s/tok med", "s/tok min", "read/tok", "disk %", "CPU %",
-                                "compute/tok", "overlap", "lookahead", "peak RSS");
+  std::string out =
+      fmt::format("{:<10} {:>11} {:>11} {:>12} {:>9} {:>9} {:>11} {:>8} {:>10} {:>9} {:>8} {:>10} {:>12}\n",
+                  "strategy", "s/tok med", "s/tok min", "read/tok", "disk %", "CPU %", "compute/tok", "overlap",
+                  "read GB/s", "/ceiling", "io wait", "lookahead", "peak RSS");
   for (const StrategyResult& r : s.strategies) {
-    out += fmt::format("{:<10} {:>11.4f} {:>11.4f} {:>12} {:>9} {:>9} {:>11.4f} {:>8.3f} {:>10} {:>12}{}\n",
-                       r.strategy, r.s_per_token, r.s_per_token_min, human_bytes(r.bytes_per_token),
-                       pct(r.disk_busy), pct(r.cpu_busy), r.compute_per_token, r.overlap_efficiency,
-                       r.lookahead_hit_rate ? pct(*r.lookahead_hit_rate) : std::string("-"),
-                       human_bytes(double(r.peak_rss_bytes)), r.over_budget ? "  OVER BUDGET" : "");
+    out += fmt::format(
+        "{:<10} {:>11.4f} {:>11.4f} {:>12} {:>9} {:>9} {:>11.4f} {:>8.3f} {:>10} {:>9} {:>8} {:>10} {:>12}{}\n",
+        r.strategy, r.s_per_token, r.s_per_token_min, human_bytes(r.bytes_per_token), pct(r.disk_busy),
+        pct(r.cpu_busy), r.compute_per_token, r.overlap_efficiency,
+        r.effective_read_gbps > 0 ? fmt::format("{:.3f}", r.effective_read_gbps) : std::string("-"),
+        r.read_vs_ceiling > 0 ? fmt::format("{:.3f}", r.read_vs_ceiling) : std::string("-"),
+        pct(r.io_wait_share), r.lookahead_hit_rate ? pct(*r.lookahead_hit_rate) : std::string("-"),
+        human_bytes(double(r.peak_rss_bytes)), r.over_budget ? "  OVER BUDGET" : "");
   }
   return out;
 }
@@ -297,30 +326,41 @@ std::string bench_json(const BenchSummary& s) {
     for (double x : r.s_runs) runs.push_back(jnum(x));
     st += fmt::format(
         "{{\"strategy\":{},\"s_per_token\":{},\"s_per_token_min\":{},\"s_per_token_runs\":[{}],"
-        "\"bytes_per_token\":{},\"t_io\":{},\"t_cpu\":{},\"compute_per_token\":{},\"disk_busy\":{},"
-        "\"cpu_busy\":{},\"overlap_efficiency\":{},\"lookahead_hit_rate\":{},\"expert_hit_rate\":{},"
-        "\"peak_rss_bytes\":{},"
+        "\"bytes_per_token\":{},\"trunk_bytes_per_token\":{},\"expert_bytes_per_token\":{},\"t_io\":{},"
+        "\"t_cpu\":{},\"compute_per_token\":{},\"disk_busy\":{},"
+        "\"cpu_busy\":{},\"overlap_efficiency\":{},\"ceiling_gbps\":{},\"effective_read_gbps\":{},"
+        "\"read_vs_ceiling\":{},\"io_wait_share\":{},\"io_busy_share\":{},"
+        "\"lookahead_hit_rate\":{},\"expert_hit_rate\":{},\"peak_rss_bytes\":{},"
         "\"report_peak_rss_bytes\":{},\"over_budget\":{},\"timing_source\":{},\"bytes_source\":{},"
         "\"ids\":{}}}",
         io::json_quote(r.strategy), jnum(r.s_per_token), jnum(r.s_per_token_min), fmt::join(runs, ","),
-        jnum(r.bytes_per_token), jnum(r.t_io), jnum(r.t_cpu), jnum(r.compute_per_token), jnum(r.disk_busy),
-        jnum(r.cpu_busy), jnum(r.overlap_efficiency), jopt(r.lookahead_hit_rate), jopt(r.expert_hit_rate),
+        jnum(r.bytes_per_token), jnum(r.trunk_bytes_per_token), jnum(r.expert_bytes_per_token), jnum(r.t_io),
+        jnum(r.t_cpu), jnum(r.compute_per_token), jnum(r.disk_busy), jnum(r.cpu_busy), jnum(r.overlap_efficiency),
+        jnum(r.ceiling_gbps), jnum(r.effective_read_gbps), jnum(r.read_vs_ceiling), jnum(r.io_wait_share),
+        jnum(r.io_busy_share), jopt(r.lookahead_hit_rate), jopt(r.expert_hit_rate),
         r.peak_rss_bytes, r.report_peak_rss_bytes, r.over_budget ? "true" : "false",
         io::json_quote(r.timing_source), io::json_quote(r.bytes_source), jids(r.ids));
   }
   std::vector<std::string> missing;
   for (const std::string& f : s.child_missing_flags) missing.push_back(io::json_quote(f));
-  std::vector<std::string> samples;
-  for (double g : s.device_gbps_samples) samples.push_back(jnum(g));
+  auto list = [](const std::vector<double>& v) {
+    std::vector<std::string> out;
+    for (double g : v) out.push_back(jnum(g));
+    return fmt::format("[{}]", fmt::join(out, ","));
+  };
   return fmt::format(
-      "{{\"model\":{},\"budget_bytes\":{},\"budget_source\":{},\"device_gbps\":{},"
-      "\"device_gbps_samples\":[{}],\"device_trunk_gbps\":{},\"device_expert_gbps\":{},"
+      "{{\"model\":{},\"budget_bytes\":{},\"budget_source\":{},\"ceiling_gbps\":{},"
+      "\"ceiling_gbps_samples\":{},\"ceiling_random_gbps\":{},\"ceiling_random_gbps_samples\":{},"
+      "\"ceiling_queue_depth\":{},\"ceiling_chunk_bytes\":{},\"engine_probe_gbps\":{},"
+      "\"engine_probe_gbps_samples\":{},\"engine_probe_trunk_gbps\":{},\"engine_probe_expert_gbps\":{},"
       "\"device_direct_fraction\":{},\"t_cpu_per_token\":{},\"t_cpu_source\":{},"
       "\"gen\":{},\"repeat\":{},\"threads\":{},\"prompt_ids\":{},\"child_missing_flags\":[{}],"
       "\"strategies\":[{}],\"best\":{},\"speedup_vs_serial\":{}}}\n",
-      io::json_quote(s.model), s.budget_bytes, io::json_quote(s.budget_source), jnum(s.device_gbps),
-      fmt::join(samples, ","), jnum(s.device_trunk_gbps), jnum(s.device_expert_gbps),
-      jnum(s.device_direct_fraction), jopt(s.t_cpu_per_token), io::json_quote(s.t_cpu_source), s.gen,
+      io::json_quote(s.model), s.budget_bytes, io::json_quote(s.budget_source), jnum(s.ceiling_gbps),
+      list(s.ceiling_gbps_samples), jnum(s.ceiling_random_gbps), list(s.ceiling_random_gbps_samples),
+      s.ceiling_queue_depth, s.ceiling_chunk_bytes, jnum(s.engine_probe_gbps), list(s.engine_probe_gbps_samples),
+      jnum(s.engine_probe_trunk_gbps), jnum(s.engine_probe_expert_gbps), jnum(s.device_direct_fraction),
+      jopt(s.t_cpu_per_token), io::json_quote(s.t_cpu_source), s.gen,
       s.repeat, s.threads, jids(s.prompt_ids), fmt::join(missing, ","), st,
       s.best.empty() ? "null" : io::json_quote(s.best), jopt(s.speedup_vs_serial));
 }

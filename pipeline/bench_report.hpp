@@ -3,6 +3,12 @@
 // CPU busy shares, overlap efficiency = max(T_io, T_cpu) / T_wall, lookahead hit rate, peak RSS;
 // printed as a table and written as one JSON object.
 //
+// T_io is priced with the device's CEILING (device_probe.hpp probe_ceiling: a deep queue of large
+// requests), never with the engine's own read pattern: trunk bytes at the sequential ceiling, expert
+// bytes at the random one. Beside it each strategy's effective read rate (bytes read / time with a
+// read in flight, from the child's report) and its ratio to the ceiling for the same byte mix say
+// whether the engine's readers drive the device at what it can do.
+//
 // Time per token is taken over the decode steps after step 0 when there are at least two steps:
 // step 0 is the prefill (the whole prompt, and at a small budget most of the expert reads), which
 // would make a short run's average say more about the prompt than about streaming.
@@ -50,7 +56,11 @@ struct RunSample {
   std::string strategy;      // as the child reports it ("resident", a strategy, or empty: not reported)
   double s_per_token = 0;    // mean wall time of the measured steps
   double bytes_per_token = 0;
+  double trunk_bytes_per_token = 0, expert_bytes_per_token = 0;  // both 0 when the report has no split
   double compute_per_token = 0;  // 0 when the child reports no compute time
+  double io_wait_per_token = 0;  // compute waiting on a read, per measured step (report tokens only)
+  double effective_read_gbps = 0;  // whole run: bytes read / io_busy_seconds (0 when not reported)
+  double io_busy_share = 0;        // whole run: io_busy_seconds / wall_seconds (0 when not reported)
   uint64_t lookahead_predicted = 0, lookahead_used = 0, expert_requests = 0, expert_hits = 0;
   uint64_t peak_rss_os = 0, peak_rss_report = 0;
   int measured_steps = 0;
@@ -69,11 +79,17 @@ struct StrategyResult {
   double s_per_token = 0;      // median of s_runs
   double s_per_token_min = 0;
   double bytes_per_token = 0;    // mean over repeats
-  double t_io = 0;               // bytes_per_token / device bandwidth
+  double trunk_bytes_per_token = 0, expert_bytes_per_token = 0;  // mean over repeats
+  double t_io = 0;               // trunk bytes / sequential ceiling + expert bytes / random ceiling
   double t_cpu = 0;              // resident compute per token, else this strategy's own compute time
   double compute_per_token = 0;  // this strategy's own compute busy time per token (median): against
                                  // t_cpu it shows how much slower compute runs while the disk streams
   double disk_busy = 0, cpu_busy = 0, overlap_efficiency = 0;  // shares of s_per_token
+  double ceiling_gbps = 0;         // the ceiling for this strategy's byte mix: bytes_per_token / t_io
+  double effective_read_gbps = 0;  // median over repeats of the run's bytes / io busy time
+  double read_vs_ceiling = 0;      // effective_read_gbps / ceiling_gbps (0 when either is unknown)
+  double io_wait_share = 0;        // median io wait per token / s_per_token: compute idle on reads
+  double io_busy_share = 0;        // median share of the run with a read in flight
   std::optional<double> lookahead_hit_rate;                    // none when nothing was predicted
   std::optional<double> expert_hit_rate;                       // none when no expert was requested
   uint64_t peak_rss_bytes = 0;                                 // max over repeats, from wait4
@@ -83,8 +99,14 @@ struct StrategyResult {
   std::string timing_source, bytes_source;
 };
 
-// device_gbps in 1e9 B/s; t_cpu_resident: compute per token measured resident (step 2), if any.
-StrategyResult aggregate(const std::string& strategy, const std::vector<RunSample>& runs, double device_gbps,
+// The device's ceiling in 1e9 B/s: sequential prices trunk bytes, random prices expert bytes (and all
+// bytes are priced sequential when the report does not split them).
+struct Ceiling {
+  double sequential_gbps = 0, random_gbps = 0;
+};
+
+// t_cpu_resident: compute per token measured resident (step 2), if any.
+StrategyResult aggregate(const std::string& strategy, const std::vector<RunSample>& runs, const Ceiling& ceiling,
                          std::optional<double> t_cpu_resident, uint64_t budget_bytes);
 
 double median(std::vector<double> v);
@@ -93,9 +115,17 @@ struct BenchSummary {
   std::string model;
   uint64_t budget_bytes = 0;
   std::string budget_source;                // "--mem-gb 8" / "--preset laptop"
-  double device_gbps = 0;                   // median of the per-round probes below
-  std::vector<double> device_gbps_samples;  // the token-pattern rate probed at the start of each round
-  double device_trunk_gbps = 0, device_expert_gbps = 0, device_direct_fraction = 0;
+  // The device's ceiling, probed at the start of each round (queue_depth x chunk_bytes in flight):
+  // medians of the samples; T_io is priced with these.
+  double ceiling_gbps = 0, ceiling_random_gbps = 0;
+  std::vector<double> ceiling_gbps_samples, ceiling_random_gbps_samples;
+  unsigned ceiling_queue_depth = 0;
+  uint64_t ceiling_chunk_bytes = 0;
+  // The same rounds' probe with the ENGINE's reader settings (its token pattern), for comparison.
+  double engine_probe_gbps = 0;
+  std::vector<double> engine_probe_gbps_samples;
+  double engine_probe_trunk_gbps = 0, engine_probe_expert_gbps = 0;
+  double device_direct_fraction = 0;  // of every probe byte, the share read through O_DIRECT
   std::optional<double> t_cpu_per_token;  // resident compute per token (median over repeats)
   std::string t_cpu_source;
   int gen = 0, repeat = 0, threads = 0;

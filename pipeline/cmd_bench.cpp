@@ -1,14 +1,17 @@
-// `k3flow bench MODEL_DIR [--trunk DIR] (--mem-gb X | --preset P) [--strategies LIST] [--gen N]
-//  [--repeat R] [--ids LIST] [--threads N] [--json FILE] [--trace-dir DIR]`: the overlap strategies
-// compared on one checkpoint and one budget in one run (docs/design.md §5).
-//   1. device bandwidth: the engine's read pattern replayed on the model's own files
-//      (pipeline/device_probe.*), once at the start of every round; T_io uses the median;
+// `k3flow bench MODEL_DIR [--trunk DIR] (--mem-gb X | --preset P) [--strategy LIST] [--gen N]
+//  [--repeat R] [--ids LIST] [--threads N] [--out FILE] [--json] [--trace-dir DIR]`: the overlap
+// strategies compared on one checkpoint and one budget in one run (docs/design.md §5).
+//   1. the device's ceiling (pipeline/device_probe.* probe_ceiling: a deep queue of large O_DIRECT
+//      requests, independent of the engine's reader settings), and beside it the engine's own read
+//      pattern with the engine's settings, once at the start of every round; T_io is priced with the
+//      ceiling's medians, so the overlap efficiency cannot divide the engine's rate by itself;
 //   2. compute time per token with every weight resident: `k3flow generate` without a budget, when
 //      the model fits in available memory (else each strategy's own compute busy time);
 //   3. each strategy decoded R times, each run a child `k3flow generate --strategy S --mem-gb X`
 //      (peak RSS from wait4); runs go in rounds (probe, resident, then every strategy) so slow drift of the
 //      machine spreads over all rows; every run must emit the same ids and byte-identical logits;
-//   4. a table and a JSON file; the last line is `best=S overlap_efficiency=X speedup_vs_serial=Y`.
+//   4. a table (and JSON: --out FILE, or --json for the JSON alone on stdout, the text then on
+//      stderr); the last line is `best=S overlap_efficiency=X speedup_vs_serial=Y`.
 // Every run decodes with --incremental (KV cache and KDA state carried), as the reference numbers
 // were measured (docs/engine.md §7): without it each step recomputes the whole prefix.
 // Flags the child's `generate --help` does not list are not passed, and the report says which were
@@ -54,8 +57,9 @@ const std::vector<std::string> kStrategies = {"serial", "trunk", "overlap", "loo
 const std::vector<int32_t> kDefaultIds = {1008, 10484, 318, 15383, 387};
 
 struct BenchArgs {
-  std::string model_dir, trunk_dir, preset, strategies = "serial,trunk,overlap,lookahead", ids, json_path,
+  std::string model_dir, trunk_dir, preset, strategies = "serial,trunk,overlap,lookahead", ids, out_path,
                                             trace_dir;
+  bool json = false;
   std::optional<double> mem_gb;
   int gen = 8, repeat = 3, threads = 0;
   double probe_seconds = 1.5;
@@ -72,12 +76,12 @@ std::vector<std::string> parse_strategies(const std::string& text) {
     name.erase(name.find_last_not_of(' ') + 1);
     if (name.empty())
       throw io::usage_error(
-          fmt::format("--strategies: empty name in '{}' (expected e.g. serial,overlap)", text));
+          fmt::format("--strategy: empty name in '{}' (expected e.g. serial,overlap)", text));
     if (std::find(kStrategies.begin(), kStrategies.end(), name) == kStrategies.end())
       throw io::usage_error(
-          fmt::format("--strategies: unknown strategy '{}' (known: {})", name, fmt::join(kStrategies, ", ")));
+          fmt::format("--strategy: unknown strategy '{}' (known: {})", name, fmt::join(kStrategies, ", ")));
     if (std::find(out.begin(), out.end(), name) != out.end())
-      throw io::usage_error(fmt::format("--strategies: '{}' given twice", name));
+      throw io::usage_error(fmt::format("--strategy: '{}' given twice", name));
     out.push_back(name);
     i = j + 1;
   }
@@ -211,8 +215,17 @@ class Runner {
 };
 
 int run_bench(const BenchArgs& a) {
+  // With --json stdout holds the JSON document alone; the progress and the table go to stderr.
+  std::FILE* txt = a.json ? stderr : stdout;
   // ---- usage checks ----
   const std::vector<std::string> strategies = parse_strategies(a.strategies);
+  if (!a.out_path.empty()) {
+    const fs::path out(a.out_path);
+    const fs::path parent = out.has_parent_path() ? out.parent_path() : fs::path(".");
+    if (!fs::is_directory(parent))
+      throw io::usage_error(fmt::format("--out: directory {} does not exist", parent.string()));
+    if (fs::is_directory(out)) throw io::usage_error(fmt::format("--out: {} is a directory", a.out_path));
+  }
   if (a.preset.empty() && !a.mem_gb)
     throw io::usage_error("bench: give a budget: --mem-gb X or --preset NAME");
   const fs::path dir(a.model_dir);
@@ -269,44 +282,57 @@ int run_bench(const BenchArgs& a) {
   std::vector<fs::path> cache_dirs = {dir};
   if (trunk) cache_dirs.push_back(a.trunk_dir);
 
-  std::printf(
+  std::fprintf(txt, 
       "bench: %s, budget %s (%s; plan floor %s), %zu prompt ids, %d tokens%s, %d repeat%s, "
       "strategies %s\n",
       a.model_dir.c_str(), human_bytes(double(plan.budget)).c_str(), pb.source.c_str(),
       human_bytes(double(plan.floor)).c_str(), ids.size(), a.gen, has("--incremental") ? " incremental" : "",
       a.repeat, a.repeat == 1 ? "" : "s", fmt::format("{}", fmt::join(strategies, ",")).c_str());
   if (!sum.child_missing_flags.empty())
-    std::printf(
+    std::fprintf(txt, 
         "NOTE: this k3flow generate lacks %s: those flags are not passed, so the rows below do NOT "
         "compare streaming strategies\n",
         fmt::format("{}", fmt::join(sum.child_missing_flags, " ")).c_str());
-  std::fflush(stdout);
+  std::fflush(txt);
 
-  // ---- 1. device bandwidth: probed at the start of every round (below), the median used ----
-  ProbeOptions po;
-  po.seconds = a.probe_seconds;
+  // ---- 1. the device: its ceiling and the engine's settings, probed at the start of every round ----
   const ProbePattern pattern = probe_pattern(config, shards, trunk ? &*trunk : nullptr);
+  CeilingOptions co;
+  co.seconds = a.probe_seconds * 2 / 3;
+  ProbeOptions po;
+  po.seconds = a.probe_seconds / 3;
   po.trunk_reader = trunk_reader_options();
   po.expert_reader = expert_reader_options(pattern.largest_expert_read());
   std::vector<double> probe_trunk, probe_experts;
   uint64_t probed = 0, probed_direct = 0;
   // One probe per round, beside the runs it prices: a single probe at the start caught whatever the
-  // host's disk was doing in those 1.5 s (on a shared VM the same pattern read at 1.97 and 2.63 GB/s
+  // host's disk was doing in those seconds (on a shared VM the same pattern read at 1.97 and 2.63 GB/s
   // minutes apart), and put efficiencies above 1 on the runs that came after a slow probe.
   auto probe_round = [&](int r) {
-    po.seed = uint64_t(r) + 1;
+    co.seed = po.seed = uint64_t(r) + 1;
+    const CeilingResult ceiling = probe_ceiling(pattern, co);
     const ProbeResult probe = probe_device(pattern, po);
-    if (r == 0)
-      std::printf("%s", format_probe(pattern, probe).c_str());
-    else
-      std::printf("  [%d/%d] %-10s token pattern %.3f GB/s, trunk %.3f GB/s, experts %.3f GB/s\n", r + 1,
-                  a.repeat, "probe", probe.gbps(), probe.trunk.gbps(), probe.experts.gbps());
-    std::fflush(stdout);
-    sum.device_gbps_samples.push_back(probe.gbps());
+    if (r == 0) {
+      std::fprintf(txt, "%s%s", format_ceiling(ceiling).c_str(), format_probe(pattern, probe).c_str());
+    } else {
+      std::fprintf(txt,
+                   "  [%d/%d] %-10s ceiling %.3f GB/s sequential, %.3f random; engine settings: token pattern "
+                   "%.3f GB/s, trunk %.3f, experts %.3f\n",
+                   r + 1, a.repeat, "probe", ceiling.gbps(), ceiling.random.gbps(), probe.gbps(),
+                   probe.trunk.gbps(), probe.experts.gbps());
+    }
+    std::fflush(txt);
+    sum.ceiling_gbps_samples.push_back(ceiling.gbps());
+    sum.ceiling_random_gbps_samples.push_back(ceiling.random.gbps());
+    sum.ceiling_queue_depth = ceiling.queue_depth;
+    sum.ceiling_chunk_bytes = ceiling.chunk_bytes;
+    sum.engine_probe_gbps_samples.push_back(probe.gbps());
     probe_trunk.push_back(probe.trunk.gbps());
     probe_experts.push_back(probe.experts.gbps());
-    probed += probe.mixed.bytes + probe.trunk.bytes + probe.experts.bytes;
-    probed_direct += probe.mixed.direct_bytes + probe.trunk.direct_bytes + probe.experts.direct_bytes;
+    probed += probe.mixed.bytes + probe.trunk.bytes + probe.experts.bytes + ceiling.sequential.bytes +
+              ceiling.random.bytes;
+    probed_direct += probe.mixed.direct_bytes + probe.trunk.direct_bytes + probe.experts.direct_bytes +
+                     ceiling.sequential.direct_bytes + ceiling.random.direct_bytes;
   };
 
   sum.model = a.model_dir;
@@ -335,12 +361,12 @@ int run_bench(const BenchArgs& a) {
     if (resident) {
       const RunSample s = runner.run(fmt::format("resident (repeat {})", r + 1), {}, cache_dirs);
       if (!s.strategy.empty() && s.strategy != "resident") {
-        std::printf("compute: generate without a budget ran '%s', not resident\n", s.strategy.c_str());
+        std::fprintf(txt, "compute: generate without a budget ran '%s', not resident\n", s.strategy.c_str());
         resident = false;
       } else {
         cpu.push_back(s.compute_per_token > 0 ? s.compute_per_token : s.s_per_token);
         cpu_wall.push_back(s.s_per_token);
-        std::printf("  [%d/%d] %-10s %.4f s/token compute, weights resident (%s)\n", r + 1, a.repeat,
+        std::fprintf(txt, "  [%d/%d] %-10s %.4f s/token compute, weights resident (%s)\n", r + 1, a.repeat,
                     "resident", cpu.back(), human_bytes(double(model_bytes)).c_str());
       }
     }
@@ -362,10 +388,10 @@ int run_bench(const BenchArgs& a) {
       if (has("--strategy") && !s.strategy.empty() && s.strategy != st)
         throw io::runtime_error(
             fmt::format("strategy '{}' (repeat {}): the run reports strategy '{}'", st, r + 1, s.strategy));
-      std::printf("  [%d/%d] %-10s %.4f s/token over %d step%s, %s read/token, peak RSS %s\n", r + 1,
+      std::fprintf(txt, "  [%d/%d] %-10s %.4f s/token over %d step%s, %s read/token, peak RSS %s\n", r + 1,
                   a.repeat, st.c_str(), s.s_per_token, s.measured_steps, s.measured_steps == 1 ? "" : "s",
                   human_bytes(s.bytes_per_token).c_str(), human_bytes(double(s.peak_rss_os)).c_str());
-      std::fflush(stdout);
+      std::fflush(txt);
       samples[i].push_back(s);
     }
   }
@@ -373,62 +399,77 @@ int run_bench(const BenchArgs& a) {
   if (resident) {
     t_cpu = median(cpu);
     sum.t_cpu_source = fmt::format("resident run, median of {}", cpu.size());
-    std::printf("compute, weights resident (%s): %.4f s/token median, %.4f min (wall %.4f s/token)\n",
+    std::fprintf(txt, "compute, weights resident (%s): %.4f s/token median, %.4f min (wall %.4f s/token)\n",
                 human_bytes(double(model_bytes)).c_str(), *t_cpu, *std::min_element(cpu.begin(), cpu.end()),
                 median(cpu_wall));
   } else {
     sum.t_cpu_source = "each strategy's compute busy time";
-    std::printf(
+    std::fprintf(txt, 
         "compute: no resident measurement (the model is %s, %s available); T_cpu is each strategy's "
         "own compute busy time\n",
         human_bytes(double(model_bytes)).c_str(), human_bytes(double(avail)).c_str());
   }
   sum.t_cpu_per_token = t_cpu;
-  sum.device_gbps = median(sum.device_gbps_samples);
-  sum.device_trunk_gbps = median(probe_trunk);
-  sum.device_expert_gbps = median(probe_experts);
+  sum.ceiling_gbps = median(sum.ceiling_gbps_samples);
+  sum.ceiling_random_gbps = median(sum.ceiling_random_gbps_samples);
+  sum.engine_probe_gbps = median(sum.engine_probe_gbps_samples);
+  sum.engine_probe_trunk_gbps = median(probe_trunk);
+  sum.engine_probe_expert_gbps = median(probe_experts);
   sum.device_direct_fraction = probed ? double(probed_direct) / double(probed) : 0.0;
   const auto [gmin, gmax] =
-      std::minmax_element(sum.device_gbps_samples.begin(), sum.device_gbps_samples.end());
-  std::printf("device: token pattern %.3f GB/s, median of %zu probe%s (%.3f..%.3f)\n", sum.device_gbps,
-              sum.device_gbps_samples.size(), sum.device_gbps_samples.size() == 1 ? "" : "s", *gmin, *gmax);
+      std::minmax_element(sum.ceiling_gbps_samples.begin(), sum.ceiling_gbps_samples.end());
+  std::fprintf(txt,
+               "device ceiling (%u x %s in flight): %.3f GB/s sequential, median of %zu probe%s (%.3f..%.3f); "
+               "%.3f GB/s random expert reads; the engine's settings read its token pattern at %.3f GB/s "
+               "(%.3f of the ceiling)\n",
+               sum.ceiling_queue_depth, human_bytes(double(sum.ceiling_chunk_bytes)).c_str(), sum.ceiling_gbps,
+               sum.ceiling_gbps_samples.size(), sum.ceiling_gbps_samples.size() == 1 ? "" : "s", *gmin, *gmax,
+               sum.ceiling_random_gbps, sum.engine_probe_gbps,
+               sum.ceiling_gbps > 0 ? sum.engine_probe_gbps / sum.ceiling_gbps : 0.0);
 
   // ---- 4. table, JSON, verdict ----
   for (size_t i = 0; i < strategies.size(); ++i)
-    sum.strategies.push_back(aggregate(strategies[i], samples[i], sum.device_gbps, t_cpu, plan.budget));
+    sum.strategies.push_back(aggregate(strategies[i], samples[i], Ceiling{sum.ceiling_gbps, sum.ceiling_random_gbps}, t_cpu, plan.budget));
   rank(sum);
   const RunSample& any = samples.front().front();
-  std::printf("\n%s", bench_table(sum).c_str());
+  std::fprintf(txt, "\n%s", bench_table(sum).c_str());
   std::string steps = "mean over all steps (with --gen 1 only step 0, the prefill, exists)";
   if (any.skipped_prefill)
     steps =
         (a.gen == 2 ? std::string("decode step 1") : fmt::format("mean of decode steps 1..{}", a.gen - 1)) +
         " (step 0, the prefill, excluded)";
-  std::printf("s/token: %s; median and min over %d repeat%s\n", steps.c_str(), a.repeat,
+  std::fprintf(txt, "s/token: %s; median and min over %d repeat%s\n", steps.c_str(), a.repeat,
               a.repeat == 1 ? "" : "s");
-  std::printf(
-      "disk %% = T_io / s/token with T_io = bytes read / %.3f GB/s (the probes' median); CPU %% = T_cpu / "
-      "s/token with T_cpu from the %s; overlap = max(T_io, T_cpu) / s/token; compute/tok = the strategy's "
-      "own compute busy time per token (above T_cpu: compute ran slower while the disk streamed)\n",
-      sum.device_gbps, sum.t_cpu_source.c_str());
-  std::printf("every run emitted the same ids [%s] and byte-identical step-0 logits; peak RSS from wait4\n",
+  std::fprintf(txt, 
+      "disk %% = T_io / s/token with T_io = trunk bytes / %.3f GB/s + expert bytes / %.3f GB/s (the device "
+      "ceiling's medians); CPU %% = T_cpu / s/token with T_cpu from the %s; overlap = max(T_io, T_cpu) / "
+      "s/token; compute/tok = the strategy's own compute busy time per token (above T_cpu: compute ran slower "
+      "while the disk streamed); read GB/s = bytes read / time with a read in flight (whole run), /ceiling = "
+      "that over the ceiling for the same byte mix; io wait = share of s/token the compute waited on a read\n",
+      sum.ceiling_gbps, sum.ceiling_random_gbps, sum.t_cpu_source.c_str());
+  std::fprintf(txt, "every run emitted the same ids [%s] and byte-identical step-0 logits; peak RSS from wait4\n",
               fmt::format("{}", fmt::join(any.ids, ",")).c_str());
   if (any.timing_source != "report tokens" || any.bytes_source == "none")
-    std::printf("NOTE: timing from the %s, bytes from %s (the child's report lacks the per-token fields)\n",
+    std::fprintf(txt, "NOTE: timing from the %s, bytes from %s (the child's report lacks the per-token fields)\n",
                 any.timing_source.c_str(),
                 any.bytes_source == "none" ? "nowhere (0)" : any.bytes_source.c_str());
   for (const StrategyResult& r : sum.strategies)
     if (r.overlap_efficiency > 1.0)
-      std::printf(
-          "NOTE: %s read faster than the probes' median rate (overlap %.3f > 1): the device's rate drifted "
+      std::fprintf(txt, 
+          "NOTE: %s read faster than the device ceiling's median (overlap %.3f > 1): the device's rate drifted "
           "during this bench; rerun on a quieter machine or with more --repeat\n",
           r.strategy.c_str(), r.overlap_efficiency);
-  for (const std::string& n : runner.notes) std::printf("NOTE: %s\n", n.c_str());
-  if (!a.json_path.empty()) {
-    write_file_atomic(a.json_path, bench_json(sum));
-    std::printf("wrote %s\n", a.json_path.c_str());
+  for (const std::string& n : runner.notes) std::fprintf(txt, "NOTE: %s\n", n.c_str());
+  const std::string doc = bench_json(sum);
+  if (!a.out_path.empty()) {
+    write_file_atomic(a.out_path, doc);
+    std::fprintf(txt, "wrote %s\n", a.out_path.c_str());
   }
-  std::printf("%s\n", bench_last_line(sum).c_str());
+  std::fprintf(txt, "%s\n", bench_last_line(sum).c_str());
+  if (a.json) {
+    std::fflush(txt);
+    std::fputs(doc.c_str(), stdout);
+  }
   return 0;
 }
 
@@ -442,10 +483,11 @@ Action add_bench(CLI::App& sub) {
   auto* mem = sub.add_option("--mem-gb", a->mem_gb, "memory budget in GiB for every strategy run");
   auto* preset = sub.add_option("--preset", a->preset, "named budget (as k3flow plan): laptop, desktop, ...");
   mem->excludes(preset);
-  sub.add_option("--strategies", a->strategies, "comma-separated subset of serial,trunk,overlap,lookahead")
+  sub.add_option("--strategy", a->strategies,
+                 "comma-separated subset of serial,trunk,overlap,lookahead, run in the order given")
       ->capture_default_str();
-  sub.add_option("--gen", a->gen, "tokens per run (>= 2 so that s/token excludes the prefill step)")
-      ->check(CLI::Range(1, 4096))
+  sub.add_option("--gen", a->gen, "tokens per run, >= 2: s/token is the decode steps after the prefill step")
+      ->check(CLI::Range(2, 4096))
       ->capture_default_str();
   sub.add_option("--repeat", a->repeat, "runs per strategy (median and min are reported)")
       ->check(CLI::Range(1, 1000))
@@ -455,10 +497,12 @@ Action add_bench(CLI::App& sub) {
                  "modulo the vocabulary)");
   sub.add_option("--threads", a->threads, "compute threads for every run (0 = oneTBB default)")
       ->check(CLI::Range(0, 4096));
-  sub.add_option("--json", a->json_path, "write the results as JSON (atomically)");
+  sub.add_option("--out", a->out_path, "write the results as one JSON object to FILE (atomically)");
+  sub.add_flag("--json", a->json, "print the results as one JSON object on stdout (the text goes to stderr)");
   sub.add_option("--trace-dir", a->trace_dir,
                  "pass --trace DIR/<strategy>-r<repeat>.json to every strategy run");
-  sub.add_option("--probe-seconds", a->probe_seconds, "time spent measuring the device's read bandwidth")
+  sub.add_option("--probe-seconds", a->probe_seconds,
+                 "time per round spent measuring the device: 2/3 its ceiling, 1/3 the engine's reader settings")
       ->check(CLI::Range(0.05, 600.0))
       ->capture_default_str();
   return [a] { return run_bench(*a); };

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
+#include <functional>
 #include <numeric>
 
 #include "io/aligned.hpp"
@@ -250,11 +251,13 @@ ProbePattern probe_pattern(const io::ModelConfig& config, const io::ShardSet& sh
   p.top_k = config.top_k;
   p.layers.resize(size_t(config.n_layers));
   if (trunk) {
+    p.files.push_back(&trunk->file());
     for (int l = 0; l < config.n_layers; ++l) {
       const io::TrunkLayer& t = trunk->layer(l);
       p.layers[size_t(l)].trunk.push_back({&trunk->file(), t.file_off, t.nbytes});
     }
   } else {
+    for (uint32_t s = 0; s < shards.shard_count(); ++s) p.files.push_back(&shards.shard_file(s));
     const io::TrunkLayout lay = io::layout_trunk(shards, config.n_layers);
     for (int l = 0; l < config.n_layers; ++l)
       p.layers[size_t(l)].trunk = runs(shards, lay.sources[size_t(l)]);
@@ -334,6 +337,200 @@ std::string format_probe(const ProbePattern& p, const ProbeResult& r) {
   s += phase_line(
       fmt::format("expert reads ({} windows)", human_bytes(double(p.largest_expert_read()))).c_str(),
       r.experts);
+  return s;
+}
+
+namespace {
+
+// Keeps a reader busy with requests from `next` until `seconds` have passed: requests are submitted
+// while fewer than `window` bytes are outstanding, so the reader always has chunks queued behind
+// the ones in the kernel. Every request lands in `dst` (shared: the bytes are discarded).
+struct Outstanding {
+  std::mutex m;
+  std::condition_variable cv;
+  uint64_t bytes = 0, done_bytes = 0, done_requests = 0;
+  std::string error;
+};
+
+template <class Next>
+void keep_busy(io::UringReader& reader, Outstanding& st, uint64_t window, double seconds, Next next) {
+  auto on_done = [&st](const io::ReadCompletion& c) {
+    {
+      std::lock_guard lock(st.m);
+      st.bytes -= c.dst.size();
+      if (c.ok()) {
+        st.done_bytes += c.dst.size();
+        ++st.done_requests;
+      } else if (st.error.empty()) {
+        st.error = c.message.empty() ? fmt::format("read failed: errno {}", c.error) : c.message;
+      }
+    }
+    st.cv.notify_all();
+  };
+  // The first window goes in one batch (one wake-up of the reader), so the reader fills its whole
+  // queue depth at once whatever the device's latency: the depth reached does not depend on timing.
+  std::vector<io::ReadRequest> first;
+  uint64_t queued = 0;
+  while (queued < window) {
+    first.push_back(next());
+    queued += first.back().dst.size();
+  }
+  {
+    std::lock_guard lock(st.m);
+    st.bytes += queued;
+  }
+  reader.submit(first, on_done);
+  const double t0 = now();
+  while (now() - t0 < seconds) {
+    {
+      std::unique_lock lock(st.m);
+      st.cv.wait(lock, [&] { return st.bytes < window || !st.error.empty(); });
+      if (!st.error.empty()) break;
+    }
+    io::ReadRequest req = next();
+    {
+      std::lock_guard lock(st.m);
+      st.bytes += req.dst.size();
+    }
+    reader.submit(req, on_done);
+  }
+  reader.wait_idle();
+}
+
+CeilingPhase run_ceiling_phase(const io::UringReader::Options& ro, uint64_t window, double seconds,
+                               uint64_t request_bytes, const std::function<io::ReadRequest()>& next) {
+  io::UringReader reader(ro);
+  Outstanding st;
+  const double t0 = now();
+  keep_busy(reader, st, window, seconds, next);
+  CeilingPhase r;
+  r.seconds = now() - t0;
+  r.bytes = st.done_bytes;
+  r.requests = st.done_requests;
+  r.request_bytes = request_bytes;
+  const io::ReaderCounters c = reader.counters();
+  r.direct_bytes = c.direct_bytes;
+  r.peak_in_flight = c.peak_in_flight;
+  if (!st.error.empty()) throw io::runtime_error("device ceiling probe: " + st.error);
+  return r;
+}
+
+}  // namespace
+
+CeilingResult probe_ceiling(const ProbePattern& p, const CeilingOptions& o) {
+  if (o.queue_depth == 0) throw io::usage_error("device ceiling probe: queue depth must be at least 1");
+  if (o.chunk_bytes < kDirectAlign || o.chunk_bytes % kDirectAlign != 0)
+    throw io::usage_error(fmt::format("device ceiling probe: chunk of {} bytes is not a positive multiple of 4096",
+                                      o.chunk_bytes));
+  CeilingResult r;
+  r.source = p.source;
+  r.queue_depth = o.queue_depth;
+  r.chunk_bytes = o.chunk_bytes;
+  io::UringReader::Options ro;
+  ro.queue_depth = o.queue_depth;
+  ro.chunk_bytes = o.chunk_bytes;
+  ro.force_pread = o.force_pread;
+  {
+    io::UringReader info(ro);
+    r.backend = io::backend_name(info.backend());
+    r.fallback_reason = info.fallback_reason();
+  }
+  // Twice the depth outstanding: while the kernel holds queue_depth chunks, as many wait their turn.
+  const uint64_t window = 2 * uint64_t(o.queue_depth) * o.chunk_bytes;
+
+  // ---- sequential: the files front to back, one chunk per request, wrapping around ----
+  std::vector<const io::File*> files;
+  for (const io::File* f : p.files)
+    if (f && align_down(f->size(), kDirectAlign) >= kDirectAlign) files.push_back(f);
+  if (files.empty()) throw io::usage_error("device ceiling probe: no file of at least 4096 bytes to read");
+  uint64_t span = 0;
+  for (const io::File* f : files) span += align_down(f->size(), kDirectAlign);
+  uint64_t biggest = o.chunk_bytes;
+  std::vector<ProbeRange> experts;
+  for (const ProbeLayer& l : p.layers)
+    for (const ProbeRange& e : l.experts) experts.push_back(e);
+  uint64_t rng = o.seed;
+  if (experts.empty()) {
+    r.random_source = "random windows";
+    for (const io::File* f : files) {
+      const uint64_t usable = align_down(f->size(), kDirectAlign);
+      const uint64_t bytes = std::min<uint64_t>(align_up(o.random_bytes, kDirectAlign), usable);
+      // as many windows as the file holds, at random aligned offsets drawn below
+      for (uint64_t i = 0; i < std::max<uint64_t>(1, usable / bytes); ++i) experts.push_back({f, 0, bytes});
+    }
+  } else {
+    r.random_source = "expert windows";
+  }
+  for (const ProbeRange& e : experts) biggest = std::max(biggest, e.bytes);
+  io::AlignedBuffer dst(align_up(biggest, kDirectAlign));
+  std::fill(dst.data(), dst.data() + dst.size(), std::byte{0});  // fault the pages in before timing
+
+  size_t fi = 0;
+  uint64_t off = 0;
+  int passes = 0;
+  r.sequential = run_ceiling_phase(ro, window, o.seconds * 0.6, o.chunk_bytes, [&] {
+    const io::File* f = files[fi];
+    const uint64_t end = align_down(f->size(), kDirectAlign);
+    const uint64_t n = std::min<uint64_t>(o.chunk_bytes, end - off);
+    io::ReadRequest req{f, off, {dst.data(), size_t(n)}, 0};
+    off += n;
+    if (off >= end) {
+      off = 0;
+      if (++fi == files.size()) {
+        fi = 0;
+        ++passes;
+      }
+    }
+    return req;
+  });
+  r.sequential.passes = passes;
+  r.sequential.span_bytes = span;
+
+  // ---- random: expert windows (or random aligned windows) picked uniformly ----
+  uint64_t random_span = 0, largest = 0;
+  for (const ProbeRange& e : experts) {
+    random_span += e.bytes;
+    largest = std::max(largest, e.bytes);
+  }
+  const bool synthetic = r.random_source == "random windows";
+  r.random = run_ceiling_phase(ro, std::max(window, 2 * largest), o.seconds * 0.4, largest, [&] {
+    const ProbeRange& e = experts[splitmix64(rng) % experts.size()];
+    uint64_t at = e.offset;
+    if (synthetic) {
+      const uint64_t slots = (align_down(e.file->size(), kDirectAlign) - e.bytes) / kDirectAlign + 1;
+      at = (splitmix64(rng) % slots) * kDirectAlign;
+    }
+    return io::ReadRequest{e.file, at, {dst.data(), size_t(e.bytes)}, 0};
+  });
+  r.random.span_bytes = synthetic ? span : random_span;
+  return r;
+}
+
+std::string format_ceiling(const CeilingResult& r) {
+  std::string s = fmt::format(
+      "device ceiling: {} with {} x {} KiB in flight, O_DIRECT, reading {} (independent of the engine's "
+      "reader settings)\n",
+      r.backend, r.queue_depth, r.chunk_bytes >> 10, r.source);
+  if (!r.fallback_reason.empty()) s += fmt::format("  (pread fallback: {})\n", r.fallback_reason);
+  auto line = [&](const char* what, const CeilingPhase& c) {
+    if (c.bytes == 0) return fmt::format("  {:<34} -\n", what);
+    const double direct = 100.0 * double(c.direct_bytes) / double(c.bytes);
+    return fmt::format(
+        "  {:<34} {:7.3f} GB/s  ({} in {:.2f} s, {} requests of up to {}, {} chunks in flight at most, "
+        "O_DIRECT {:.1f}%)\n",
+        what, c.gbps(), human_bytes(double(c.bytes)), c.seconds, c.requests, human_bytes(double(c.request_bytes)),
+        c.peak_in_flight, direct);
+  };
+  s += line("sequential (files front to back)", r.sequential);
+  s += line(fmt::format("random ({})", r.random_source).c_str(), r.random);
+  if (r.sequential.passes >= 2)
+    s += fmt::format(
+        "  NOTE: the files ({}) were read {} times over: a cache in the device or host can flatter a model "
+        "this small\n",
+        human_bytes(double(r.sequential.span_bytes)), r.sequential.passes);
+  const uint64_t all = r.sequential.bytes + r.random.bytes;
+  if (all && double(r.sequential.direct_bytes + r.random.direct_bytes) < 0.99 * double(all))
+    s += "  NOTE: part of the reads were buffered (O_DIRECT refused): the page cache may flatter the figure\n";
   return s;
 }
 

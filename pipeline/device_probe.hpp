@@ -9,10 +9,16 @@
 // Reads go into a ring of 2 trunk slots and 2 x top_k expert slots, so the next layer's reads are in
 // flight while this one's land, as in the `overlap` strategy. Nothing is computed.
 //
-// Three phases run back to back: the mixed pattern above (the figure T_io uses), trunk reads
-// alone, expert reads alone. Different experts are picked every pass, but a small model's files
+// Three phases run back to back: the mixed pattern above, trunk reads alone, expert reads alone. Different experts are picked every pass, but a small model's files
 // are re-read many times: a device-side cache can flatter them; page cache cannot, unless the
 // filesystem refuses O_DIRECT (then `direct_bytes` < `bytes` and the report says so).
+//
+// The engine-settings probe above measures the engine's own request pattern, so a rate derived from
+// it cannot show that the engine reads below what the device can do. probe_ceiling() measures the
+// device itself, independent of the engine's tuning: a deep queue of large O_DIRECT requests
+// (default 32 x 8 MiB in flight) reading the trunk's file(s) front to back, then random expert-sized
+// reads (the checkpoint's own expert windows, or 17.5 MiB-class windows when it has no experts).
+// T_io and the overlap efficiency are priced with this ceiling (`k3flow bench`, `k3flow probe`).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -44,6 +50,7 @@ struct ProbeLayer {
 struct ProbePattern {
   std::string source;  // "trunk.bin" or "shards"
   std::vector<ProbeLayer> layers;
+  std::vector<const io::File*> files;  // what the ceiling reads front to back: trunk.bin, or every shard
   int top_k = 0;
   uint64_t largest_trunk_read() const;
   uint64_t largest_expert_read() const;
@@ -83,5 +90,44 @@ struct ProbeResult {
 ProbeResult probe_device(const ProbePattern& pattern, const ProbeOptions& options);
 
 std::string format_probe(const ProbePattern& pattern, const ProbeResult& r);  // a few lines
+
+// ---- the device's ceiling, independent of the engine's reader settings ----
+
+struct CeilingOptions {
+  double seconds = 1.0;                    // whole probe: 60 % sequential, 40 % random
+  unsigned queue_depth = 32;               // chunks in flight
+  size_t chunk_bytes = size_t{8} << 20;    // one chunk = one request to the kernel
+  uint64_t random_bytes = 17547264;        // a real K3 expert; used only when the model has no experts
+  uint64_t seed = 1;                       // random offsets / expert picks
+  bool force_pread = false;                // tests: the fallback backend
+};
+
+struct CeilingPhase {
+  uint64_t bytes = 0, direct_bytes = 0, requests = 0;
+  uint64_t request_bytes = 0;   // size of one request (sequential: chunk_bytes; random: largest window)
+  uint64_t peak_in_flight = 0;  // most chunks the reader had in the kernel at once
+  uint64_t span_bytes = 0;      // distinct bytes the phase draws from (file bytes / expert windows)
+  double seconds = 0;
+  int passes = 0;  // sequential: times the files were read front to back (>= 1 once all read)
+  double gbps() const { return seconds > 0 ? double(bytes) / seconds / 1e9 : 0.0; }
+};
+
+struct CeilingResult {
+  CeilingPhase sequential, random;
+  std::string backend, fallback_reason, source;  // source: "trunk.bin" or "shards"
+  unsigned queue_depth = 0;
+  size_t chunk_bytes = 0;
+  std::string random_source;  // "expert windows" or "random windows"
+  double gbps() const { return sequential.gbps(); }
+};
+
+// Reads the pattern's files (trunk.bin, or every shard): sequentially with `queue_depth` x
+// `chunk_bytes` in flight, then random expert windows with the same depth. The bytes are discarded,
+// so every request in flight lands in one shared destination (the device does the same work; the
+// probe's memory stays at one request). Throws runtime Error with the reader's message when a read
+// fails, usage Error naming the field for a zero depth or chunk.
+CeilingResult probe_ceiling(const ProbePattern& pattern, const CeilingOptions& options);
+
+std::string format_ceiling(const CeilingResult& r);  // a few lines
 
 }  // namespace k3::pipeline

@@ -98,11 +98,26 @@ std::vector<int64_t> ints(simdjson::dom::element e) {
 }
 
 const std::vector<std::string> kAll = {"serial", "trunk", "overlap", "lookahead"};
-const char* kTopKeys[] = {"model",           "budget_bytes", "device_gbps", "device_gbps_samples",
-                          "t_cpu_per_token", "strategies",   "best",        "speedup_vs_serial"};
-const char* kStrategyKeys[] = {"strategy",       "s_per_token", "s_per_token_min",    "bytes_per_token",
-                               "t_io",           "t_cpu",       "overlap_efficiency", "lookahead_hit_rate",
-                               "peak_rss_bytes", "ids",         "compute_per_token"};
+const char* kTopKeys[] = {"model",
+                          "budget_bytes",
+                          "ceiling_gbps",
+                          "ceiling_gbps_samples",
+                          "ceiling_random_gbps",
+                          "ceiling_random_gbps_samples",
+                          "ceiling_queue_depth",
+                          "ceiling_chunk_bytes",
+                          "engine_probe_gbps",
+                          "engine_probe_gbps_samples",
+                          "t_cpu_per_token",
+                          "strategies",
+                          "best",
+                          "speedup_vs_serial"};
+const char* kStrategyKeys[] = {"strategy",          "s_per_token",           "s_per_token_min",
+                               "bytes_per_token",   "trunk_bytes_per_token", "expert_bytes_per_token",
+                               "t_io",              "t_cpu",                 "overlap_efficiency",
+                               "ceiling_gbps",      "effective_read_gbps",   "read_vs_ceiling",
+                               "io_wait_share",     "io_busy_share",         "lookahead_hit_rate",
+                               "peak_rss_bytes",    "ids",                   "compute_per_token"};
 const std::regex kLastLine(R"(best=(serial|trunk|overlap|lookahead) overlap_efficiency=[0-9]+\.[0-9]+ )"
                            R"(speedup_vs_serial=[0-9]+\.[0-9]+)");
 
@@ -164,7 +179,7 @@ struct Fake {
 TEST_CASE("bench on a tiny synthetic checkpoint: every strategy, same ids, JSON keys, last line") {
   TempDir d;
   // 5 MiB: below the checkpoint's 6.8 MB, above its plan floor, so every strategy streams.
-  const Run r = k3flow(fmt::format("bench {} --mem-gb 0.005 --gen 2 --repeat 1 --probe-seconds 0.2 --json {}",
+  const Run r = k3flow(fmt::format("bench {} --mem-gb 0.005 --gen 2 --repeat 1 --probe-seconds 0.2 --out {}",
                                    tiny_model(), d / "bench.json"));
   INFO(r.out);
   REQUIRE(r.code == 0);
@@ -173,7 +188,11 @@ TEST_CASE("bench on a tiny synthetic checkpoint: every strategy, same ids, JSON 
   Json j(d / "bench.json");
   check_keys(j);
   CHECK(num(j.doc["budget_bytes"]) == double(std::llround(0.005 * double(1 << 30))));
-  CHECK(num(j.doc["device_gbps"]) > 0);
+  CHECK(num(j.doc["ceiling_gbps"]) > 0);
+  CHECK(num(j.doc["ceiling_random_gbps"]) > 0);
+  CHECK(num(j.doc["engine_probe_gbps"]) > 0);
+  CHECK(num(j.doc["ceiling_queue_depth"]) == 32);  // the ceiling's deep queue, not the engine's 4
+  CHECK(num(j.doc["ceiling_chunk_bytes"]) == 8 << 20);
   CHECK(num(j.doc["t_cpu_per_token"]) > 0);  // 7 MB fits: measured resident
   std::vector<std::string> names;
   std::vector<int64_t> first_ids;
@@ -200,13 +219,20 @@ TEST_CASE("bench on a tiny synthetic checkpoint: every strategy, same ids, JSON 
     CAPTURE(name);
     CHECK(num(s["bytes_per_token"]) > 0);
     CHECK(num(s["t_io"]) > 0);
+    // the engine's own read rate against the ceiling for its byte mix
+    CHECK(num(s["effective_read_gbps"]) > 0);
+    CHECK(num(s["ceiling_gbps"]) > 0);
+    CHECK(num(s["read_vs_ceiling"]) ==
+          doctest::Approx(num(s["effective_read_gbps"]) / num(s["ceiling_gbps"])));
+    CHECK(num(s["trunk_bytes_per_token"]) + num(s["expert_bytes_per_token"]) ==
+          doctest::Approx(num(s["bytes_per_token"])));
   }
 }
 
 TEST_CASE("stand-in engine: prefill excluded, medians, T_io / T_cpu / overlap arithmetic, best, speedup") {
   Fake f;
   TempDir d;
-  const Run r = k3flow(fmt::format("bench {} --mem-gb 0.005 --gen 2 --repeat 2 --probe-seconds 0.1 --json {}",
+  const Run r = k3flow(fmt::format("bench {} --mem-gb 0.005 --gen 2 --repeat 2 --probe-seconds 0.1 --out {}",
                                    tiny_model(), d / "bench.json"),
                        f.env());
   INFO(r.out);
@@ -214,14 +240,22 @@ TEST_CASE("stand-in engine: prefill excluded, medians, T_io / T_cpu / overlap ar
   Json j(d / "bench.json");
   check_keys(j);
   CHECK(j.doc["child_missing_flags"].get_array().size() == 0);
-  const double gbps = num(j.doc["device_gbps"]);
-  REQUIRE(gbps > 0);
-  // One device probe per round; T_io prices bytes with their median (of 2: the mean).
-  std::vector<double> probes;
-  for (simdjson::dom::element g : j.doc["device_gbps_samples"].get_array()) probes.push_back(num(g));
+  const double seq = num(j.doc["ceiling_gbps"]), rnd = num(j.doc["ceiling_random_gbps"]);
+  REQUIRE(seq > 0);
+  REQUIRE(rnd > 0);
+  // One ceiling probe per round; T_io prices trunk bytes with the sequential median (of 2: the mean),
+  // expert bytes with the random one.
+  std::vector<double> probes, random_probes, engine;
+  for (simdjson::dom::element g : j.doc["ceiling_gbps_samples"].get_array()) probes.push_back(num(g));
+  for (simdjson::dom::element g : j.doc["ceiling_random_gbps_samples"].get_array()) random_probes.push_back(num(g));
+  for (simdjson::dom::element g : j.doc["engine_probe_gbps_samples"].get_array()) engine.push_back(num(g));
   REQUIRE(probes.size() == 2);
-  CHECK(gbps == doctest::Approx((probes[0] + probes[1]) / 2));
-  CHECK(r.out.find("[2/2] probe      token pattern ") != std::string::npos);
+  REQUIRE(random_probes.size() == 2);
+  REQUIRE(engine.size() == 2);
+  CHECK(seq == doctest::Approx((probes[0] + probes[1]) / 2));
+  CHECK(rnd == doctest::Approx((random_probes[0] + random_probes[1]) / 2));
+  CHECK(num(j.doc["engine_probe_gbps"]) == doctest::Approx((engine[0] + engine[1]) / 2));
+  CHECK(r.out.find("[2/2] probe      ceiling ") != std::string::npos);
   CHECK(num(j.doc["t_cpu_per_token"]) == doctest::Approx(0.1));  // resident step 1 compute
   const std::map<std::string, double> wall = {
       {"serial", 0.4}, {"trunk", 0.3}, {"overlap", 0.2}, {"lookahead", 0.25}};
@@ -232,8 +266,16 @@ TEST_CASE("stand-in engine: prefill excluded, medians, T_io / T_cpu / overlap ar
     CHECK(num(s["s_per_token_min"]) == doctest::Approx(wall.at(name)));
     CHECK(s["s_per_token_runs"].get_array().size() == 2);
     CHECK(num(s["bytes_per_token"]) == doctest::Approx(3e9));  // step 1 only
-    const double t_io = 3e9 / (gbps * 1e9);
+    CHECK(num(s["trunk_bytes_per_token"]) == doctest::Approx(2e9));
+    CHECK(num(s["expert_bytes_per_token"]) == doctest::Approx(1e9));
+    const double t_io = 2e9 / (seq * 1e9) + 1e9 / (rnd * 1e9);
     CHECK(num(s["t_io"]) == doctest::Approx(t_io));
+    CHECK(num(s["ceiling_gbps"]) == doctest::Approx(3e9 / t_io / 1e9));  // the ceiling for this mix
+    // the whole run: 13 GB read with a read in flight for 1 s of its 2
+    CHECK(num(s["effective_read_gbps"]) == doctest::Approx(13.0));
+    CHECK(num(s["read_vs_ceiling"]) == doctest::Approx(13.0 / num(s["ceiling_gbps"])));
+    CHECK(num(s["io_busy_share"]) == doctest::Approx(0.5));
+    CHECK(num(s["io_wait_share"]) == doctest::Approx(0.1 / wall.at(name)));  // step 1 waited 0.1 s
     CHECK(num(s["t_cpu"]) == doctest::Approx(0.1));
     CHECK(num(s["compute_per_token"]) == doctest::Approx(0.1));  // the stand-in's step 1 compute
     CHECK(num(s["overlap_efficiency"]) == doctest::Approx(std::max(t_io, 0.1) / wall.at(name)));
@@ -256,11 +298,11 @@ TEST_CASE("stand-in engine: prefill excluded, medians, T_io / T_cpu / overlap ar
         "resident \nserial 0.005\ntrunk 0.005\noverlap 0.005\nlookahead 0.005\n");
 }
 
-TEST_CASE("--strategies picks a subset in the order given; without serial the speedup is n/a") {
+TEST_CASE("--strategy picks a subset in the order given; without serial the speedup is n/a") {
   Fake f;
   TempDir d;
   const Run r = k3flow(fmt::format("bench {} --mem-gb 0.005 --gen 2 --repeat 1 --probe-seconds 0.1 "
-                                   "--strategies lookahead,trunk --json {}",
+                                   "--strategy lookahead,trunk --out {}",
                                    tiny_model(), d / "bench.json"),
                        f.env());
   INFO(r.out);
@@ -274,11 +316,32 @@ TEST_CASE("--strategies picks a subset in the order given; without serial the sp
   CHECK(r.last_stdout_line.ends_with(" speedup_vs_serial=n/a"));
 }
 
+TEST_CASE("--json prints the JSON document alone on stdout, the text on stderr; --out writes the same") {
+  Fake f;
+  TempDir d;
+  const k3::test::Run r = k3::test::k3flow_sh(
+      fmt::format("bench {} --mem-gb 0.005 --gen 2 --repeat 1 --probe-seconds 0.1 --strategy serial,overlap --json "
+                  "--out {}",
+                  tiny_model(), d / "bench.json"),
+      f.env());
+  INFO(r.out, r.err);
+  REQUIRE(r.code == 0);
+  simdjson::dom::parser parser;
+  simdjson::dom::element doc;
+  REQUIRE(parser.parse(r.out).get(doc) == simdjson::SUCCESS);  // stdout: nothing but the object
+  CHECK(std::count(r.out.begin(), r.out.end(), '\n') == 1);
+  CHECK(doc["strategies"].get_array().size() == 2);
+  CHECK(str(doc["best"]) == "overlap");
+  CHECK(r.err.find("best=overlap overlap_efficiency=") != std::string::npos);  // the text, on stderr
+  CHECK(r.err.find("device ceiling") != std::string::npos);
+  CHECK(slurp(d / "bench.json") == r.out);
+}
+
 TEST_CASE("a strategy that differs in ids, logits or reported strategy fails the bench (exit 1) by name") {
   Fake f;
   TempDir d;
   const std::string args =
-      fmt::format("bench {} --mem-gb 0.005 --gen 2 --repeat 1 --probe-seconds 0.1 --json {}", tiny_model(),
+      fmt::format("bench {} --mem-gb 0.005 --gen 2 --repeat 1 --probe-seconds 0.1 --out {}", tiny_model(),
                   d / "bench.json");
   Run r = k3flow(args, f.env("FAKE_BAD_LOGITS=overlap"));
   CHECK_MESSAGE(r.code == 1, r.out);
@@ -302,7 +365,7 @@ TEST_CASE("a strategy that differs in ids, logits or reported strategy fails the
 TEST_CASE("a failing child fails the bench (exit 1) with the child's own error line") {
   Fake f;
   TempDir d;
-  Run r = k3flow(fmt::format("bench {} --mem-gb 0.005 --gen 2 --repeat 1 --probe-seconds 0.1 --json {}",
+  Run r = k3flow(fmt::format("bench {} --mem-gb 0.005 --gen 2 --repeat 1 --probe-seconds 0.1 --out {}",
                              tiny_model(), d / "bench.json"),
                  f.env("FAKE_FAIL=lookahead"));
   CHECK_MESSAGE(r.code == 1, r.out);
@@ -312,7 +375,7 @@ TEST_CASE("a failing child fails the bench (exit 1) with the child's own error l
   // The real engine refusing the run: a prompt longer than generate allows.
   std::string ids = "1";
   for (int i = 1; i < 36864; ++i) ids += ",1";
-  r = k3flow(fmt::format("bench {} --mem-gb 1 --gen 2 --repeat 1 --probe-seconds 0.05 --ids {} --json {}",
+  r = k3flow(fmt::format("bench {} --mem-gb 1 --gen 2 --repeat 1 --probe-seconds 0.05 --ids {} --out {}",
                          tiny_model(), ids, d / "bench.json"));
   CHECK(r.code == 1);
   CHECK_MESSAGE(r.out.find("k3flow generate failed") != std::string::npos, r.out.substr(0, 2000));
@@ -323,14 +386,16 @@ TEST_CASE("a failing child fails the bench (exit 1) with the child's own error l
 TEST_CASE("bad flags exit 2 naming the flag, before any run and without output files") {
   Fake f;
   TempDir d;
-  const std::string m = tiny_model(), json = " --json " + d / "bench.json";
+  const std::string m = tiny_model(), json = " --out " + d / "bench.json";
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"bench " + m + " --mem-gb 1 --bogus", "--bogus"},
-      {"bench " + m + " --mem-gb 1 --strategies serial,warp", "warp"},
-      {"bench " + m + " --mem-gb 1 --strategies serial,serial", "serial"},
-      {"bench " + m + " --mem-gb 1 --strategies serial,", "--strategies"},
+      {"bench " + m + " --mem-gb 1 --strategy serial,warp", "warp"},
+      {"bench " + m + " --mem-gb 1 --strategy serial,serial", "serial"},
+      {"bench " + m + " --mem-gb 1 --strategy serial,", "--strategy"},
       {"bench " + m + " --mem-gb 1 --repeat 0", "--repeat"},
       {"bench " + m + " --mem-gb 1 --gen 0", "--gen"},
+      {"bench " + m + " --mem-gb 1 --gen 1", "--gen"},  // no decode step after the prefill to time
+      {"bench " + m + " --mem-gb 1 --strategies serial", "--strategies"},  // renamed --strategy
       {"bench " + m + " --mem-gb 1 --gen two", "--gen"},
       {"bench " + m, "--mem-gb"},
       {"bench " + m + " --mem-gb 1 --preset laptop", "--preset"},
@@ -349,6 +414,12 @@ TEST_CASE("bad flags exit 2 naming the flag, before any run and without output f
     CHECK_MESSAGE(r.code == 2, r.out);
     CHECK_MESSAGE(r.out.find(flag) != std::string::npos, r.out);
     CHECK(!fs::exists(d / "bench.json"));
+  }
+  for (const std::string& out : {d / "no-such-dir/b.json", d.path.string()}) {
+    CAPTURE(out);
+    const Run r = k3flow("bench " + m + " --mem-gb 1 --out " + out, f.env());
+    CHECK_MESSAGE(r.code == 2, r.out);
+    CHECK_MESSAGE(r.out.find("--out") != std::string::npos, r.out);
   }
   CHECK(!fs::exists(f.log));  // no child generate ran
   // --trace-dir needs a generate that takes --trace (the stand-in does not).

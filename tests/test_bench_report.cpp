@@ -159,7 +159,7 @@ TEST_CASE("aggregate: median and min over repeats, T_io, T_cpu, busy shares, ove
     runs[i].peak_rss_report = 90;
     runs[i].ids = {1, 2};
   }
-  StrategyResult r = aggregate("overlap", runs, 4.0, std::nullopt, 101);
+  StrategyResult r = aggregate("overlap", runs, Ceiling{4.0, 4.0}, std::nullopt, 101);
   CHECK(r.s_per_token == doctest::Approx(0.4));
   CHECK(r.s_per_token_min == doctest::Approx(0.3));
   CHECK(r.bytes_per_token == doctest::Approx(1e9));
@@ -176,21 +176,42 @@ TEST_CASE("aggregate: median and min over repeats, T_io, T_cpu, busy shares, ove
   CHECK(r.report_peak_rss_bytes == 90);
   CHECK(r.over_budget);
 
-  r = aggregate("serial", runs, 4.0, 0.5, 0);
+  r = aggregate("serial", runs, Ceiling{4.0, 4.0}, 0.5, 0);
   CHECK(r.t_cpu == doctest::Approx(0.5));  // resident figure wins
   CHECK(r.overlap_efficiency == doctest::Approx(1.25));
   CHECK_FALSE(r.over_budget);  // no budget known
 
   for (RunSample& x : runs) x.lookahead_predicted = x.lookahead_used = 0;
-  CHECK_FALSE(aggregate("trunk", runs, 4.0, 0.5, 0).lookahead_hit_rate);
+  CHECK_FALSE(aggregate("trunk", runs, Ceiling{4.0, 4.0}, 0.5, 0).lookahead_hit_rate);
   CHECK(median({3.0, 1.0, 2.0, 10.0}) == doctest::Approx(2.5));
+
+  // Split bytes: trunk at the sequential ceiling, experts at the random one; the effective read rate
+  // against the ceiling for that mix.
+  for (int i = 0; i < 3; ++i) {
+    runs[i].trunk_bytes_per_token = 0.8e9;
+    runs[i].expert_bytes_per_token = 0.2e9;
+    runs[i].effective_read_gbps = 2.0 + i;  // median 3
+    runs[i].io_wait_per_token = 0.04;
+    runs[i].io_busy_share = 0.9;
+  }
+  r = aggregate("overlap", runs, Ceiling{8.0, 2.0}, 0.5, 0);
+  CHECK(r.t_io == doctest::Approx(0.8 / 8.0 + 0.2 / 2.0));
+  CHECK(r.ceiling_gbps == doctest::Approx(1.0 / 0.2));
+  CHECK(r.effective_read_gbps == doctest::Approx(3.0));
+  CHECK(r.read_vs_ceiling == doctest::Approx(3.0 / 5.0));
+  CHECK(r.io_wait_share == doctest::Approx(0.04 / 0.4));
+  CHECK(r.io_busy_share == doctest::Approx(0.9));
+  // No random ceiling measured: experts priced at the sequential one.
+  CHECK(aggregate("overlap", runs, Ceiling{8.0, 0.0}, 0.5, 0).t_io == doctest::Approx(1.0 / 8.0));
 }
 
 TEST_CASE("rank, JSON and last line") {
   BenchSummary sum;
   sum.model = "/m/\"q\"";
   sum.budget_bytes = 1 << 30;
-  sum.device_gbps = 2.5;
+  sum.ceiling_gbps = 2.5;
+  sum.ceiling_gbps_samples = {2.4, 2.5, 2.6};
+  sum.engine_probe_gbps = 1.5;
   sum.t_cpu_per_token = 0.1;
   for (auto [name, s, eff] : {std::tuple{"serial", 0.4, 0.25}, {"overlap", 0.2, 0.5}, {"trunk", 0.3, 0.33}}) {
     StrategyResult r;
@@ -213,7 +234,9 @@ TEST_CASE("rank, JSON and last line") {
   REQUIRE(p.parse(json).get(doc) == simdjson::SUCCESS);
   CHECK(std::string_view(doc["model"]) == "/m/\"q\"");
   CHECK(uint64_t(doc["budget_bytes"]) == uint64_t(1) << 30);
-  CHECK(double(doc["device_gbps"]) == doctest::Approx(2.5));
+  CHECK(double(doc["ceiling_gbps"]) == doctest::Approx(2.5));
+  CHECK(doc["ceiling_gbps_samples"].get_array().size() == 3);
+  CHECK(double(doc["engine_probe_gbps"]) == doctest::Approx(1.5));
   CHECK(double(doc["t_cpu_per_token"]) == doctest::Approx(0.1));
   CHECK(std::string_view(doc["best"]) == "overlap");
   CHECK(double(doc["speedup_vs_serial"]) == doctest::Approx(2.0));

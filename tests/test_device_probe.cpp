@@ -6,12 +6,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <optional>
 #include <string>
 
 #include "io/config.hpp"
+#include "io/error.hpp"
 #include "io/packed_trunk.hpp"
 #include "io/safetensors.hpp"
 #include "pipeline/device_probe.hpp"
@@ -95,4 +97,91 @@ TEST_CASE("probe pattern and measurement on a synthetic checkpoint, shards and p
     CHECK(r.mixed.direct_bytes <= r.mixed.bytes);
     CHECK(!format_probe(p, r).empty());
   }
+}
+
+namespace {
+
+// Bytes this process had the block layer read for it (/proc/self/io read_bytes): O_DIRECT reads are
+// counted there, page-cache hits are not. -1 when the kernel does not expose it.
+long long storage_read_bytes() {
+  FILE* f = std::fopen("/proc/self/io", "r");
+  if (!f) return -1;
+  char key[64];
+  long long v = -1, out = -1;
+  while (std::fscanf(f, "%63s %lld", key, &v) == 2)
+    if (std::string(key) == "read_bytes:") out = v;
+  std::fclose(f);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("the device ceiling reads what it claims: bytes, the queue depth reached, O_DIRECT") {
+  // On the build directory's disk, not a tmpfs: O_DIRECT and the block layer's count need a real one.
+  const fs::path parent = fs::current_path();
+  std::string tmpl = (parent / "k3ceiling_test.XXXXXX").string();
+  REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
+  struct Rm {
+    fs::path p;
+    ~Rm() { fs::remove_all(p); }
+  } rm{tmpl};
+  const fs::path model = fs::path(tmpl) / "tiny", trunk_dir = fs::path(tmpl) / "trunk";
+  k3flow(fmt::format("synth {} --size tiny --seed 2", model.string()));
+  k3flow(fmt::format("pack-trunk {} {}", model.string(), trunk_dir.string()));
+  const k3::io::ModelConfig cfg = k3::io::load_config(model / "config.json");
+  const k3::io::ShardSet shards = k3::io::ShardSet::open(model);
+  const k3::io::PackedTrunk trunk = k3::io::PackedTrunk::open(trunk_dir, cfg.n_layers);
+
+  for (const bool packed : {false, true}) {
+    CAPTURE(packed);
+    const ProbePattern p = probe_pattern(cfg, shards, packed ? &trunk : nullptr);
+    REQUIRE(p.files.size() == (packed ? 1u : shards.shard_count()));
+    uint64_t file_bytes = 0;
+    for (const k3::io::File* f : p.files) file_bytes += f->size() / 4096 * 4096;
+
+    CeilingOptions o;
+    o.seconds = 0.3;
+    o.queue_depth = 8;
+    o.chunk_bytes = size_t{64} << 10;
+    const long long before = storage_read_bytes();
+    const CeilingResult r = probe_ceiling(p, o);
+    const long long after = storage_read_bytes();
+    CHECK(r.queue_depth == 8);
+    CHECK(r.chunk_bytes == size_t{64} << 10);
+    CHECK(r.random_source == "expert windows");
+    CHECK(r.sequential.span_bytes == file_bytes);
+    CHECK(r.sequential.request_bytes == o.chunk_bytes);
+    CHECK(r.random.request_bytes == p.largest_expert_read());
+    for (const CeilingPhase* c : {&r.sequential, &r.random}) {
+      CHECK(c->requests > 0);
+      CHECK(c->bytes > 0);
+      CHECK(c->bytes <= c->requests * c->request_bytes);  // no request reads more than its size
+      CHECK(c->direct_bytes <= c->bytes);
+      CHECK(c->gbps() > 0);
+      if (r.backend == "io_uring")
+        CHECK(c->peak_in_flight == o.queue_depth);  // the depth it claims was reached, and not exceeded
+      else
+        MESSAGE("io_uring unavailable (" << r.fallback_reason << "): queue depth not checked");
+    }
+    if (r.sequential.direct_bytes == r.sequential.bytes && before >= 0 && after >= 0)
+      // All O_DIRECT: every byte it counts went to the device (plus what synth/pack did not do here).
+      CHECK(uint64_t(after - before) >= r.sequential.bytes + r.random.direct_bytes);
+    else
+      MESSAGE("O_DIRECT refused here or /proc/self/io absent: storage bytes not checked");
+    CHECK(format_ceiling(r).find("8 x 64 KiB in flight") != std::string::npos);
+  }
+
+  // The pread fallback measures too (no queue depth), and bad options are refused by name.
+  const ProbePattern p = probe_pattern(cfg, shards, &trunk);
+  CeilingOptions o;
+  o.seconds = 0.1;
+  o.force_pread = true;
+  const CeilingResult r = probe_ceiling(p, o);
+  CHECK(r.backend == "pread");
+  CHECK(r.sequential.bytes > 0);
+  o.queue_depth = 0;
+  CHECK_THROWS_WITH_AS(probe_ceiling(p, o), doctest::Contains("queue depth"), k3::io::Error);
+  o.queue_depth = 4;
+  o.chunk_bytes = 5000;
+  CHECK_THROWS_WITH_AS(probe_ceiling(p, o), doctest::Contains("5000"), k3::io::Error);
 }

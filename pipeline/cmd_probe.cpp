@@ -1,0 +1,130 @@
+// `k3flow probe MODEL_DIR [--trunk DIR] [--seconds S] [--queue-depth N] [--chunk-kb K] [--json]`: the
+// device's read ceiling beside the rate the engine's own reader settings get (pipeline/device_probe.*).
+//   ceiling: a deep queue of large O_DIRECT requests (32 x 8 MiB unless told otherwise) over the
+//            packed trunk file (or every shard) front to back, then random expert-sized reads;
+//   engine:  one token's reads replayed with the engine's reader settings (reader_options.*).
+// The last line is `ceiling_gbps=X random_gbps=Y engine_gbps=Z engine_vs_ceiling=R`; with --json the
+// whole result is one JSON object on stdout instead of the text.
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "io/config.hpp"
+#include "io/error.hpp"
+#include "io/json_text.hpp"
+#include "io/packed_trunk.hpp"
+#include "io/safetensors.hpp"
+#include "pipeline/commands.hpp"
+#include "pipeline/device_probe.hpp"
+#include "pipeline/reader_options.hpp"
+
+namespace k3::pipeline {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct ProbeArgs {
+  std::string model_dir, trunk_dir;
+  double seconds = 3.0;
+  unsigned queue_depth = 32;
+  unsigned chunk_kb = 8192;
+  bool json = false;
+};
+
+std::string jnum(double d) {
+  return std::isfinite(d) ? fmt::format("{}", d) : "null";
+}
+
+std::string phase_json(const CeilingPhase& c) {
+  return fmt::format(
+      "{{\"gbps\":{},\"bytes\":{},\"direct_bytes\":{},\"requests\":{},\"request_bytes\":{},"
+      "\"peak_in_flight\":{},\"span_bytes\":{},\"seconds\":{},\"passes\":{}}}",
+      jnum(c.gbps()), c.bytes, c.direct_bytes, c.requests, c.request_bytes, c.peak_in_flight, c.span_bytes,
+      jnum(c.seconds), c.passes);
+}
+
+std::string engine_json(const PhaseResult& p) {
+  return fmt::format("{{\"gbps\":{},\"bytes\":{},\"direct_bytes\":{},\"requests\":{},\"seconds\":{}}}",
+                     jnum(p.gbps()), p.bytes, p.direct_bytes, p.requests, jnum(p.seconds));
+}
+
+int run_probe(const ProbeArgs& a) {
+  const fs::path dir(a.model_dir);
+  if (!fs::exists(dir / "config.json"))
+    throw io::usage_error(fmt::format("MODEL_DIR: no config.json in {}", a.model_dir));
+  if (!a.trunk_dir.empty() && !fs::is_directory(a.trunk_dir))
+    throw io::usage_error(fmt::format("--trunk: {} is not a directory", a.trunk_dir));
+  if (a.chunk_kb % 4 != 0)
+    throw io::usage_error(fmt::format("--chunk-kb {} is not a multiple of 4 (O_DIRECT reads whole 4 KiB pages)",
+                                      a.chunk_kb));
+  const io::ModelConfig config = io::load_config(dir / "config.json");
+  const io::ShardSet shards = io::ShardSet::open(dir);
+  std::optional<io::PackedTrunk> trunk;
+  if (!a.trunk_dir.empty()) trunk.emplace(io::PackedTrunk::open(a.trunk_dir, config.n_layers));
+  const ProbePattern pattern = probe_pattern(config, shards, trunk ? &*trunk : nullptr);
+
+  CeilingOptions co;
+  co.seconds = a.seconds * 2 / 3;
+  co.queue_depth = a.queue_depth;
+  co.chunk_bytes = size_t(a.chunk_kb) << 10;
+  const CeilingResult ceiling = probe_ceiling(pattern, co);
+
+  ProbeOptions po;
+  po.seconds = a.seconds / 3;
+  po.trunk_reader = trunk_reader_options();
+  po.expert_reader = expert_reader_options(pattern.largest_expert_read());
+  const ProbeResult engine = probe_device(pattern, po);
+  const double ratio = ceiling.gbps() > 0 ? engine.gbps() / ceiling.gbps() : 0.0;
+  const double trunk_ratio = ceiling.gbps() > 0 ? engine.trunk.gbps() / ceiling.gbps() : 0.0;
+
+  if (a.json) {
+    std::printf(
+        "{\"model\":%s,\"source\":%s,\"backend\":%s,\"ceiling\":{\"queue_depth\":%u,\"chunk_bytes\":%zu,"
+        "\"sequential\":%s,\"random\":%s,\"random_source\":%s},\"engine\":{\"trunk_queue_depth\":%u,"
+        "\"trunk_chunk_bytes\":%zu,\"expert_queue_depth\":%u,\"expert_chunk_bytes\":%zu,\"token_pattern\":%s,"
+        "\"trunk\":%s,\"experts\":%s},\"ceiling_gbps\":%s,\"random_gbps\":%s,\"engine_gbps\":%s,"
+        "\"engine_vs_ceiling\":%s,\"engine_trunk_vs_ceiling\":%s}\n",
+        io::json_quote(a.model_dir).c_str(), io::json_quote(pattern.source).c_str(),
+        io::json_quote(ceiling.backend).c_str(), ceiling.queue_depth, ceiling.chunk_bytes,
+        phase_json(ceiling.sequential).c_str(), phase_json(ceiling.random).c_str(),
+        io::json_quote(ceiling.random_source).c_str(), engine.trunk_queue_depth, engine.trunk_chunk_bytes,
+        engine.expert_queue_depth, engine.expert_chunk_bytes, engine_json(engine.mixed).c_str(),
+        engine_json(engine.trunk).c_str(), engine_json(engine.experts).c_str(), jnum(ceiling.gbps()).c_str(),
+        jnum(ceiling.random.gbps()).c_str(), jnum(engine.gbps()).c_str(), jnum(ratio).c_str(),
+        jnum(trunk_ratio).c_str());
+    return 0;
+  }
+  std::printf("%s", format_ceiling(ceiling).c_str());
+  std::printf("%s", format_probe(pattern, engine).c_str());
+  std::printf("engine settings / ceiling: token pattern %.3f, trunk reads %.3f\n", ratio, trunk_ratio);
+  std::printf("ceiling_gbps=%.3f random_gbps=%.3f engine_gbps=%.3f engine_vs_ceiling=%.3f\n", ceiling.gbps(),
+              ceiling.random.gbps(), engine.gbps(), ratio);
+  return 0;
+}
+
+}  // namespace
+
+Action add_probe(CLI::App& sub) {
+  auto a = std::make_shared<ProbeArgs>();
+  sub.add_option("MODEL_DIR", a->model_dir, "checkpoint directory (config.json + *.safetensors)")->required();
+  sub.add_option("--trunk", a->trunk_dir, "packed trunk directory (trunk.json + trunk.bin): read it, not the shards");
+  sub.add_option("--seconds", a->seconds, "time spent reading (2/3 for the ceiling, 1/3 with the engine's settings)")
+      ->check(CLI::Range(0.05, 600.0))
+      ->capture_default_str();
+  sub.add_option("--queue-depth", a->queue_depth, "ceiling: chunks in flight")
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
+  sub.add_option("--chunk-kb", a->chunk_kb, "ceiling: chunk (request) size in KiB, a multiple of 4")
+      ->check(CLI::Range(4, 1 << 20))
+      ->capture_default_str();
+  sub.add_flag("--json", a->json, "print the result as one JSON object instead of text");
+  return [a] { return run_probe(*a); };
+}
+
+}  // namespace k3::pipeline
