@@ -132,6 +132,11 @@ uint64_t Plan::total() const {
   return sum_terms(pools);
 }
 
+bool Plan::holds_model() const {
+  const uint64_t slots = inflight_slots + lookahead_slots + cache_slots;
+  return int(pinned.size()) == n_layers && (expert_slot_bytes == 0 || (routed_experts && slots >= routed_experts));
+}
+
 uint64_t plan_floor(const PlanInputs& in, int ring_slots) {
   std::vector<bool> none(in.layers.size(), false);
   uint64_t all = 0;
@@ -154,6 +159,7 @@ Plan make_plan(const PlanInputs& in, const PlanBudget& want) {
   const uint64_t inflight_bytes = inflight * p.expert_slot_bytes;
   const uint64_t n = in.layers.size();
   p.n_layers = int(n);
+  p.routed_experts = p.expert_slot_bytes ? in.routed_experts : 0;
   for (const LayerFootprint& l : in.layers) p.trunk_bytes += footprint(l);
 
   if (p.budget < p.floor)
@@ -177,7 +183,8 @@ Plan make_plan(const PlanInputs& in, const PlanBudget& want) {
   // Trunk: what the ring + pins may use, and what is left for the experts after them.
   uint64_t trunk_avail = split ? *want.trunk : p.budget - resident - inflight_bytes;
   uint64_t lookahead_bytes = 0;
-  if (want.lookahead && inflight) {
+  // Lookahead slots only where the cache has room for them beside the in-flight ones.
+  if (want.lookahead && inflight && (!in.routed_experts || 2 * inflight <= in.routed_experts)) {
     uint64_t ring0 = p.floor - resident - inflight_bytes;
     uint64_t room = split ? want.experts.value_or(0) - inflight_bytes : trunk_avail - ring0;
     if (room >= inflight_bytes) {
@@ -233,6 +240,13 @@ Plan make_plan(const PlanInputs& in, const PlanBudget& want) {
   uint64_t used = resident + ring.bytes() + pinned_bytes + inflight_bytes + lookahead_bytes;
   uint64_t left = split ? (want.experts.value_or(0) - inflight_bytes - lookahead_bytes) : p.budget - used;
   p.cache_slots = p.expert_slot_bytes ? left / p.expert_slot_bytes : 0;
+  // Never more slots than routed experts: a larger budget stays unassigned, not allocated.
+  if (in.routed_experts) {
+    const uint64_t room = in.routed_experts > inflight + p.lookahead_slots
+                              ? in.routed_experts - inflight - p.lookahead_slots
+                              : 0;
+    p.cache_slots = std::min(p.cache_slots, room);
+  }
 
   p.pools = in.resident;
   std::string ring_name = "trunk ring slots";
@@ -251,8 +265,8 @@ std::vector<std::string> preset_names() {
   return {"ultra", "laptop", "desktop", "workstation", "server", "max"};
 }
 
-uint64_t preset_budget(std::string_view name, const PlanInputs& in) {
-  if (name == "ultra") return plan_floor(in);
+uint64_t preset_budget(std::string_view name, const PlanInputs& in, int ring_slots) {
+  if (name == "ultra") return plan_floor(in, ring_slots);
   static const std::pair<const char*, uint64_t> presets[] = {
       {"laptop", 8}, {"desktop", 32}, {"workstation", 96}, {"server", 128}, {"max", 224}};
   for (const auto& [n, g] : presets)
@@ -321,6 +335,8 @@ PlanInputs plan_inputs(const io::ModelConfig& c, const io::ShardSet& shards, con
   if (c.first_dense < c.n_layers && c.n_experts > 0) {
     in.expert_bytes = stages::locate_expert(shards, c, c.first_dense, 0).buffer_bytes;
     in.top_k = c.top_k;
+    for (int l = 0; l < n; ++l)
+      if (!c.is_dense(l)) in.routed_experts += uint64_t(c.n_experts);
   }
   return in;
 }
@@ -337,6 +353,11 @@ std::string format_plan(const Plan& p) {
   s += fmt::format("  {:<46} {:>6}   {:>11}   {:>11}\n", "unassigned", "", "", bytes_h(p.unassigned()));
   s += fmt::format("  {:<46} {:>6}   {:>11}   {:>11}  of {} budget; floor {}\n", "TOTAL", "", "",
                    bytes_h(p.total()), gib(p.budget), gib(p.floor));
+  if (p.holds_model() && p.unassigned() > 0)
+    s += fmt::format(
+        "  the model needs only {} of the budget (every layer pinned, every expert cached): the rest is left "
+        "unallocated\n",
+        bytes_h(p.total()));
   s += fmt::format("  trunk read per token: {} of {} ({} of {} layers streamed); expert slots {}\n",
                    bytes_h(p.streamed_bytes), bytes_h(p.trunk_bytes), p.n_layers - int(p.pinned.size()),
                    p.n_layers, p.inflight_slots + p.lookahead_slots + p.cache_slots);

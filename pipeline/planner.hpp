@@ -10,6 +10,9 @@
 //      it can be from the others: a run of pinned layers lets the ring fill and the disk idle);
 //   6. expert cache: whatever is left, in whole expert slots.
 // 1-3 are the floor; a budget below it is refused naming the missing bytes.
+// No pool is larger than the model can use: pins stop at every layer (and then there is no ring),
+// expert slots at one per routed expert of the planned layers. A budget past the model's size is
+// left unassigned, never allocated: the plan says so ("left unallocated").
 //
 // Slot sizing: a slot is the largest unpinned layer's read bytes (4096-multiples) plus its widen
 // area, EXCEPT that one outlier layer may span adjacent slots of the ring arena: the slot is
@@ -58,6 +61,7 @@ struct PlanInputs {
   std::vector<PlanTerm> resident;      // always-resident terms, in print order
   uint64_t expert_bytes = 0;           // one routed expert on disk (0: no routed experts)
   int top_k = 0;
+  uint64_t routed_experts = 0;  // routed experts over the planned layers: at most this many slots (0: no cap)
 };
 
 struct PlanBudget {
@@ -88,8 +92,11 @@ struct Plan {
   // experts
   uint64_t expert_slot_bytes = 0;
   uint64_t inflight_slots = 0, lookahead_slots = 0, cache_slots = 0;
+  uint64_t routed_experts = 0;  // PlanInputs::routed_experts
 
   uint64_t total() const;
+  // Every layer pinned and a slot for every routed expert: the whole model is resident.
+  bool holds_model() const;
   uint64_t unassigned() const { return budget - total(); }
 };
 
@@ -100,8 +107,9 @@ Plan make_plan(const PlanInputs& in, const PlanBudget& budget);
 uint64_t plan_floor(const PlanInputs& in, int ring_slots = 2);
 
 // Preset name -> total budget in bytes: laptop 8, desktop 32, workstation 96, server 128, max 224
-// GiB; "ultra" is the floor itself. Throws usage Error listing the names for an unknown one.
-uint64_t preset_budget(std::string_view name, const PlanInputs& in);
+// GiB; "ultra" is the floor itself (for a ring of `ring_slots`). Throws usage Error listing the
+// names for an unknown one.
+uint64_t preset_budget(std::string_view name, const PlanInputs& in, int ring_slots = 2);
 std::vector<std::string> preset_names();
 
 // Inputs from a checkpoint: layer footprints from the packed trunk when given, else as pack-trunk

@@ -168,6 +168,7 @@ PlanInputs WeightSources::plan_inputs(uint64_t context, std::vector<PlanTerm> ex
   } else {
     in.expert_bytes = 0;
     in.top_k = 0;
+    in.routed_experts = 0;
   }
   for (PlanTerm& t : extra) in.resident.push_back(std::move(t));
   return in;

@@ -229,3 +229,47 @@ TEST_CASE("plan JSON: pools sum to total, fields agree with the plan") {
   CHECK(doc["trunk"]["pinned"].get_array().size() == p.pinned.size());
   CHECK(std::string_view(doc["source"]) == "--mem-gb 32");
 }
+
+TEST_CASE("a budget past the model's size: every layer pinned, no ring, one slot per routed expert, the rest unassigned") {
+  PlanInputs in = k3_like();
+  in.routed_experts = 92 * 896;
+  // K3: ~109 GB of trunk and 92 x 896 experts of 17.5 MB (~1.45 TB): 2 TiB holds it all.
+  const Plan a = k3::pipeline::make_plan(in, total(2048 * kGiB));
+  const Plan b = k3::pipeline::make_plan(in, total(8192 * kGiB));
+  for (const Plan* p : {&a, &b}) {
+    CHECK(p->pinned.size() == 93);
+    CHECK(p->ring_slots == 0);
+    CHECK(p->streamed_bytes == 0);
+    CHECK(p->inflight_slots + p->lookahead_slots + p->cache_slots == in.routed_experts);
+    CHECK(p->holds_model());
+    CHECK(p->unassigned() > 0);
+    CHECK(k3::pipeline::format_plan(*p).find("left unallocated") != std::string::npos);
+  }
+  CHECK(a.total() == b.total());
+  uint64_t resident = 0;
+  for (const auto& t : in.resident) resident += t.bytes;
+  CHECK(a.total() == resident + a.trunk_bytes + in.routed_experts * a.expert_slot_bytes);
+
+  // Split budgets are capped the same way.
+  PlanBudget split;
+  split.trunk = 512 * kGiB;
+  split.experts = 4096 * kGiB;
+  split.source = "split";
+  const Plan s = k3::pipeline::make_plan(in, split);
+  CHECK(s.total() == a.total());
+
+  // A plan one byte short of holding everything does not claim to.
+  const Plan short_one = k3::pipeline::make_plan(in, total(a.total() - 1));
+  CHECK(!short_one.holds_model());
+  CHECK(k3::pipeline::format_plan(short_one).find("left unallocated") == std::string::npos);
+}
+
+TEST_CASE("fewer routed experts than in-flight + lookahead slots: no lookahead, the cache holds the rest") {
+  PlanInputs in = k3_like();
+  in.routed_experts = 20;  // top_k 16: 16 in flight, no room for 16 more
+  const Plan p = k3::pipeline::make_plan(in, total(512 * kGiB));
+  CHECK(p.inflight_slots == 16);
+  CHECK(p.lookahead_slots == 0);
+  CHECK(p.cache_slots == 4);
+  CHECK(p.holds_model());
+}
