@@ -3,6 +3,9 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <fstream>
+
 #include "pipeline/human_bytes.hpp"
 
 namespace k3::pipeline {
@@ -30,15 +33,18 @@ void Progress::update(uint64_t done, uint64_t total) {
 
 void Progress::draw(uint64_t done, uint64_t total) {
   constexpr int kWidth = 30;
-  const double frac = total ? static_cast<double>(done) / static_cast<double>(total) : 1.0;
+  const double frac = total ? std::min(1.0, static_cast<double>(done) / static_cast<double>(total)) : 1.0;
   const int fill = static_cast<int>(frac * kWidth);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
   const double rate = secs > 0 ? done / secs : 0;
   std::string eta;
   if (rate > 0 && done < total) eta = fmt::format(" ETA {:.0f}s", (total - done) / rate);
-  fmt::print(out_, "\r{} [{}{}] {:3.0f}% {} / {} {}/s{}{}", label_, std::string(fill, '#'),
-             std::string(kWidth - fill, '.'), frac * 100, human_bytes(done), human_bytes(total),
-             human_bytes(rate), eta, tty_ ? "\x1b[K" : "");
+  const std::string numbers =
+      unit_.empty() ? fmt::format("{} / {} {}/s", human_bytes(done), human_bytes(total), human_bytes(rate))
+                    : fmt::format("{} / {} {}", done, total, unit_);
+  if (!drawn_) std::fflush(stdout);  // what was printed before the bar stays before it
+  fmt::print(out_, "\r{} [{}{}] {:3.0f}% {}{}{}{}", label_, std::string(fill, '#'), std::string(kWidth - fill, '.'),
+             frac * 100, numbers, note_, eta, tty_ ? "\x1b[K" : "");
   std::fflush(out_);
   drawn_ = true;
 }
@@ -50,6 +56,48 @@ void Progress::finish() {
     std::fputc('\n', out_);
     std::fflush(out_);
   }
+}
+
+uint64_t process_read_bytes() {
+  std::ifstream f("/proc/self/io");
+  std::string key;
+  uint64_t value = 0;
+  while (f >> key >> value)
+    if (key == "rchar:") return value;
+  return 0;
+}
+
+ReadProgress::ReadProgress(std::string label, Progress::Mode mode) : bar_(std::move(label), mode) {}
+
+ReadProgress::~ReadProgress() {
+  stop();
+}
+
+void ReadProgress::start(uint64_t total) {
+  if (!bar_.enabled() || thread_.joinable()) return;
+  total_ = total;
+  base_ = process_read_bytes();
+  bar_.update(0, total_);
+  thread_ = std::thread([this] {
+    while (!stop_.load()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      const uint64_t now = process_read_bytes();
+      // The total is drawn by done(): a sample never claims it.
+      if (!stop_.load()) bar_.update(std::min(now > base_ ? now - base_ : 0, total_ ? total_ - 1 : 0), total_);
+    }
+  });
+}
+
+void ReadProgress::stop() {
+  stop_.store(true);
+  if (thread_.joinable()) thread_.join();
+}
+
+void ReadProgress::done() {
+  const bool started = thread_.joinable();
+  stop();
+  if (started) bar_.update(total_, total_);
+  bar_.finish();
 }
 
 }  // namespace k3::pipeline
