@@ -94,7 +94,10 @@ void StreamingModel::Impl::build() {
               trunk.bytes(m.layer, m.slot).subspan(ls.bind_offset, ls.layout.buffer_bytes);
           h.w = stages::bind_layer(c, m.layer, ls.layout, bytes, trunk.widen(m.layer, m.slot));
           h.visit.store(m.visit, std::memory_order_release);
-          if (m.slot < 0) trunk.set_pin_loaded(m.layer);
+          if (m.slot < 0) {
+            trunk.set_pin_loaded(m.layer);
+            pin_loaded_bytes += trunk.bytes(m.layer, -1).size();
+          }
           std::get<0>(out).try_put(m);
         });
       });
@@ -129,6 +132,7 @@ void StreamingModel::Impl::build() {
           stages::dense_ffn(std::get<stages::DenseFfnWeights>(cur.w->ffn), c, call.x, call.T, call.a,
                             call.dense_sc);
           stages::layer_ffn_add(call.P, call.a.first(call.T * E));
+          call.st->watch.after_layer(cur.layer, call.P.first(call.T * E), E, call.st->cached);
           done = true;
         });
         if (done) std::get<0>(out).try_put(LayerDone{m.visit});  // after the span: see kLayerDone
@@ -372,6 +376,7 @@ void StreamingModel::Impl::build() {
           stages::moe_combine(std::get<stages::MoeWeights>(cur.w->ffn), c, call.weight.first(T * K),
                               call.eout, call.shared, T, call.a, call.combine_sc);
           stages::layer_ffn_add(call.P, call.a.first(T * E));
+          call.st->watch.after_layer(cur.layer, call.P.first(T * E), E, call.st->cached);
           done = true;
         });
         if (done) std::get<0>(out).try_put(LayerDone{m.visit});  // after the span: see kLayerDone
@@ -393,6 +398,8 @@ void StreamingModel::Impl::build() {
             for (int s = 0; s < k; ++s) std::get<0>(out).try_put(k == 1 ? cur.slot : s);
             counters();
           }
+          if (call.st->watch.on_layer)
+            call.st->watch.on_layer(l + 1, n, pin_loaded_bytes.load(), pin_total_bytes);
           if (l + 1 < n) {
             if (ser)
               request_layer(
@@ -579,6 +586,7 @@ void StreamingModel::forward(stages::DecodeState& st, std::span<const int32_t> i
     m.act.compute_begin();
     TraceSpan span(m.embed_track, "embed", "compute", m.args(-1));
     stages::embed_tokens(m.head->w, c, ids, m.call.P);
+    st.watch.after_layer(stages::ForwardWatch::kEmbedding, m.call.P.first(T * m.E), m.E, st.cached);
     m.act.compute_end();
   }
   const int k = m.calls_done.load();

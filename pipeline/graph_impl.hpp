@@ -156,6 +156,9 @@ struct StreamingModel::Impl {
   StepStats last;
   std::atomic<uint64_t> requests{0}, hits{0}, predicted{0}, used{0}, read_ids{0};
   std::atomic<int> ring_in_use{0};
+  // Pinned trunk bytes loaded so far of their total, for the first step's progress bar.
+  std::atomic<uint64_t> pin_loaded_bytes{0};
+  uint64_t pin_total_bytes = 0;
   std::unique_ptr<NodeStats[]> own_stats;
   NodeStats* stats[kNodeCount] = {};
   // Trace rows: one per node (lanes where its runs overlap), one per reader for its reads.
@@ -281,6 +284,8 @@ struct StreamingModel::Impl {
           slots, p.expert_slot_bytes - io::align_up(4 * widen, io::kDirectAlign), widen, n, c.n_experts);
       slot_reads = std::make_unique<SlotRead[]>(slots);
     }
+    for (int l = 0; l < n; ++l)
+      if (trunk.pinned(l)) pin_total_bytes += trunk.bytes(l, -1).size();
     build();
     for (int s = 0; s < trunk.ring_slots(); ++s) trunk_free->try_put(s);
     g.wait_for_all();

@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstring>
 
 #include "io/error.hpp"
 #include "stages/attnres.hpp"
@@ -21,6 +23,26 @@ StateSizes StateSizes::of(const io::ModelConfig& c, int n_bound, size_t capacity
   s.kvpp = mla_kv_floats_per_position(c);
   s.ropepp = mla_rope_floats_per_position(c);
   return s;
+}
+
+void ForwardWatch::scan(int layer, std::span<const float> hidden, size_t E, size_t first_position) {
+  // Non-finite exactly when the exponent bits are all ones; branch-free, so the loop vectorizes.
+  uint32_t bad = 0;
+  for (float v : hidden) {
+    uint32_t b;
+    std::memcpy(&b, &v, sizeof b);
+    bad |= uint32_t((b & 0x7f800000u) == 0x7f800000u);
+  }
+  if (!bad) return;
+  size_t i = 0;
+  while (std::isfinite(hidden[i])) ++i;
+  nonfinite_layer = layer;
+  nonfinite_position = first_position + (E ? i / E : 0);
+}
+
+std::string describe_layer(const io::ModelConfig& c, int l) {
+  if (l == ForwardWatch::kEmbedding) return "the embedding";
+  return fmt::format("layer {} ({}, {})", l, c.is_mla(l) ? "MLA" : "KDA", c.is_dense(l) ? "dense FFN" : "MoE");
 }
 
 DecodeState::DecodeState(const io::ModelConfig& c, int n_bound, size_t kv_capacity)
@@ -42,6 +64,7 @@ DecodeState::DecodeState(const io::ModelConfig& c, int n_bound, size_t kv_capaci
 
 void DecodeState::reset() {
   std::fill(kda_.begin(), kda_.end(), 0.0f);
+  watch.clear();
   cached = 0;  // cache rows past `cached` are never read, so they need no clearing
 }
 
@@ -87,10 +110,14 @@ void forward(const WeightSource& ws, DecodeState& st, std::span<const int32_t> i
   std::span<float> rest = cut.take(total - T * E - maxb * T * E);
 
   embed_tokens(ws.head(), c, ids, P);
+  st.watch.after_layer(ForwardWatch::kEmbedding, P, E, st.cached);
   BlockStack B(blocks_mem, maxb, T, E);  // per call: the stack is per token, never carried
-  for (int l = 0; l < ws.bound_layers(); ++l) {
+  const int n = ws.bound_layers();
+  for (int l = 0; l < n; ++l) {
     const ExpertFn expert = [&ws, l](int e) -> const ExpertWeights& { return ws.expert(l, e); };
     decoder_layer(ws.layer(l), expert, c, P, T, B, st.layer(l), rest);
+    st.watch.after_layer(l, P, E, st.cached);
+    if (st.watch.on_layer) st.watch.on_layer(l + 1, n, 0, 0);
   }
 
   // Model-level aggregation, then the head, only where logits are wanted.

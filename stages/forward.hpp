@@ -6,7 +6,9 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "io/config.hpp"
@@ -35,6 +37,32 @@ struct StateSizes {
   uint64_t bytes() const { return kda_bytes() + kv_bytes(); }
 };
 
+// What a forward pass reports besides its outputs, for whoever drives the calls: where the hidden
+// state first went non-finite (so an invalid run can name the layer, not only the position), and
+// progress layer by layer. Both forward paths (forward() below, the streamed graph) fill it. It only
+// reads the hidden state: no computed bit depends on it.
+struct ForwardWatch {
+  static constexpr int kNone = -2, kEmbedding = -1;
+  int nonfinite_layer = kNone;    // first layer whose output held NaN or inf (kEmbedding: the embedding)
+  size_t nonfinite_position = 0;  // the first such position in that output
+  // After each layer of a call: layers done of `total`; a streamed run adds the pinned trunk bytes
+  // loaded so far of their total (0 of 0 otherwise). Unset: nothing is called.
+  std::function<void(int done, int total, uint64_t pinned_done, uint64_t pinned_total)> on_layer;
+
+  // Scans `hidden` ([T][E], positions first_position..) once nothing is recorded yet: one pass over
+  // T x E floats per layer, next to the layer's own O(T x E x width) work.
+  void after_layer(int layer, std::span<const float> hidden, size_t E, size_t first_position) {
+    if (nonfinite_layer == kNone) scan(layer, hidden, E, first_position);
+  }
+  void clear() { nonfinite_layer = kNone; }
+
+ private:
+  void scan(int layer, std::span<const float> hidden, size_t E, size_t first_position);
+};
+
+// "layer 3 (MLA, MoE)", "the embedding": where ForwardWatch::nonfinite_layer points.
+std::string describe_layer(const io::ModelConfig&, int layer);
+
 // Everything carried between calls: KDA + ShortConv state for the KDA layers only (kper floats
 // each, in layer order) and the MLA layers' KV and rope rows. The K3ST state file stores kper floats
 // for EVERY bound layer, MLA layers' slices zero, as the reference engines do; pipeline/state_file.*
@@ -43,10 +71,11 @@ class DecodeState {
  public:
   DecodeState(const io::ModelConfig&, int n_bound, size_t kv_capacity);
 
-  void reset();  // zero the KDA state, forget every cached position
+  void reset();  // zero the KDA state, forget every cached position (and what `watch` recorded)
   LayerState layer(int l);
 
   size_t cached = 0;  // positions already fed
+  ForwardWatch watch;
   const StateSizes& sizes() const { return sizes_; }
   int n_bound() const { return sizes_.n_bound; }
   int n_mla() const { return sizes_.n_mla; }
