@@ -5,11 +5,13 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <optional>
 
 #include "io/error.hpp"
 #include "pipeline/human_bytes.hpp"
 #include "pipeline/run_report.hpp"
 #include "stages/head.hpp"
+#include "stages/plan.hpp"
 
 namespace k3::pipeline {
 
@@ -22,6 +24,33 @@ double now() {
 
 int bound_layers(const io::ModelConfig& cfg, int layers) {
   return (layers <= 0 || layers >= cfg.n_layers) ? cfg.n_layers : layers;
+}
+
+// The KV cache's positions: --context when given (at least what the run needs), else the run's own.
+// Also where a Decoder refuses its flags, before the shards are indexed.
+size_t run_capacity(const DecoderOptions& o) {
+  check_stream_flags(o.stream);
+  if (o.stream.context == 0) return o.capacity;
+  if (o.stream.context < o.capacity)
+    throw io::usage_error(fmt::format(
+        "--context {} holds fewer positions than this run needs: {} (saved + prompt + --gen + 1)",
+        o.stream.context, o.capacity));
+  return size_t(o.stream.context);
+}
+
+Progress::Mode progress_mode(const StreamFlags& f) {
+  return f.progress ? Progress::Mode::always : f.no_progress ? Progress::Mode::never : Progress::Mode::automatic;
+}
+
+// The bytes ResidentModel::load reads: the head's, every bound layer's and its experts' buffers.
+uint64_t resident_bytes(const io::ShardSet& shards, const io::ModelConfig& c, int n) {
+  uint64_t b = stages::locate(stages::plan_model(c), shards, c).buffer_bytes;
+  for (int l = 0; l < n; ++l) {
+    b += stages::locate(stages::plan_layer(c, l).tensors, shards, c).buffer_bytes;
+    if (!c.is_dense(l))
+      for (int e = 0; e < c.n_experts; ++e) b += stages::locate_expert(shards, c, l, e).buffer_bytes;
+  }
+  return b;
 }
 
 io::ShardSet open_shards(const std::string& dir) {
@@ -39,26 +68,27 @@ io::ModelConfig load_model_config(const std::string& model_dir, const std::optio
       config ? std::filesystem::path(*config) : std::filesystem::path(model_dir) / "config.json";
   if (!std::filesystem::exists(path))
     throw io::usage_error(fmt::format("no model config at {} (pass --config PATH)", path.string()));
-  try {
-    return io::load_config(path);
-  } catch (const io::Error& e) {
-    // A config that exists but cannot be trusted is a usage problem: never fall back to constants.
-    throw io::usage_error(
-        fmt::format("{}\nABORTED: the model config could not be read with confidence.", e.what()));
-  }
+  // A config that exists but cannot be trusted is io/config.cpp's one-line runtime error (exit 1),
+  // as in every other command: never a fallback to constants.
+  return io::load_config(path);
 }
 
 Decoder::Decoder(const DecoderOptions& o, io::ModelConfig cfg)
     : cfg_(std::move(cfg)),
       n_layers_(bound_layers(cfg_, o.layers)),
       recompute_(o.recompute),
+      progress_(progress_mode(o.stream)),
+      capacity_(run_capacity(o)),
       shards_(open_shards(o.model_dir)),
-      stream_(StreamRun::open(o.stream, cfg_, shards_, n_layers_, o.capacity, o.expected_calls)),
-      state_(cfg_, n_layers_, o.capacity),
+      stream_(StreamRun::open(o.stream, cfg_, shards_, n_layers_, capacity_, o.expected_calls)),
+      state_(cfg_, n_layers_, capacity_),
       logits_(size_t(cfg_.vocab)) {
   if (!stream_) {
     const double t0 = now();
+    ReadProgress bar("load", progress_);
+    if (bar.enabled()) bar.start(resident_bytes(shards_, cfg_, n_layers_));
     model_ = stages::ResidentModel::load(shards_, cfg_, n_layers_);
+    bar.done();
     std::printf("resident weights: %s bound for %d layers in %.2f s\n",
                 human_bytes(double(model_->weight_bytes())).c_str(), n_layers_, now() - t0);
   }
@@ -86,17 +116,45 @@ std::span<const float> Decoder::logits() {
     feed = std::span<const int32_t>(seq_).subspan(state_.cached);
   }
   if (feed.empty()) throw io::usage_error("nothing to feed: the sequence has no pending token");
-  if (stream_)
-    stream_->forward(state_, feed, logits_);
-  else
-    stages::forward(*model_, state_, feed, stages::HeadAt::last, logits_, scratch_);
+  {
+    // The first step can take minutes at real scale (every layer read, pins loaded): a bar of
+    // layers done, and of the pinned trunk bytes loaded in a streamed run.
+    std::optional<Progress> bar;
+    if (first_step_ && progress_ != Progress::Mode::never) {
+      bar.emplace("first step", progress_);
+      bar->set_unit("layers");
+      if (bar->enabled())
+        state_.watch.on_layer = [&bar](int done, int total, uint64_t pinned, uint64_t pinned_total) {
+          if (pinned_total)
+            bar->set_note(fmt::format("; pinned {} / {}", human_bytes(double(pinned)),
+                                      human_bytes(double(pinned_total))));
+          bar->update(uint64_t(done), uint64_t(total));
+        };
+    }
+    struct Unhook {
+      stages::ForwardWatch& w;
+      ~Unhook() { w.on_layer = nullptr; }
+    } unhook{state_.watch};
+    first_step_ = false;
+    if (stream_)
+      stream_->forward(state_, feed, logits_);
+    else
+      stages::forward(*model_, state_, feed, stages::HeadAt::last, logits_, scratch_);
+  }
   // A NaN weight or state still "decodes" (greedy picks id 0 forever): such a run is invalid.
   for (size_t i = 0; i < logits_.size(); ++i)
-    if (!std::isfinite(logits_[i]))
+    if (!std::isfinite(logits_[i])) {
+      const stages::ForwardWatch& w = state_.watch;
+      const std::string where =
+          w.nonfinite_layer == stages::ForwardWatch::kNone
+              ? std::string("every layer's output was finite: the head (final norm, lm_head) made them")
+              : fmt::format("the output of {} went non-finite first, at position {}: its weights or carried "
+                            "state hold NaN or inf",
+                            stages::describe_layer(cfg_, w.nonfinite_layer), w.nonfinite_position);
       throw io::Error(io::ErrorKind::run_invalid,
-                      fmt::format("the logits at position {} are not finite (logit {} is {}): a weight or the "
-                                  "carried state holds NaN or inf; the run is invalid",
-                                  state_.cached - 1, i, logits_[i]));
+                      fmt::format("the logits at position {} are not finite (logit {} is {}): {}; the run is invalid",
+                                  state_.cached - 1, i, logits_[i], where));
+    }
   return logits_;
 }
 

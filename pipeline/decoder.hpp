@@ -17,6 +17,7 @@
 
 #include "io/config.hpp"
 #include "io/safetensors.hpp"
+#include "pipeline/progress.hpp"
 #include "pipeline/state_file.hpp"
 #include "pipeline/streaming_run.hpp"
 #include "stages/bind.hpp"
@@ -30,7 +31,8 @@ struct DecoderOptions {
   std::optional<std::string> config;  // config.json to use instead of MODEL_DIR/config.json
   int layers = 0;                     // <= 0 or >= n_layers: all
   bool recompute = false;
-  size_t capacity = 0;     // positions the KV cache holds (history + prompt + generated + 1)
+  size_t capacity = 0;     // positions the KV cache holds (history + prompt + generated + 1); a
+                           // larger stream.context (--context) replaces it, a smaller one is refused
   int expected_calls = 1;  // forward calls the streamed graph may read ahead for
   StreamFlags stream;
 };
@@ -40,7 +42,10 @@ io::ModelConfig load_model_config(const std::string& model_dir, const std::optio
 
 class Decoder {
  public:
-  // Prints what it loads (index, weights or the streaming plan, state sizes) to stdout.
+  // Prints what it loads (index, weights or the streaming plan, state sizes) to stdout; progress
+  // bars for the resident load and the first step go to stderr (stream.progress / no_progress).
+  // Throws usage Error (exit 2), before reading anything, for --strategy without a budget or a
+  // --context smaller than `capacity`.
   Decoder(const DecoderOptions&, io::ModelConfig);
   ~Decoder();
 
@@ -57,7 +62,8 @@ class Decoder {
   void push(std::span<const int32_t> ids);
   void push(int32_t id) { push(std::span<const int32_t>(&id, 1)); }
   // Feeds the pending ids (needs at least one) and returns the last position's logits, valid until
-  // the next call. Throws io::Error on a bad id or a full KV cache, leaving the state as it was.
+  // the next call. Throws io::Error on a bad id or a full KV cache, leaving the state as it was;
+  // run_invalid (exit 4) when the logits are not finite, naming the first layer whose output was not.
   std::span<const float> logits();
 
   void reset();  // forget the sequence and zero the state
@@ -69,6 +75,9 @@ class Decoder {
   io::ModelConfig cfg_;
   int n_layers_;
   bool recompute_;
+  Progress::Mode progress_;
+  bool first_step_ = true;
+  size_t capacity_;  // checked before the shards are indexed
   io::ShardSet shards_;
   std::unique_ptr<StreamRun> stream_;
   std::unique_ptr<stages::ResidentModel> model_;

@@ -72,11 +72,22 @@ bool StreamFlags::requested() const {
   return !trunk_dir.empty() || !strategy.empty() || budget_given();
 }
 
+void check_stream_flags(const StreamFlags& f) {
+  if (!f.strategy.empty() && !f.budget_given() && f.trunk_dir.empty())
+    throw io::usage_error(
+        fmt::format("--strategy needs a budget: --mem-gb X, --preset NAME or --trunk-gb X with --cache-gb Y "
+                    "(or --trunk DIR to hold the whole model)"));
+}
+
 void add_plan_flags(CLI::App& sub, StreamFlags& f) {
   sub.add_option("--trunk", f.trunk_dir,
-                 "packed trunk directory (trunk.json + trunk.bin): one read per layer");
+                 "packed trunk directory (trunk.json + trunk.bin): one read per layer. Without a budget "
+                 "flag every layer is pinned and every expert cached, a budget of exactly what that needs "
+                 "(refused when more than MemAvailable)");
   auto* mem =
-      sub.add_option("--mem-gb", f.mem_gb, "memory budget in GiB: weights are streamed to stay within it")
+      sub.add_option("--mem-gb", f.mem_gb,
+                     "memory budget in GiB: weights are streamed to stay within it; never more is allocated "
+                     "than the model needs")
           ->check(CLI::PositiveNumber);
   auto* preset =
       sub.add_option("--preset", f.preset,
@@ -93,12 +104,25 @@ void add_plan_flags(CLI::App& sub, StreamFlags& f) {
   preset->excludes(trunk_gb)->excludes(cache_gb);
   sub.add_option(
          "--strategy", f.strategy,
-         "overlap strategy: serial, trunk, overlap, lookahead (default lookahead); all give the same bits")
+         "overlap strategy: serial, trunk, overlap, lookahead (default lookahead); all give the same bits. "
+         "Needs a budget flag or --trunk")
       ->check(CLI::IsMember({"serial", "trunk", "overlap", "lookahead"}));
 }
 
 void add_stream_flags(CLI::App& sub, StreamFlags& f) {
   add_plan_flags(sub, f);
+  if (!sub.get_option_no_throw("--context"))
+    sub.add_option("--context", f.context,
+                   "positions the MLA KV cache, the scratch and the plan are sized for (default: prompt + "
+                   "--gen + 1; at least that)")
+        ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 24));
+  if (!sub.get_option_no_throw("--ring"))
+    sub.add_option("--ring", f.ring, "trunk ring slots of a streamed run")
+        ->capture_default_str()
+        ->check(CLI::Range(2, 64));
+  auto* on = sub.add_flag("--progress", f.progress,
+                          "progress bars on stderr (loading, the first step) even when it is not a terminal");
+  sub.add_flag("--no-progress", f.no_progress, "never draw progress bars")->excludes(on);
   sub.add_option("--trace", f.trace, "write a Chrome trace (Perfetto) of the streamed run");
   sub.add_option("--graph-dot", f.graph_dot, "write the flow graph as Graphviz DOT, annotated with the run");
 }
@@ -130,7 +154,7 @@ RunPlan plan_run(const StreamFlags& f, const WeightSources& src, uint64_t contex
   b.ring_slots = ring_slots;
   b.lookahead = f.strategy.empty() || parse_strategy(f.strategy) == Strategy::lookahead;
   if (!f.preset.empty()) {
-    b.total = preset_budget(f.preset, in);
+    b.total = preset_budget(f.preset, in, b.ring_slots);
     b.source = fmt::format("--preset {}", f.preset);
   } else if (f.mem_gb > 0) {
     b.total = gib_flag(f.mem_gb, "--mem-gb");
@@ -139,7 +163,20 @@ RunPlan plan_run(const StreamFlags& f, const WeightSources& src, uint64_t contex
     b.trunk = gib_flag(f.trunk_gb, "--trunk-gb");
     b.experts = gib_flag(f.cache_gb, "--cache-gb");
     b.source = fmt::format("--trunk-gb {} --cache-gb {}", f.trunk_gb, f.cache_gb);
+  } else if (!f.trunk_dir.empty()) {
+    // --trunk alone: the plan that holds the whole model, with a budget of exactly its total.
+    PlanBudget all = b;
+    all.total = uint64_t{1} << 62;
+    b.total = make_plan(in, all).total();
+    b.source = "--trunk without a budget: the whole model resident";
+    const uint64_t avail = mem_available_bytes();
+    if (avail && b.total > avail)
+      throw io::usage_error(fmt::format(
+          "--trunk without a budget holds the whole model, {} B, more than MemAvailable ({} B): give "
+          "--mem-gb X, --preset NAME or --trunk-gb X with --cache-gb Y",
+          b.total, avail));
   } else {
+    check_stream_flags(f);
     const uint64_t avail = mem_available_bytes();
     if (avail == 0)
       throw io::usage_error("no budget given and /proc/meminfo has no MemAvailable: pass --mem-gb X");
@@ -200,7 +237,7 @@ std::unique_ptr<StreamRun> StreamRun::open(const StreamFlags& f, const io::Model
   ::malloc_trim(0);
   const uint64_t index = shards.index_bytes() + (s.trunk ? s.trunk->index_bytes() : 0);
   const uint64_t rss = current_rss_bytes();
-  RunPlan rp = plan_run(f, *s.src, context, 2, rss > index ? rss - index : 0);
+  RunPlan rp = plan_run(f, *s.src, context, f.ring, rss > index ? rss - index : 0);
   s.plan = std::move(rp.plan);
   for (const std::string& note : rp.notes) std::printf("%s\n", note.c_str());
   std::printf("%s", format_plan(s.plan).c_str());

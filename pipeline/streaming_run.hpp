@@ -5,9 +5,15 @@
 // Default strategy: lookahead, the fastest or tied in every configuration measured (synthetic small
 // at 0.09 GiB, medium at 0.5 / 0.9 / 1 GiB; see graph.hpp for the strategies).
 //
-// When the graph runs: any of --mem-gb / --preset / --trunk-gb + --cache-gb / --trunk / --strategy,
-// or (no flag) when the checkpoint does not fit in MemAvailable. Without a budget flag the budget is
-// MemAvailable. Otherwise generate stays resident, exactly as before.
+// When the graph runs: any of --mem-gb / --preset / --trunk-gb + --cache-gb / --trunk, or (no flag)
+// when the checkpoint does not fit in MemAvailable (then the budget is MemAvailable). Otherwise
+// generate stays resident, exactly as before. A streaming flag without a budget flag:
+//   --trunk alone: every layer pinned and every routed expert cached, with a budget of exactly what
+//     that plan needs (the model plus state and allowances); refused (exit 2) when that exceeds
+//     MemAvailable, naming the budget flags;
+//   --strategy alone (or with --trace / --graph-dot): a usage error (exit 2) naming the budget flags.
+// However large the budget, no pool is larger than the model can use (planner.hpp): the plan, and
+// the allocation, never exceed the model plus state and allowances.
 //
 // The budget is what the OS will measure: besides the planner's own terms the plan counts this
 // process's memory outside the pools (code, libraries, the engine's tables, the tokenizer: an
@@ -43,19 +49,28 @@ namespace k3::pipeline {
 struct StreamFlags {
   std::string trunk_dir, preset, strategy, trace, graph_dot;
   double mem_gb = 0, trunk_gb = 0, cache_gb = 0;  // 0: not given
+  uint64_t context = 0;                           // --context (0: the run's own positions)
+  int ring = 2;                                   // --ring: trunk ring slots
+  bool progress = false, no_progress = false;     // --progress / --no-progress
   bool requested() const;
   bool budget_given() const { return !preset.empty() || mem_gb > 0 || trunk_gb > 0; }
 };
 
 // Declares --trunk, --mem-gb, --preset, --trunk-gb, --cache-gb, --strategy: what decides the plan.
 void add_plan_flags(CLI::App& sub, StreamFlags& flags);
-// add_plan_flags, then --trace and --graph-dot.
+// add_plan_flags; --context and --ring unless the command declared them already (plan and chat
+// declare --context themselves, with the same meaning: the positions the KV cache, the scratch and
+// the plan are sized for); --progress / --no-progress; --trace and --graph-dot.
 void add_stream_flags(CLI::App& sub, StreamFlags& flags);
+
+// Usage errors (exit 2) a command can raise before it reads anything: --strategy without a budget.
+void check_stream_flags(const StreamFlags&);
 
 class WeightSources;
 
 // The plan of a streamed run of `src` for `context` positions: `k3flow plan` prints it and
-// `k3flow generate` runs it. Without a budget flag the budget is MemAvailable. `process_bytes` is
+// `k3flow generate` runs it. Without a budget flag the budget is MemAvailable, or with --trunk what
+// the everything-resident plan needs (see above). `process_bytes` is
 // this process's memory outside the planned terms as measured (0: not measured); above the fixed
 // allowance it replaces it. Throws usage Error (exit 2) for a budget below the planner's floor.
 struct RunPlan {

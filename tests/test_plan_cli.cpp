@@ -226,3 +226,32 @@ TEST_CASE("generate at --preset laptop on the full-size replica: plan == generat
   CHECK(g.peak_rss <= 8 * kGiB);
 #endif
 }
+
+TEST_CASE("plan, generate and chat take --context and --ring with one meaning: the same split") {
+  TempDir d;
+  const std::string model = d / "small";
+  REQUIRE(k3flow("synth " + model + " --size small --seed 2").code == 0);
+  // Each ring changes the split (3 and 4 slots of 10.5 MiB: fewer pins than 2 at the same budget);
+  // --preset ultra is the floor of the ring asked for. Contexts hold chat's system turn (94 ids).
+  for (const char* flags : {"--mem-gb 0.1 --context 200 --ring 3", "--mem-gb 0.12 --context 300 --ring 4",
+                            "--preset ultra --context 200 --ring 4",
+                            "--trunk-gb 0.05 --cache-gb 0.02 --context 128 --ring 2"}) {
+    CAPTURE(flags);
+    const Run p = k3flow("plan " + model + " " + flags);
+    REQUIRE_MESSAGE(p.code == 0, p.err);
+    const Run g = k3flow("generate " + model + " --ids 1,2,3 --gen 2 " + flags + " 2>&1");
+    REQUIRE_MESSAGE(g.code == 0, g.out);
+    CHECK(plan_table(g.out) == p.out);
+    CHECK(p.out.find("trunk ring slots") != std::string::npos);
+    const Run c = k3flow("chat " + model + " --max-reply 1 " + flags + " 2>&1 < /dev/null");
+    REQUIRE_MESSAGE(c.code == 0, c.out);
+    CHECK(plan_table(c.out) == p.out);
+  }
+  // generate sizes its KV cache for --context positions, and refuses fewer than the run needs.
+  const Run small = k3flow("generate " + model + " --ids 1,2,3 --gen 2 --mem-gb 0.15 --context 5");
+  CHECK(small.code == 2);
+  CHECK(small.err.find("--context 5") != std::string::npos);
+  const Run resident = k3flow("generate " + model + " --ids 1,2,3 --gen 2 --context 100");
+  CHECK(resident.code == 0);
+  CHECK(resident.out.find("at 100 positions") != std::string::npos);
+}

@@ -7,8 +7,9 @@
 //   - the budget holds: a checkpoint >= 3x the budget decodes with the child's peak RSS (wait4) under it;
 //   - real io_uring: uring_bytes == trunk + expert bytes read, pread_bytes == 0; K3FLOW_NO_URING=1
 //     gives the same bits with uring_bytes == 0;
-//   - faults: a shard truncated between tokens, an unreadable / truncated trunk, an interrupted pack
-//     -> one line naming the file, exit 1, no hang, no k3_run.json and no logits file;
+//   - faults: a shard truncated between tokens, an unreadable / truncated trunk, an interrupted pack,
+//     a config.json that cannot be trusted -> one line naming the file, exit 1, no hang, no
+//     k3_run.json and no logits file;
 //   - the run report's field names, the trace and the graph dump.
 // Every child runs under a time bound.
 #include <doctest/doctest.h>
@@ -19,6 +20,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <string>
 
 #include "tests/run_helpers.hpp"
@@ -300,6 +302,26 @@ TEST_CASE("faults: one line naming the file, exit 1, no hang, no output that loo
     CHECK(r.err.find("trunk.json") != std::string::npos);
     CHECK(one_line(r.err));
     no_outputs();
+  }
+  SUBCASE("a config.json that cannot be trusted: the runtime error every command gives, resident or streamed") {
+    fs::copy(s.model, d / "m");
+    {
+      std::ofstream f(d / "m/config.json", std::ios::trunc);
+      f << "{\"model_type\": \"kimi_k3\", \"hidden_size\": \"wide\"";  // cut off, and a string size
+    }
+    const Run inspect = k3flow(fmt::format("inspect {}", d / "m"));
+    CHECK(inspect.code == 1);
+    for (const char* budget : {"", "--preset ultra"}) {
+      CAPTURE(budget);
+      const Run r = k3flow(fmt::format("generate {} --ids 1,2 --gen 2 {} --dump-logits {} --out {}", d / "m",
+                                       budget, d / "l.bin", d / "r.json"));
+      CHECK(r.code == 1);
+      CHECK(r.err.find("config.json") != std::string::npos);
+      CHECK(r.err.find("ABORTED") == std::string::npos);
+      CHECK(one_line(r.err));
+      CHECK(r.err == inspect.err);  // io/config.cpp's message as it is
+      no_outputs();
+    }
   }
 }
 
