@@ -1,7 +1,7 @@
-// The run report of `k3flow generate` (k3_run.json, docs/engine.md §5.5): one JSON line with the
-// reference fields plus peak RSS, threads and the decoding mode, then the streamed-decode fields
-// (docs/design.md §5; `k3flow bench` parses them by these exact names). A resident run reports
-// strategy "resident" and zeros for the streaming counters.
+// The run report `k3flow generate --out FILE` writes (the references' k3_run.json fields,
+// docs/engine.md §5.5): one JSON line with those fields plus peak RSS, threads and the decoding
+// mode, then the streamed-decode fields (docs/design.md §5; `k3flow bench` parses them by these
+// exact names). A resident run reports strategy "resident" and zeros for the streaming counters.
 #pragma once
 #include <cstdint>
 #include <string>
