@@ -197,8 +197,13 @@ TEST_CASE("save_state streams: a 626 MB real-size state is saved with ~1 MiB of 
   CHECK(bytes == fs::file_size(d / "big.k3st"));
   CHECK(bytes == 96 + 4 * 17 + 4ull * 1'683'456 * 93 + 16ull * 2'365'440);
   REQUIRE(hwm_before > 0);
+#if defined(K3_SANITIZED)
+  // ASan's shadow memory and quarantine move VmHWM by more than the buffer: not the engine's memory.
+  MESSAGE("sanitized build (K3_SANITIZED): the VmHWM bound is skipped, ASan's shadow dominates it");
+#else
   // Building the file in memory would add its 626 MB; the stream adds its buffer (plus noise).
   CHECK(hwm_after - hwm_before < 8 * k3::pipeline::kStateWriteBuffer);
+#endif
   CHECK(entries(d.path) == std::vector<std::string>{"big.k3st"});
 }
 
