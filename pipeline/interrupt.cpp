@@ -2,6 +2,8 @@
 
 #include <csignal>
 
+#include "pipeline/exit_codes.hpp"
+
 namespace k3::pipeline {
 
 namespace {
@@ -45,7 +47,7 @@ int InterruptScope::signal_number() {
 
 int interrupted_exit_code() {
   const int s = g_signal.load();
-  return 128 + (s ? s : SIGINT);
+  return signal_exit_code(s ? s : SIGINT);
 }
 
 }  // namespace k3::pipeline

@@ -1,30 +1,37 @@
-// k3flow: Kimi K3 on one CPU, weights streamed from NVMe. Exit codes (one place):
-//   0 success, 1 runtime failure, 2 usage (bad flag / value / config), 4 run completed but invalid.
+// k3flow: Kimi K3 on one CPU, weights streamed from NVMe. Every refusal is one line on stderr
+// starting "k3flow: "; the exit code comes from pipeline/exit_codes.hpp (0 success, 1 runtime,
+// 2 usage, 4 invalid run, 130/143 interrupted).
 #include <cstdio>
 #include <exception>
 #include <map>
 #include <new>
+#include <string>
 
 #include "io/error.hpp"
 #include "pipeline/commands.hpp"
+#include "pipeline/exit_codes.hpp"
 
 namespace {
 
-int exit_code(k3::io::ErrorKind kind) {
-  switch (kind) {
-    case k3::io::ErrorKind::usage: return 2;
-    case k3::io::ErrorKind::runtime: return 1;
-    case k3::io::ErrorKind::run_invalid: return 4;
-  }
-  return 1;
+// A refusal is one line: a message that spans lines (CLI11's, or a nested cause) is joined.
+int refuse(std::string message, int code) {
+  while (!message.empty() && (message.back() == '\n' || message.back() == ' ')) message.pop_back();
+  for (size_t at = message.find('\n'); at != std::string::npos; at = message.find('\n', at))
+    message.replace(at, 1, "; ");
+  std::fprintf(stderr, "k3flow: %s\n", message.c_str());
+  return code;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
+  namespace pl = k3::pipeline;
   CLI::App app{"k3flow: Kimi K3 streamed from NVMe through a oneTBB flow graph", "k3flow"};
   app.set_version_flag("--version", "k3flow 0.1.0");
   app.require_subcommand(1);
+  app.footer(
+      "Exit codes: 0 success, 1 runtime failure (a file, tensor or read that is wrong), 2 usage (a bad "
+      "flag, value or path), 4 run completed but invalid (non-finite logits), 130 Ctrl-C, 143 SIGTERM.");
 
   std::map<CLI::App*, k3::pipeline::Action> actions;
   auto add = [&](const char* name, const char* help, auto adder) {
@@ -46,22 +53,21 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {
-    return app.exit(e);
+    return app.exit(e);  // --help, --version
   } catch (const CLI::ParseError& e) {
-    app.exit(e);
-    return 2;
+    // CLI11's own message, as one line, naming the command whose --help lists the flags.
+    std::string where = "k3flow";
+    for (CLI::App* sub : app.get_subcommands()) where += " " + sub->get_name();
+    return refuse(std::string(e.what()) + " (" + where + " --help lists the flags)", pl::kExitUsage);
   }
   try {
     for (CLI::App* sub : app.get_subcommands()) return actions.at(sub)();
   } catch (const k3::io::Error& e) {
-    std::fprintf(stderr, "k3flow: %s\n", e.what());
-    return exit_code(e.kind());
+    return refuse(e.what(), pl::exit_code(e.kind()));
   } catch (const std::bad_alloc&) {
-    std::fprintf(stderr, "k3flow: out of memory\n");
-    return 1;
+    return refuse("out of memory", pl::kExitRuntime);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "k3flow: %s\n", e.what());
-    return 1;
+    return refuse(e.what(), pl::kExitRuntime);
   }
-  return 2;
+  return pl::kExitUsage;
 }
