@@ -81,16 +81,17 @@ std::vector<fs::path> existing_checkpoint_files(const fs::path& out) {
   return found;
 }
 
-// "21.47 MB": decimal units, as disk sizes are quoted.
-std::string decimal_units(uint64_t bytes) {
-  const char* unit[] = {"B", "KB", "MB", "GB", "TB", "PB"};
+// "20.48 MiB": k3flow's one convention for sizes (binary units, two decimals; what
+// pipeline/human_bytes.hpp prints, which k3_synth may not include: it sits below pipeline/).
+std::string binary_units(uint64_t bytes) {
+  const char* unit[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
   double v = double(bytes);
   int i = 0;
-  while (v >= 1000.0 && i < 5) {
-    v /= 1000.0;
+  while (v >= 1024.0 && i < 5) {
+    v /= 1024.0;
     ++i;
   }
-  return fmt::format("{:.2f} {}", v, unit[i]);
+  return i == 0 ? fmt::format("{} B", bytes) : fmt::format("{:.2f} {}", v, unit[i]);
 }
 
 void check_free_space(const fs::path& out, uint64_t need) {
@@ -210,9 +211,8 @@ void generate(const CheckpointPlan& plan, const ShardOffsets& offs, uint64_t see
 }  // namespace
 
 std::string free_space_refusal(const fs::path& out_dir, uint64_t avail, uint64_t need) {
-  return fmt::format(
-      "output directory {} has {} bytes free ({}), the checkpoint needs {} bytes ({}; 1 MB = 10^6 bytes)",
-      out_dir.string(), avail, decimal_units(avail), need, decimal_units(need));
+  return fmt::format("output directory {} has {} bytes free ({}), the checkpoint needs {} bytes ({})",
+                     out_dir.string(), avail, binary_units(avail), need, binary_units(need));
 }
 
 SynthReport write_checkpoint(const CheckpointPlan& plan, const fs::path& out_dir,

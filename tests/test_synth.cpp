@@ -356,12 +356,12 @@ TEST_CASE("an unwritable OUT_DIR is refused with exit 1, naming it") {
   CHECK_MESSAGE(p.err.find("/proc/k3flow-synth-test") != std::string::npos, p.err);
 }
 
-TEST_CASE("the free-space refusal tells two close sizes apart, in bytes and named decimal units") {
-  // Both round to "0.02 GB", which is how the refusal read before.
+TEST_CASE("the free-space refusal tells two close sizes apart, in bytes and binary units") {
+  // Both round to "0.02 GB", which is how the refusal read once.
   const std::string m = k3::perf::free_space_refusal("/out", 21'474'836, 21'500'000);
   CHECK(m ==
-        "output directory /out has 21474836 bytes free (21.47 MB), the checkpoint needs 21500000 bytes "
-        "(21.50 MB; 1 MB = 10^6 bytes)");
+        "output directory /out has 21474836 bytes free (20.48 MiB), the checkpoint needs 21500000 bytes "
+        "(20.50 MiB)");
   const std::string n = k3::perf::free_space_refusal("/out", 21'499'999, 21'500'000);
   CHECK_MESSAGE(n.find("21499999 bytes free") != std::string::npos, n);
   CHECK_MESSAGE(n.find("needs 21500000 bytes") != std::string::npos, n);
