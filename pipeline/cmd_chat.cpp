@@ -3,7 +3,7 @@
 // turn costs only its own tokens, never a re-prefill of the history.
 //   stdin a terminal: a prompt, the reply streamed as it is generated, then its tokens/s and bytes
 //                     read; /save F, /load F, /reset, /quit, /help. Ctrl-C stops the reply, not
-//                     the session.
+//                     the session; SIGTERM ends it (exit 143, --save-state still written).
 //   stdin a pipe:     one user message per line (the same commands), each reply printed as one
 //                     block followed by a newline: scriptable and testable.
 // The think channel is generated but hidden unless --show-thinking.
@@ -13,6 +13,7 @@
 
 #include <cerrno>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <optional>
@@ -113,6 +114,7 @@ class ChatSession {
       }
       bool interrupted = false;
       const std::optional<std::string> line = read_line(interrupted);
+      if (terminated()) break;
       InterruptScope::clear();
       if (interrupted) {
         if (interactive_) std::fputs("\n(Ctrl-D or /quit leaves)", stdout);
@@ -125,9 +127,13 @@ class ChatSession {
         continue;
       }
       turn(*line);
+      if (terminated()) break;
     }
     if (interactive_) std::fputs("\n", stdout);
   }
+
+  // SIGTERM ends the session (Ctrl-C only the reply); the signal stays recorded for the exit code.
+  static bool terminated() { return InterruptScope::signal_number() == SIGTERM; }
 
  private:
   // Encodes segments (control ones with specials allowed) and appends them to the sequence.
@@ -207,7 +213,7 @@ class ChatSession {
     InterruptScope::clear();
     for (; n < a_.max_reply; ++n) {
       if (InterruptScope::requested()) {
-        ended = "Ctrl-C";
+        ended = terminated() ? "SIGTERM" : "Ctrl-C";
         break;
       }
       if (dec_.room() == 0) {
@@ -285,6 +291,11 @@ int run_chat(ChatArgs& a) {
   text::ChatOptions opts{!a.no_thinking, a.effort};
   text::validate(opts);
   stages::validate(a.sampling);
+  check_model_dir(a.dec.model_dir, a.dec.config.has_value());
+  if (a.dec.config) check_input_file(*a.dec.config, "--config");
+  if (a.tokenizer) check_input_dir(*a.tokenizer, "--tokenizer");
+  if (!a.dec.stream.trunk_dir.empty()) check_trunk_dir(a.dec.stream.trunk_dir);
+  if (a.history) check_writable(*a.history, "--history");
   if (a.save_state) check_writable(*a.save_state, "--save-state");
   std::optional<tbb::global_control> threads;
   if (a.threads > 0) threads.emplace(tbb::global_control::max_allowed_parallelism, size_t(a.threads));
@@ -315,6 +326,11 @@ int run_chat(ChatArgs& a) {
     const uint64_t bytes = dec.save(*a.save_state);
     std::fprintf(stderr, "wrote %s (%s)\n", a.save_state->c_str(), human_bytes(double(bytes)).c_str());
   }
+  if (InterruptScope::signal_number() == SIGTERM) {
+    std::fprintf(stderr, "k3flow: chat ended by SIGTERM%s\n",
+                 a.history ? fmt::format("; {} holds the conversation", *a.history).c_str() : "");
+    return interrupted_exit_code();
+  }
   return 0;
 }
 
@@ -330,12 +346,17 @@ Action add_chat(CLI::App& sub) {
                  "conversation JSONL: continued if it exists, rewritten after every reply");
   sub.add_flag("--show-thinking", a->show_thinking, "print the think channel (between <think> and </think>)");
   sub.add_flag("--no-thinking", a->no_thinking, "reply without a think channel");
-  sub.add_option("--think-effort", a->effort, "low, high or max")->capture_default_str();
-  sub.add_option("--max-reply", a->max_reply, "most tokens per reply")
-      ->check(CLI::Range(1, 1 << 20))
+  sub.add_option("--think-effort", a->effort, "thinking effort: low, high or max")
+      ->check(CLI::IsMember({"low", "high", "max"}))
       ->capture_default_str();
-  sub.add_option("--context", a->context, "positions the conversation may use (sizes the KV cache)")
-      ->check(CLI::Range(16, 1 << 20))
+  sub.add_option("--max-reply", a->max_reply, fmt::format("most tokens per reply (1..{})", kMaxPositions))
+      ->check(CLI::Range(1, int(kMaxPositions)))
+      ->capture_default_str();
+  sub.add_option(
+         "--context", a->context,
+         fmt::format("tokens the whole conversation may hold (16..{}; sizes the KV cache and the plan)",
+                     kMaxPositions))
+      ->check(CLI::Range(size_t{16}, kMaxPositions))
       ->capture_default_str();
   sub.add_option("--save-state", a->save_state, "write the state (K3ST) when the chat ends");
   add_sampler_flags(sub, a->sampling);

@@ -38,7 +38,6 @@ namespace k3::pipeline {
 namespace {
 
 constexpr int kMaxGen = 4096;
-constexpr size_t kMaxPositions = 36864;  // prompt + generation + 1, as the references cap it
 
 struct GenerateOptions {
   DecoderOptions dec;
@@ -103,9 +102,7 @@ std::vector<int32_t> parse_ids(const std::string& text) {
 }
 
 std::string read_prompt_file(const std::string& path) {
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec))
-    throw io::usage_error(fmt::format("--prompt-file {}: is a directory", path));
+  check_input_file(path, "--prompt-file");
   std::ifstream f(path, std::ios::binary);
   if (!f) throw io::usage_error(fmt::format("--prompt-file {}: cannot be read", path));
   std::ostringstream s;
@@ -145,6 +142,7 @@ int run_generate(GenerateOptions o) {
     throw io::usage_error("--incremental and --recompute exclude each other");
   if (!o.stop.empty() && !text_mode)
     throw io::usage_error("--stop needs a text prompt (--prompt / --prompt-file)");
+  const std::vector<int32_t> given_ids = text_mode ? std::vector<int32_t>{} : parse_ids(*o.ids);
   const std::string prompt_text = o.prompt        ? *o.prompt
                                   : o.prompt_file ? read_prompt_file(*o.prompt_file)
                                                   : "";
@@ -154,7 +152,12 @@ int run_generate(GenerateOptions o) {
       throw io::usage_error(fmt::format(
           "{} shows a streamed run: add a budget (--mem-gb, --preset, --trunk-gb + --cache-gb) or --trunk",
           flag));
-  // Every output is checked before the first read: a typo must not throw a long run away.
+  // Every path is checked before the first read: a typo must not throw a long run away.
+  check_model_dir(o.dec.model_dir, o.dec.config.has_value());
+  if (o.dec.config) check_input_file(*o.dec.config, "--config");
+  if (o.tokenizer) check_input_dir(*o.tokenizer, "--tokenizer");
+  if (o.load_state) check_input_file(*o.load_state, "--load-state");
+  if (!o.dec.stream.trunk_dir.empty()) check_trunk_dir(o.dec.stream.trunk_dir);
   for (const auto& [flag, path] :
        {std::pair{"--out", o.out_path}, {"--dump-logits", o.dump_logits}, {"--save-state", o.save_state}})
     if (path) check_writable(*path, flag);
@@ -170,10 +173,12 @@ int run_generate(GenerateOptions o) {
 
   // ---- config, tokenizer, prompt ids ----
   io::ModelConfig cfg = load_model_config(o.dec.model_dir, o.dec.config);
+  if (o.dec.layers > cfg.n_layers)
+    throw io::usage_error(fmt::format("--layers {}: the model has {} layers", o.dec.layers, cfg.n_layers));
   std::printf("%s\n", cfg.summary().c_str());
   const std::optional<io::text::Tokenizer> tok = model_tokenizer(
       o.dec.model_dir, o.tokenizer, cfg, text_mode ? (o.prompt ? "--prompt" : "--prompt-file") : nullptr);
-  std::vector<int32_t> prompt = text_mode ? tok->encode(prompt_text, true) : parse_ids(*o.ids);
+  std::vector<int32_t> prompt = text_mode ? tok->encode(prompt_text, true) : given_ids;
   if (prompt.empty() && !o.load_state)
     throw io::usage_error(text_mode ? "the prompt is empty" : "--ids: no token ids given");
   if (!text_mode)
@@ -338,7 +343,8 @@ Action add_generate(CLI::App& sub) {
   sub.add_option("--tokenizer", o->tokenizer,
                  "tokenizer directory (tiktoken.model + tokenizer_config.json; default MODEL_DIR)");
   sub.add_option("--gen", o->gen,
-                 "most tokens to generate (0..4096); text runs stop earlier at the end of the turn")
+                 "most tokens to generate (0..4096; prompt + N + 1 <= 36864); text runs stop earlier at the "
+                 "end of the turn")
       ->check(CLI::Range(0, kMaxGen))
       ->capture_default_str();
   sub.add_option("--stop", o->stop, "stop before this text (repeatable; text prompts only)");
@@ -349,11 +355,14 @@ Action add_generate(CLI::App& sub) {
   sub.add_flag("--incremental", o->incremental,
                "carry the KV cache and KDA state between tokens (the default)");
   add_sampler_flags(sub, o->sampling);
-  sub.add_option("--layers", o->dec.layers, "run only the first N layers (N <= 0 or >= n_layers: all)");
-  sub.add_option("--out", o->out_path, "write the run report JSON here");
-  sub.add_option("--dump-logits", o->dump_logits, "write step 0's last-position logits (vocab x float32)");
-  sub.add_option("--save-state", o->save_state, "write the carried state (K3ST) after the run");
-  sub.add_option("--load-state", o->load_state, "resume from a K3ST state; the prompt continues it");
+  sub.add_option("--layers", o->dec.layers,
+                 "run only the first N layers, a diagnostic whose output is not the model's (0 = all)")
+      ->check(CLI::NonNegativeNumber);
+  sub.add_option("--out", o->out_path, "write the run report (JSON) to this file");
+  sub.add_option("--dump-logits", o->dump_logits,
+                 "write step 0's last-position logits to this file (vocab x float32, raw)");
+  sub.add_option("--save-state", o->save_state, "write the carried state to this K3ST file after the run");
+  sub.add_option("--load-state", o->load_state, "resume from a K3ST state file; the prompt continues it");
   sub.add_option("--config", o->dec.config, "config.json to use (default MODEL_DIR/config.json)");
   sub.add_option("--threads", o->threads, "compute threads (0 = oneTBB default)")->check(CLI::Range(0, 4096));
   add_stream_flags(sub, o->dec.stream);

@@ -20,6 +20,7 @@
 #include "io/safetensors_writer.hpp"
 #include "pipeline/commands.hpp"
 #include "pipeline/human_bytes.hpp"
+#include "pipeline/output_file.hpp"
 
 namespace k3::pipeline {
 
@@ -103,8 +104,7 @@ struct Census {
 };
 
 Census take_census(const fs::path& dir) {
-  std::error_code ec;
-  if (!fs::is_directory(dir, ec)) throw io::runtime_error(fmt::format("{}: not a directory", dir.string()));
+  check_model_dir(dir);
   Census c;
   c.cfg = io::load_config(dir / "config.json");
   io::ShardSet set = io::ShardSet::open(dir);

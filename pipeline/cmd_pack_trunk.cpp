@@ -19,6 +19,7 @@
 #include "pipeline/commands.hpp"
 #include "pipeline/human_bytes.hpp"
 #include "pipeline/interrupt.hpp"
+#include "pipeline/output_file.hpp"
 #include "pipeline/progress.hpp"
 
 namespace k3::pipeline {
@@ -40,6 +41,9 @@ int run_pack(const PackArgs& a) {
   bool packed = false;  // trunk.json and trunk.bin are in place (only --verify was still running)
   try {
     const fs::path out(a.trunk_dir);
+    check_model_dir(a.model_dir);
+    if (std::error_code ec; fs::exists(out, ec) && !fs::is_directory(out, ec))
+      throw io::usage_error(fmt::format("TRUNK_DIR {}: is not a directory", out.string()));
     for (const char* name : {"trunk.json", "trunk.bin"})
       if (std::error_code ec; !a.force && fs::exists(out / name, ec))
         throw io::runtime_error(
@@ -77,12 +81,11 @@ int pack_and_verify(const PackArgs& a, bool& packed) {
         &InterruptScope::requested);
   }
   packed = true;
-  fmt::print(
-      "pack-trunk: {} layers -> {} ({} B, {} of tensors) in {:.1f} s ({}/s); largest layer {} B ({})\n",
-      config.n_layers, (fs::path(a.trunk_dir) / "trunk.bin").string(), st.bytes_written,
-      human_bytes(double(st.payload_bytes)), st.seconds,
-      human_bytes(st.seconds > 0 ? double(st.bytes_written) / st.seconds : 0), st.largest_layer,
-      human_bytes(double(st.largest_layer)));
+  fmt::print("pack-trunk: {} layers -> {} ({} B, {} of tensors) in {:.1f} s ({}); largest layer {} B ({})\n",
+             config.n_layers, (fs::path(a.trunk_dir) / "trunk.bin").string(), st.bytes_written,
+             human_bytes(double(st.payload_bytes)), st.seconds,
+             human_rate(st.seconds > 0 ? double(st.bytes_written) / st.seconds : 0), st.largest_layer,
+             human_bytes(double(st.largest_layer)));
   if (a.verify) {
     io::PackedTrunk t = io::PackedTrunk::open(a.trunk_dir, config.n_layers);
     Progress bar("verify", a.progress      ? Progress::Mode::always

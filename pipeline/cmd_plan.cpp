@@ -15,6 +15,7 @@
 #include "io/packed_trunk.hpp"
 #include "io/safetensors.hpp"
 #include "pipeline/commands.hpp"
+#include "pipeline/output_file.hpp"
 #include "pipeline/planner.hpp"
 #include "pipeline/streaming_run.hpp"
 #include "pipeline/streaming_source.hpp"
@@ -38,6 +39,8 @@ int run_plan(const PlanArgs& a) {
     throw io::usage_error(
         "plan: give a budget: --mem-gb X, --preset NAME, or --trunk-gb X with --cache-gb Y");
   const fs::path dir(a.model_dir);
+  check_model_dir(dir);
+  if (!a.flags.trunk_dir.empty()) check_trunk_dir(a.flags.trunk_dir);
   io::ModelConfig config = io::load_config(dir / "config.json");
   io::ShardSet shards = io::ShardSet::open(dir);
   std::optional<io::PackedTrunk> trunk;
@@ -61,11 +64,14 @@ Action add_plan(CLI::App& sub) {
   auto a = std::make_shared<PlanArgs>();
   sub.add_option("MODEL_DIR", a->model_dir, "checkpoint directory (config.json + *.safetensors)")->required();
   add_plan_flags(sub, a->flags);
-  sub.add_option("--context", a->context,
-                 "positions the MLA KV cache and scratch are sized for (generate: prompt + --gen + 1)")
+  sub.add_option(
+         "--context", a->context,
+         "positions (tokens) the MLA KV cache and scratch are sized for (generate: prompt + --gen + 1)")
       ->capture_default_str()
       ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 24));
-  sub.add_option("--ring", a->ring, "trunk ring slots")->capture_default_str()->check(CLI::Range(2, 64));
+  sub.add_option("--ring", a->ring, "trunk ring slots, each as large as the largest streamed layer")
+      ->capture_default_str()
+      ->check(CLI::Range(2, 64));
   sub.add_flag("--json", a->json, "print the plan as one JSON object");
   return [a] { return run_plan(*a); };
 }

@@ -2,6 +2,7 @@
 #include <fmt/format.h>
 
 #include <charconv>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
@@ -11,6 +12,7 @@
 #include "pipeline/commands.hpp"
 #include "pipeline/human_bytes.hpp"
 #include "pipeline/interrupt.hpp"
+#include "pipeline/output_file.hpp"
 #include "pipeline/progress.hpp"
 
 namespace k3::pipeline {
@@ -76,10 +78,14 @@ struct SynthArgs {
   std::string ranks = K3_DEFAULT_RANKS;
   int dims[std::size(kDimFlags)] = {};
   CLI::Option* dim_opts[std::size(kDimFlags)] = {};
-  CLI::Option *size_opt = nullptr, *full_attn_opt = nullptr;
+  CLI::Option *size_opt = nullptr, *full_attn_opt = nullptr, *ranks_opt = nullptr;
 };
 
 int run_synth(SynthArgs& a) {
+  if (std::error_code ec;
+      std::filesystem::exists(a.out_dir, ec) && !std::filesystem::is_directory(a.out_dir, ec))
+    throw io::usage_error(fmt::format("OUT_DIR {}: is not a directory", a.out_dir));
+  if (a.ranks_opt->count()) check_input_file(a.ranks, "--ranks");
   perf::CheckpointPlan plan;
   if (a.sparse) {
     plan = perf::plan_sparse();
@@ -125,10 +131,9 @@ int run_synth(SynthArgs& a) {
         "in {:.2f} s\n",
         a.out_dir, r.tensors, r.shards, r.logical_bytes, human_bytes(double(r.logical_bytes)), r.seconds);
   } else {
-    fmt::print(
-        "synth: {} tensors, {} shards, {} bytes ({}) written to {} in {:.2f} s = {:.0f} MB/s (seed {})\n",
-        r.tensors, r.shards, r.logical_bytes, human_bytes(double(r.logical_bytes)), a.out_dir, r.seconds,
-        r.seconds > 0 ? r.logical_bytes / r.seconds / 1e6 : 0.0, a.seed);
+    fmt::print("synth: {} tensors, {} shards, {} bytes ({}) written to {} in {:.2f} s = {} (seed {})\n",
+               r.tensors, r.shards, r.logical_bytes, human_bytes(double(r.logical_bytes)), a.out_dir,
+               r.seconds, human_rate(r.seconds > 0 ? r.logical_bytes / r.seconds : 0.0), a.seed);
   }
   return 0;
 }
@@ -140,8 +145,8 @@ Action add_synth(CLI::App& sub) {
   sub.add_option("OUT_DIR", a->out_dir, "directory to write (created; must not hold a checkpoint)")
       ->required();
   a->size_opt = sub.add_option("--size", a->size,
-                               "named dense size: tiny (~7 MB), small (~0.3 GB), medium (~3 GB), "
-                               "large (~12 GB); other flags override its dimensions")
+                               "named dense size: tiny (6.4 MiB), small (289 MiB), medium (2.8 GiB), "
+                               "large (11.3 GiB) of weights; other flags override its dimensions")
                     ->capture_default_str();
   CLI::Option* sparse = sub.add_flag("--sparse", a->sparse,
                                      "full-scale replica of the released model: headers only, sparse files");
@@ -157,10 +162,11 @@ Action add_synth(CLI::App& sub) {
                                     "one-based MLA layers, e.g. \"4,8,12\" (default: every 4th and the last)")
                          ->excludes(sparse);
   a->size_opt->excludes(sparse);
-  sub.add_option("--ranks", a->ranks,
-                 "tiktoken rank file whose first ranks make the synthetic tokenizer (default: the o200k "
-                 "ranks in the source tree; byte-level when absent)")
-      ->capture_default_str();
+  a->ranks_opt =
+      sub.add_option("--ranks", a->ranks,
+                     "tiktoken rank file whose first ranks make the synthetic tokenizer (default: the o200k "
+                     "ranks in the source tree; byte-level when absent)")
+          ->capture_default_str();
   sub.add_flag("--force", a->force, "replace the checkpoint files already in OUT_DIR");
   sub.add_flag("--dry-run", a->dry_run, "print the plan (tensors, shards, bytes) and write nothing");
   sub.add_flag("--progress", a->progress, "draw the progress bar even when stderr is not a terminal");

@@ -17,6 +17,7 @@
 #include "io/json_text.hpp"
 #include "io/text/tokenizer.hpp"
 #include "pipeline/commands.hpp"
+#include "pipeline/output_file.hpp"
 
 namespace k3::pipeline {
 
@@ -47,23 +48,20 @@ Tokenizer load_source(const std::string& command, const std::string& model_dir, 
         fmt::format("{}: give exactly one tokenizer source: MODEL_DIR, --tokenizer DIR or "
                     "--vocab FILE ({} given)",
                     command, given));
-  auto need_dir = [](const std::string& what, const std::string& dir) {
-    if (!fs::is_directory(dir)) throw io::usage_error(fmt::format("{}: {} is not a directory", what, dir));
-  };
   if (!s.vocab_file.empty()) {
-    if (!fs::is_regular_file(s.vocab_file))
-      throw io::usage_error(fmt::format("--vocab: {} is not a file", s.vocab_file));
+    check_input_file(s.vocab_file, "--vocab");
     return Tokenizer::load_vocab(s.vocab_file, pattern);
   }
   const std::string& dir = model_dir.empty() ? s.tokenizer_dir : model_dir;
   const std::string what = model_dir.empty() ? "--tokenizer" : "MODEL_DIR";
-  need_dir(what, dir);
+  check_input_dir(dir, what);
   if (!fs::is_regular_file(fs::path(dir) / "tiktoken.model"))
-    throw io::usage_error(fmt::format("{}: {} has no tiktoken.model", what, dir));
+    throw io::usage_error(fmt::format("{} {}: has no tiktoken.model", what, dir));
   return Tokenizer::load_dir(dir, pattern);
 }
 
 std::string read_input(const std::string& file) {
+  if (file != "-") check_input_file(file, "--file");
   FILE* f = file == "-" ? stdin : std::fopen(file.c_str(), "rb");
   if (!f) throw io::usage_error(fmt::format("--file: cannot open {}", file));
   std::string data;

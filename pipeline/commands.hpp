@@ -1,13 +1,18 @@
 // The k3flow subcommands. Each lives in its own pipeline/cmd_<name>.cpp, declares its flags on the
 // subcommand it is given and returns the action to run when that subcommand is chosen. Errors are
-// thrown as k3::io::Error; main.cpp maps them to exit codes in one place.
+// thrown as k3::io::Error; pipeline/exit_codes.* maps them to exit codes in one place.
 #pragma once
 #include <CLI/CLI.hpp>
+#include <cstddef>
 #include <functional>
 
 namespace k3::pipeline {
 
 using Action = std::function<int()>;
+
+// Most positions (prompt + generation + 1, or a whole conversation) one sequence may hold, as the
+// reference engines cap it: generate's --gen and chat's --context are bounded by it.
+inline constexpr size_t kMaxPositions = 36864;
 
 Action add_inspect(CLI::App& sub);
 Action add_synth(CLI::App& sub);

@@ -13,7 +13,13 @@ std::optional<io::text::Tokenizer> model_tokenizer(const std::string& model_dir,
                                                    const io::ModelConfig& cfg, const char* needed_by) {
   namespace fs = std::filesystem;
   const fs::path dir = tokenizer_dir ? fs::path(*tokenizer_dir) : fs::path(model_dir);
-  if (!tokenizer_dir && !fs::exists(dir / "tiktoken.model")) {
+  std::error_code ec;
+  if (tokenizer_dir && !fs::is_directory(dir, ec))
+    throw io::usage_error(fmt::format("--tokenizer {}: {}", dir.string(),
+                                      fs::exists(dir, ec) ? "is not a directory" : "does not exist"));
+  if (tokenizer_dir && !fs::exists(dir / "tiktoken.model", ec))
+    throw io::usage_error(fmt::format("--tokenizer {}: has no tiktoken.model", dir.string()));
+  if (!tokenizer_dir && !fs::exists(dir / "tiktoken.model", ec)) {
     if (!needed_by) return std::nullopt;
     throw io::usage_error(fmt::format("{} needs a tokenizer: {} has no tiktoken.model (pass --tokenizer DIR)",
                                       needed_by, dir.string()));

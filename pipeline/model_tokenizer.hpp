@@ -12,7 +12,8 @@
 namespace k3::pipeline {
 
 // nullopt when there is none and `needed_by` is null; with `needed_by` (e.g. "--prompt") a missing
-// tokenizer is a usage error (exit 2) that names that flag and says where it looked.
+// tokenizer is a usage error (exit 2) that names that flag and says where it looked; so is a
+// --tokenizer DIR that does not exist or has no tiktoken.model.
 std::optional<io::text::Tokenizer> model_tokenizer(const std::string& model_dir,
                                                    const std::optional<std::string>& tokenizer_dir,
                                                    const io::ModelConfig&, const char* needed_by);

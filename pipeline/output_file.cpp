@@ -55,6 +55,41 @@ void check_writable(const std::filesystem::path& path, std::string_view flag) {
   ::unlink(tmp.c_str());
 }
 
+void check_input_dir(const std::filesystem::path& dir, std::string_view what) {
+  std::error_code ec;
+  const std::filesystem::file_status st = std::filesystem::status(dir, ec);
+  if (!std::filesystem::exists(st))
+    throw io::usage_error(fmt::format("{} {}: does not exist", what, dir.string()));
+  if (!std::filesystem::is_directory(st))
+    throw io::usage_error(fmt::format("{} {}: is not a directory", what, dir.string()));
+}
+
+void check_input_file(const std::filesystem::path& file, std::string_view what) {
+  std::error_code ec;
+  const std::filesystem::file_status st = std::filesystem::status(file, ec);
+  if (!std::filesystem::exists(st))
+    throw io::usage_error(fmt::format("{} {}: does not exist", what, file.string()));
+  if (std::filesystem::is_directory(st))
+    throw io::usage_error(fmt::format("{} {}: is a directory, not a file", what, file.string()));
+}
+
+void check_model_dir(const std::filesystem::path& dir, bool config_given) {
+  check_input_dir(dir, "MODEL_DIR");
+  std::error_code ec;
+  if (!config_given && !std::filesystem::exists(dir / "config.json", ec))
+    throw io::usage_error(
+        fmt::format("MODEL_DIR {}: no config.json, not a checkpoint directory", dir.string()));
+}
+
+void check_trunk_dir(const std::filesystem::path& dir) {
+  check_input_dir(dir, "--trunk");
+  std::error_code ec;
+  if (!std::filesystem::exists(dir / "trunk.json", ec))
+    throw io::usage_error(fmt::format(
+        "--trunk {}: no trunk.json, not a packed trunk (k3flow pack-trunk MODEL_DIR {} writes one)",
+        dir.string(), dir.string()));
+}
+
 void write_file_atomic(const std::filesystem::path& path, std::string_view text) {
   write_file_atomic(path, std::as_bytes(std::span(text.data(), text.size())));
 }

@@ -5,18 +5,23 @@
 namespace k3::pipeline {
 
 void add_sampler_flags(CLI::App& sub, stages::SamplerOptions& o) {
-  sub.add_option("--temperature", o.temperature, "0 = greedy (the default, bit-exact); > 0 samples")
+  // Ranges are checked by stages::validate before any file is read (exit 2 naming the flag).
+  sub.add_option("--temperature", o.temperature, "T >= 0: 0 = greedy (the default, bit-exact); > 0 samples")
       ->capture_default_str();
-  sub.add_option("--top-k", o.top_k, "sample among the K most likely ids (0 = all)")->capture_default_str();
-  sub.add_option("--top-p", o.top_p, "nucleus: the smallest set of ids with this much probability")
+  sub.add_option("--top-k", o.top_k, "K >= 0: sample among the K most likely ids (0 = all)")
       ->capture_default_str();
-  sub.add_option("--min-p", o.min_p, "drop ids below this fraction of the most likely one's probability")
+  sub.add_option("--top-p", o.top_p,
+                 "P in (0, 1]: nucleus, the smallest set of ids with this much probability")
       ->capture_default_str();
-  sub.add_option("--repeat-penalty", o.repeat_penalty, "divide (or multiply, if negative) recent ids' logits")
+  sub.add_option("--min-p", o.min_p,
+                 "M in [0, 1): drop ids below this fraction of the most likely one's probability")
       ->capture_default_str();
-  sub.add_option("--repeat-last-n", o.repeat_last_n, "how many recent ids the penalty looks at")
+  sub.add_option("--repeat-penalty", o.repeat_penalty,
+                 "R > 0: recent ids' positive logits are divided by R, negative ones multiplied (1 = off)")
       ->capture_default_str();
-  sub.add_option("--seed", o.seed, "random seed: the same seed gives the same text on every path")
+  sub.add_option("--repeat-last-n", o.repeat_last_n, "N >= 0: how many recent tokens the penalty looks at")
+      ->capture_default_str();
+  sub.add_option("--seed", o.seed, "random seed (0..2^64-1): the same seed gives the same text on every path")
       ->capture_default_str();
 }
 

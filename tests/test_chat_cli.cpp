@@ -123,3 +123,21 @@ TEST_CASE("streamed within a budget, the conversation is the same as resident") 
   CHECK(resident.out == streamed.out);
   CHECK(resident.out.size() > 2);
 }
+
+TEST_CASE("SIGTERM ends the session (Ctrl-C only a reply): exit 143, --save-state still written") {
+  TempDir d;
+  // stdin a FIFO the shell keeps open, so chat is waiting for the next line when the signal lands.
+  const Run r = k3::test::shell(
+      fmt::format("mkfifo {0}; {1} chat {2} --max-reply 4 --save-state {3} <{0} >{4} 2>{5} & pid=$!; "
+                  "exec 3>{0}; printf 'hi\\n' >&3; i=0; "
+                  "while ! grep -q 'tokens in' {5} && [ $i -lt 3000 ]; do sleep 0.02; i=$((i+1)); done; "
+                  "kill -TERM $pid; wait $pid; echo rc=$?",
+                  d / "in", K3FLOW_BIN, kModel, d / "s.k3st", d / "out.txt", d / "err.txt"),
+      300);
+  const std::string err = slurp(d / "err.txt");
+  INFO(err);
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("rc=143") != std::string::npos);
+  CHECK(err.find("k3flow: chat ended by SIGTERM") != std::string::npos);
+  CHECK(fs::file_size(d / "s.k3st") > 0);
+}

@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -163,7 +164,6 @@ TEST_CASE(
       {write("fp.k3st", bad_fp), "different model architecture"},
       {write("trunc.k3st", good.substr(0, good.size() - 5)), "truncated"},
       {write("header.k3st", good.substr(0, 40)), "not a k3 state file"},
-      {d / "absent.k3st", "cannot open"},
   };
   for (const auto& c : cases) {
     CAPTURE(c.file);
@@ -261,9 +261,10 @@ TEST_CASE("usage refusals exit 2 naming the flag, and never leave an output file
       {"--ids 1 --threads -2", "--threads"},
       {"--ids 1 --frobnicate", "frobnicate"},
       {"--ids 1 --gen 0 --dump-logits " + d / "z.bin", "--dump-logits"},
-      {"--ids 1 --config " + d / "missing.json", "config"},
-      {"--ids 1 --config " + std::string(K3_FIXTURES) + "/cfg/no_layermap.json",
-       "refusing to substitute defaults"},
+      {"--ids 1 --config " + d / "missing.json", "--config " + d / "missing.json" + ": does not exist"},
+      {"--ids 1 --load-state " + d / "absent.k3st", "--load-state " + d / "absent.k3st" + ": does not exist"},
+      {"--ids 1 --layers 14", "--layers 14: the model has 13 layers"},
+      {"--ids 1 --layers -1", "--layers"},
   };
   for (const auto& c : cases) {
     CAPTURE(c.args);
@@ -276,6 +277,19 @@ TEST_CASE("usage refusals exit 2 naming the flag, and never leave an output file
   }
   const Run no_dir = run("generate --ids 1");
   CHECK(no_dir.code == 2);
+  const Run absent_dir = run("generate " + d / "absent" + " --ids 1");
+  CHECK(absent_dir.code == 2);
+  CHECK(absent_dir.out == "k3flow: MODEL_DIR " + d / "absent" + ": does not exist\n");
+
+  // A config.json whose content is wrong is a runtime failure (exit 1), one line naming the file,
+  // as in every other command.
+  const std::string no_layermap = std::string(K3_FIXTURES) + "/cfg/no_layermap.json";
+  const Run bad_config = run("generate " + kModel + " --ids 1 --config " + no_layermap + out);
+  CHECK(bad_config.code == 1);
+  CHECK_MESSAGE(bad_config.out.rfind("k3flow: " + no_layermap, 0) == 0, bad_config.out);
+  CHECK_MESSAGE(bad_config.out.find("refusing to substitute defaults") != std::string::npos, bad_config.out);
+  CHECK(std::count(bad_config.out.begin(), bad_config.out.end(), '\n') == 1);
+  CHECK(!fs::exists(d / "r.json"));
 
   // --trace into a directory: one line naming the flag and the path, nothing left beside it.
   fs::create_directory(d / "trace.dir");

@@ -113,27 +113,30 @@ TEST_CASE("inspect reads the tiny oracle fixture in the released layout") {
   CHECK(get_int(doc, "tensors") == 628);
 }
 
-TEST_CASE("broken checkpoints: one line naming the file, exit 1") {
+TEST_CASE("broken checkpoints: one line naming the file, exit 1 (a path that is no checkpoint: 2)") {
   TempDir dir;
   const fs::path m = dir.path / "m";
   REQUIRE(k3flow(fmt::format("synth {} --size tiny", m.string())).code == 0);
 
+  // MODEL_DIR that does not exist, or holds no config.json, is a usage error naming it.
   Run none = k3flow(fmt::format("inspect {}", (dir.path / "absent").string()));
-  CHECK(none.code == 1);
-  CHECK(none.err.find("absent") != std::string::npos);
+  CHECK(none.code == 2);
+  CHECK(none.err == fmt::format("k3flow: MODEL_DIR {}: does not exist\n", (dir.path / "absent").string()));
 
   SUBCASE("missing config") {
     fs::remove(m / "config.json");
     Run r = k3flow(fmt::format("inspect {} --json", m.string()));
-    CHECK(r.code == 1);
+    CHECK(r.code == 2);
     CHECK_MESSAGE(r.err.find("config.json") != std::string::npos, r.err);
     CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+    CHECK(r.out.empty());
   }
   SUBCASE("malformed config") {
     std::ofstream(m / "config.json") << "{\"text_config\": {\"hidden_size\": ";
     Run r = k3flow(fmt::format("inspect {}", m.string()));
     CHECK(r.code == 1);
     CHECK_MESSAGE(r.err.find("config.json") != std::string::npos, r.err);
+    CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
   }
   SUBCASE("truncated shard") {
     const fs::path shard = m / "model-00002-of-000005.safetensors";

@@ -120,10 +120,10 @@ TEST_CASE("an interrupted pack-trunk leaves no trunk.json or trunk.bin") {
     CHECK(r.code == 128 + SIGKILL);
     CHECK(!fs::exists(trunk / "trunk.json"));
     CHECK(!fs::exists(trunk / "trunk.bin"));
-    // plan --trunk on the leftovers refuses, naming trunk.json.
+    // plan --trunk on the leftovers refuses: a directory without trunk.json is no packed trunk (usage).
     Run p = k3flow("plan " + model.string() + " --trunk " + trunk.string() + " --mem-gb 1");
-    CHECK(p.code == 1);
-    CHECK(p.err.find("trunk.json") != std::string::npos);
+    CHECK(p.code == 2);
+    CHECK(p.err.find("--trunk " + trunk.string() + ": no trunk.json") != std::string::npos);
   }
 }
 

@@ -93,7 +93,7 @@ TEST_CASE("synth -> ShardSet round trip: dims, names, dtypes, shapes, layout, va
   const fs::path out = dir.path / "ckpt";
   Run r = k3flow(fmt::format("synth {} {} --seed 7", out.string(), kDims));
   REQUIRE_MESSAGE(r.code == 0, r.err);
-  CHECK(r.out.find("MB/s") != std::string::npos);
+  CHECK(r.out.find(" GB/s (seed 7)") != std::string::npos);
 
   const k3::io::ModelConfig want = expected_dims();
   const k3::io::ModelConfig got = k3::io::load_config(out / "config.json");

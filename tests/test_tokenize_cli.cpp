@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 #include <simdjson.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -69,6 +70,9 @@ void expect_refusal(const std::string& args, int code, const std::string& messag
   CHECK(r.code == code);
   CHECK(r.out.empty());
   CHECK(r.err.find(message) != std::string::npos);
+  // One line, the program's name first.
+  CHECK(r.err.rfind("k3flow: ", 0) == 0);
+  CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
 }
 
 }  // namespace
@@ -175,9 +179,14 @@ TEST_CASE("refusals: usage errors exit 2 naming the flag, malformed files exit 1
   expect_refusal("tokenize hi", 2, "give the text to encode");
   expect_refusal("tokenize --vocab " + kO200k + " --tokenizer " + d.path.string() + " hi", 2,
                  "exactly one tokenizer source");
-  expect_refusal("tokenize --vocab " + d / "missing.tiktoken" + " hi", 2, "--vocab: ");
-  expect_refusal("tokenize --tokenizer " + d / "nowhere" + " hi", 2, "--tokenizer: ");
-  expect_refusal("tokenize " + d / "nowhere" + " hi", 2, "MODEL_DIR: ");
+  expect_refusal("tokenize --vocab " + d / "missing.tiktoken" + " hi", 2,
+                 "--vocab " + d / "missing.tiktoken" + ": does not exist");
+  expect_refusal("tokenize --vocab " + d.path.string() + " hi", 2, "is a directory, not a file");
+  expect_refusal("tokenize --tokenizer " + d / "nowhere" + " hi", 2,
+                 "--tokenizer " + d / "nowhere" + ": does not exist");
+  expect_refusal("tokenize " + d / "nowhere" + " hi", 2, "MODEL_DIR " + d / "nowhere" + ": does not exist");
+  expect_refusal("detokenize " + d / "nowhere" + " --ids 1", 2,
+                 "MODEL_DIR " + d / "nowhere" + ": does not exist");
   expect_refusal("tokenize " + d.path.string() + " hi", 2, "has no tiktoken.model");
   expect_refusal("tokenize --vocab " + kO200k + " --pattern cl100k hi", 2, "--pattern");
   expect_refusal("tokenize --vocab " + kO200k, 2, "give the text to encode");
