@@ -146,6 +146,8 @@ int run_generate(GenerateOptions o) {
   const std::string prompt_text = o.prompt        ? *o.prompt
                                   : o.prompt_file ? read_prompt_file(*o.prompt_file)
                                                   : "";
+  if (!o.load_state && (text_mode ? prompt_text.empty() : given_ids.empty()))
+    throw io::usage_error(text_mode ? "the prompt is empty" : "--ids: no token ids given");
   for (const auto& [flag, value] :
        {std::pair{"--trace", o.dec.stream.trace}, {"--graph-dot", o.dec.stream.graph_dot}})
     if (!value.empty() && !o.dec.stream.requested())

@@ -18,6 +18,7 @@ int refuse(std::string message, int code) {
   while (!message.empty() && (message.back() == '\n' || message.back() == ' ')) message.pop_back();
   for (size_t at = message.find('\n'); at != std::string::npos; at = message.find('\n', at))
     message.replace(at, 1, "; ");
+  std::fflush(stdout);  // what the command printed comes before the refusal, not after it at exit
   std::fprintf(stderr, "k3flow: %s\n", message.c_str());
   return code;
 }
