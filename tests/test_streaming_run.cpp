@@ -7,9 +7,9 @@
 //   - the budget holds: a checkpoint >= 3x the budget decodes with the child's peak RSS (wait4) under it;
 //   - real io_uring: uring_bytes == trunk + expert bytes read, pread_bytes == 0; K3FLOW_NO_URING=1
 //     gives the same bits with uring_bytes == 0;
-//   - faults: a shard truncated between tokens, an unreadable / truncated trunk, an interrupted pack,
-//     a config.json that cannot be trusted -> one line naming the file, exit 1, no hang, no
-//     k3_run.json and no logits file;
+//   - faults: a shard truncated between tokens, an unreadable / truncated trunk, a config.json that
+//     cannot be trusted -> one line naming the file, exit 1 (an interrupted pack, no trunk.json:
+//     exit 2, --trunk names no packed trunk), no hang, no report and no logits file;
 //   - the run report's field names, the trace and the graph dump.
 // Every child runs under a time bound.
 #include <doctest/doctest.h>
@@ -298,7 +298,8 @@ TEST_CASE("faults: one line naming the file, exit 1, no hang, no output that loo
     const Run r =
         k3flow(fmt::format("generate {} --ids 1,2 --gen 2 --mem-gb 0.02 --trunk {} --dump-logits {} --out {}",
                            s.model, d / "t", d / "l.bin", d / "r.json"));
-    CHECK(r.code == 1);
+    // A killed pack leaves no trunk.json: --trunk names no packed trunk, a usage error (exit 2).
+    CHECK(r.code == 2);
     CHECK(r.err.find("trunk.json") != std::string::npos);
     CHECK(one_line(r.err));
     no_outputs();
