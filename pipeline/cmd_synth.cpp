@@ -2,6 +2,8 @@
 #include <fmt/format.h>
 
 #include <charconv>
+#include <csignal>
+#include <cstdio>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -120,7 +122,16 @@ int run_synth(SynthArgs& a) {
   opt.seed = a.seed;
   opt.overwrite = a.force;
   if (bar.enabled()) opt.progress = [&bar](uint64_t done, uint64_t total) { bar.update(done, total); };
-  const perf::SynthReport r = perf::write_checkpoint(plan, a.out_dir, opt);
+  perf::SynthReport r;
+  try {
+    r = perf::write_checkpoint(plan, a.out_dir, opt);
+  } catch (const io::Error& e) {
+    if (!InterruptScope::requested()) throw;
+    // Stopped by the signal, not failed: the exit code says which (130 / 143), as in every command.
+    std::fprintf(stderr, "k3flow: synth: %s (%s)\n", e.what(),
+                 InterruptScope::signal_number() == SIGTERM ? "SIGTERM" : "SIGINT");
+    return interrupted_exit_code();
+  }
   bar.finish();
 
   fmt::print("synth: {}\n", tokenizer_note);

@@ -485,13 +485,19 @@ int synth_and_signal(const fs::path& out, int sig) {
 
 }  // namespace
 
-TEST_CASE("interrupted runs: Ctrl-C removes everything, SIGKILL leaves only .partial names") {
+TEST_CASE("interrupted runs: Ctrl-C / SIGTERM remove everything (exit 130 / 143), SIGKILL leaves .partial") {
   TempDir dir;
   const fs::path out = dir.path / "m";
   SUBCASE("SIGINT") {
     const int st = synth_and_signal(out, SIGINT);
     CHECK(WIFEXITED(st));
-    CHECK(WEXITSTATUS(st) == 1);
+    CHECK(WEXITSTATUS(st) == 130);
+    CHECK_FALSE(fs::exists(out));
+  }
+  SUBCASE("SIGTERM") {
+    const int st = synth_and_signal(out, SIGTERM);
+    CHECK(WIFEXITED(st));
+    CHECK(WEXITSTATUS(st) == 143);
     CHECK_FALSE(fs::exists(out));
   }
   SUBCASE("SIGKILL, then a new run in the same directory") {
