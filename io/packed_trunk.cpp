@@ -546,10 +546,12 @@ PackedTrunk PackedTrunk::open(const fs::path& dir, int expected_layers, File::Mo
     t.layers_.push_back(std::move(L));
   }
   if (simdjson::dom::element src; !doc["source"].get(src) && src.is_object()) {
-    auto hex64 = [&](simdjson::dom::element e, const std::string& what) {
+    // Takes a lookup's result as it is (or an element): converting a missing key's result to an
+    // element throws simdjson's own exception, which names neither the file nor the field.
+    auto hex64 = [&](auto e, const std::string& what) {
       std::string_view hex;
       uint64_t v = 0;
-      if (e.get_string().get(hex)) throw bad(fmt::format("source: {} is not a string", what));
+      if (e.get_string().get(hex)) throw bad(fmt::format("source: {} is missing or not a string", what));
       auto [p, ec] = std::from_chars(hex.data(), hex.data() + hex.size(), v, 16);
       if (ec != std::errc() || p != hex.data() + hex.size() || hex.size() != 16)
         throw bad(fmt::format("source: {} \"{}\" is not 16 hex digits", what, hex));

@@ -448,3 +448,20 @@ TEST_CASE("trunk.json offsets are bound-checked without wrap-around") {
   CHECK(m.find("layer 2") != std::string::npos);
   CHECK(m.find("runs past the end") != std::string::npos);
 }
+
+TEST_CASE("a source shard without header_xxh64 is refused naming trunk.json and the field") {
+  // Fuzzing finding: the missing key's lookup was converted to an element, which threw simdjson's
+  // own exception ("The JSON field referenced does not exist in this object") out of open().
+  TempDir tmp;
+  fs::path model = make_checkpoint(tmp.path / "model");
+  fs::path out = tmp.path / "trunk";
+  k3::io::pack_trunk(ShardSet::open(model), 3, out);
+  std::string j = slurp(out / "trunk.json");
+  const size_t at = j.find("\"header_xxh64\":");
+  REQUIRE(at != std::string::npos);
+  j.replace(at, 15, "\"header_xxh63\":");
+  std::ofstream(out / "trunk.json", std::ios::trunc) << j;
+  const std::string m = error_of([&] { PackedTrunk::open(out, 3); });
+  CHECK(m.find("trunk.json") != std::string::npos);
+  CHECK(m.find("header_xxh64 is missing or not a string") != std::string::npos);
+}
