@@ -64,6 +64,7 @@ class StreamedFile {
   // Small pieces gather in the buffer; a piece at least as large as the buffer goes straight from
   // the caller's memory, so no piece is ever copied whole.
   void write(const void* src, size_t n) {
+    if (n == 0) return;  // an empty seq's data() may be null, which memcpy must not be given
     const auto* p = static_cast<const std::byte*>(src);
     if (used_ + n > buf_.size()) flush();
     if (n >= buf_.size()) {

@@ -255,3 +255,20 @@ TEST_CASE("a failed save throws naming the path and leaves no file and no tempor
     CHECK(entries(d.path) == std::vector<std::string>{"s.k3st"});
   }
 }
+
+TEST_CASE("an empty state (no positions, no ids) saves and loads: 96 header bytes + the KDA state") {
+  // Fuzzing finding: save_state passed the empty seq's null data() to memcpy (UBSan: null pointer
+  // passed as argument 2) -- undefined behaviour the sanitizer build reports.
+  const k3::io::ModelConfig c = tiny();
+  DecodeState st(c, c.n_layers, 8);
+  fill(st, 0);
+  TempDir d;
+  const uint64_t bytes = save_state(d / "empty.k3st", c, {}, st);
+  CHECK(bytes == kStateHeaderBytes + 4 * st.kper() * size_t(c.n_layers));
+  DecodeState back(c, c.n_layers, 8);
+  std::vector<int32_t> seq = {7};
+  load_state(d / "empty.k3st", c, back, seq);
+  CHECK(seq.empty());
+  CHECK(back.cached == 0);
+  for (int l = 0; l < c.n_layers; ++l) CHECK(same(back.kda_layer(l), st.kda_layer(l)));
+}
