@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cerrno>
 #include <condition_variable>
 #include <cstdio>
@@ -16,6 +17,7 @@
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -49,6 +51,7 @@ struct Job {
   size_t outstanding = 0;  // handed out (in the kernel or waiting for resubmission), not finished
   int error = 0;
   std::string message;
+  bool raised_gate = false;  // counted in the gate until it finishes
   bool queued = true;  // still in the reaper's issue queue; finished only once it has left it
 
   bool finished() const { return !queued && next == ops.size() && outstanding == 0; }
@@ -134,12 +137,47 @@ void queue_job(std::deque<Job*>& q, Job* j) {
   q.insert(it, j);
 }
 
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
 bool env_flag(const char* name) {
   const char* v = std::getenv(name);
   return v && *v && std::strcmp(v, "0") != 0;
 }
 
 }  // namespace
+
+DepthTuner::DepthTuner(Config c) : c_(c) {
+  c_.min_depth = std::max(1u, c_.min_depth);
+  c_.max_depth = std::max(c_.min_depth, c_.max_depth);
+  depth_ = best_depth_ = std::clamp(c_.start_depth, c_.min_depth, c_.max_depth);
+}
+
+void DepthTuner::on_epoch(uint64_t bytes, double seconds) {
+  if (!(seconds > 0) || bytes == 0) return;
+  const double rate = double(bytes) / seconds;
+  auto climb_from = [&](unsigned d) {  // a fresh climb: the next epoch is the reference
+    settled_ = false;
+    best_rate_ = 0;
+    depth_ = best_depth_ = std::clamp(d, c_.min_depth, c_.max_depth);
+  };
+  if (settled_) {
+    if (++since_settled_ >= c_.recheck_epochs || rate < 0.5 * best_rate_) climb_from(depth_ / 2);
+    return;
+  }
+  if (best_rate_ == 0 || rate > best_rate_ * c_.gain) {
+    best_rate_ = rate;
+    best_depth_ = depth_;
+    if (depth_ < c_.max_depth) {
+      depth_ = std::min(2 * depth_, c_.max_depth);
+      return;
+    }
+  }
+  depth_ = best_depth_;  // no gain worth having (or at the cap): the smallest depth that had the rate
+  settled_ = true;
+  since_settled_ = 0;
+}
 
 struct UringReader::Impl {
   Options opt;
@@ -154,7 +192,8 @@ struct UringReader::Impl {
   uint64_t submitted = 0, completed = 0;
 
   std::atomic<uint64_t> n_requests{0}, n_failed{0}, n_uring_chunks{0}, n_uring_bytes{0}, n_pread_bytes{0},
-      n_direct_bytes{0}, n_resubmissions{0}, peak_in_flight{0};
+      n_direct_bytes{0}, n_resubmissions{0}, peak_in_flight{0}, n_epochs{0}, n_gated_turns{0}, cur_depth{0};
+  std::optional<DepthTuner> tuner;  // adaptive readers only; touched by the reader's thread alone
 
   io_uring ring{};
   int wake_fd = -1;
@@ -164,9 +203,15 @@ struct UringReader::Impl {
     opt.chunk_bytes = std::clamp(align_up(std::max<size_t>(opt.chunk_bytes, 1), kDirectAlign), kDirectAlign,
                                  kMaxSyscallBytes);
     opt.queue_depth = std::clamp(opt.queue_depth, 1u, 4096u);
+    opt.max_depth = std::min(opt.max_depth, 4096u);
+    if (opt.max_depth > opt.queue_depth)
+      tuner.emplace(DepthTuner::Config{.start_depth = opt.queue_depth, .min_depth = opt.queue_depth,
+                                       .max_depth = opt.max_depth});
+    cur_depth = opt.queue_depth;
+    const unsigned ring_depth = std::max(opt.queue_depth, opt.max_depth);
     if (opt.force_pread || env_flag("K3FLOW_NO_URING")) {
       reason = opt.force_pread ? "pread forced by option" : "pread forced by K3FLOW_NO_URING";
-    } else if (int e = io_uring_queue_init(opt.queue_depth + 1, &ring, 0); e < 0) {
+    } else if (int e = io_uring_queue_init(ring_depth + 1, &ring, 0); e < 0) {
       reason = fmt::format("io_uring_queue_init failed: {}", std::strerror(-e));
     } else if ((wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) < 0) {
       reason = fmt::format("eventfd failed: {}", std::strerror(errno));
@@ -204,6 +249,12 @@ struct UringReader::Impl {
   }
 
   void enqueue(std::vector<Job*> jobs) {
+    if (opt.raises_gate && opt.gate)
+      for (Job* j : jobs)
+        if (j->req.urgent) {
+          j->raised_gate = true;
+          opt.gate->raise();
+        }
     {
       std::lock_guard lk(mu);
       for (Job* j : jobs) queue_job(pending, j);
@@ -223,6 +274,7 @@ struct UringReader::Impl {
     } catch (...) {
       std::fprintf(stderr, "k3flow: read completion callback threw\n");
     }
+    if (job->raised_gate) opt.gate->lower();  // after the callback: the layer has what it waited for
     delete job;
     {
       std::lock_guard lk(mu);
@@ -239,6 +291,10 @@ struct UringReader::Impl {
     unsigned inflight = 0;     // read SQEs in the kernel
     bool poll_armed = false;
     bool stop = false;
+    // Adaptive depth: time and bytes of the intervals during which the reader was saturated.
+    bool saturated = false;
+    double t_prev = now_seconds(), epoch_seconds = 0;
+    uint64_t epoch_bytes = 0;
 
     auto cancel_unread = [&] {
       for (Job* j : issuing)
@@ -287,7 +343,13 @@ struct UringReader::Impl {
         io_uring_sqe_set_data64(sqe, kWakeTag);
         poll_armed = true;
       }
-      while (inflight < opt.queue_depth) {
+      const unsigned depth = tuner ? tuner->depth() : opt.queue_depth;
+      unsigned limit = depth;
+      if (opt.gated_depth > 0 && opt.gate && opt.gate->raised() && opt.gated_depth < depth) {
+        limit = opt.gated_depth;
+        ++n_gated_turns;
+      }
+      while (inflight < limit) {
         Op* op = next_op();
         if (!op) break;
         io_uring_sqe* sqe = io_uring_get_sqe(&ring);
@@ -298,6 +360,12 @@ struct UringReader::Impl {
       if (inflight > peak_in_flight.load(std::memory_order_relaxed))
         peak_in_flight.store(inflight, std::memory_order_relaxed);
       if (stop && inflight == 0 && issuing.empty() && retry.empty()) break;
+      // Saturated: the depth, not the work, limits what is in flight (a gated turn says nothing
+      // about the depth).
+      const bool more = !retry.empty() || issuing.size() > 1 ||
+                        (issuing.size() == 1 && issuing.front()->next < issuing.front()->ops.size());
+      saturated = tuner && limit == depth && inflight >= depth && more;
+      uint64_t reaped_bytes = 0;
 
       int r = io_uring_submit_and_wait(&ring, 1);
       if (r < 0 && r != -EINTR && r != -EAGAIN && r != -EBUSY) {
@@ -320,6 +388,7 @@ struct UringReader::Impl {
         Op* op = static_cast<Op*>(io_uring_cqe_get_data(cqe));
         int res = cqe->res;
         if (res > 0) {
+          reaped_bytes += uint64_t(res);
           n_uring_bytes += uint64_t(res);
           if (op->direct) n_direct_bytes += uint64_t(res);
           if (size_t(res) < op->len) {
@@ -345,6 +414,21 @@ struct UringReader::Impl {
         }
       }
       io_uring_cq_advance(&ring, seen);
+      if (tuner) {
+        const double t = now_seconds();
+        if (saturated) {  // the wait that just ended began with the depth as the limit
+          epoch_seconds += t - t_prev;
+          epoch_bytes += reaped_bytes;
+        }
+        t_prev = t;
+        if (epoch_bytes >= std::max<uint64_t>(opt.epoch_bytes, 8 * uint64_t(depth) * opt.chunk_bytes)) {
+          tuner->on_epoch(epoch_bytes, epoch_seconds);
+          ++n_epochs;
+          cur_depth = tuner->depth();
+          epoch_bytes = 0;
+          epoch_seconds = 0;
+        }
+      }
     }
   }
 
@@ -451,7 +535,8 @@ ReaderCounters UringReader::counters() const {
   const Impl& i = *impl_;
   return ReaderCounters{i.n_requests.load(),      i.n_failed.load(),      i.n_uring_chunks.load(),
                         i.n_uring_bytes.load(),   i.n_pread_bytes.load(), i.n_direct_bytes.load(),
-                        i.n_resubmissions.load(), i.peak_in_flight.load()};
+                        i.n_resubmissions.load(), i.peak_in_flight.load(), i.cur_depth.load(),
+                        i.n_epochs.load(),        i.n_gated_turns.load()};
 }
 
 size_t UringReader::ring_bytes(unsigned queue_depth) {

@@ -14,6 +14,15 @@
 // descriptor and the destination address and file offset agree modulo 4096; an unaligned head or
 // tail goes through the buffered descriptor.
 //
+// Adaptive depth (Options::max_depth > queue_depth): a slow virtual disk and a fast NVMe need
+// different depths, and a depth past the device's knee only makes an urgent read wait behind more
+// bytes. The reader starts at queue_depth and, while it is saturated (more chunks ready than it may
+// issue), measures the rate per epoch and doubles the depth while that buys more than 5 %
+// (DepthTuner below); it settles at the smallest depth that reached the best rate and re-checks
+// now and then. A shared UrgentGate lets one reader's urgent reads (an expert the layer waits for)
+// hold another's depth (trunk prefetch) at `gated_depth` while they are out, so they do not queue
+// behind a deep window in the device.
+//
 // When io_uring is unavailable (K3FLOW_NO_URING=1, or io_uring_queue_init fails, e.g. under
 // seccomp) the same API is served by one thread doing pread(2): the engine runs either way.
 //
@@ -23,6 +32,7 @@
 // hangs. Callbacks must be short and must not throw (the graph calls gateway.try_put() there);
 // they must not destroy the reader.
 #pragma once
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -52,6 +62,47 @@ struct ReadCompletion {
   bool ok() const { return error == 0; }
 };
 
+// Raised while urgent reads of one reader are out; readers that share it may hold their depth.
+class UrgentGate {
+ public:
+  void raise() { n_.fetch_add(1, std::memory_order_acq_rel); }
+  void lower() { n_.fetch_sub(1, std::memory_order_acq_rel); }
+  bool raised() const { return n_.load(std::memory_order_acquire) > 0; }
+
+ private:
+  std::atomic<int> n_{0};
+};
+
+// The depth controller of an adaptive reader, apart from the reader so it can be tested against a
+// model of a device. It sees epochs during which the reader was saturated (as many chunks in flight
+// as depth() allowed, more waiting): `bytes` landed in `seconds`.
+//   climbing: the first epoch sets the reference; each later one that beats the best rate by more
+//             than `gain` doubles the depth (up to max_depth); one that does not settles at the
+//             best depth seen.
+//   settled:  after `recheck_epochs` epochs, climbs again from the settled depth (the device, or
+//             what shares it, may have changed); a settled epoch far below the best rate (< half)
+//             re-measures from the current depth too.
+class DepthTuner {
+ public:
+  struct Config {
+    unsigned start_depth = 4, min_depth = 1, max_depth = 64;
+    double gain = 1.05;
+    unsigned recheck_epochs = 64;
+  };
+  explicit DepthTuner(Config c);
+  unsigned depth() const { return depth_; }
+  bool settled() const { return settled_; }
+  double best_gbps() const { return best_rate_ / 1e9; }
+  void on_epoch(uint64_t bytes, double seconds);
+
+ private:
+  Config c_;
+  unsigned depth_, best_depth_;
+  double best_rate_ = 0;
+  bool settled_ = false;
+  unsigned since_settled_ = 0;
+};
+
 struct ReaderCounters {
   uint64_t requests = 0;        // requests submitted
   uint64_t failed = 0;          // requests completed with an error (cancellations included)
@@ -61,6 +112,9 @@ struct ReaderCounters {
   uint64_t direct_bytes = 0;    // of those, bytes read through the O_DIRECT descriptor
   uint64_t resubmissions = 0;   // short reads, EINTR/EAGAIN, O_DIRECT refusals retried
   uint64_t peak_in_flight = 0;  // most chunks the io_uring backend had in the kernel at once
+  uint64_t depth = 0;           // the depth in effect now (adaptive readers change it)
+  uint64_t epochs = 0;          // saturated epochs the tuner has seen
+  uint64_t gated_turns = 0;     // loop turns that issued less because the urgent gate was raised
 };
 
 class UringReader {
@@ -68,8 +122,14 @@ class UringReader {
   enum class Backend { uring, pread };
   struct Options {
     size_t chunk_bytes = size_t{8} << 20;  // rounded up to 4096, capped at 1 GiB
-    unsigned queue_depth = 32;             // chunks in flight (1..4096)
+    unsigned queue_depth = 32;             // chunks in flight (1..4096); the start when adaptive
     bool force_pread = false;              // also forced by env K3FLOW_NO_URING=1
+    // Adaptive when max_depth > queue_depth: the depth moves within [queue_depth, max_depth].
+    unsigned max_depth = 0;
+    uint64_t epoch_bytes = uint64_t{64} << 20;  // bytes per measured epoch (at least 8 chunks' worth)
+    std::shared_ptr<UrgentGate> gate = nullptr;  // shared with the readers it concerns
+    bool raises_gate = false;                    // this reader's urgent requests raise `gate`
+    unsigned gated_depth = 0;  // > 0: at most this many chunks in flight while `gate` is raised
   };
   using Callback = std::function<void(const ReadCompletion&)>;
 

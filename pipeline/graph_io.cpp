@@ -16,6 +16,8 @@ void StreamingModel::Impl::counters() {
   const int64_t experts = cache ? int64_t(cache->occupied()) : 0;
   Trace::counter("trunk ring slots in use", ring);
   Trace::counter("expert slots in use", experts);
+  // The trunk reader's depth as it adapts to the device (reader_options.cpp, io::DepthTuner).
+  Trace::counter("trunk reader depth", int64_t(trunk_reader.counters().depth));
   Trace::counter("resident weight bytes", ring * int64_t(trunk.slot_read_bytes()) +
                                               int64_t(trunk.pinned_bytes()) +
                                               experts * int64_t(cache ? cache->slot_bytes() : 0));

@@ -1,9 +1,12 @@
-// The two io_uring readers' tuning (queue depth, chunk size), in one place: the streaming graph
-// opens its readers with these, and `k3flow bench` probes the device with the same ones, so the
-// bandwidth T_io is computed from is the bandwidth the engine's request pattern gets.
-// Experiments: K3FLOW_{TRUNK,EXPERT}_{QD,CHUNK_KB} override them (README, environment).
+// The two io_uring readers' tuning (queue depth, chunk size, adaptation), in one place: the
+// streaming graph opens its readers with these, and `k3flow bench` / `k3flow probe` probe the device
+// with the same ones beside the device's own ceiling (device_probe.hpp).
+// Experiments: K3FLOW_{TRUNK,EXPERT}_{QD,CHUNK_KB}, K3FLOW_TRUNK_MAX_QD (the adaptive cap; equal to
+// K3FLOW_TRUNK_QD: a fixed depth) and K3FLOW_TRUNK_GATED_QD (the trunk's depth while an urgent expert
+// read is out; 0: no gate) override them (README, environment).
 #pragma once
 #include <cstdint>
+#include <memory>
 
 #include "io/uring_reader.hpp"
 
@@ -13,5 +16,8 @@ int env_int(const char* name);  // 0 when unset or empty
 
 io::UringReader::Options trunk_reader_options();
 io::UringReader::Options expert_reader_options(uint64_t expert_bytes);
+
+// The gate the expert reader's urgent reads raise and the trunk reader yields to (one per process).
+std::shared_ptr<io::UrgentGate> urgent_gate();
 
 }  // namespace k3::pipeline

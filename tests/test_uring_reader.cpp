@@ -357,3 +357,140 @@ TEST_CASE("ring memory estimate grows with queue depth") {
   CHECK(UringReader::ring_bytes(32) >= 4096);
   CHECK(UringReader::ring_bytes(1024) > UringReader::ring_bytes(32));
 }
+
+// ---- adaptation: the depth controller against a model of a device, and the urgent gate ----
+
+namespace {
+
+// A device that serves `depth` chunks of `chunk` bytes concurrently, each taking `latency_s`, up to
+// `ceiling` bytes/s (Little's law): rate = min(depth * chunk / latency, ceiling).
+struct ModelDevice {
+  double latency_s, ceiling;
+  double rate(unsigned depth, double chunk) const { return std::min(depth * chunk / latency_s, ceiling); }
+};
+
+// Runs the tuner for `epochs` saturated epochs of 64 MiB against the device; returns the depths taken.
+std::vector<unsigned> drive(k3::io::DepthTuner& t, const ModelDevice& dev, int epochs, double chunk = 1 << 20) {
+  std::vector<unsigned> seen;
+  for (int i = 0; i < epochs; ++i) {
+    const double bytes = 64.0 * (1 << 20);
+    t.on_epoch(uint64_t(bytes), bytes / dev.rate(t.depth(), chunk));
+    seen.push_back(t.depth());
+  }
+  return seen;
+}
+
+}  // namespace
+
+TEST_CASE("depth tuner: deeper on a fast device, the start depth on a slow one, the knee not past it") {
+  using k3::io::DepthTuner;
+  const DepthTuner::Config cfg{.start_depth = 4, .min_depth = 4, .max_depth = 64};
+  // A 14 GB/s NVMe with 1 ms per 1 MiB request: 4 x 1 MiB reads 4.2 GB/s; the knee is at 14 chunks.
+  DepthTuner fast(cfg);
+  drive(fast, {1e-3, 14e9}, 10);
+  CHECK(fast.settled());
+  CHECK(fast.depth() == 16);  // 8 -> 16 gained, 32 did not: the smallest depth at the ceiling
+  CHECK(fast.best_gbps() == doctest::Approx(14.0));
+  // A slow virtual disk (0.5 GB/s, 2 ms): depth buys nothing; the tuner stays at the start.
+  DepthTuner slow(cfg);
+  drive(slow, {2e-3, 0.5e9}, 10);
+  CHECK(slow.settled());
+  CHECK(slow.depth() == 4);
+  // A 2.5 GB/s disk with 1.5 ms per MiB: knee at 3.9 chunks, so 4 -> 8 gains < 5 %: stays at 4.
+  DepthTuner mid(cfg);
+  drive(mid, {1.5e-3, 2.5e9}, 10);
+  CHECK(mid.depth() == 4);
+  // Capped at max_depth even when the device would take more.
+  DepthTuner capped({.start_depth = 4, .min_depth = 4, .max_depth = 8});
+  drive(capped, {1e-3, 100e9}, 10);
+  CHECK(capped.depth() == 8);
+}
+
+TEST_CASE("depth tuner: re-checks when the device changes under it") {
+  using k3::io::DepthTuner;
+  DepthTuner t({.start_depth = 4, .min_depth = 4, .max_depth = 64, .gain = 1.05, .recheck_epochs = 8});
+  drive(t, {1e-3, 14e9}, 10);
+  REQUIRE(t.depth() == 16);
+  // The device slows to 2 GB/s (another tenant): the rate halves, the tuner re-measures from half its
+  // depth (16 -> 8, then at the next re-check 8 -> 4) and settles at the start depth, where 2 GB/s
+  // is already reached.
+  drive(t, {1e-3, 2e9}, 20);
+  CHECK(t.settled());
+  CHECK(t.depth() == 4);
+  // It speeds up again: the periodic re-check climbs back to the knee.
+  drive(t, {1e-3, 14e9}, 40);
+  CHECK(t.depth() == 16);
+  // Epochs without bytes or time change nothing.
+  t.on_epoch(0, 1.0);
+  t.on_epoch(1 << 20, 0.0);
+  CHECK(t.depth() == 16);
+}
+
+TEST_CASE("an adaptive reader tunes only between its start and its cap, and reads exactly") {
+  const auto& pat = pattern();
+  File f = File::open_read(pat.path, File::Mode::direct_preferred);
+  UringReader reader(UringReader::Options{
+      .chunk_bytes = 64 << 10, .queue_depth = 2, .max_depth = 16, .epoch_bytes = 1 << 20});
+  REQUIRE(reader.backend() == UringReader::Backend::uring);
+  AlignedBuffer buf(kFileBytes);
+  Sink sink;
+  reader.submit({&f, 0, buf.bytes(), 1}, sink.callback());  // 1024 chunks: saturated throughout
+  REQUIRE(sink.wait_for(1, std::chrono::seconds(60)));
+  REQUIRE(sink.last[1].ok());
+  CHECK(std::memcmp(buf.data(), pat.bytes.data(), kFileBytes) == 0);
+  const auto c = reader.counters();
+  CHECK(c.epochs >= 4);  // 64 MiB in epochs of 8 chunks x depth (1..8 MiB): it measured
+  CHECK(c.depth >= 2);
+  CHECK(c.depth <= 16);
+  CHECK(c.peak_in_flight <= 16);
+  MESSAGE("adaptive reader settled at depth " << c.depth << " after " << c.epochs << " epochs");
+  // A fixed reader (no max_depth) never measures.
+  UringReader fixed(UringReader::Options{.chunk_bytes = 64 << 10, .queue_depth = 2});
+  fixed.submit({&f, 0, buf.bytes().first(size_t{8} << 20), 2}, sink.callback());
+  fixed.wait_idle();
+  CHECK(fixed.counters().epochs == 0);
+  CHECK(fixed.counters().depth == 2);
+}
+
+TEST_CASE("urgent reads raise the gate; a reader sharing it holds its depth while it is up") {
+  const auto& pat = pattern();
+  File f = File::open_read(pat.path, File::Mode::direct_preferred);
+  auto gate = std::make_shared<k3::io::UrgentGate>();
+  // The expert-like reader: its urgent reads raise the gate until their callback has returned.
+  UringReader experts(
+      UringReader::Options{.chunk_bytes = 64 << 10, .queue_depth = 2, .gate = gate, .raises_gate = true});
+  AlignedBuffer small(size_t{1} << 20);
+  std::atomic<int> raised_in_callback{-1};
+  experts.submit({&f, 0, small.bytes(), 1, /*urgent=*/true},
+                 [&](const ReadCompletion& c) { raised_in_callback = c.ok() && gate->raised() ? 1 : 0; });
+  experts.wait_idle();
+  CHECK(raised_in_callback == 1);
+  CHECK_FALSE(gate->raised());
+  experts.submit({&f, 0, small.bytes(), 2, /*urgent=*/false}, [&](const ReadCompletion&) {
+    raised_in_callback = gate->raised() ? 1 : 0;  // a prefetch does not raise it
+  });
+  experts.wait_idle();
+  CHECK(raised_in_callback == 0);
+
+  // The trunk-like reader: depth 16, 2 while the gate is up. With the gate held up for the whole
+  // read, no more than 2 chunks were ever in the kernel, and every turn was gated.
+  AlignedBuffer buf(size_t{16} << 20);
+  {
+    UringReader trunk(
+        UringReader::Options{.chunk_bytes = 64 << 10, .queue_depth = 16, .gate = gate, .gated_depth = 2});
+    REQUIRE(trunk.backend() == UringReader::Backend::uring);
+    gate->raise();
+    Sink sink;
+    trunk.submit({&f, 0, buf.bytes(), 3}, sink.callback());
+    REQUIRE(sink.wait_for(1, std::chrono::seconds(60)));
+    gate->lower();
+    CHECK(sink.last[3].ok());
+    CHECK(std::memcmp(buf.data(), pat.bytes.data(), buf.size()) == 0);
+    CHECK(trunk.counters().peak_in_flight == 2);
+    CHECK(trunk.counters().gated_turns > 0);
+    // Gate down: the full depth again.
+    trunk.submit({&f, 0, buf.bytes(), 4}, sink.callback());
+    REQUIRE(sink.wait_for(2, std::chrono::seconds(60)));
+    CHECK(trunk.counters().peak_in_flight == 16);
+  }
+}
