@@ -297,6 +297,7 @@ ProbeResult probe_device(const ProbePattern& p, const ProbeOptions& o) {
   r.backend = io::backend_name(readers.trunk.backend());
   r.fallback_reason = readers.trunk.fallback_reason();
   r.trunk_queue_depth = readers.trunk.options().queue_depth;
+  r.trunk_max_depth = readers.trunk.options().max_depth;
   r.trunk_chunk_bytes = readers.trunk.options().chunk_bytes;
   r.expert_queue_depth = readers.experts.options().queue_depth;
   r.expert_chunk_bytes = readers.experts.options().chunk_bytes;
@@ -318,9 +319,11 @@ std::string format_probe(const ProbePattern& p, const ProbeResult& r) {
   const uint64_t direct = r.mixed.direct_bytes + r.trunk.direct_bytes + r.experts.direct_bytes;
   const double direct_pct = all ? 100.0 * double(direct) / double(all) : 0.0;
   std::string s = fmt::format(
-      "device probe: {} readers as the engine opens them (trunk: queue depth {} x {} KiB chunks, "
+      "device probe: {} readers as the engine opens them (trunk: queue depth {}{} x {} KiB chunks, "
       "experts: {} x {} KiB), O_DIRECT {:.1f}% of bytes, reading {}\n",
-      r.backend, r.trunk_queue_depth, r.trunk_chunk_bytes >> 10, r.expert_queue_depth,
+      r.backend, r.trunk_queue_depth,
+      r.trunk_max_depth > r.trunk_queue_depth ? fmt::format(" (adaptive up to {})", r.trunk_max_depth) : "",
+      r.trunk_chunk_bytes >> 10, r.expert_queue_depth,
       r.expert_chunk_bytes >> 10, direct_pct, p.source);
   if (!r.fallback_reason.empty()) s += fmt::format("  (pread fallback: {})\n", r.fallback_reason);
   if (direct_pct < 99.0)

@@ -82,6 +82,7 @@ struct ProbeResult {
   PhaseResult mixed, trunk, experts;
   std::string backend, fallback_reason;
   unsigned trunk_queue_depth = 0, expert_queue_depth = 0;
+  unsigned trunk_max_depth = 0;  // > trunk_queue_depth: the trunk reader adapts up to it
   size_t trunk_chunk_bytes = 0, expert_chunk_bytes = 0;
   double gbps() const { return mixed.gbps(); }  // GB/s (1e9 B), the figure T_io is computed with
 };
