@@ -494,3 +494,37 @@ TEST_CASE("urgent reads raise the gate; a reader sharing it holds its depth whil
     CHECK(trunk.counters().peak_in_flight == 16);
   }
 }
+
+TEST_CASE("an urgent read is not starved by an adaptive trunk reader that is saturated") {
+  // The graph's pair of readers: a trunk reader adapting its depth over a long read, and an expert
+  // reader whose demand read raises the gate. The demand read, submitted after the trunk read is in
+  // flight, completes first (the trunk request is 64 MiB; the expert 256 KiB).
+  const auto& pat = pattern();
+  File f = File::open_read(pat.path, File::Mode::direct_preferred);
+  auto gate = std::make_shared<k3::io::UrgentGate>();
+  UringReader trunk(UringReader::Options{.chunk_bytes = 256 << 10,
+                                         .queue_depth = 4,
+                                         .max_depth = 64,
+                                         .epoch_bytes = 1 << 20,
+                                         .gate = gate,
+                                         .gated_depth = 1});
+  UringReader experts(
+      UringReader::Options{.chunk_bytes = 64 << 10, .queue_depth = 4, .gate = gate, .raises_gate = true});
+  REQUIRE(trunk.backend() == UringReader::Backend::uring);
+  AlignedBuffer big(kFileBytes), small(size_t{256} << 10);
+  std::mutex mu;
+  std::vector<uint64_t> order;
+  auto note = [&](const ReadCompletion& c) {
+    std::lock_guard lk(mu);
+    order.push_back(c.ok() ? c.tag : 100 + c.tag);
+  };
+  trunk.submit({&f, 0, big.bytes(), 1}, note);
+  experts.submit({&f, kFileBytes - small.size(), small.bytes(), 2, /*urgent=*/true}, note);
+  experts.wait_idle();
+  trunk.wait_idle();
+  CHECK(order == std::vector<uint64_t>{2, 1});
+  CHECK_FALSE(gate->raised());
+  CHECK(std::memcmp(big.data(), pat.bytes.data(), kFileBytes) == 0);
+  CHECK(std::memcmp(small.data(), pat.bytes.data() + kFileBytes - small.size(), small.size()) == 0);
+  CHECK(trunk.counters().peak_in_flight <= 64);
+}
