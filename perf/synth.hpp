@@ -116,7 +116,7 @@ struct SynthReport {
 };
 
 // The refusal when `out_dir` has `avail` bytes free and the checkpoint needs `need` (> avail): both
-// in exact bytes and in decimal units, so two close sizes never print alike.
+// in exact bytes and in binary units (GiB), so two close sizes never print alike.
 std::string free_space_refusal(const std::filesystem::path& out_dir, uint64_t avail, uint64_t need);
 
 // Writes `plan` into `out_dir` (created if absent; it must hold no finished checkpoint files unless

@@ -291,6 +291,7 @@ int run_chat(ChatArgs& a) {
   text::ChatOptions opts{!a.no_thinking, a.effort};
   text::validate(opts);
   stages::validate(a.sampling);
+  check_stream_flags(a.dec.stream);
   check_model_dir(a.dec.model_dir, a.dec.config.has_value());
   if (a.dec.config) check_input_file(*a.dec.config, "--config");
   if (a.tokenizer) check_input_dir(*a.tokenizer, "--tokenizer");

@@ -154,6 +154,7 @@ int run_generate(GenerateOptions o) {
       throw io::usage_error(fmt::format(
           "{} shows a streamed run: add a budget (--mem-gb, --preset, --trunk-gb + --cache-gb) or --trunk",
           flag));
+  check_stream_flags(o.dec.stream);
   // Every path is checked before the first read: a typo must not throw a long run away.
   check_model_dir(o.dec.model_dir, o.dec.config.has_value());
   if (o.dec.config) check_input_file(*o.dec.config, "--config");
@@ -204,6 +205,7 @@ int run_generate(GenerateOptions o) {
                                       from_state, o.dec.capacity, kMaxPositions));
   }
   o.dec.expected_calls = o.gen;
+  run_capacity(o.dec);  // a --context below what the run needs is refused before the header
 
   std::printf("\nKimi K3, k3flow, released checkpoint layout\n");
   std::printf("  model   : %s\n", o.dec.model_dir.c_str());

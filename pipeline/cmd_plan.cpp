@@ -35,9 +35,10 @@ struct PlanArgs {
 };
 
 int run_plan(const PlanArgs& a) {
-  if (!a.flags.budget_given())
+  if (!a.flags.budget_given() && a.flags.trunk_dir.empty())
     throw io::usage_error(
-        "plan: give a budget: --mem-gb X, --preset NAME, or --trunk-gb X with --cache-gb Y");
+        "plan: give a budget: --mem-gb X, --preset NAME, or --trunk-gb X with --cache-gb Y (or --trunk DIR "
+        "alone: the whole model resident)");
   const fs::path dir(a.model_dir);
   check_model_dir(dir);
   if (!a.flags.trunk_dir.empty()) check_trunk_dir(a.flags.trunk_dir);
@@ -68,7 +69,7 @@ Action add_plan(CLI::App& sub) {
          "--context", a->context,
          "positions (tokens) the MLA KV cache and scratch are sized for (generate: prompt + --gen + 1)")
       ->capture_default_str()
-      ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 24));
+      ->check(CLI::Range(uint64_t{1}, uint64_t{kMaxPositions}));
   sub.add_option("--ring", a->ring, "trunk ring slots, each as large as the largest streamed layer")
       ->capture_default_str()
       ->check(CLI::Range(2, 64));

@@ -26,7 +26,8 @@ int bound_layers(const io::ModelConfig& cfg, int layers) {
   return (layers <= 0 || layers >= cfg.n_layers) ? cfg.n_layers : layers;
 }
 
-// The KV cache's positions: --context when given (at least what the run needs), else the run's own.
+}  // namespace
+
 // Also where a Decoder refuses its flags, before the shards are indexed.
 size_t run_capacity(const DecoderOptions& o) {
   check_stream_flags(o.stream);
@@ -37,6 +38,8 @@ size_t run_capacity(const DecoderOptions& o) {
         o.stream.context, o.capacity));
   return size_t(o.stream.context);
 }
+
+namespace {
 
 Progress::Mode progress_mode(const StreamFlags& f) {
   return f.progress ? Progress::Mode::always : f.no_progress ? Progress::Mode::never : Progress::Mode::automatic;

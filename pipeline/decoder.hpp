@@ -37,8 +37,13 @@ struct DecoderOptions {
   StreamFlags stream;
 };
 
-// MODEL_DIR/config.json (or --config), refused as a usage error (exit 2) when missing or untrusted.
+// MODEL_DIR/config.json (or --config), refused as a usage error (exit 2) when missing; a
+// config.json whose content is wrong is a runtime error (exit 1) naming the file and field.
 io::ModelConfig load_model_config(const std::string& model_dir, const std::optional<std::string>& config);
+
+// The KV cache's positions: --context when given, else o.capacity. Throws usage Error (exit 2) for
+// --strategy without a budget or a --context smaller than o.capacity.
+size_t run_capacity(const DecoderOptions& o);
 
 class Decoder {
  public:

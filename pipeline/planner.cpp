@@ -12,6 +12,7 @@
 #include "io/packed_trunk.hpp"
 #include "io/safetensors_writer.hpp"
 #include "io/uring_reader.hpp"
+#include "pipeline/human_bytes.hpp"
 #include "pipeline/reader_options.hpp"
 #include "stages/forward.hpp"
 #include "stages/plan.hpp"
@@ -115,17 +116,6 @@ uint64_t expert_slot(uint64_t expert_bytes) {
   return expert_bytes ? align_up(expert_bytes, kDirectAlign) + kDirectAlign : 0;
 }
 
-std::string gib(uint64_t b) {
-  return fmt::format("{:.2f} GiB", double(b) / double(kGiB));
-}
-
-std::string bytes_h(uint64_t b) {
-  if (b >= kGiB) return gib(b);
-  if (b >= (uint64_t{1} << 20)) return fmt::format("{:.1f} MiB", double(b) / double(1 << 20));
-  if (b >= 1024) return fmt::format("{:.1f} KiB", double(b) / 1024.0);
-  return fmt::format("{} B", b);
-}
-
 }  // namespace
 
 uint64_t Plan::total() const {
@@ -166,17 +156,17 @@ Plan make_plan(const PlanInputs& in, const PlanBudget& want) {
     throw io::usage_error(
         fmt::format("plan: budget {} ({} B, {}) is {} B short of the floor {} ({} B: resident {}, "
                     "{} expert slots, {}-slot trunk ring)",
-                    gib(p.budget), p.budget, want.source, p.floor - p.budget, gib(p.floor), p.floor,
-                    bytes_h(resident), inflight, want.ring_slots));
+                    human_bytes(p.budget), p.budget, want.source, p.floor - p.budget, human_bytes(p.floor), p.floor,
+                    human_bytes(resident), inflight, want.ring_slots));
   if (split) {
     uint64_t ring_min = p.floor - resident - inflight_bytes;
     if (*want.trunk < ring_min)
       throw io::usage_error(fmt::format("plan: trunk budget {} is {} B short of the {}-slot ring ({} B)",
-                                        gib(*want.trunk), ring_min - *want.trunk, want.ring_slots, ring_min));
+                                        human_bytes(*want.trunk), ring_min - *want.trunk, want.ring_slots, ring_min));
     if (want.experts.value_or(0) < inflight_bytes)
       throw io::usage_error(
           fmt::format("plan: expert budget {} is {} B short of {} in-flight expert slots ({} B)",
-                      gib(want.experts.value_or(0)), inflight_bytes - want.experts.value_or(0), inflight,
+                      human_bytes(want.experts.value_or(0)), inflight_bytes - want.experts.value_or(0), inflight,
                       inflight_bytes));
   }
 
@@ -342,24 +332,24 @@ PlanInputs plan_inputs(const io::ModelConfig& c, const io::ShardSet& shards, con
 }
 
 std::string format_plan(const Plan& p) {
-  std::string s = fmt::format("plan: budget {} ({})\n", gib(p.budget), p.request.source);
+  std::string s = fmt::format("plan: budget {} ({})\n", human_bytes(p.budget), p.request.source);
   s += fmt::format("  {:<46} {:>6}   {:>11}   {:>11}\n", "pool", "count", "each", "total");
   for (const PlanTerm& t : p.pools)
     s += fmt::format("  {:<46} {:>6} x {:>11} = {:>11}\n", t.name, t.count,
-                     t.each    ? bytes_h(t.each)
+                     t.each    ? human_bytes(t.each)
                      : t.count ? "varies"
                                : "-",
-                     bytes_h(t.bytes));
-  s += fmt::format("  {:<46} {:>6}   {:>11}   {:>11}\n", "unassigned", "", "", bytes_h(p.unassigned()));
+                     human_bytes(t.bytes));
+  s += fmt::format("  {:<46} {:>6}   {:>11}   {:>11}\n", "unassigned", "", "", human_bytes(p.unassigned()));
   s += fmt::format("  {:<46} {:>6}   {:>11}   {:>11}  of {} budget; floor {}\n", "TOTAL", "", "",
-                   bytes_h(p.total()), gib(p.budget), gib(p.floor));
+                   human_bytes(p.total()), human_bytes(p.budget), human_bytes(p.floor));
   if (p.holds_model() && p.unassigned() > 0)
     s += fmt::format(
         "  the model needs only {} of the budget (every layer pinned, every expert cached): the rest is left "
         "unallocated\n",
-        bytes_h(p.total()));
+        human_bytes(p.total()));
   s += fmt::format("  trunk read per token: {} of {} ({} of {} layers streamed); expert slots {}\n",
-                   bytes_h(p.streamed_bytes), bytes_h(p.trunk_bytes), p.n_layers - int(p.pinned.size()),
+                   human_bytes(p.streamed_bytes), human_bytes(p.trunk_bytes), p.n_layers - int(p.pinned.size()),
                    p.n_layers, p.inflight_slots + p.lookahead_slots + p.cache_slots);
   return s;
 }

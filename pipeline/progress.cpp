@@ -40,7 +40,7 @@ void Progress::draw(uint64_t done, uint64_t total) {
   std::string eta;
   if (rate > 0 && done < total) eta = fmt::format(" ETA {:.0f}s", (total - done) / rate);
   const std::string numbers =
-      unit_.empty() ? fmt::format("{} / {} {}/s", human_bytes(done), human_bytes(total), human_bytes(rate))
+      unit_.empty() ? fmt::format("{} / {} {}", human_bytes(done), human_bytes(total), human_rate(rate))
                     : fmt::format("{} / {} {}", done, total, unit_);
   if (!drawn_) std::fflush(stdout);  // what was printed before the bar stays before it
   fmt::print(out_, "\r{} [{}{}] {:3.0f}% {}{}{}{}", label_, std::string(fill, '#'), std::string(kWidth - fill, '.'),

@@ -4,6 +4,7 @@
 #include <malloc.h>
 #include <tbb/global_control.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -12,7 +13,9 @@
 
 #include "io/error.hpp"
 #include "io/packed_trunk.hpp"
+#include "pipeline/commands.hpp"
 #include "pipeline/graph_dot.hpp"
+#include "pipeline/human_bytes.hpp"
 #include "pipeline/planner.hpp"
 #include "pipeline/streaming_source.hpp"
 #include "pipeline/trace.hpp"
@@ -48,14 +51,19 @@ uint64_t proc_kb(const char* file, const char* key) {
   return 0;
 }
 
-std::string mb(uint64_t b) {
-  return fmt::format("{:.1f} MB", double(b) / 1e6);
-}
-
 }  // namespace
 
-uint64_t mem_available_bytes() {
-  return proc_kb("/proc/meminfo", "MemAvailable") * 1024;
+uint64_t available_memory_bytes() {
+  if (const char* e = std::getenv("K3FLOW_TEST_MEM_AVAILABLE")) return std::strtoull(e, nullptr, 10);
+  uint64_t avail = proc_kb("/proc/meminfo", "MemAvailable") * 1024;
+  std::ifstream max_f("/sys/fs/cgroup/memory.max"), cur_f("/sys/fs/cgroup/memory.current");
+  std::string max_s;
+  uint64_t cur = 0;
+  if (max_f >> max_s && max_s != "max" && cur_f >> cur) {
+    const uint64_t lim = std::strtoull(max_s.c_str(), nullptr, 10);
+    avail = std::min(avail, lim > cur ? lim - cur : 0);
+  }
+  return avail;
 }
 
 uint64_t current_rss_bytes() {
@@ -79,25 +87,39 @@ void check_stream_flags(const StreamFlags& f) {
                     "(or --trunk DIR to hold the whole model)"));
 }
 
+// A size in GiB: positive, finite, at most 1 PiB (CLI11's PositiveNumber printed its range as a
+// 300-digit number).
+CLI::Validator positive_gib() {
+  return CLI::Validator(
+      [](std::string& v) -> std::string {
+        char* end = nullptr;
+        const double x = std::strtod(v.c_str(), &end);
+        if (end == v.c_str() || *end != '\0' || !(x > 0) || !std::isfinite(x) || x > 1048576.0)
+          return fmt::format("{} is not a size in GiB (a number > 0, at most 1048576)", v);
+        return {};
+      },
+      "GiB > 0");
+}
+
 void add_plan_flags(CLI::App& sub, StreamFlags& f) {
   sub.add_option("--trunk", f.trunk_dir,
                  "packed trunk directory (trunk.json + trunk.bin): one read per layer. Without a budget "
                  "flag every layer is pinned and every expert cached, a budget of exactly what that needs "
-                 "(refused when more than MemAvailable)");
+                 "(refused when more than the memory available)");
   auto* mem =
       sub.add_option("--mem-gb", f.mem_gb,
                      "memory budget in GiB: weights are streamed to stay within it; never more is allocated "
                      "than the model needs")
-          ->check(CLI::PositiveNumber);
+          ->check(positive_gib());
   auto* preset =
       sub.add_option("--preset", f.preset,
                      "named budget: ultra (the floor), laptop 8, desktop 32, workstation 96, server "
                      "128, max 224 GiB");
   auto* trunk_gb =
       sub.add_option("--trunk-gb", f.trunk_gb, "GiB for the trunk ring + pinned layers (with --cache-gb)")
-          ->check(CLI::PositiveNumber);
+          ->check(positive_gib());
   auto* cache_gb = sub.add_option("--cache-gb", f.cache_gb, "GiB for expert slots + cache (with --trunk-gb)")
-                       ->check(CLI::PositiveNumber);
+                       ->check(positive_gib());
   trunk_gb->needs(cache_gb);
   cache_gb->needs(trunk_gb);
   mem->excludes(preset)->excludes(trunk_gb)->excludes(cache_gb);
@@ -115,7 +137,7 @@ void add_stream_flags(CLI::App& sub, StreamFlags& f) {
     sub.add_option("--context", f.context,
                    "positions the MLA KV cache, the scratch and the plan are sized for (default: prompt + "
                    "--gen + 1; at least that)")
-        ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 24));
+        ->check(CLI::Range(uint64_t{1}, uint64_t{kMaxPositions}));
   if (!sub.get_option_no_throw("--ring"))
     sub.add_option("--ring", f.ring, "trunk ring slots of a streamed run")
         ->capture_default_str()
@@ -141,7 +163,7 @@ RunPlan plan_run(const StreamFlags& f, const WeightSources& src, uint64_t contex
     run.notes.push_back(fmt::format(
         "NOTE: this process holds {} outside the planned terms, more than the {} allowance `k3flow plan` "
         "counts: planned with the measured figure",
-        mb(process_bytes), mb(allowance)));
+        human_bytes(process_bytes), human_bytes(allowance)));
   } else {
     in.resident.push_back(
         {"process: code, libraries, tables (allowance)", 1, kProcessAllowance, kProcessAllowance});
@@ -169,19 +191,20 @@ RunPlan plan_run(const StreamFlags& f, const WeightSources& src, uint64_t contex
     all.total = uint64_t{1} << 62;
     b.total = make_plan(in, all).total();
     b.source = "--trunk without a budget: the whole model resident";
-    const uint64_t avail = mem_available_bytes();
+    const uint64_t avail = available_memory_bytes();
     if (avail && b.total > avail)
       throw io::usage_error(fmt::format(
-          "--trunk without a budget holds the whole model, {} B, more than MemAvailable ({} B): give "
+          "--trunk without a budget holds the whole model, {} B, more than the memory available ({} B): give "
           "--mem-gb X, --preset NAME or --trunk-gb X with --cache-gb Y",
           b.total, avail));
   } else {
     check_stream_flags(f);
-    const uint64_t avail = mem_available_bytes();
+    const uint64_t avail = available_memory_bytes();
     if (avail == 0)
       throw io::usage_error("no budget given and /proc/meminfo has no MemAvailable: pass --mem-gb X");
-    b.total = avail;
-    b.source = "MemAvailable";
+    b.total = uint64_t(double(avail) * kDefaultBudgetShare);
+    b.source = fmt::format("no budget flag: {:.0f}% of the {} available", kDefaultBudgetShare * 100,
+                           human_bytes(avail));
   }
   b.source += fmt::format(", context {}, trunk {}", context,
                           f.trunk_dir.empty() ? "read from the shards" : f.trunk_dir);
@@ -192,7 +215,7 @@ RunPlan plan_run(const StreamFlags& f, const WeightSources& src, uint64_t contex
     run.notes.push_back(
         fmt::format("WARNING: budget {} is above the plan floor but below floor + this process's own {} "
                     "(process + slack): planned at the floor; peak RSS will exceed the budget",
-                    mb(b.total), mb(process + kSlackBytes)));
+                    human_bytes(b.total), human_bytes(process + kSlackBytes)));
     in = bare;
   }
   run.plan = make_plan(in, b);
@@ -215,13 +238,14 @@ StreamRun::~StreamRun() = default;
 std::unique_ptr<StreamRun> StreamRun::open(const StreamFlags& f, const io::ModelConfig& cfg,
                                            const io::ShardSet& shards, int n_layers, uint64_t context,
                                            int gen) {
-  const uint64_t avail = mem_available_bytes();
+  const uint64_t avail = available_memory_bytes();
   if (!f.requested()) {
     // No flag: resident unless the weights plus headroom do not fit in what the machine has free.
     const uint64_t need = checkpoint_bytes(shards);
     if (avail == 0 || need + need / 8 + (uint64_t{256} << 20) <= avail) return nullptr;
-    std::printf("weights (%s) do not fit in MemAvailable (%s): streaming within it\n", mb(need).c_str(),
-                mb(avail).c_str());
+    std::printf("weights (%s) do not fit in the memory available (%s): streaming within %.0f%% of it "
+                "(--mem-gb or --preset sets the budget)\n",
+                human_bytes(need).c_str(), human_bytes(avail).c_str(), kDefaultBudgetShare * 100);
   }
 
   auto run = std::unique_ptr<StreamRun>(new StreamRun());
@@ -244,7 +268,7 @@ std::unique_ptr<StreamRun> StreamRun::open(const StreamFlags& f, const io::Model
   std::printf("streaming: strategy %s, trunk %s, %d of %d layers pinned, ring %d x %s, %llu expert slots\n",
               strategy_name(s.strategy), s.trunk ? "packed (trunk.bin)" : "from the shards",
               int(s.plan.pinned.size()), s.plan.n_layers, s.plan.ring_slots,
-              mb(s.plan.slot_read_bytes).c_str(),
+              human_bytes(s.plan.slot_read_bytes).c_str(),
               (unsigned long long)(s.plan.inflight_slots + s.plan.lookahead_slots + s.plan.cache_slots));
 
   if (!f.trace.empty()) {
@@ -270,7 +294,7 @@ void StreamRun::record_step(int step, int32_t token) {
 
 std::string StreamRun::step_note() const {
   const StepStats& x = s_->model->last_step();
-  return fmt::format("read {} trunk + {} experts, io wait {:.3f} s", mb(x.trunk_bytes), mb(x.expert_bytes),
+  return fmt::format("read {} trunk + {} experts, io wait {:.3f} s", human_bytes(x.trunk_bytes), human_bytes(x.expert_bytes),
                      x.io_wait_seconds);
 }
 
@@ -297,8 +321,8 @@ void StreamRun::finish(RunReport& r, double decode_seconds) {
   std::printf(
       "streamed: trunk %s + experts %s read (%s through io_uring, %s O_DIRECT, %s pread); experts "
       "%llu requests, %llu hits; lookahead %llu prefetched, %llu used\n",
-      mb(t.trunk_bytes_read).c_str(), mb(t.expert_bytes_read).c_str(), mb(t.uring_bytes).c_str(),
-      mb(t.direct_bytes).c_str(), mb(t.pread_bytes).c_str(), (unsigned long long)t.expert_requests,
+      human_bytes(t.trunk_bytes_read).c_str(), human_bytes(t.expert_bytes_read).c_str(), human_bytes(t.uring_bytes).c_str(),
+      human_bytes(t.direct_bytes).c_str(), human_bytes(t.pread_bytes).c_str(), (unsigned long long)t.expert_requests,
       (unsigned long long)t.expert_hits, (unsigned long long)t.lookahead_predicted,
       (unsigned long long)t.lookahead_used);
   const double eff =

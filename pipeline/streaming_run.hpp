@@ -6,11 +6,12 @@
 // at 0.09 GiB, medium at 0.5 / 0.9 / 1 GiB; see graph.hpp for the strategies).
 //
 // When the graph runs: any of --mem-gb / --preset / --trunk-gb + --cache-gb / --trunk, or (no flag)
-// when the checkpoint does not fit in MemAvailable (then the budget is MemAvailable). Otherwise
+// when the checkpoint does not fit in the available memory (then the budget is kDefaultBudgetShare
+// of it; available_memory_bytes). Otherwise
 // generate stays resident, exactly as before. A streaming flag without a budget flag:
 //   --trunk alone: every layer pinned and every routed expert cached, with a budget of exactly what
 //     that plan needs (the model plus state and allowances); refused (exit 2) when that exceeds
-//     MemAvailable, naming the budget flags;
+//     the available memory, naming the budget flags;
 //   --strategy alone (or with --trace / --graph-dot): a usage error (exit 2) naming the budget flags.
 // However large the budget, no pool is larger than the model can use (planner.hpp): the plan, and
 // the allocation, never exceed the model plus state and allowances.
@@ -69,8 +70,8 @@ void check_stream_flags(const StreamFlags&);
 class WeightSources;
 
 // The plan of a streamed run of `src` for `context` positions: `k3flow plan` prints it and
-// `k3flow generate` runs it. Without a budget flag the budget is MemAvailable, or with --trunk what
-// the everything-resident plan needs (see above). `process_bytes` is
+// `k3flow generate` runs it. Without a budget flag the budget is kDefaultBudgetShare of the available
+// memory, or with --trunk what the everything-resident plan needs (see above). `process_bytes` is
 // this process's memory outside the planned terms as measured (0: not measured); above the fixed
 // allowance it replaces it. Throws usage Error (exit 2) for a budget below the planner's floor.
 struct RunPlan {
@@ -105,8 +106,14 @@ class StreamRun {
 
 // Bytes of every tensor in the shards (the resident footprint of the weights, to the byte).
 uint64_t checkpoint_bytes(const io::ShardSet&);
-// MemAvailable from /proc/meminfo in bytes (0 when unreadable).
-uint64_t mem_available_bytes();
+// Memory this process could take now: MemAvailable from /proc/meminfo, capped by the headroom of a
+// cgroup v2 memory.max; 0 when /proc/meminfo is unreadable. K3FLOW_TEST_MEM_AVAILABLE=BYTES replaces
+// it (a test hook: a small machine).
+uint64_t available_memory_bytes();
+// Without a budget flag a model that does not fit is streamed within this share of the available
+// memory, not all of it: the rest is for the page cache and the machine's other processes (a run
+// planned at 100% on a shared 24 GiB machine was killed by the OOM killer).
+inline constexpr double kDefaultBudgetShare = 0.8;
 // VmRSS of this process in bytes (0 when unreadable).
 uint64_t current_rss_bytes();
 

@@ -25,7 +25,7 @@ TEST_CASE("graph dot: clusters, pools, annotations; dot -Tsvg renders it") {
   std::string dot = g.to_dot();
   CHECK(dot.find("subgraph \"cluster_io\"") != std::string::npos);
   CHECK(dot.find("subgraph \"cluster_layer\"") != std::string::npos);
-  CHECK(dot.find("2 x 2.34 GB") != std::string::npos);
+  CHECK(dot.find("2 x 2.18 GiB") != std::string::npos);
   CHECK(dot.find("93 items, busy 1.500 s") != std::string::npos);
   CHECK(dot.find("\"trunk_read\" -> \"attention\" [label=\"trunk_ready\"]") != std::string::npos);
 

@@ -9,11 +9,15 @@
 //   - --trunk without a budget runs that same everything-resident plan, with a budget of exactly its
 //     total;
 //   - --strategy without a budget is a usage error (exit 2) naming the flags it needs, for generate
-//     and chat.
+//     and chat, before anything is printed;
+//   - no flag at all on a model that does not fit the available memory (K3FLOW_TEST_MEM_AVAILABLE):
+//     streamed within 80% of it, not all of it, and the peak stays within that;
+//   - a budget that is not a positive number of GiB is one line naming the flag.
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 #include <simdjson.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <string>
 
@@ -30,6 +34,10 @@ namespace {
 
 Run k3flow(const std::string& args) {
   return k3::test::k3flow_sh(args);
+}
+
+Run k3flow_env(const std::string& args, const std::string& env) {
+  return k3::test::k3flow_sh(args, env);
 }
 
 struct Small {
@@ -159,6 +167,7 @@ TEST_CASE("--strategy without a budget is a usage error naming the flags it need
     const Run g = k3flow(fmt::format(fmt::runtime(cmd), s.model, d / "r.json"));
     CAPTURE(cmd);
     CHECK(g.code == 2);
+    CHECK(g.out.empty());
     CHECK(g.err.find("--strategy needs a budget") != std::string::npos);
     CHECK(g.err.find("--mem-gb") != std::string::npos);
     CHECK(!fs::exists(d / "r.json"));
@@ -166,4 +175,45 @@ TEST_CASE("--strategy without a budget is a usage error naming the flags it need
   const Run chat = k3::test::shell(fmt::format("printf 'hi\\n' | {} chat {} --strategy serial", K3FLOW_BIN, s.model));
   CHECK(chat.code == 2);
   CHECK(chat.err.find("--strategy needs a budget") != std::string::npos);
+}
+
+TEST_CASE("no budget flag, a model larger than the available memory: streamed within 80% of it") {
+  const Small& s = small();
+  const k3::io::ShardSet shards = k3::io::ShardSet::open(s.model);
+  uint64_t weights = 0;
+  shards.for_each([&](std::string_view, const k3::io::TensorInfo& t) { weights += t.nbytes; });
+  const uint64_t avail = weights / 2;  // the machine "has" half the model
+  TempDir d;
+  const Run g = k3flow_env(fmt::format("generate {} --ids 1,2,3 --gen 2 --out {}", s.model, d / "r.json"),
+                           fmt::format("K3FLOW_TEST_MEM_AVAILABLE={}", avail));
+  REQUIRE_MESSAGE(g.code == 0, g.err);
+  CHECK(g.out.find("do not fit in the memory available") != std::string::npos);
+  CHECK(g.out.find("streaming within 80% of it") != std::string::npos);
+  simdjson::dom::parser p;
+  const simdjson::dom::element report = p.parse(slurp(d / "r.json"));
+  const uint64_t budget = u(report["budget_bytes"]);
+  MESSAGE(fmt::format("available {} B, budget {} B, peak RSS {} B", avail, budget, g.peak_rss));
+  CHECK(budget <= avail * 8 / 10 + 1);
+  CHECK(budget >= avail * 8 / 10 - (uint64_t{1} << 20));
+#if defined(__SANITIZE_ADDRESS__) || defined(K3_SANITIZED)
+  MESSAGE("AddressSanitizer build: shadow memory inflates RSS, the peak check is skipped");
+#else
+  CHECK(g.peak_rss <= budget);
+#endif
+}
+
+TEST_CASE("a budget that is not a positive number of GiB is one line naming the flag") {
+  const Small& s = small();
+  for (const char* v : {"-1", "0", "nan", "inf", "1e400", "2x"}) {
+    for (const char* cmd : {"generate {} --ids 1 --gen 1 --mem-gb {}", "plan {} --mem-gb {}"}) {
+      const Run r = k3flow(fmt::format(fmt::runtime(cmd), s.model, v));
+      CAPTURE(cmd);
+      CAPTURE(v);
+      CHECK(r.code == 2);
+      CHECK(r.err.find("--mem-gb") != std::string::npos);
+      CHECK(r.err.find("not a size in GiB") != std::string::npos);
+      CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+      CHECK(r.err.size() < 200);
+    }
+  }
 }
