@@ -20,6 +20,7 @@ Action add_generate(CLI::App& sub);
 Action add_plan(CLI::App& sub);
 Action add_pack_trunk(CLI::App& sub);
 Action add_bench(CLI::App& sub);
+Action add_probe(CLI::App& sub);
 Action add_chat(CLI::App& sub);
 Action add_tokenize(CLI::App& sub);
 Action add_detokenize(CLI::App& sub);

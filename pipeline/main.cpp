@@ -48,6 +48,8 @@ int main(int argc, char** argv) {
   add("pack-trunk", "copy every layer's dense weights into one aligned trunk.bin + trunk.json",
       k3::pipeline::add_pack_trunk);
   add("bench", "compare the overlap strategies on one checkpoint and budget: s/token, overlap efficiency", k3::pipeline::add_bench);
+  add("probe", "measure the device's read ceiling (deep queue, large requests) beside the engine's reader settings",
+      k3::pipeline::add_probe);
   add("tokenize", "text -> Kimi token ids (or pre-tokenizer pieces), per line with --file", k3::pipeline::add_tokenize);
   add("detokenize", "Kimi token ids -> text (raw bytes)", k3::pipeline::add_detokenize);
 
