@@ -55,6 +55,7 @@ uint64_t merge64(uint64_t h, uint64_t v) {
 Xxh64::Xxh64(uint64_t seed) : v_{seed + P1 + P2, seed + P2, seed, seed - P1}, seed_(seed) {}
 
 void Xxh64::update(std::span<const std::byte> in) {
+  if (in.empty()) return;  // an empty span's data() may be null, which memcpy must not be given
   const std::byte* p = in.data();
   size_t n = in.size();
   total_ += n;

@@ -139,6 +139,8 @@ std::string slurp(const fs::path& p) {
 }  // namespace
 
 TEST_CASE("XXH64 matches the reference values") {
+  // The empty input (a null span) once reached memcpy: the sanitized build reports that, and
+  // an empty update in the middle of a stream must change nothing.
   CHECK(k3::io::xxh64({}) == 0xEF46DB3751D8E999ull);
   std::string abc = "abc";
   CHECK(k3::io::xxh64(std::as_bytes(std::span(abc))) == 0x44BC2CF5AD770999ull);
@@ -146,8 +148,10 @@ TEST_CASE("XXH64 matches the reference values") {
   std::vector<std::byte> b(1000);
   for (size_t i = 0; i < b.size(); ++i) b[i] = std::byte(mix(i) & 0xff);
   k3::io::Xxh64 h;
-  for (size_t i = 0; i < b.size(); i += 37)
+  for (size_t i = 0; i < b.size(); i += 37) {
     h.update(std::span(b).subspan(i, std::min<size_t>(37, b.size() - i)));
+    h.update({});
+  }
   CHECK(h.digest() == k3::io::xxh64(b));
 }
 
