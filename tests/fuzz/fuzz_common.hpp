@@ -23,13 +23,12 @@ namespace k3::fuzz {
 namespace fs = std::filesystem;
 
 // A property of an accepted input that does not hold: print it and abort (libFuzzer saves the input).
-#define K3_FUZZ_CHECK(cond, what)                                                                \
-  do {                                                                                           \
-    if (!(cond)) {                                                                               \
-      std::fprintf(stderr, "k3 fuzz: %s:%d: property failed: %s (%s)\n", __FILE__, __LINE__,    \
-                   #cond, what);                                                                 \
-      std::abort();                                                                              \
-    }                                                                                            \
+#define K3_FUZZ_CHECK(cond, what)                                                                          \
+  do {                                                                                                     \
+    if (!(cond)) {                                                                                         \
+      std::fprintf(stderr, "k3 fuzz: %s:%d: property failed: %s (%s)\n", __FILE__, __LINE__, #cond, what); \
+      std::abort();                                                                                        \
+    }                                                                                                      \
   } while (0)
 
 inline const fs::path& scratch_dir() {
@@ -39,7 +38,10 @@ inline const fs::path& scratch_dir() {
     if (ec) base = "/tmp";
     fs::path d = base / ("k3fuzz." + std::to_string(::getpid()));
     fs::create_directories(d);
-    std::atexit([] { std::error_code e; fs::remove_all(scratch_dir(), e); });
+    std::atexit([] {
+      std::error_code e;
+      fs::remove_all(scratch_dir(), e);
+    });
     return d;
   }();
   return dir;

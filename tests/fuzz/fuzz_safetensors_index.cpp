@@ -16,8 +16,9 @@ const fs::path& dir() {
     const fs::path p = k3::fuzz::scratch_dir() / "index";
     fs::create_directories(p);
     const fs::path fx = K3_FIXTURES;
-    for (const fs::path& s : {fx / "st/model-00001-of-00002.safetensors", fx / "st/model-00002-of-00002.safetensors",
-                              fx / "tiny-k3/model-00001-of-000001.safetensors"})
+    for (const fs::path& s :
+         {fx / "st/model-00001-of-00002.safetensors", fx / "st/model-00002-of-00002.safetensors",
+          fx / "tiny-k3/model-00001-of-000001.safetensors"})
       fs::create_symlink(s, p / s.filename());
     return p;
   }();

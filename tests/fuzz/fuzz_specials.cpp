@@ -17,7 +17,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const auto sp = k3::io::text::SpecialTokens::load_config(path, 256);
     size_t seen = 0;
     std::string all;
-    for (auto id = sp.first_id_from(0); id; id = *id == INT32_MAX ? std::nullopt : sp.first_id_from(*id + 1)) {
+    for (auto id = sp.first_id_from(0); id;
+         id = *id == INT32_MAX ? std::nullopt : sp.first_id_from(*id + 1)) {
       ++seen;
       K3_FUZZ_CHECK(*id >= 256, "above the ordinary ranks");
       const std::string* text = sp.content(*id);

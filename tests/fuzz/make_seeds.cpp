@@ -84,7 +84,8 @@ void texts(const fs::path& json, const char* key, size_t max, const fs::path& di
   for (simdjson::dom::element c : doc["cases"].get_array()) {
     std::string_view text;
     if (c[key].get_string().get(text) || text.size() > 4000) continue;
-    for (const char flags : {'\0', '\3'}) put(dir / fmt::format("text{:03}", n++), std::string(1, flags) + std::string(text));
+    for (const char flags : {'\0', '\3'})
+      put(dir / fmt::format("text{:03}", n++), std::string(1, flags) + std::string(text));
     if (++taken == max) break;
   }
 }
@@ -122,7 +123,8 @@ int main(int argc, char** argv) {
       std::string j = R"({"metadata":{"total_size":0},"weight_map":{)";
       bool first = true;
       set.for_each([&](std::string_view name, const k3::io::TensorInfo& t) {
-        j += fmt::format(R"({}"{}":"{}")", first ? "" : ",", name, set.shard_path(t.shard).filename().string());
+        j += fmt::format(R"({}"{}":"{}")", first ? "" : ",", name,
+                         set.shard_path(t.shard).filename().string());
         first = false;
       });
       put(d / "st.index.json", j + "}}\n");
@@ -163,7 +165,8 @@ int main(int argc, char** argv) {
       texts(kFixtures / "tokenizer/edge_cases.json", "text", 60, d, n);
       texts(kFixtures / "tokenizer/o200k_cases.json", "text", 40, d, n);
       texts(kFixtures / "tokenizer/kimi_k2_reference.json", "input", 40, d, n);
-      put(d / "specials", std::string("\3") + "[BOS]<|im_user|>user<|im_middle|>Hi<|im_end|><|im_<|im_assistant|>");
+      put(d / "specials",
+          std::string("\3") + "[BOS]<|im_user|>user<|im_middle|>Hi<|im_end|><|im_<|im_assistant|>");
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "make_seeds: %s\n", e.what());
