@@ -308,8 +308,11 @@ PlanInputs plan_inputs(const io::ModelConfig& c, const io::ShardSet& shards, con
   const stages::StateSizes state = stages::StateSizes::of(c, n, context);
   const uint64_t scratch = scratch_bytes(c, context);
   const uint64_t index = shards.index_bytes() + (trunk ? trunk->index_bytes() : 0);
-  // The two readers' rings, at the queue depths the graph opens them with (reader_options.hpp).
-  const uint64_t trunk_ring = io::UringReader::ring_bytes(trunk_reader_options().queue_depth);
+  // The two readers' rings, at the queue depths the graph opens them with (reader_options.hpp); an
+  // adaptive reader's ring is sized for its deepest window.
+  const io::UringReader::Options trunk_opts = trunk_reader_options();
+  const uint64_t trunk_ring =
+      io::UringReader::ring_bytes(std::max(trunk_opts.queue_depth, trunk_opts.max_depth));
   const uint64_t expert_ring = io::UringReader::ring_bytes(expert_reader_options(0).queue_depth);
   in.resident = {
       {"embedding + lm_head + head vectors", 1, head_bytes, head_bytes},
