@@ -60,8 +60,9 @@ std::vector<float> floats_at(const std::string& bytes, size_t offset, size_t n) 
   return v;
 }
 
+// Bytewise; an MLA layer's empty span (null data(), which memcmp must not be given) is equal.
 bool same(std::span<const float> a, std::span<const float> b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size_bytes()) == 0;
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size_bytes()) == 0);
 }
 
 uint64_t status_kb(const char* key) {
