@@ -1,6 +1,7 @@
 // Shared by the libFuzzer targets (docs/fuzzing.md). A parser that only takes a path gets the input
-// through a file in a per-process scratch directory (tmpfs when /dev/shm is writable, so an exec
-// costs a few syscalls, not disk I/O); the directory is removed at exit.
+// through a file in a per-process scratch directory under $K3_FUZZ_TMPDIR (.ci/fuzz-smoke sets it
+// to a directory it removes), else /dev/shm when writable (tmpfs: an exec costs a few syscalls, not
+// disk I/O). libFuzzer ends most runs with _Exit, so atexit cleanup would not run.
 //
 // The contract every target checks: a parser either returns or throws k3::io::Error (the engine's
 // one-line refusal). Anything else -- another exception, a crash, a hang, a leak, a sanitizer
@@ -34,14 +35,13 @@ namespace fs = std::filesystem;
 inline const fs::path& scratch_dir() {
   static const fs::path dir = [] {
     std::error_code ec;
-    fs::path base = ::access("/dev/shm", W_OK) == 0 ? fs::path("/dev/shm") : fs::temp_directory_path(ec);
+    const char* env = std::getenv("K3_FUZZ_TMPDIR");
+    fs::path base = env && *env                       ? fs::path(env)
+                    : ::access("/dev/shm", W_OK) == 0 ? fs::path("/dev/shm")
+                                                      : fs::temp_directory_path(ec);
     if (ec) base = "/tmp";
     fs::path d = base / ("k3fuzz." + std::to_string(::getpid()));
     fs::create_directories(d);
-    std::atexit([] {
-      std::error_code e;
-      fs::remove_all(scratch_dir(), e);
-    });
     return d;
   }();
   return dir;
