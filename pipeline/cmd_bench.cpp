@@ -45,6 +45,7 @@
 #include "pipeline/output_file.hpp"
 #include "pipeline/planner.hpp"
 #include "pipeline/reader_options.hpp"
+#include "pipeline/streaming_run.hpp"
 
 namespace k3::pipeline {
 
@@ -123,25 +124,6 @@ bool lists_flag(const std::string& help, const std::string& flag) {
     if (starts && ends) return true;
   }
   return false;
-}
-
-// Memory this process could take now: MemAvailable, capped by the cgroup's remaining limit.
-uint64_t available_memory() {
-  uint64_t avail = 0;
-  std::ifstream mi("/proc/meminfo");
-  std::string key;
-  uint64_t kb;
-  std::string unit;
-  while (mi >> key >> kb >> unit)
-    if (key == "MemAvailable:") avail = kb * 1024;
-  std::ifstream max_f("/sys/fs/cgroup/memory.max"), cur_f("/sys/fs/cgroup/memory.current");
-  std::string max_s;
-  uint64_t cur = 0;
-  if (max_f >> max_s && max_s != "max" && cur_f >> cur) {
-    const uint64_t lim = std::stoull(max_s);
-    avail = std::min(avail, lim > cur ? lim - cur : 0);
-  }
-  return avail;
 }
 
 std::string slurp(const fs::path& p) {
@@ -350,7 +332,7 @@ int run_bench(const BenchArgs& a) {
   // compute figure is measured in the same minutes as the runs it is compared with.
   uint64_t model_bytes = 0;
   for (uint32_t s = 0; s < shards.shard_count(); ++s) model_bytes += shards.shard_size(s);
-  const uint64_t avail = available_memory();
+  const uint64_t avail = available_memory_bytes();
   // The same headroom rule generate applies before it decides to stream when given no budget.
   bool resident = model_bytes + model_bytes / 8 + (uint64_t{256} << 20) <= avail;
   std::vector<double> cpu, cpu_wall;
