@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "io/safetensors.hpp"
+#include "tests/nan_weight.hpp"
 #include "tests/run_helpers.hpp"
 
 namespace fs = std::filesystem;
@@ -168,16 +169,8 @@ TEST_CASE("1: a checkpoint whose files are wrong (no shards, a truncated shard)"
 TEST_CASE("4: the run completed but its logits are not finite (a NaN weight)") {
   TempDir d;
   const fs::path m = d.path / "nan-model";
-  fs::copy(kModel, m);
-  // One NaN in the final norm's gain poisons every logit.
-  const auto t = k3::io::ShardSet::open(m).find("language_model.model.norm.weight");
-  REQUIRE(t);
-  {
-    std::fstream f(m / "model-00001-of-000001.safetensors", std::ios::in | std::ios::out | std::ios::binary);
-    f.seekp(std::streamoff(t->offset));
-    const float nan = std::numeric_limits<float>::quiet_NaN();
-    f.write(reinterpret_cast<const char*>(&nan), sizeof nan);
-  }
+  // NaNs in the final norm's gain poison every logit.
+  k3::test::copy_with_nan(kModel, m, "language_model.model.norm.weight");
   for (const std::string& flags : {std::string("--ids 1,2,3 --gen 2"), std::string("--prompt hi --gen 2")}) {
     CAPTURE(flags);
     const Run r = k3flow("generate " + m.string() + " " + flags + " --out " + d / "r.json");

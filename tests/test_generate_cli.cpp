@@ -17,6 +17,7 @@
 
 #include "io/safetensors.hpp"
 #include "tests/fixture_json.hpp"
+#include "tests/nan_weight.hpp"
 #include "tests/run_helpers.hpp"
 
 namespace fs = std::filesystem;
@@ -319,16 +320,8 @@ TEST_CASE("runtime failures exit 1 with one clear line: missing tensors") {
 TEST_CASE("a run whose logits are not finite is invalid: exit 4 naming the position, no report") {
   TempDir d;
   const fs::path m = d.path / "nan-model";
-  fs::copy(kModel, m);
-  // One NaN in the final norm's gain poisons every logit.
-  const auto t = k3::io::ShardSet::open(m).find("language_model.model.norm.weight");
-  REQUIRE(t);
-  {
-    std::fstream f(m / "model-00001-of-000001.safetensors", std::ios::in | std::ios::out | std::ios::binary);
-    f.seekp(std::streamoff(t->offset));
-    const float nan = std::numeric_limits<float>::quiet_NaN();
-    f.write(reinterpret_cast<const char*>(&nan), sizeof nan);
-  }
+  // NaNs in the final norm's gain poison every logit.
+  k3::test::copy_with_nan(kModel, m, "language_model.model.norm.weight");
   const Run r = run("generate " + m.string() + " --ids 1,2,3 --gen 2 --out " + d / "r.json");
   CHECK(r.code == 4);
   CHECK(r.out.find("not finite") != std::string::npos);

@@ -16,6 +16,7 @@
 #include <string>
 
 #include "io/safetensors.hpp"
+#include "tests/nan_weight.hpp"
 #include "tests/run_helpers.hpp"
 
 namespace fs = std::filesystem;
@@ -41,23 +42,10 @@ Model& model() {
   return m;
 }
 
-// A copy of the clean model with `tensor`'s first 16 bytes set to NaN (float32 NaN bit patterns,
-// which are NaN read as bf16 pairs too).
+// A copy of the clean model with `tensor`'s first 16 bytes set to NaN (tests/nan_weight.hpp).
 std::string poisoned(const TempDir& d, const std::string& tensor) {
   const fs::path m = d.path / "nan";
-  fs::remove_all(m);
-  fs::copy(model().clean, m);
-  const k3::io::ShardSet shards = k3::io::ShardSet::open(m);
-  const auto t = shards.find(tensor);
-  REQUIRE_MESSAGE(t, tensor);
-  const fs::path shard = shards.shard_path(t->shard);
-  {
-    std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
-    REQUIRE(f);
-    f.seekp(std::streamoff(t->offset));
-    const float nan = std::numeric_limits<float>::quiet_NaN();
-    for (int i = 0; i < 4; ++i) f.write(reinterpret_cast<const char*>(&nan), sizeof nan);
-  }
+  k3::test::copy_with_nan(model().clean, m, tensor);
   return m.string();
 }
 
