@@ -34,6 +34,7 @@ struct ProbeArgs {
   double seconds = 3.0;
   unsigned queue_depth = 32;
   unsigned chunk_kb = 8192;
+  unsigned dest_mb = 0;  // 0: probe_ceiling's default
   bool json = false;
 };
 
@@ -73,6 +74,7 @@ int run_probe(const ProbeArgs& a) {
   co.seconds = a.seconds * 2 / 3;
   co.queue_depth = a.queue_depth;
   co.chunk_bytes = size_t(a.chunk_kb) << 10;
+  co.dest_bytes = uint64_t(a.dest_mb) << 20;
   const CeilingResult ceiling = probe_ceiling(pattern, co);
 
   ProbeOptions po;
@@ -123,6 +125,10 @@ Action add_probe(CLI::App& sub) {
   sub.add_option("--chunk-kb", a->chunk_kb, "ceiling: chunk (request) size in KiB, a multiple of 4")
       ->check(CLI::Range(4, 1 << 20))
       ->capture_default_str();
+  sub.add_option("--dest-mb", a->dest_mb,
+                 "ceiling: MiB of memory the reads land in, front to back (default: 256 MiB or the window in "
+                 "flight, whichever is larger)")
+      ->check(CLI::Range(1, 1 << 20));
   sub.add_flag("--json", a->json, "print the result as one JSON object instead of text");
   return [a] { return run_probe(*a); };
 }

@@ -24,6 +24,9 @@ using io::align_down;
 using io::align_up;
 using io::kDirectAlign;
 
+// The ceiling's destination area unless asked otherwise (CeilingOptions::dest_bytes).
+constexpr uint64_t kDefaultDestBytes = uint64_t{256} << 20;
+
 double now() {
   using namespace std::chrono;
   return duration<double>(steady_clock::now().time_since_epoch()).count();
@@ -465,8 +468,20 @@ CeilingResult probe_ceiling(const ProbePattern& p, const CeilingOptions& o) {
     r.random_source = "expert windows";
   }
   for (const ProbeRange& e : experts) biggest = std::max(biggest, e.bytes);
-  io::AlignedBuffer dst(align_up(biggest, kDirectAlign));
-  std::fill(dst.data(), dst.data() + dst.size(), std::byte{0});  // fault the pages in before timing
+  biggest = align_up(biggest, kDirectAlign);
+  // The destination area: every request in flight or queued lands in a place of its own, and the
+  // area is far larger than any CPU cache, as the engine's ring slots are.
+  const uint64_t area = std::max(biggest, o.dest_bytes ? align_up(o.dest_bytes, kDirectAlign)
+                                                      : std::max(kDefaultDestBytes, align_up(window, kDirectAlign)));
+  io::AlignedBuffer dst(area);  // zero-filled: its pages are faulted in before timing
+  r.dest_bytes = area;
+  uint64_t dst_at = 0;
+  auto place = [&](uint64_t n) {  // the next place for n bytes, wrapping around the area
+    if (dst_at + n > area) dst_at = 0;
+    std::byte* at = dst.data() + dst_at;
+    dst_at = align_up(dst_at + n, kDirectAlign);
+    return std::span<std::byte>(at, size_t(n));
+  };
 
   size_t fi = 0;
   uint64_t off = 0;
@@ -475,7 +490,7 @@ CeilingResult probe_ceiling(const ProbePattern& p, const CeilingOptions& o) {
     const io::File* f = files[fi];
     const uint64_t end = align_down(f->size(), kDirectAlign);
     const uint64_t n = std::min<uint64_t>(o.chunk_bytes, end - off);
-    io::ReadRequest req{f, off, {dst.data(), size_t(n)}, 0};
+    io::ReadRequest req{f, off, place(n), 0};
     off += n;
     if (off >= end) {
       off = 0;
@@ -503,7 +518,7 @@ CeilingResult probe_ceiling(const ProbePattern& p, const CeilingOptions& o) {
       const uint64_t slots = (align_down(e.file->size(), kDirectAlign) - e.bytes) / kDirectAlign + 1;
       at = (splitmix64(rng) % slots) * kDirectAlign;
     }
-    return io::ReadRequest{e.file, at, {dst.data(), size_t(e.bytes)}, 0};
+    return io::ReadRequest{e.file, at, place(e.bytes), 0};
   });
   r.random.span_bytes = synthetic ? span : random_span;
   return r;
@@ -511,9 +526,9 @@ CeilingResult probe_ceiling(const ProbePattern& p, const CeilingOptions& o) {
 
 std::string format_ceiling(const CeilingResult& r) {
   std::string s = fmt::format(
-      "device ceiling: {} with {} x {} KiB in flight, O_DIRECT, reading {} (independent of the engine's "
-      "reader settings)\n",
-      r.backend, r.queue_depth, r.chunk_bytes >> 10, r.source);
+      "device ceiling: {} with {} x {} KiB in flight, O_DIRECT, reading {} into {} of memory (independent "
+      "of the engine's reader settings)\n",
+      r.backend, r.queue_depth, r.chunk_bytes >> 10, r.source, human_bytes(double(r.dest_bytes)));
   if (!r.fallback_reason.empty()) s += fmt::format("  (pread fallback: {})\n", r.fallback_reason);
   auto line = [&](const char* what, const CeilingPhase& c) {
     if (c.bytes == 0) return fmt::format("  {:<34} -\n", what);

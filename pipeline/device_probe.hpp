@@ -101,6 +101,11 @@ struct CeilingOptions {
   uint64_t random_bytes = 17547264;        // a real K3 expert; used only when the model has no experts
   uint64_t seed = 1;                       // random offsets / expert picks
   bool force_pread = false;                // tests: the fallback backend
+  // Where the reads land: successive requests go to successive places of an area this large (0: the
+  // default). Not one shared buffer: a destination that stays in the CPU's caches lets a virtual
+  // disk's host copy the bytes far faster than into the engine's ring, which is written front to
+  // back every token.
+  uint64_t dest_bytes = 0;
 };
 
 struct CeilingPhase {
@@ -119,6 +124,7 @@ struct CeilingResult {
   unsigned queue_depth = 0;
   size_t chunk_bytes = 0;
   std::string random_source;  // "expert windows" or "random windows"
+  uint64_t dest_bytes = 0;    // the area the reads landed in (CeilingOptions::dest_bytes)
   double gbps() const { return sequential.gbps(); }
 };
 

@@ -169,6 +169,21 @@ TEST_CASE("the device ceiling reads what it claims: bytes, the queue depth reach
     else
       MESSAGE("O_DIRECT refused here or /proc/self/io absent: storage bytes not checked");
     CHECK(format_ceiling(r).find("8 x 64 KiB in flight") != std::string::npos);
+    // The reads land in an area far larger than a CPU cache (one shared buffer flattered a virtual
+    // disk 2x), and never smaller than the bytes outstanding.
+    CHECK(r.dest_bytes == uint64_t{256} << 20);
+    CHECK(format_ceiling(r).find("into 256.00 MiB of memory") != std::string::npos);
+  }
+  {  // an area asked for is used as given, but never smaller than the largest request
+    const ProbePattern p = probe_pattern(cfg, shards, &trunk);
+    CeilingOptions o;
+    o.seconds = 0.05;
+    o.queue_depth = 4;
+    o.chunk_bytes = size_t{64} << 10;
+    o.dest_bytes = uint64_t{3} << 20;
+    CHECK(probe_ceiling(p, o).dest_bytes == std::max<uint64_t>(uint64_t{3} << 20, (p.largest_expert_read() + 4095) / 4096 * 4096));
+    o.dest_bytes = 4096;
+    CHECK(probe_ceiling(p, o).dest_bytes == (std::max<uint64_t>(o.chunk_bytes, p.largest_expert_read()) + 4095) / 4096 * 4096);
   }
 
   // The pread fallback measures too (no queue depth), and bad options are refused by name.
