@@ -9,7 +9,7 @@
 #   perf/peer_profile.sh [WORK_DIR]          (default /tmp/k3peer; ~17 GB of disk: model + trunk)
 #
 # Environment: K3FLOW (default build/k3flow), MEM_GB (1.34), THREADS (2), GEN (12), REPEAT (3),
-# STRATEGY (serial,trunk,overlap,lookahead), PROBE_SECONDS (3), and any K3FLOW_TRUNK_* reader
+# STRATEGY (serial,trunk,overlap,lookahead,auto), PROBE_SECONDS (3), and any K3FLOW_TRUNK_* reader
 # override (pipeline/reader_options.hpp) for A/B runs. Exit status: the bench's.
 set -euo pipefail
 
@@ -19,7 +19,7 @@ MEM_GB=${MEM_GB:-1.34}
 THREADS=${THREADS:-2}
 GEN=${GEN:-12}
 REPEAT=${REPEAT:-3}
-STRATEGY=${STRATEGY:-serial,trunk,overlap,lookahead}
+STRATEGY=${STRATEGY:-serial,trunk,overlap,lookahead,auto}
 PROBE_SECONDS=${PROBE_SECONDS:-3}
 # 16 prompt ids, the same in every engine's run.
 IDS=1008,10484,318,15383,387,2029,11,581,7245,9909,13,4711,300,25,1999,42

@@ -53,12 +53,12 @@ namespace {
 
 namespace fs = std::filesystem;
 
-const std::vector<std::string> kStrategies = {"serial", "trunk", "overlap", "lookahead"};
+const std::vector<std::string> kStrategies = {"serial", "trunk", "overlap", "lookahead", "auto"};
 // The reference engines' benchmark prompt (docs/engine.md §3.8); taken modulo a small synthetic vocab.
 const std::vector<int32_t> kDefaultIds = {1008, 10484, 318, 15383, 387};
 
 struct BenchArgs {
-  std::string model_dir, trunk_dir, preset, strategies = "serial,trunk,overlap,lookahead", ids, out_path,
+  std::string model_dir, trunk_dir, preset, strategies = "serial,trunk,overlap,lookahead,auto", ids, out_path,
                                             trace_dir;
   bool json = false;
   std::optional<double> mem_gb;
@@ -466,7 +466,7 @@ Action add_bench(CLI::App& sub) {
   auto* preset = sub.add_option("--preset", a->preset, "named budget (as k3flow plan): laptop, desktop, ...");
   mem->excludes(preset);
   sub.add_option("--strategy", a->strategies,
-                 "comma-separated subset of serial,trunk,overlap,lookahead, run in the order given")
+                 "comma-separated subset of serial,trunk,overlap,lookahead,auto, run in the order given")
       ->capture_default_str();
   sub.add_option("--gen", a->gen, "tokens per run, >= 2: s/token is the decode steps after the prefill step")
       ->check(CLI::Range(2, 4096))

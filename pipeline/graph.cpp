@@ -32,8 +32,9 @@ Strategy parse_strategy(std::string_view name) {
   if (name == "trunk") return Strategy::trunk;
   if (name == "overlap") return Strategy::overlap;
   if (name == "lookahead") return Strategy::lookahead;
+  if (name == "auto") return Strategy::automatic;
   throw io::usage_error(
-      fmt::format("--strategy: unknown strategy '{}' (known: serial, trunk, overlap, lookahead)", name));
+      fmt::format("--strategy: unknown strategy '{}' (known: serial, trunk, overlap, lookahead, auto)", name));
 }
 
 const char* strategy_name(Strategy s) {
@@ -46,6 +47,8 @@ const char* strategy_name(Strategy s) {
       return "overlap";
     case Strategy::lookahead:
       return "lookahead";
+    case Strategy::automatic:
+      return "auto";
   }
   return "?";
 }
@@ -53,7 +56,8 @@ const char* strategy_name(Strategy s) {
 // The graph, declared in one place: nodes in the order of the diagram in graph.hpp, then edges.
 void StreamingModel::Impl::build() {
   own_stats = std::make_unique<NodeStats[]>(kNodeCount);
-  const bool ser = strategy == Strategy::serial, la = strategy == Strategy::lookahead;
+  const bool ser = strategy == Strategy::serial,
+             la = strategy == Strategy::lookahead || strategy == Strategy::automatic;
   const bool waves = strategy == Strategy::serial || strategy == Strategy::trunk;
   constexpr size_t unlimited = flow::unlimited, serial = flow::serial;
 
@@ -345,7 +349,7 @@ void StreamingModel::Impl::build() {
           }
           const TrunkSlots::Holder* h = next < n ? trunk.find_bound(next, m.visit + 1) : nullptr;
           if (!starving && h && std::holds_alternative<stages::MoeWeights>(h->w.ffn) &&
-              plan.lookahead_slots > 0) {
+              plan.lookahead_slots > 0 && prefetch_on.load(std::memory_order_relaxed)) {
             const size_t T = call.T;
             std::span<int32_t> idx = std::span(call.la_idx).first(T * K);
             stages::route(std::get<stages::MoeWeights>(h->w.ffn), c, call.x, T, idx,
@@ -605,6 +609,10 @@ void StreamingModel::forward(stages::DecodeState& st, std::span<const int32_t> i
   flow::input_port<0>(*m.layer_gate).try_put(LayerGo{v0});
   m.wait_call();
   m.last = m.act.step_end();
+  if (m.tuner) {  // strategy auto: the next call prefetches or not, from what the steps cost
+    m.tuner->after_call(m.last.wall_seconds, T);
+    m.prefetch_on.store(m.tuner->prefetch(), std::memory_order_relaxed);
+  }
   if (m.failed.load()) {
     m.g.wait_for_all();  // every node has skipped its body or finished; reads have completed
     throw io::runtime_error(m.fail_msg);
@@ -634,6 +642,7 @@ StreamTotals StreamingModel::totals() const {
   t.compute_busy_seconds = m.act.compute_busy_seconds();
   t.uring = m.trunk_reader.backend() == io::UringReader::Backend::uring &&
             m.expert_reader.backend() == io::UringReader::Backend::uring;
+  if (m.tuner) t.automatic = m.tuner->describe();
   return t;
 }
 

@@ -74,6 +74,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 #include <string_view>
 
 #include "pipeline/activity.hpp"
@@ -84,7 +85,9 @@
 
 namespace k3::pipeline {
 
-enum class Strategy { serial, trunk, overlap, lookahead };
+// automatic ("auto", the default): the lookahead graph, whose expert prefetch a PrefetchTuner turns on
+// or off from the measured cost of this run's own decode steps (pipeline/prefetch_tuner.hpp).
+enum class Strategy { serial, trunk, overlap, lookahead, automatic };
 Strategy parse_strategy(std::string_view name);  // usage Error listing the names
 const char* strategy_name(Strategy);
 
@@ -96,6 +99,7 @@ struct StreamTotals {
   uint64_t uring_bytes = 0, pread_bytes = 0, direct_bytes = 0;
   double io_busy_seconds = 0, compute_busy_seconds = 0;
   bool uring = false;  // both readers on io_uring
+  std::string automatic;  // strategy auto: what its tuner chose and why (PrefetchTuner::describe)
 };
 
 class StreamingModel {

@@ -25,6 +25,7 @@
 #include "io/uring_reader.hpp"
 #include "pipeline/expert_cache.hpp"
 #include "pipeline/graph.hpp"
+#include "pipeline/prefetch_tuner.hpp"
 #include "pipeline/reader_options.hpp"
 #include "pipeline/slot_pool.hpp"
 #include "pipeline/trace.hpp"
@@ -205,6 +206,10 @@ struct StreamingModel::Impl {
   } moe;
   std::atomic<int> calls_done{0};
   int expected_calls = 1;
+  // Strategy auto: the tuner (driver thread only, between calls) and its choice, read by the
+  // lookahead node; every other strategy leaves prefetch on (it matters only to lookahead).
+  std::optional<PrefetchTuner> tuner;
+  std::atomic<bool> prefetch_on{true};
   int64_t ring_scheduled_through = -1;  // ring jobs are queued for every call <= this
   std::vector<int> span_held;
   std::vector<io::ReadRequest> trunk_reqs, expert_reqs;  // reused by the serial read nodes
@@ -286,6 +291,10 @@ struct StreamingModel::Impl {
     }
     for (int l = 0; l < n; ++l)
       if (trunk.pinned(l)) pin_total_bytes += trunk.bytes(l, -1).size();
+    if (strategy == Strategy::automatic) {
+      tuner.emplace();
+      prefetch_on = tuner->prefetch();
+    }
     build();
     for (int s = 0; s < trunk.ring_slots(); ++s) trunk_free->try_put(s);
     g.wait_for_all();

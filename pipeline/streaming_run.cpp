@@ -126,9 +126,10 @@ void add_plan_flags(CLI::App& sub, StreamFlags& f) {
   preset->excludes(trunk_gb)->excludes(cache_gb);
   sub.add_option(
          "--strategy", f.strategy,
-         "overlap strategy: serial, trunk, overlap, lookahead (default lookahead); all give the same bits. "
-         "Needs a budget flag or --trunk")
-      ->check(CLI::IsMember({"serial", "trunk", "overlap", "lookahead"}));
+         "overlap strategy: serial, trunk, overlap, lookahead, or auto (the default: lookahead's graph with the "
+         "expert prefetch turned on or off by measuring this run's steps); all give the same bits. Needs a "
+         "budget flag or --trunk")
+      ->check(CLI::IsMember({"serial", "trunk", "overlap", "lookahead", "auto"}));
 }
 
 void add_stream_flags(CLI::App& sub, StreamFlags& f) {
@@ -174,7 +175,8 @@ RunPlan plan_run(const StreamFlags& f, const WeightSources& src, uint64_t contex
 
   PlanBudget b;
   b.ring_slots = ring_slots;
-  b.lookahead = f.strategy.empty() || parse_strategy(f.strategy) == Strategy::lookahead;
+  b.lookahead = f.strategy.empty() || parse_strategy(f.strategy) == Strategy::lookahead ||
+                parse_strategy(f.strategy) == Strategy::automatic;
   if (!f.preset.empty()) {
     b.total = preset_budget(f.preset, in, b.ring_slots);
     b.source = fmt::format("--preset {}", f.preset);
@@ -226,7 +228,7 @@ struct StreamRun::State {
   std::optional<io::PackedTrunk> trunk;
   std::unique_ptr<WeightSources> src;
   Plan plan;
-  Strategy strategy = Strategy::lookahead;
+  Strategy strategy = Strategy::automatic;
   GraphDescription dot;
   std::unique_ptr<StreamingModel> model;
   StreamFlags flags;
@@ -252,7 +254,7 @@ std::unique_ptr<StreamRun> StreamRun::open(const StreamFlags& f, const io::Model
   run->s_ = std::make_unique<State>();
   State& s = *run->s_;
   s.flags = f;
-  s.strategy = f.strategy.empty() ? Strategy::lookahead : parse_strategy(f.strategy);
+  s.strategy = f.strategy.empty() ? Strategy::automatic : parse_strategy(f.strategy);
   if (!f.trunk_dir.empty()) s.trunk.emplace(io::PackedTrunk::open(f.trunk_dir, cfg.n_layers));
   s.src = WeightSources::open(cfg, shards, s.trunk ? &*s.trunk : nullptr, n_layers);
 
@@ -325,6 +327,7 @@ void StreamRun::finish(RunReport& r, double decode_seconds) {
       human_bytes(t.direct_bytes).c_str(), human_bytes(t.pread_bytes).c_str(), (unsigned long long)t.expert_requests,
       (unsigned long long)t.expert_hits, (unsigned long long)t.lookahead_predicted,
       (unsigned long long)t.lookahead_used);
+  if (!t.automatic.empty()) std::printf("%s\n", t.automatic.c_str());
   const double eff =
       decode_seconds > 0 ? std::max(t.io_busy_seconds, t.compute_busy_seconds) / decode_seconds : 0;
   std::printf("I/O busy %.3f s, compute busy %.3f s of %.3f s decoding: overlap efficiency %.2f\n",

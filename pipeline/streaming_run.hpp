@@ -2,8 +2,9 @@
 // graph, and what the run report and the STEP table get from them. cmd_generate.cpp stays the
 // decode loop; it calls forward() here instead of stages::forward when a StreamRun exists.
 //
-// Default strategy: lookahead, the fastest or tied in every configuration measured (synthetic small
-// at 0.09 GiB, medium at 0.5 / 0.9 / 1 GiB; see graph.hpp for the strategies).
+// Default strategy: auto -- lookahead's graph with its expert prefetch turned on or off by what this
+// run's decode steps cost (prefetch_tuner.hpp): no fixed strategy was the fastest everywhere (the
+// wide profile on a fast device had lookahead the slowest of four; see graph.hpp for the strategies).
 //
 // When the graph runs: any of --mem-gb / --preset / --trunk-gb + --cache-gb / --trunk, or (no flag)
 // when the checkpoint does not fit in the available memory (then the budget is kDefaultBudgetShare

@@ -97,7 +97,7 @@ std::vector<int64_t> ints(simdjson::dom::element e) {
   return v;
 }
 
-const std::vector<std::string> kAll = {"serial", "trunk", "overlap", "lookahead"};
+const std::vector<std::string> kAll = {"serial", "trunk", "overlap", "lookahead", "auto"};
 const char* kTopKeys[] = {"model",
                           "budget_bytes",
                           "ceiling_gbps",
@@ -118,7 +118,7 @@ const char* kStrategyKeys[] = {"strategy",          "s_per_token",           "s_
                                "ceiling_gbps",      "effective_read_gbps",   "read_vs_ceiling",
                                "io_wait_share",     "io_busy_share",         "lookahead_hit_rate",
                                "peak_rss_bytes",    "ids",                   "compute_per_token"};
-const std::regex kLastLine(R"(best=(serial|trunk|overlap|lookahead) overlap_efficiency=[0-9]+\.[0-9]+ )"
+const std::regex kLastLine(R"(best=(serial|trunk|overlap|lookahead|auto) overlap_efficiency=[0-9]+\.[0-9]+ )"
                            R"(speedup_vs_serial=[0-9]+\.[0-9]+)");
 
 void check_keys(const Json& j) {
@@ -151,7 +151,7 @@ while [ $# -gt 0 ]; do
 done
 echo "$st $mem" >> "$FAKE_LOG"
 if [ "$st" = "$FAKE_FAIL" ]; then echo "STEP TOKEN"; echo "k3flow: $st ran out of expert slots" >&2; exit 1; fi
-case $st in serial) w=0.4;; trunk) w=0.3;; overlap) w=0.2;; lookahead) w=0.25;; *) w=0.1;; esac
+case $st in serial) w=0.4;; trunk) w=0.3;; overlap) w=0.2;; lookahead) w=0.25;; auto) w=0.22;; *) w=0.1;; esac
 ids="7,8"; [ "$st" = "$FAKE_BAD_IDS" ] && ids="7,9"
 said=$st; [ "$st" = "$FAKE_WRONG_STRATEGY" ] && said=serial
 printf 'LOGITS' > "$logits"; [ "$st" = "$FAKE_BAD_LOGITS" ] && printf 'LOGITX' > "$logits"
@@ -258,7 +258,7 @@ TEST_CASE("stand-in engine: prefill excluded, medians, T_io / T_cpu / overlap ar
   CHECK(r.out.find("[2/2] probe      ceiling ") != std::string::npos);
   CHECK(num(j.doc["t_cpu_per_token"]) == doctest::Approx(0.1));  // resident step 1 compute
   const std::map<std::string, double> wall = {
-      {"serial", 0.4}, {"trunk", 0.3}, {"overlap", 0.2}, {"lookahead", 0.25}};
+      {"serial", 0.4}, {"trunk", 0.3}, {"overlap", 0.2}, {"lookahead", 0.25}, {"auto", 0.22}};
   for (simdjson::dom::element s : j.doc["strategies"].get_array()) {
     const std::string name = str(s["strategy"]);
     CAPTURE(name);
@@ -292,10 +292,10 @@ TEST_CASE("stand-in engine: prefill excluded, medians, T_io / T_cpu / overlap ar
   CHECK(std::regex_match(r.last_stdout_line, kLastLine));
   CHECK(r.last_stdout_line.starts_with("best=overlap overlap_efficiency="));
   CHECK(r.last_stdout_line.ends_with(" speedup_vs_serial=2.000"));
-  // 2 rounds of: the resident run, then the 4 strategies, each with the budget as given.
+  // 2 rounds of: the resident run, then the 5 strategies, each with the budget as given.
   CHECK(slurp(f.log) ==
-        "resident \nserial 0.005\ntrunk 0.005\noverlap 0.005\nlookahead 0.005\n"
-        "resident \nserial 0.005\ntrunk 0.005\noverlap 0.005\nlookahead 0.005\n");
+        "resident \nserial 0.005\ntrunk 0.005\noverlap 0.005\nlookahead 0.005\nauto 0.005\n"
+        "resident \nserial 0.005\ntrunk 0.005\noverlap 0.005\nlookahead 0.005\nauto 0.005\n");
 }
 
 TEST_CASE("--strategy picks a subset in the order given; without serial the speedup is n/a") {

@@ -97,7 +97,7 @@ Synth& synth() {
   return s;
 }
 
-const char* const kStrategies[] = {"serial", "trunk", "overlap", "lookahead"};
+const char* const kStrategies[] = {"serial", "trunk", "overlap", "lookahead", "auto"};
 
 }  // namespace
 
@@ -176,7 +176,7 @@ TEST_CASE("report: field names, io_uring carries every byte, K3FLOW_NO_URING giv
   for (const char* key :
        {"step", "token", "wall_seconds", "io_wait_seconds", "compute_seconds", "trunk_bytes", "expert_bytes"})
     CHECK_MESSAGE(tokens.find(fmt::format("\"{}\":", key)) != std::string::npos, key);
-  CHECK(field(a.report, "strategy") == "\"lookahead\"");  // the default
+  CHECK(field(a.report, "strategy") == "\"auto\"");  // the default
   CHECK(num(a.report, "budget_bytes") == uint64_t(std::llround(0.02 * (1 << 30))));
   const uint64_t read = num(a.report, "trunk_bytes_read") + num(a.report, "expert_bytes_read");
   CHECK(read > 0);
