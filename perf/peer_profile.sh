@@ -64,7 +64,7 @@ print(f"device ceiling: {d['ceiling_gbps']:.3f} GB/s sequential ({d['ceiling_que
       f"{d['ceiling_chunk_bytes'] >> 20} MiB in flight), {d['ceiling_random_gbps']:.3f} GB/s random expert reads; "
       f"the engine's settings on its own pattern: {d['engine_probe_gbps']:.3f} GB/s")
 print(f"{'strategy':<10} {'s/token':>8} {'min':>8} {'GB/token':>9} {'read GB/s':>10} {'ceiling':>8} "
-      f"{'ratio':>6} {'io wait':>8} {'disk busy':>9} {'overlap':>8} {'peak RSS GiB':>13}")
+      f"{'ratio':>6} {'io wait':>8} {'read busy':>9} {'overlap':>8} {'peak RSS GiB':>13}")
 for s in d["strategies"]:
     print(f"{s['strategy']:<10} {s['s_per_token']:8.4f} {s['s_per_token_min']:8.4f} {s['bytes_per_token'] / 1e9:9.3f} "
           f"{s['effective_read_gbps'] or 0:10.3f} {s['ceiling_gbps'] or 0:8.3f} {s['read_vs_ceiling'] or 0:6.3f} "

@@ -13,7 +13,10 @@ Activity::Activity() : last_(clock()) {}
 
 void Activity::advance(double now) {
   const double dt = now - last_;
-  if (reads_ > 0) io_busy_ += dt;
+  if (reads_ > 0) {
+    io_busy_ += dt;
+    if (in_step_) step_io_ += dt;
+  }
   if (computing_ > 0) {
     compute_busy_ += dt;
     if (in_step_) step_compute_ += dt;
@@ -62,7 +65,7 @@ void Activity::step_begin() {
   advance(now);
   in_step_ = true;
   step_start_ = now;
-  step_wait_ = step_compute_ = 0;
+  step_wait_ = step_compute_ = step_io_ = 0;
   step_trunk_ = next_trunk_;
   step_expert_ = next_expert_;
   next_trunk_ = next_expert_ = 0;
@@ -73,7 +76,7 @@ StepStats Activity::step_end() {
   const double now = clock();
   advance(now);
   in_step_ = false;
-  return StepStats{now - step_start_, step_wait_, step_compute_, step_trunk_, step_expert_};
+  return StepStats{now - step_start_, step_wait_, step_compute_, step_io_, step_trunk_, step_expert_};
 }
 
 double Activity::io_busy_seconds() {

@@ -14,6 +14,7 @@ namespace k3::pipeline {
 
 struct StepStats {
   double wall_seconds = 0, io_wait_seconds = 0, compute_seconds = 0;
+  double io_busy_seconds = 0;  // of the step's wall time, with a read in flight
   uint64_t trunk_bytes = 0, expert_bytes = 0;
 };
 
@@ -42,7 +43,7 @@ class Activity {
   bool in_step_ = false;
   double last_ = 0, step_start_ = 0;
   double io_busy_ = 0, compute_busy_ = 0;
-  double step_wait_ = 0, step_compute_ = 0;
+  double step_wait_ = 0, step_compute_ = 0, step_io_ = 0;
   uint64_t in_flight_bytes_ = 0, trunk_bytes_ = 0, expert_bytes_ = 0, step_trunk_ = 0, step_expert_ = 0;
   uint64_t next_trunk_ = 0, next_expert_ = 0;  // begun between steps: counted to the next one
 };

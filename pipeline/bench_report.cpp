@@ -127,6 +127,7 @@ ChildReport parse_child_report(std::string_view json, const std::string& source)
       s.compute_seconds = num(t, "compute_seconds", source);
       s.trunk_bytes = count(t, "trunk_bytes", source);
       s.expert_bytes = count(t, "expert_bytes", source);
+      if (t["io_busy_seconds"].error() == simdjson::SUCCESS) s.io_busy_seconds = num(t, "io_busy_seconds", source);
       r.tokens.push_back(s);
     }
   }
@@ -215,8 +216,22 @@ RunSample summarize_run(const ChildReport& rep, const std::vector<StepRow>& tabl
   } else {
     s.bytes_source = "none";
   }
-  if (total_bytes > 0 && rep.io_busy_seconds > 0) s.effective_read_gbps = total_bytes / rep.io_busy_seconds / 1e9;
-  if (rep.wall_seconds > 0 && rep.io_busy_seconds > 0) s.io_busy_share = rep.io_busy_seconds / rep.wall_seconds;
+  double step_busy = 0, step_wall = 0;
+  bool per_step = from_report && !sel.empty();
+  for (const StepRow& r : sel) {
+    per_step = per_step && r.io_busy_seconds.has_value();
+    if (r.io_busy_seconds) step_busy += *r.io_busy_seconds;
+    step_wall += r.wall_seconds;
+  }
+  if (per_step && step_busy > 0 && step_bytes > 0) {
+    s.effective_read_gbps = step_bytes / step_busy / 1e9;
+    if (step_wall > 0) s.io_busy_share = step_busy / step_wall;
+    s.busy_source = "report tokens";
+  } else {
+    if (total_bytes > 0 && rep.io_busy_seconds > 0) s.effective_read_gbps = total_bytes / rep.io_busy_seconds / 1e9;
+    if (rep.wall_seconds > 0 && rep.io_busy_seconds > 0) s.io_busy_share = rep.io_busy_seconds / rep.wall_seconds;
+    s.busy_source = "report totals";
+  }
   if (step_compute > 0)
     s.compute_per_token = step_compute / double(sel.size());
   else if (rep.compute_busy_seconds > 0 && gen > 0)

@@ -27,6 +27,7 @@ struct StepRow {
   int32_t token = 0;
   double wall_seconds = 0, io_wait_seconds = 0, compute_seconds = 0;
   uint64_t trunk_bytes = 0, expert_bytes = 0;
+  std::optional<double> io_busy_seconds;  // of wall_seconds, a read in flight (newer reports only)
 };
 
 // k3_run.json of `k3flow generate`. Fields the child does not write read as 0 / empty, so an
@@ -59,8 +60,11 @@ struct RunSample {
   double trunk_bytes_per_token = 0, expert_bytes_per_token = 0;  // both 0 when the report has no split
   double compute_per_token = 0;  // 0 when the child reports no compute time
   double io_wait_per_token = 0;  // compute waiting on a read, per measured step (report tokens only)
-  double effective_read_gbps = 0;  // whole run: bytes read / io_busy_seconds (0 when not reported)
-  double io_busy_share = 0;        // whole run: io_busy_seconds / wall_seconds (0 when not reported)
+  // Over the measured decode steps when the report has per-step io busy times, else over the whole
+  // run (which counts the load and the prefill, where the compute, not the disk, is the bottleneck):
+  double effective_read_gbps = 0;  // bytes read / time with a read in flight (0 when not reported)
+  double io_busy_share = 0;        // time with a read in flight / wall time (0 when not reported)
+  std::string busy_source;         // "report tokens" or "report totals"
   uint64_t lookahead_predicted = 0, lookahead_used = 0, expert_requests = 0, expert_hits = 0;
   uint64_t peak_rss_os = 0, peak_rss_report = 0;
   int measured_steps = 0;

@@ -426,7 +426,7 @@ int run_bench(const BenchArgs& a) {
       "disk %% = T_io / s/token with T_io = trunk bytes / %.3f GB/s + expert bytes / %.3f GB/s (the device "
       "ceiling's medians); CPU %% = T_cpu / s/token with T_cpu from the %s; overlap = max(T_io, T_cpu) / "
       "s/token; compute/tok = the strategy's own compute busy time per token (above T_cpu: compute ran slower "
-      "while the disk streamed); read GB/s = bytes read / time with a read in flight (whole run), /ceiling = "
+      "while the disk streamed); read GB/s = bytes read / time with a read in flight (decode steps), /ceiling = "
       "that over the ceiling for the same byte mix; io wait = share of s/token the compute waited on a read\n",
       sum.ceiling_gbps, sum.ceiling_random_gbps, sum.t_cpu_source.c_str());
   std::fprintf(txt, "every run emitted the same ids [%s] and byte-identical step-0 logits; peak RSS from wait4\n",

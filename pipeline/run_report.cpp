@@ -16,9 +16,9 @@ std::string to_json(const RunReport& r) {
   for (const RunReport::Token& t : r.tokens)
     tokens += fmt::format(
         "{}{{\"step\":{},\"token\":{},\"wall_seconds\":{:.6f},\"io_wait_seconds\":{:.6f},\"compute_seconds\":"
-        "{:.6f},\"trunk_bytes\":{},\"expert_bytes\":{}}}",
+        "{:.6f},\"trunk_bytes\":{},\"expert_bytes\":{},\"io_busy_seconds\":{:.6f}}}",
         tokens.empty() ? "" : ",", t.step, t.token, t.wall_seconds, t.io_wait_seconds, t.compute_seconds,
-        t.trunk_bytes, t.expert_bytes);
+        t.trunk_bytes, t.expert_bytes, t.io_busy_seconds);
   return fmt::format(
       "{{\"prompt_ids\":{},\"generated_ids\":{},\"full_ids\":{},\"layers\":{},\"threads\":{},\"incremental\":"
       "{},\"interrupted\":{},"

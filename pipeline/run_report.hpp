@@ -32,6 +32,7 @@ struct RunReport {
     int32_t token = 0;
     double wall_seconds = 0, io_wait_seconds = 0, compute_seconds = 0;
     uint64_t trunk_bytes = 0, expert_bytes = 0;
+    double io_busy_seconds = 0;  // of wall_seconds, with a read in flight
   };
   std::vector<Token> tokens;
 };

@@ -291,7 +291,7 @@ void StreamRun::forward(stages::DecodeState& st, std::span<const int32_t> ids, s
 void StreamRun::record_step(int step, int32_t token) {
   const StepStats& x = s_->model->last_step();
   s_->tokens.push_back(RunReport::Token{step, token, x.wall_seconds, x.io_wait_seconds, x.compute_seconds,
-                                        x.trunk_bytes, x.expert_bytes});
+                                        x.trunk_bytes, x.expert_bytes, x.io_busy_seconds});
 }
 
 std::string StreamRun::step_note() const {

@@ -116,6 +116,22 @@ TEST_CASE("summarize_run: steps after the prefill, from the report's tokens when
   CHECK(s.peak_rss_os == 4096);
   CHECK(s.peak_rss_report == 1000);
 
+  // Without per-step io busy times the read rate and busy share are the whole run's.
+  CHECK(s.busy_source == "report totals");
+  CHECK(s.effective_read_gbps == doctest::Approx(1200 / 0.7 / 1e9));
+  CHECK(s.io_busy_share == doctest::Approx(0.7 / 1.5));
+  // With them, the decode steps' own: the load and the prefill (step 0) are not the disk's time.
+  ChildReport busy = parse_child_report(kNew, "new");
+  busy.tokens[0].io_busy_seconds = 0.9;
+  busy.tokens[1].io_busy_seconds = 0.15;
+  busy.tokens[2].io_busy_seconds = 0.25;
+  const RunSample sb = summarize_run(busy, {}, 3, 0);
+  CHECK(sb.busy_source == "report tokens");
+  CHECK(sb.effective_read_gbps == doctest::Approx(500 / 0.4 / 1e9));  // 500 B in 0.15 + 0.25 s
+  CHECK(sb.io_busy_share == doctest::Approx(0.4 / 0.5));
+  busy.tokens[2].io_busy_seconds.reset();  // one step without it: the whole run again
+  CHECK(summarize_run(busy, {}, 3, 0).busy_source == "report totals");
+
   // --gen 1: only step 0 exists, so it is what is measured.
   ChildReport one = parse_child_report(kNew, "new");
   one.tokens.resize(1);

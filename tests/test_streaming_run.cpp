@@ -174,7 +174,8 @@ TEST_CASE("report: field names, io_uring carries every byte, K3FLOW_NO_URING giv
     CHECK_MESSAGE(a.report.find(fmt::format("\"{}\":", key)) != std::string::npos, key);
   const std::string tokens = field(a.report, "tokens");
   for (const char* key :
-       {"step", "token", "wall_seconds", "io_wait_seconds", "compute_seconds", "trunk_bytes", "expert_bytes"})
+       {"step", "token", "wall_seconds", "io_wait_seconds", "compute_seconds", "trunk_bytes", "expert_bytes",
+        "io_busy_seconds"})
     CHECK_MESSAGE(tokens.find(fmt::format("\"{}\":", key)) != std::string::npos, key);
   CHECK(field(a.report, "strategy") == "\"auto\"");  // the default
   CHECK(num(a.report, "budget_bytes") == uint64_t(std::llround(0.02 * (1 << 30))));
