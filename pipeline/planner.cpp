@@ -354,6 +354,20 @@ std::string format_plan(const Plan& p) {
   s += fmt::format("  trunk read per token: {} of {} ({} of {} layers streamed); expert slots {}\n",
                    human_bytes(p.streamed_bytes), human_bytes(p.trunk_bytes), p.n_layers - int(p.pinned.size()),
                    p.n_layers, p.inflight_slots + p.lookahead_slots + p.cache_slots);
+  // The readers' windows: every chunk in flight lands in the slot (or pin region) it is read for, so
+  // a deeper window costs no memory beyond the pools above -- only the io_uring rings, counted above.
+  const io::UringReader::Options t = trunk_reader_options();
+  const unsigned deepest = std::max(t.queue_depth, t.max_depth);
+  s += fmt::format("  trunk reads: {} chunks, {}{} in flight{}, landing in the ring slots and pinned layers\n",
+                   human_bytes(double(t.chunk_bytes)), t.queue_depth,
+                   deepest > t.queue_depth ? fmt::format("-{} (adaptive)", deepest) : "",
+                   t.gated_depth ? fmt::format(", {} while an expert read the layer waits for is out", t.gated_depth)
+                                 : "");
+  if (p.expert_slot_bytes) {
+    const io::UringReader::Options e = expert_reader_options(p.expert_slot_bytes);
+    s += fmt::format("  expert reads: {} x {} chunks in flight, landing in the expert slots\n", e.queue_depth,
+                     human_bytes(double(e.chunk_bytes)));
+  }
   return s;
 }
 
