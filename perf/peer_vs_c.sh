@@ -13,7 +13,13 @@
 # goes to C_PACK (default C_ENGINE_DIR/pack, ~6.4 GB) and is written once if missing.
 # Environment: ROUNDS (3), GEN (12), THREADS (2), MEM_GB (1.34, k3flow's budget in GiB), STRATEGY
 # (overlap), C_TRUNK_GB (0.51) and C_CACHE_GB (0.1) -- the C engine's two budgets, in 1e9 bytes --,
-# C_PACK, OUT (WORK_DIR/peer-vs-c-<utc time>).
+# C_PACK, OUT (WORK_DIR/peer-vs-c-<utc time>), C_ENV (environment assignments for the C engine's
+# runs only, e.g. C_ENV="OMP_WAIT_POLICY=passive"; default none).
+#
+# On a host whose 2 cores carry other tenants' load, the C engine's libgomp threads spin while they
+# wait (OMP_WAIT_POLICY unset: 2 compute threads plus its 4 expert-read threads) and lose the cores
+# they spin on: measured at load 10-13, its decode took 9.2-10.6 s/token by default and 3.1 s/token
+# with C_ENV="OMP_WAIT_POLICY=passive", the same ids either way. Quote both when the host is busy.
 #
 # How the C engine was obtained and built (2026-12-01, commit 01a7334ad58530fd3178f883582afd0717550b6f
 # of github.com/Speedstu/kimi-k3-in-c, a fork extending its v1.0.0):
@@ -44,6 +50,7 @@ STRATEGY=${STRATEGY:-overlap}
 C_TRUNK_GB=${C_TRUNK_GB:-0.51}
 C_CACHE_GB=${C_CACHE_GB:-0.1}
 C_PACK=${C_PACK:-$CDIR/pack}
+C_ENV=${C_ENV:-}
 OUT=${OUT:-$WORK/peer-vs-c-$(date -u +%Y%m%dT%H%M%SZ)}
 # 16 prompt ids, the same as perf/peer_profile.sh.
 IDS=1008,10484,318,15383,387,2029,11,581,7245,9909,13,4711,300,25,1999,42
@@ -71,7 +78,8 @@ drop_cache() {
 run_c() {  # $1 = run tag
   local tag=$1
   echo "$(drop_cache) $(cut -d' ' -f1 /proc/loadavg)" > "$OUT/$tag.pre"
-  ( cd "$OUT" && /usr/bin/time -o "$tag.time" -f %M "$CBIN" "$MODEL" --trunk "$C_PACK" \
+  # shellcheck disable=SC2086  # C_ENV is a list of NAME=VALUE words
+  ( cd "$OUT" && /usr/bin/time -o "$tag.time" -f %M env $C_ENV "$CBIN" "$MODEL" --trunk "$C_PACK" \
       --trunk-gb "$C_TRUNK_GB" --cache-gb "$C_CACHE_GB" --threads "$THREADS" --incremental \
       --ids "$IDS" --gen "$GEN" --out "$tag.json" > "$tag.log" 2>&1 ) \
     || { echo "peer_vs_c.sh: C engine failed, see $OUT/$tag.log" >&2; exit 1; }
@@ -88,7 +96,7 @@ run_k3flow() {
   echo "$tag (k3flow): $(grep -m1 'tokens in' "$OUT/$tag.log")"
 }
 
-echo "C engine: $CBIN --trunk $C_PACK --trunk-gb $C_TRUNK_GB --cache-gb $C_CACHE_GB"
+echo "C engine: ${C_ENV:+$C_ENV }$CBIN --trunk $C_PACK --trunk-gb $C_TRUNK_GB --cache-gb $C_CACHE_GB"
 echo "k3flow:   $K3FLOW --trunk $TRUNK --mem-gb $MEM_GB --strategy $STRATEGY"
 echo "$ROUNDS rounds, $GEN tokens, $THREADS threads; logs in $OUT"
 for r in $(seq 1 "$ROUNDS"); do
