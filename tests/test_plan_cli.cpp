@@ -19,9 +19,12 @@
 #include "pipeline/planner.hpp"
 #include "pipeline/streaming_source.hpp"
 #include "stages/forward.hpp"
+#include "tests/plan_table.hpp"
 #include "tests/run_helpers.hpp"
 
 namespace fs = std::filesystem;
+
+using k3::test::plan_table;
 
 namespace {
 
@@ -70,22 +73,6 @@ void plan(Parsed& p, const std::string& budget_args) {
   CHECK(u(p.doc["total"]) <= u(p.doc["budget"]));
   CHECK(u(p.doc["experts"]["slot_bytes"]) == 17'547'264 + 4096);  // one released expert + O_DIRECT page
   CHECK(u(p.doc["experts"]["inflight"]) == 16);
-}
-
-// The plan table `generate` prints (from "plan: budget" to "trunk read per token").
-std::string plan_table(const std::string& out) {
-  const size_t b = out.find("plan: budget");
-  if (b == std::string::npos) return "<no plan in the output>";
-  // The plan is its first line and every indented line after it.
-  size_t e = out.find('\n', b);
-  if (e == std::string::npos) return "<no plan end>";
-  ++e;
-  while (out.compare(e, 2, "  ") == 0) {
-    const size_t n = out.find('\n', e);
-    if (n == std::string::npos) return "<no plan end>";
-    e = n + 1;
-  }
-  return out.find("  trunk read per token", b) < e ? out.substr(b, e - b) : "<no plan end>";
 }
 
 // Bytes of the resident terms whose name starts with `prefix`.

@@ -23,12 +23,15 @@
 
 #include "io/config.hpp"
 #include "io/safetensors.hpp"
+#include "tests/plan_table.hpp"
 #include "tests/run_helpers.hpp"
 
 namespace fs = std::filesystem;
 using k3::test::Run;
 using k3::test::slurp;
 using k3::test::TempDir;
+
+using k3::test::plan_table;
 
 namespace {
 
@@ -60,14 +63,6 @@ Small& small() {
 
 uint64_t u(simdjson::dom::element e) {
   return uint64_t(e);
-}
-
-// The plan table `generate` prints (from "plan: budget" to "trunk read per token").
-std::string plan_table(const std::string& out) {
-  const size_t b = out.find("plan: budget");
-  if (b == std::string::npos) return "<no plan in the output>";
-  const size_t t = out.find("  trunk read per token", b);
-  return t == std::string::npos ? "<no plan end>" : out.substr(b, out.find('\n', t) + 1 - b);
 }
 
 // Every pool of a plan JSON but the budget-dependent lines, to compare two plans.
