@@ -15,6 +15,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "io/error.hpp"
@@ -54,53 +55,53 @@ const char* strategy_name(Strategy s) {
   return "?";
 }
 
+// Registers node N with the DOT description (or its own statistics) and its trace row, and makes it.
+template <Node N, class... Made>
+void StreamingModel::Impl::add(Made&&... made) {
+  const NodeInfo& info = kNodes[N];
+  const int threads = int(tbb::global_control::active_value(tbb::global_control::max_allowed_parallelism));
+  tracks[N] = std::make_unique<TraceTrack>(fmt::format("node: {}", info.name),
+                                           info.concurrency == 0 ? std::min(2 * threads, 64) : 1);
+  stats[N] = dot ? &dot->add_node(info.name, info.kind, info.concurrency, info.cluster) : &own_stats[N];
+  std::get<N>(nodes) = std::make_unique<NodeType<N>>(g, std::forward<Made>(made)...);
+}
+
+template <Node N, class Body>
+void StreamingModel::Impl::run(Body body) {
+  const size_t concurrency = kNodes[N].concurrency == 0 ? size_t(flow::unlimited) : size_t(flow::serial);
+  if constexpr (std::is_member_function_pointer_v<Body>)
+    add<N>(concurrency, [this, body](const auto& in, auto& out) { (this->*body)(in, out); });
+  else
+    add<N>(concurrency, body);
+}
+
 // The graph, declared in one place: its nodes in the order of the diagram in graph.hpp (which is
 // also Node's order, kNodes in graph_messages.hpp), each running its body (graph_nodes.cpp), then
 // the edges of the wiring table (graph_wiring.hpp), which the DOT description draws too.
 void StreamingModel::Impl::build() {
   own_stats = std::make_unique<NodeStats[]>(kNodeCount);
-  // Registers node N with the DOT description (or its own statistics) and its trace row, and makes
-  // it with `made...` after the graph.
-  auto add = [this]<Node N>(std::integral_constant<Node, N>, auto&&... made) {
-    const NodeInfo& info = kNodes[N];
-    const int threads = int(tbb::global_control::active_value(tbb::global_control::max_allowed_parallelism));
-    tracks[N] = std::make_unique<TraceTrack>(fmt::format("node: {}", info.name),
-                                             info.concurrency == 0 ? std::min(2 * threads, 64) : 1);
-    stats[N] = dot ? &dot->add_node(info.name, info.kind, info.concurrency, info.cluster) : &own_stats[N];
-    std::get<N>(nodes) = std::make_unique<NodeType<N>>(g, std::forward<decltype(made)>(made)...);
-  };
-  // A node that runs code: its concurrency from kNodes, its body a member function.
-  auto run = [&]<Node N>(std::integral_constant<Node, N> id, auto body) {
-    add(id, kNodes[N].concurrency == 0 ? size_t(flow::unlimited) : size_t(flow::serial), body);
-  };
-  auto on = [this](auto fn) { return [this, fn](const auto& in, auto& out) { (this->*fn)(in, out); }; };
-  using std::integral_constant;
   const int nl = n;
-
-  add(integral_constant<Node, kSchedule>{});
-  add(integral_constant<Node, kTrunkFree>{});
-  add(integral_constant<Node, kTrunkClaim>{});
-  run(integral_constant<Node, kTrunkRead>{}, on(&Impl::trunk_read_body));
-  run(integral_constant<Node, kTrunkBind>{}, on(&Impl::trunk_bind_body));
-  add(
-      integral_constant<Node, kLayerGate>{}, [nl](const LayerGo& m) { return visit_key(m.visit, nl); },
-      [nl](const TrunkReady& m) { return visit_key(m.visit, nl); });
-  run(integral_constant<Node, kAttention>{}, on(&Impl::attention_body));
-  run(integral_constant<Node, kDenseFfn>{}, on(&Impl::dense_ffn_body));
-  run(integral_constant<Node, kRouter>{}, on(&Impl::router_body));
-  run(integral_constant<Node, kExpertFetch>{}, on(&Impl::expert_fetch_body));
-  run(integral_constant<Node, kExpertRead>{}, on(&Impl::expert_read_body));
-  run(integral_constant<Node, kExpertLanded>{}, on(&Impl::expert_landed_body));
-  run(integral_constant<Node, kShared>{}, on(&Impl::shared_body));
-  add(
-      integral_constant<Node, kExpertJoin>{},
-      [nl](const ExpertGo& m) { return group_key(m.visit, m.group, nl); },
-      [nl](const LatentGo& m) { return group_key(m.visit, m.group, nl); });
-  run(integral_constant<Node, kExpertCompute>{}, on(&Impl::expert_compute_body));
-  run(integral_constant<Node, kLookahead>{}, on(&Impl::lookahead_body));
-  run(integral_constant<Node, kCombine>{}, on(&Impl::combine_body));
-  run(integral_constant<Node, kLayerDone>{}, on(&Impl::layer_done_body));
-  run(integral_constant<Node, kHead>{}, [this](const HeadGo& m) {
+  add<kSchedule>();
+  add<kTrunkFree>();
+  add<kTrunkClaim>();
+  run<kTrunkRead>(&Impl::trunk_read_body);
+  run<kTrunkBind>(&Impl::trunk_bind_body);
+  add<kLayerGate>([nl](const LayerGo& m) { return visit_key(m.visit, nl); },
+                  [nl](const TrunkReady& m) { return visit_key(m.visit, nl); });
+  run<kAttention>(&Impl::attention_body);
+  run<kDenseFfn>(&Impl::dense_ffn_body);
+  run<kRouter>(&Impl::router_body);
+  run<kExpertFetch>(&Impl::expert_fetch_body);
+  run<kExpertRead>(&Impl::expert_read_body);
+  run<kExpertLanded>(&Impl::expert_landed_body);
+  run<kShared>(&Impl::shared_body);
+  add<kExpertJoin>([nl](const ExpertGo& m) { return group_key(m.visit, m.group, nl); },
+                   [nl](const LatentGo& m) { return group_key(m.visit, m.group, nl); });
+  run<kExpertCompute>(&Impl::expert_compute_body);
+  run<kLookahead>(&Impl::lookahead_body);
+  run<kCombine>(&Impl::combine_body);
+  run<kLayerDone>(&Impl::layer_done_body);
+  run<kHead>([this](const HeadGo& m) {
     head_body(m);
     return flow::continue_msg();
   });

@@ -1,8 +1,9 @@
-// The streaming graph's state, private to pipeline/graph*.cpp: the messages (handles, never
-// weights), the node ids, and StreamingModel::Impl -- what the run is, the pools sized once, the
-// forward call in progress and the tbb::flow nodes. graph.cpp declares the graph (build(): nodes and
-// edges in one place) and the public face; graph_io.cpp puts reads on the two io_uring readers
-// (trunk ring, expert slots), keeps each slot's read in flight, and emits the trace counters.
+// The streaming graph's state, private to pipeline/graph*.cpp: the node types (indexed by Node, so
+// the wiring table can name them), the per-step state (StepState), and StreamingModel::Impl -- what
+// the run is, the pools sized once, the readers, the counters and the tbb::flow nodes. graph.cpp
+// declares the graph (build(): the nodes, then the edges of graph_wiring.hpp) and the public face;
+// graph_nodes.cpp holds the node bodies; graph_io.cpp puts reads on the two io_uring readers (trunk
+// ring, expert slots), keeps each slot's read in flight, and emits the trace counters.
 #pragma once
 #include <fmt/format.h>
 #include <tbb/flow_graph.h>
@@ -346,7 +347,13 @@ struct StreamingModel::Impl {
 
   // ------------------------------------------------------------------ the graph
 
-  void build();           // graph.cpp: the nodes, then the edges of the wiring table
+  void build();  // graph.cpp: the nodes, then the edges of the wiring table
+  // build()'s two ways to make node N (graph.cpp): with constructor arguments after the graph, and
+  // a node that runs `body`, a member function (its concurrency from kNodes).
+  template <Node N, class... Made>
+  void add(Made&&... made);
+  template <Node N, class Body>
+  void run(Body body);
   void make_edges();      // graph_wiring.cpp
   void describe_edges();  // graph_wiring.cpp: the same table, to the DOT description
   void prepare_call(stages::DecodeState& st, size_t T, std::span<float> logits);
