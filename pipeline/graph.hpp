@@ -1,7 +1,22 @@
 // clang-format off
 // Streaming decode as a oneTBB flow graph (docs/design.md §4). Built once per run from the plan,
-// reused for every forward call; messages carry handles (visit = call * n_layers + layer, slot,
-// expert group), never weights; every weight byte lives in a slot of a pool the planner sized.
+// reused for every forward call; messages carry handles (a Visit = (step, layer), a slot, an expert
+// group), never weights, each edge with a type of its own; every weight byte lives in a slot of a
+// pool the planner sized.
+//
+// Design target (the batching work builds it on this shape): one decode *step* carries B sequences,
+// each with its own KV cache / KDA state and position. A trunk layer is read once per step and
+// applied to all B of them; the routed experts a layer reads are the union over the step's tokens,
+// each computed once over the rows (of every sequence) that chose it. Messages therefore name their
+// step, and the per-step state -- activations (CallBuffers), the layer in progress, its MoE run
+// (MoeLayerRun) -- is a StepState found from the message's Visit, so several steps can be in
+// flight; today the driver runs one step, for one sequence, at a time.
+//
+// Where it is: graph_messages.hpp (Visit, SlotRef, per-edge messages, node ids and names, named
+// ports), graph_wiring.hpp (the edges: one table that make_edge and the DOT dump both read),
+// graph_nodes.cpp (one member function per node body), moe_layer_run.* (expert waves, claims,
+// retries), call_buffers.* (a step's activations), graph_io.cpp (the reads), graph.cpp (build():
+// the nodes, then the edges; and this class), graph_impl.hpp (the state).
 //
 //  trunk_schedule ─┐
 //  trunk_free ─────┴► trunk_claim (join) ► trunk_read (async, io_uring) ► trunk_bind ─┐

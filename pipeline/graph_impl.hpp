@@ -1,8 +1,9 @@
-// The streaming graph's state, private to pipeline/graph*.cpp: the messages (handles, never
-// weights), the node ids, and StreamingModel::Impl -- what the run is, the pools sized once, the
-// forward call in progress and the tbb::flow nodes. graph.cpp declares the graph (build(): nodes and
-// edges in one place) and the public face; graph_io.cpp puts reads on the two io_uring readers
-// (trunk ring, expert slots), keeps each slot's read in flight, and emits the trace counters.
+// The streaming graph's state, private to pipeline/graph*.cpp: the node types (indexed by Node, so
+// the wiring table can name them), the per-step state (StepState), and StreamingModel::Impl -- what
+// the run is, the pools sized once, the readers, the counters and the tbb::flow nodes. graph.cpp
+// declares the graph (build(): the nodes, then the edges of graph_wiring.hpp) and the public face;
+// graph_nodes.cpp holds the node bodies; graph_io.cpp puts reads on the two io_uring readers (trunk
+// ring, expert slots), keeps each slot's read in flight, and emits the trace counters.
 #pragma once
 #include <fmt/format.h>
 #include <tbb/flow_graph.h>
@@ -23,8 +24,11 @@
 #include <vector>
 
 #include "io/uring_reader.hpp"
+#include "pipeline/call_buffers.hpp"
 #include "pipeline/expert_cache.hpp"
 #include "pipeline/graph.hpp"
+#include "pipeline/graph_messages.hpp"
+#include "pipeline/moe_layer_run.hpp"
 #include "pipeline/prefetch_tuner.hpp"
 #include "pipeline/reader_options.hpp"
 #include "pipeline/slot_pool.hpp"
@@ -37,94 +41,69 @@ namespace graph_detail {
 
 namespace flow = tbb::flow;
 
-// ---- messages: handles only ----
-struct TrunkJob {
-  uint64_t visit;  // call * n_layers + layer
-  int layer;
-  int part;  // the spanning layer is scheduled as ring_slots parts, one slot each
-};
-using TrunkClaim = std::tuple<TrunkJob, int>;  // slot < 0: the layer's pin region
-struct TrunkReady {
-  uint64_t visit;
-  int layer;
-  int slot;
-};
-struct LayerGo {
-  uint64_t visit;  // the hidden state is ready for this visit
-};
-struct LayerMsg {
-  uint64_t visit;
-};
-struct LayerDone {
-  uint64_t visit;
-};
-struct FetchMsg {
-  uint64_t visit;
-};
-struct ReadItem {
-  int slot, layer, expert;
-  bool prefetch;
-};
-struct ReadBatch {
-  std::vector<ReadItem> items;
-};
-struct ExpertLanded {
-  int slot;
-  int group;  // for a hit; a read's group comes back from the cache
-  bool read, ok;
-};
-struct ExpertGo {
-  uint64_t key;
-  int group, slot;
-};
-struct LatentGo {
-  uint64_t key;
-};
-struct HeadMsg {
-  uint64_t visit;
-};
+// The node types, indexed by Node (graph_messages.hpp): Impl::node<kAttention>() is the attention
+// node, and make_edge over the wiring table (graph_wiring.cpp) checks every edge's message type.
+template <class In, class... Out>
+using Multi = flow::multifunction_node<In, std::tuple<Out...>>;
+using TrunkReadNode = flow::async_node<TrunkClaim, TrunkReady>;
+using ExpertReadNode = flow::async_node<ReadBatch, ExpertLanded>;
+using GatedLayer = std::tuple<LayerGo, TrunkReady>;  // layer_gate's output
+using GatedExpert = std::tuple<ExpertGo, LatentGo>;  // expert_join's output
+using NodeTypes =
+    std::tuple<flow::queue_node<TrunkJob>,                                  // kSchedule
+               flow::queue_node<SlotRef>,                                   // kTrunkFree
+               flow::join_node<TrunkClaim, flow::queueing>,                 // kTrunkClaim
+               TrunkReadNode,                                               // kTrunkRead
+               Multi<TrunkReady, TrunkReady>,                               // kTrunkBind
+               flow::join_node<GatedLayer, flow::key_matching<uint64_t>>,   // kLayerGate
+               Multi<GatedLayer, RouteGo, DenseGo>,                         // kAttention
+               Multi<DenseGo, LayerDone>,                                   // kDenseFfn
+               Multi<RouteGo, FetchGo, SharedGo>,                           // kRouter
+               Multi<FetchGo, ReadBatch, ExpertLanded, LookaheadGo>,        // kExpertFetch
+               ExpertReadNode,                                              // kExpertRead
+               Multi<ExpertLanded, ExpertGo, SharedGo, FetchGo>,            // kExpertLanded
+               Multi<SharedGo, LatentGo, FetchGo, PieceDone>,               // kShared
+               flow::join_node<GatedExpert, flow::key_matching<uint64_t>>,  // kExpertJoin
+               Multi<GatedExpert, FetchGo, PieceDone>,                      // kExpertCompute
+               Multi<LookaheadGo, ReadBatch, PieceDone>,                    // kLookahead
+               Multi<PieceDone, LayerDone>,                                 // kCombine
+               Multi<LayerDone, SlotRef, LayerGo, HeadGo, TrunkJob, TrunkClaim, TrunkReady>,  // kLayerDone
+               flow::function_node<HeadGo>>;                                                  // kHead
+static_assert(std::tuple_size_v<NodeTypes> == kNodeCount);
+template <Node N>
+using NodeType = std::tuple_element_t<N, NodeTypes>;
+template <Node N>
+using Outputs = typename NodeType<N>::output_ports_type;
 
-inline uint64_t group_key(uint64_t visit, int group) {
-  return (visit << 16) | uint64_t(group);  // groups < 65536: n_experts is capped there
-}
-
-enum Node : int {
-  kSchedule,
-  kTrunkFree,
-  kTrunkClaim,
-  kTrunkRead,
-  kTrunkBind,
-  kLayerGate,
-  kAttention,
-  kDenseFfn,
-  kRouter,
-  kExpertFetch,
-  kExpertRead,
-  kExpertLanded,
-  kShared,
-  kExpertJoin,
-  kExpertCompute,
-  kLookahead,
-  kCombine,
-  kLayerDone,
-  kHead,
-  kNodeCount
+template <class T>
+struct Owned;
+template <class... T>
+struct Owned<std::tuple<T...>> {
+  using type = std::tuple<std::unique_ptr<T>...>;
 };
-
-inline constexpr const char* kNodeNames[kNodeCount] = {
-    "trunk_schedule", "trunk_free",    "trunk_claim", "trunk_read",  "trunk_bind",
-    "layer_gate",     "attention",     "dense_ffn",   "router",      "expert_fetch",
-    "expert_read",    "expert_landed", "shared",      "expert_join", "expert_compute",
-    "lookahead",      "combine",       "layer_done",  "head"};
 
 }  // namespace graph_detail
 
 using namespace graph_detail;  // this header is included only by graph*.cpp
 
-struct StreamingModel::Impl {
-  using TrunkReadNode = flow::async_node<TrunkClaim, TrunkReady>;
-  using ExpertReadNode = flow::async_node<ReadBatch, ExpertLanded>;
+// One decode step in flight: its inputs, activations, the layer being computed and its MoE run.
+// Today the driver runs one step at a time (StreamingModel::Impl::step() has one); several steps
+// (or sequences batched into one) in flight are a table of these keyed by step.
+struct StepState {
+  explicit StepState(MoeLayerRun::Waves w) : moe(w) {}
+  stages::DecodeState* st = nullptr;
+  size_t T = 0;
+  std::span<float> logits;
+  CallBuffers buf;
+  struct Current {  // the layer being computed (one at a time: each needs the previous one's output)
+    int layer = -1;
+    SlotRef slot;
+    const stages::LayerWeights* w = nullptr;
+  } cur;
+  MoeLayerRun moe;  // the MoE layer being computed
+};
 
+struct StreamingModel::Impl {
   // ---- where the graph's tasks run: an arena of its own, so the driver thread can wait for one
   // call inside it (and execute the graph's tasks while it waits, as it must with one thread) ----
   tbb::task_arena arena;
@@ -146,6 +125,7 @@ struct StreamingModel::Impl {
     const stages::Layout* layout = nullptr;
     uint64_t bind_offset = 0, bytes = 0, trace_id = 0;
     const char* trace_name = "expert read";
+    Visit visit;
     int layer = -1, expert = -1;
     std::atomic<int> pending{0};
     std::atomic<bool> failed{false};
@@ -155,7 +135,8 @@ struct StreamingModel::Impl {
   // ---- accounting ----
   Activity act;
   StepStats last;
-  std::atomic<uint64_t> requests{0}, hits{0}, predicted{0}, used{0}, read_ids{0};
+  ExpertCounters counts;
+  std::atomic<uint64_t> read_ids{0};
   std::atomic<int> ring_in_use{0};
   // Pinned trunk bytes loaded so far of their total, for the first step's progress bar.
   std::atomic<uint64_t> pin_loaded_bytes{0};
@@ -171,39 +152,9 @@ struct StreamingModel::Impl {
   std::mutex fail_mu;
   std::string fail_msg;
 
-  // ---- the forward call in progress ----
-  struct Call {
-    stages::DecodeState* st = nullptr;
-    size_t T = 0;
-    std::span<float> logits;
-    std::vector<float> mem;  // grows only
-    std::span<float> P, blocks, x, a, attn_sc, dense_sc, h, head_sc, agg_sc;
-    std::span<float> route_sc, weight, z, eout, shared, shared_sc, apply_sc, combine_sc, la_route_sc,
-        la_weight;
-    std::vector<int32_t> idx, la_idx;
-    std::optional<stages::BlockStack> B;
-  } call;
-  struct Current {  // the layer being computed (one at a time: each needs the previous one's output)
-    uint64_t visit = kNoVisit;
-    int layer = -1, slot = -1;
-    const stages::LayerWeights* w = nullptr;
-  } cur;
-  struct Moe {  // the MoE layer being computed
-    std::mutex mu;
-    uint64_t visit = kNoVisit;
-    int layer = -1;
-    stages::ExpertGroups groups;
-    std::vector<int> slot;
-    std::vector<size_t> apply_off;
-    size_t next_pending = 0;   // groups [next_pending, U) wait for a free slot
-    size_t wave_pending = 0;   // trunk / serial: claimed groups whose bytes have not landed
-    std::vector<int> held;     // trunk / serial: landed groups held until their wave is complete
-    std::vector<int> unbound;  // serial: landed reads' slots, bound when their wave is complete
-    size_t computing = 0;      // groups sent to expert_compute and not yet computed
-    bool shared_started = false, fetched = false;
-    std::atomic<int> remaining{0};  // pieces left: groups + shared (+ lookahead)
-    size_t unique() const { return groups.experts.size(); }
-  } moe;
+  // ---- the decode step in progress (one at a time; see StepState) ----
+  StepState step_state;
+  StepState& step(Visit) { return step_state; }
   std::atomic<int> calls_done{0};
   int expected_calls = 1;
   // Strategy auto: the tuner (driver thread only, between calls) and its choice, read by the
@@ -211,12 +162,14 @@ struct StreamingModel::Impl {
   std::optional<PrefetchTuner> tuner;
   std::atomic<bool> prefetch_on{true};
   int64_t ring_scheduled_through = -1;  // ring jobs are queued for every call <= this
-  std::vector<int> span_held;
-  std::vector<io::ReadRequest> trunk_reqs, expert_reqs;  // reused by the serial read nodes
-  std::vector<ExpertRead> expert_reads;
-  std::vector<size_t> order;
-  std::vector<int> hit_groups, predicted_experts;
-  std::vector<ExpertGo> go_out;
+
+  // ---- node-local scratch, reused (each of these nodes is serial) ----
+  std::vector<SlotRef> span_held;                        // trunk_read
+  std::vector<io::ReadRequest> trunk_reqs, expert_reqs;  // trunk_read, expert_read
+  std::vector<ExpertRead> expert_reads;                  // expert_read
+  std::vector<size_t> order;                             // expert_read
+  std::vector<int> hit_groups, predicted_experts;        // expert_fetch, lookahead
+  std::vector<ExpertGo> go_out;                          // expert_landed
   const int step_delay_ms = env_int("K3FLOW_TEST_STEP_DELAY_MS");
   const int read_delay_ms = env_int("K3FLOW_TEST_READ_DELAY_MS");  // a slow disk, for tests
 
@@ -227,34 +180,14 @@ struct StreamingModel::Impl {
   tbb::task_group call_group;
   tbb::task_handle call_open;
 
-  // ---- the graph (made inside `arena`, so its tasks run there) ----
+  // ---- the graph (made inside `arena`, so its tasks run there); nodes indexed by Node ----
   std::unique_ptr<flow::graph> graph_owner;
   flow::graph& g;
-  std::unique_ptr<flow::queue_node<TrunkJob>> schedule;
-  std::unique_ptr<flow::queue_node<int>> trunk_free;
-  std::unique_ptr<flow::join_node<TrunkClaim, flow::queueing>> trunk_claim;
-  std::unique_ptr<TrunkReadNode> trunk_read;
-  std::unique_ptr<flow::multifunction_node<TrunkReady, std::tuple<TrunkReady>>> trunk_bind;
-  std::unique_ptr<flow::join_node<std::tuple<LayerGo, TrunkReady>, flow::key_matching<uint64_t>>> layer_gate;
-  std::unique_ptr<flow::multifunction_node<std::tuple<LayerGo, TrunkReady>, std::tuple<LayerMsg, LayerMsg>>>
-      attention;
-  std::unique_ptr<flow::multifunction_node<LayerMsg, std::tuple<LayerDone>>> dense_ffn;
-  std::unique_ptr<flow::multifunction_node<LayerMsg, std::tuple<FetchMsg, LayerMsg>>> router;
-  std::unique_ptr<flow::multifunction_node<FetchMsg, std::tuple<ReadBatch, ExpertLanded, LayerMsg>>>
-      expert_fetch;
-  std::unique_ptr<ExpertReadNode> expert_read;
-  std::unique_ptr<flow::multifunction_node<ExpertLanded, std::tuple<ExpertGo, LayerMsg, FetchMsg>>>
-      expert_landed;
-  std::unique_ptr<flow::multifunction_node<LayerMsg, std::tuple<LatentGo, FetchMsg, LayerMsg>>> shared;
-  std::unique_ptr<flow::join_node<std::tuple<ExpertGo, LatentGo>, flow::key_matching<uint64_t>>> expert_join;
-  std::unique_ptr<flow::multifunction_node<std::tuple<ExpertGo, LatentGo>, std::tuple<FetchMsg, LayerMsg>>>
-      expert_compute;
-  std::unique_ptr<flow::multifunction_node<LayerMsg, std::tuple<ReadBatch, LayerMsg>>> lookahead;
-  std::unique_ptr<flow::multifunction_node<LayerMsg, std::tuple<LayerDone>>> combine;
-  std::unique_ptr<flow::multifunction_node<
-      LayerDone, std::tuple<int, LayerGo, HeadMsg, TrunkJob, TrunkClaim, TrunkReady>>>
-      layer_done;
-  std::unique_ptr<flow::function_node<HeadMsg>> head_node;
+  Owned<NodeTypes>::type nodes;
+  template <Node N>
+  NodeType<N>& node() {
+    return *std::get<N>(nodes);
+  }
 
   // ---- readers: declared last, so destroyed first (they write into the slots above) ----
   io::UringReader trunk_reader, expert_reader;
@@ -263,6 +196,12 @@ struct StreamingModel::Impl {
     std::unique_ptr<flow::graph> made;
     a.execute([&] { made = std::make_unique<flow::graph>(); });  // the graph attaches to `a`
     return made;
+  }
+
+  static MoeLayerRun::Waves waves_of(Strategy s) {
+    if (s == Strategy::serial) return MoeLayerRun::Waves::serial;
+    if (s == Strategy::trunk) return MoeLayerRun::Waves::trunk;
+    return MoeLayerRun::Waves::none;
   }
 
   Impl(const WeightSources& s, const Plan& p, Strategy st, GraphDescription* d)
@@ -277,6 +216,7 @@ struct StreamingModel::Impl {
         K(size_t(c.top_k)),
         dot(d),
         trunk(p, s),
+        step_state(waves_of(st)),
         graph_owner(graph_in(arena)),
         g(*graph_owner),
         trunk_reader(trunk_reader_options()),
@@ -296,7 +236,7 @@ struct StreamingModel::Impl {
       prefetch_on = tuner->prefetch();
     }
     build();
-    for (int s = 0; s < trunk.ring_slots(); ++s) trunk_free->try_put(s);
+    for (int s = 0; s < trunk.ring_slots(); ++s) node<kTrunkFree>().try_put(SlotRef{s});
     g.wait_for_all();
   }
 
@@ -343,7 +283,7 @@ struct StreamingModel::Impl {
     const auto t0 = std::chrono::steady_clock::now();
     if (compute) act.compute_begin();
     {
-      TraceSpan span(*tracks[id], kNodeNames[id], compute ? "compute" : "graph", args);
+      TraceSpan span(*tracks[id], node_name(id), compute ? "compute" : "graph", args);
       try {
         body();
       } catch (const std::exception& e) {
@@ -366,53 +306,73 @@ struct StreamingModel::Impl {
     return a;
   }
 
-  int layer_of(uint64_t visit) const { return int(visit % uint64_t(n)); }
+  uint64_t key(Visit v) const { return visit_key(v, n); }
+  // lookahead and auto run the lookahead graph (auto switches its prefetch per step).
+  bool lookahead_graph() const { return strategy == Strategy::lookahead || strategy == Strategy::automatic; }
 
   void counters();  // the trace's slot and resident-bytes counters (nothing when tracing is off)
 
-  // ------------------------------------------------------------------ trunk reads
+  // ------------------------------------------------------------------ trunk reads (graph_io.cpp)
 
-  // Reads visit `visit`'s layer into its ring slot (or pin region, slot < 0); the gateway gets
-  // TrunkReady when the last extent lands.
-  void submit_trunk(uint64_t visit, int layer, int slot, TrunkReadNode::gateway_type& gw);
+  // Reads visit `visit`'s layer into its ring slot (or pin region); the gateway gets TrunkReady
+  // when the last extent lands.
+  void submit_trunk(Visit visit, SlotRef slot, TrunkReadNode::gateway_type& gw);
 
   // Puts visit v's trunk on its way: a loaded pin is ready now, an unloaded one is read into its
   // region, a ring layer is scheduled (one part per slot it takes).
   template <class Job, class Claim, class Ready>
-  void request_layer(uint64_t v, Job&& job, Claim&& claim, Ready&& ready) {
-    const int l = layer_of(v);
+  void request_layer(Visit v, Job&& job, Claim&& claim, Ready&& ready) {
+    const int l = v.layer;
     if (trunk.pinned(l)) {
       if (trunk.pin_loaded(l))
-        ready(TrunkReady{v, l, -1});
+        ready(TrunkReady{v, SlotRef::pin()});
       else
-        claim(TrunkClaim{TrunkJob{v, l, 0}, -1});
+        claim(TrunkClaim{TrunkJob{v, 0}, SlotRef::pin()});
       return;
     }
     const int parts = l == trunk.spanning_layer() ? trunk.ring_slots() : 1;
-    for (int p = 0; p < parts; ++p) job(TrunkJob{v, l, p});
+    for (int p = 0; p < parts; ++p) job(TrunkJob{v, p});
   }
 
   void schedule_ring(int call_index);  // queues every ring layer's read jobs for that forward call
 
-  // ------------------------------------------------------------------ experts
+  // ------------------------------------------------------------------ experts (graph_io.cpp)
 
   // Reads a batch of claimed expert slots, sorted by file offset; the gateway gets ExpertLanded per
   // slot when its last chunk lands.
   void submit_experts(const ReadBatch& b, ExpertReadNode::gateway_type& gw);
 
+  // Binds a landed read's expert weights; returns its group (< 0: a prefetch).
+  int bind_landed(int slot);
+
   // ------------------------------------------------------------------ the graph
 
-  // Registers node `id` with the DOT description (or its own statistics) and its trace row.
-  NodeStats& describe(Node id, const char* kind, int concurrency, const char* cluster) {
-    const int threads = int(tbb::global_control::active_value(tbb::global_control::max_allowed_parallelism));
-    tracks[id] = std::make_unique<TraceTrack>(fmt::format("node: {}", kNodeNames[id]),
-                                              concurrency == 0 ? std::min(2 * threads, 64) : 1);
-    if (dot) return dot->add_node(kNodeNames[id], kind, concurrency, cluster);
-    return own_stats[id];
-  }
-
-  void build();
+  void build();  // graph.cpp: the nodes, then the edges of the wiring table
+  // build()'s two ways to make node N (graph.cpp): with constructor arguments after the graph, and
+  // a node that runs `body`, a member function (its concurrency from kNodes).
+  template <Node N, class... Made>
+  void add(Made&&... made);
+  template <Node N, class Body>
+  void run(Body body);
+  void make_edges();      // graph_wiring.cpp
+  void describe_edges();  // graph_wiring.cpp: the same table, to the DOT description
   void prepare_call(stages::DecodeState& st, size_t T, std::span<float> logits);
+
+  // The node bodies (graph_nodes_*.cpp), one per node that runs code, in the diagram's order.
+  void trunk_read_body(const TrunkClaim&, TrunkReadNode::gateway_type&);
+  void trunk_bind_body(const TrunkReady&, Outputs<kTrunkBind>&);
+  void attention_body(const GatedLayer&, Outputs<kAttention>&);
+  void dense_ffn_body(const DenseGo&, Outputs<kDenseFfn>&);
+  void router_body(const RouteGo&, Outputs<kRouter>&);
+  void expert_fetch_body(const FetchGo&, Outputs<kExpertFetch>&);
+  void expert_read_body(const ReadBatch&, ExpertReadNode::gateway_type&);
+  void expert_landed_body(const ExpertLanded&, Outputs<kExpertLanded>&);
+  void shared_body(const SharedGo&, Outputs<kShared>&);
+  void expert_compute_body(const GatedExpert&, Outputs<kExpertCompute>&);
+  void lookahead_body(const LookaheadGo&, Outputs<kLookahead>&);
+  void combine_body(const PieceDone&, Outputs<kCombine>&);
+  void layer_done_body(const LayerDone&, Outputs<kLayerDone>&);
+  void head_body(const HeadGo&);
 };
 
 }  // namespace k3::pipeline

@@ -25,8 +25,8 @@ void StreamingModel::Impl::counters() {
 
 // ------------------------------------------------------------------ trunk reads
 
-void StreamingModel::Impl::submit_trunk(uint64_t visit, int layer, int slot,
-                                        TrunkReadNode::gateway_type& gw) {
+void StreamingModel::Impl::submit_trunk(Visit visit, SlotRef slot_ref, TrunkReadNode::gateway_type& gw) {
+  const int layer = visit.layer, slot = slot_ref.index;
   const LayerSource& ls = src.layer(layer);
   std::span<std::byte> bytes = trunk.bytes(layer, slot);
   TrunkSlots::Holder& h = trunk.holder(layer, slot);
@@ -51,21 +51,20 @@ void StreamingModel::Impl::submit_trunk(uint64_t visit, int layer, int slot,
   // submission itself throws, nothing will complete, so the wait is given back here.
   gw.reserve_wait();
   try {
-    trunk_reader.submit(trunk_reqs,
-                        [this, &gw, &h, visit, layer, slot, id, total](const io::ReadCompletion& r) {
-                          if (!r.ok()) {
-                            h.read_failed.store(true);
-                            fail(r.message);
-                          }
-                          if (h.pending_reads.fetch_sub(1) == 1) {
-                            if (read_delay_ms > 0)  // test hook: the layer lands that much later
-                              std::this_thread::sleep_for(std::chrono::milliseconds(read_delay_ms));
-                            if (Trace::enabled()) Trace::async_end("trunk read", "io", id, trunk_track.tid());
-                            act.read_end(total);
-                            if (!h.read_failed.load()) gw.try_put(TrunkReady{visit, layer, slot});
-                            gw.release_wait();
-                          }
-                        });
+    trunk_reader.submit(trunk_reqs, [this, &gw, &h, visit, slot_ref, id, total](const io::ReadCompletion& r) {
+      if (!r.ok()) {
+        h.read_failed.store(true);
+        fail(r.message);
+      }
+      if (h.pending_reads.fetch_sub(1) == 1) {
+        if (read_delay_ms > 0)  // test hook: the layer lands that much later
+          std::this_thread::sleep_for(std::chrono::milliseconds(read_delay_ms));
+        if (Trace::enabled()) Trace::async_end("trunk read", "io", id, trunk_track.tid());
+        act.read_end(total);
+        if (!h.read_failed.load()) gw.try_put(TrunkReady{visit, slot_ref});
+        gw.release_wait();
+      }
+    });
   } catch (...) {
     act.read_end(total);
     gw.release_wait();
@@ -76,9 +75,9 @@ void StreamingModel::Impl::submit_trunk(uint64_t visit, int layer, int slot,
 void StreamingModel::Impl::schedule_ring(int call_index) {
   for (int l = 0; l < n; ++l)
     if (!trunk.pinned(l)) {
-      const uint64_t v = uint64_t(call_index) * uint64_t(n) + uint64_t(l);
+      const Visit v{uint64_t(call_index), l};
       const int parts = l == trunk.spanning_layer() ? trunk.ring_slots() : 1;
-      for (int p = 0; p < parts; ++p) schedule->try_put(TrunkJob{v, l, p});
+      for (int p = 0; p < parts; ++p) node<kSchedule>().try_put(TrunkJob{v, p});
     }
   ring_scheduled_through = call_index;
 }
@@ -105,6 +104,7 @@ void StreamingModel::Impl::submit_experts(const ReadBatch& b, ExpertReadNode::ga
     sr.layout = er.layout;
     sr.bind_offset = er.bind_offset;
     sr.bytes = er.read_bytes;
+    sr.visit = it.visit;
     sr.layer = it.layer;
     sr.expert = it.expert;
     sr.pending.store(int(er.reads.size()));
@@ -116,7 +116,7 @@ void StreamingModel::Impl::submit_experts(const ReadBatch& b, ExpertReadNode::ga
       expert_reqs.push_back(
           io::ReadRequest{e.file, e.offset, dst.subspan(e.dst_offset, e.bytes), uint64_t(it.slot),
                           /*urgent=*/!it.prefetch});  // the layer waits for it: ahead of prefetches
-    if (it.prefetch) ++predicted;
+    if (it.prefetch) ++counts.predicted;
     act.read_begin(er.read_bytes, true);
     stats[kExpertRead]->bytes.fetch_add(er.read_bytes, std::memory_order_relaxed);
     if (Trace::enabled()) {
@@ -141,7 +141,7 @@ void StreamingModel::Impl::submit_experts(const ReadBatch& b, ExpertReadNode::ga
           std::this_thread::sleep_for(std::chrono::milliseconds(read_delay_ms));
         if (Trace::enabled()) Trace::async_end(sr.trace_name, "io", sr.trace_id, expert_track.tid());
         act.read_end(sr.bytes);
-        gw.try_put(ExpertLanded{slot, -1, true, !sr.failed.load()});
+        gw.try_put(ExpertLanded{sr.visit, slot, -1, true, !sr.failed.load()});
         gw.release_wait();
       }
     });
