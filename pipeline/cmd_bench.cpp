@@ -42,6 +42,7 @@
 #include "pipeline/commands.hpp"
 #include "pipeline/device_probe.hpp"
 #include "pipeline/human_bytes.hpp"
+#include "pipeline/id_list.hpp"
 #include "pipeline/output_file.hpp"
 #include "pipeline/planner.hpp"
 #include "pipeline/reader_options.hpp"
@@ -86,31 +87,6 @@ std::vector<std::string> parse_strategies(const std::string& text) {
     out.push_back(name);
     i = j + 1;
   }
-  return out;
-}
-
-std::vector<int32_t> parse_ids(const std::string& text) {
-  std::vector<int32_t> out;
-  std::string tok;
-  auto flush = [&] {
-    if (tok.empty()) return;
-    if (tok.size() > 10 || tok.find_first_not_of("0123456789") != std::string::npos ||
-        std::stoll(tok) > INT32_MAX)
-      throw io::usage_error(
-          fmt::format("--ids: '{}' is not a token id (expected non-negative integers "
-                      "separated by commas or spaces)",
-                      tok));
-    out.push_back(int32_t(std::stoll(tok)));
-    tok.clear();
-  };
-  for (char ch : text) {
-    if (ch == ',' || ch == ' ' || ch == '\t' || ch == '\n')
-      flush();
-    else
-      tok += ch;
-  }
-  flush();
-  if (out.empty()) throw io::usage_error("--ids: no token ids given");
   return out;
 }
 
@@ -218,12 +194,8 @@ int run_bench(const BenchArgs& a) {
   if (a.ids.empty()) {
     for (int32_t id : kDefaultIds) ids.push_back(id % config.vocab);
   } else {
-    ids = parse_ids(a.ids);
+    ids = parse_id_list(a.ids, "--ids", config.vocab);
   }
-  for (int32_t id : ids)
-    if (id >= config.vocab)
-      throw io::usage_error(
-          fmt::format("--ids: token id {} is outside the vocabulary (0..{})", id, config.vocab - 1));
   const std::string ids_text = fmt::format("{}", fmt::join(ids, ","));
 
   const io::ShardSet shards = io::ShardSet::open(dir);
