@@ -16,6 +16,7 @@
 #include "io/error.hpp"
 #include "io/safetensors.hpp"
 #include "io/safetensors_writer.hpp"
+#include "io/widen.hpp"
 #include "stages/bind.hpp"
 #include "stages/forward.hpp"
 #include "tests/fixture_json.hpp"
@@ -207,6 +208,16 @@ TEST_CASE("BF16 storage binds to the same bits as F32 holding the same values; F
   write_checkpoint(d.path / "bf16", as_bf16);
   const auto a = last_logits(d.path / "f32", kIds), b = last_logits(d.path / "bf16", kIds);
   CHECK(std::memcmp(a.data(), b.data(), a.size() * 4) == 0);
+}
+
+TEST_CASE("the kernels read BF16 weights in place with the same map io widens them with") {
+  // A BF16 matrix is bound in place and read by kernels::bf16_to_f32; vectors and misaligned
+  // tensors are widened by io::widen_to_f32 (tested exhaustively in test_safetensors). Both must
+  // give the same bits for every pattern, or a tensor would change value with its alignment.
+  for (uint32_t b = 0; b < 0x10000; ++b)
+    if (std::bit_cast<uint32_t>(kernels::bf16_to_f32(uint16_t(b))) !=
+        std::bit_cast<uint32_t>(io::bf16_to_f32(uint16_t(b))))
+      FAIL("bf16 " << b);
 }
 
 TEST_CASE("a misaligned F32 run (odd-sized tensor first) binds through the widen area to the golden bits") {

@@ -11,6 +11,8 @@
 #include <fstream>
 #include <map>
 #include <random>
+#include <span>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -282,6 +284,26 @@ TEST_CASE("widening: every F16 and BF16 bit pattern maps exactly") {
   }
   CHECK(std::bit_cast<uint32_t>(bf16_to_f32(0x7fc1)) == 0x7fc10000u);
   CHECK(std::bit_cast<uint32_t>(bf16_to_f32(0x0001)) == 0x00010000u);
+  // BF16 is the top half of an f32: every pattern, NaN payloads and subnormals included.
+  for (uint32_t b = 0; b < 0x10000; ++b)
+    if (std::bit_cast<uint32_t>(bf16_to_f32(static_cast<uint16_t>(b))) != b << 16) FAIL("bf16 " << b);
+  // widen_to_f32 (what stages/bind.cpp widens weights with) over a buffer of every little-endian
+  // pattern gives the scalar maps' bits, element for element.
+  std::vector<std::byte> all(2 * 0x10000);
+  for (uint32_t v = 0; v < 0x10000; ++v) {
+    all[2 * v] = std::byte(v & 0xFF);
+    all[2 * v + 1] = std::byte(v >> 8);
+  }
+  std::vector<float> wide(0x10000);
+  for (DType d : {DType::F16, DType::BF16}) {
+    widen_to_f32(d, all, wide);
+    for (uint32_t v = 0; v < 0x10000; ++v) {
+      const float want = d == DType::F16 ? f16_to_f32(uint16_t(v)) : bf16_to_f32(uint16_t(v));
+      if (std::bit_cast<uint32_t>(wide[v]) != std::bit_cast<uint32_t>(want)) FAIL("widen_to_f32 " << v);
+    }
+  }
+  CHECK_THROWS_AS(widen_to_f32(DType::F16, std::span(all).first(3), std::span(wide).first(1)),
+                  std::invalid_argument);
 }
 
 TEST_CASE("cache fixture: 24 experts x 6 tensors with the documented byte pattern") {
