@@ -20,8 +20,10 @@
 #include "stages/bind.hpp"
 #include "stages/forward.hpp"
 #include "tests/fixture_json.hpp"
+#include "tests/temp_dir.hpp"
 
 namespace fs = std::filesystem;
+using k3::test::TempDir;
 using namespace k3;
 
 namespace {
@@ -29,16 +31,6 @@ namespace {
 struct Tensor {
   io::TensorEntry entry;
   std::vector<std::byte> bytes;
-};
-
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "k3bind.XXXXXX").string();
-    REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
-    path = tmpl;
-  }
-  ~TempDir() { fs::remove_all(path); }
 };
 
 std::vector<Tensor> tiny_tensors() {

@@ -15,6 +15,7 @@
 #include "io/safetensors.hpp"
 #include "stages/plan.hpp"
 #include "tests/fixture_json.hpp"
+#include "tests/temp_dir.hpp"
 
 namespace fs = std::filesystem;
 using namespace k3;
@@ -22,20 +23,18 @@ using namespace k3;
 namespace {
 
 struct Replica {
+  test::TempDir tmp{"k3plan."};
   fs::path dir;
   io::ModelConfig cfg;
   io::ShardSet shards;
 
-  static fs::path make() {
-    std::string tmpl = (fs::temp_directory_path() / "k3plan.XXXXXX").string();
-    REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
-    const fs::path dir = fs::path(tmpl) / "k3";
+  static fs::path make(const fs::path& dir) {
     const std::string cmd = std::string(K3FLOW_BIN) + " synth --sparse " + dir.string() + " > /dev/null 2>&1";
     REQUIRE(std::system(cmd.c_str()) == 0);
     return dir;
   }
-  Replica() : dir(make()), cfg(io::load_config(dir / "config.json")), shards(io::ShardSet::open(dir)) {}
-  ~Replica() { fs::remove_all(dir.parent_path()); }
+  Replica()
+      : dir(make(tmp.path / "k3")), cfg(io::load_config(dir / "config.json")), shards(io::ShardSet::open(dir)) {}
 };
 
 Replica& replica() {

@@ -20,9 +20,11 @@
 #include "io/file.hpp"
 #include "io/safetensors.hpp"
 #include "io/widen.hpp"
+#include "tests/temp_dir.hpp"
 
 using namespace k3::io;
 namespace fs = std::filesystem;
+using k3::test::TempDir;
 
 namespace {
 
@@ -109,19 +111,6 @@ std::vector<float> widen(const ShardSet& set, const TensorInfo& t) {
   widen_to_f32(t.dtype, raw, out);
   return out;
 }
-
-// A scratch directory removed at scope exit.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static int n = 0;
-    path = fs::temp_directory_path() / ("k3_st_" + std::to_string(::getpid()) + "_" + std::to_string(n++));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  fs::path operator/(const std::string& f) const { return path / f; }
-};
 
 // [u64 LE header length][header][data_len zero bytes]; `length` overrides the length field.
 void write_shard(const fs::path& p, const std::string& header, uint64_t data_len,
@@ -539,13 +528,13 @@ TEST_CASE("refused: a shard that is a directory is named as a directory, not as 
       << R"({"weight_map": {"plain.f32.2d": "a.safetensors", "second.shard.f32": "b.safetensors"}})";
   std::string m = refusal(d.path);
   CHECK_MESSAGE(
-      has(m, "second.shard.f32: names shard " + (d / "b.safetensors").string() + ", which is a directory"),
+      has(m, "second.shard.f32: names shard " + d / "b.safetensors" + ", which is a directory"),
       m);
   CHECK_FALSE(has(m, "missing"));
   // Without an index, a *.safetensors directory is refused by name rather than skipped.
   fs::remove(d / "model.safetensors.index.json");
   m = refusal(d.path);
-  CHECK_MESSAGE(has(m, (d / "b.safetensors").string() + ": is a directory"), m);
+  CHECK_MESSAGE(has(m, d / "b.safetensors" + ": is a directory"), m);
 }
 
 TEST_CASE("refused: an empty directory, a missing directory") {
