@@ -9,6 +9,7 @@
 
 #include "io/aligned.hpp"
 #include "io/error.hpp"
+#include "io/json_text.hpp"
 #include "io/packed_trunk.hpp"
 #include "io/safetensors_writer.hpp"
 #include "io/uring_reader.hpp"
@@ -372,21 +373,38 @@ std::string format_plan(const Plan& p) {
 }
 
 std::string plan_json(const Plan& p) {
-  auto q = [](const std::string& s) { return io::json_quote(s); };
-  std::string pools;
+  io::JsonWriter w;
+  w.begin_object()
+      .field("budget", p.budget)
+      .field("source", p.request.source)
+      .field("floor", p.floor)
+      .field("total", p.total())
+      .field("unassigned", p.unassigned())
+      .key("pools")
+      .begin_array();
   for (const PlanTerm& t : p.pools)
-    pools += fmt::format("{}{{\"name\":{},\"count\":{},\"each\":{},\"bytes\":{}}}", pools.empty() ? "" : ",",
-                         q(t.name), t.count, t.each, t.bytes);
-  std::string pinned;
-  for (int l : p.pinned) pinned += fmt::format("{}{}", pinned.empty() ? "" : ",", l);
-  return fmt::format(
-      "{{\"budget\":{},\"source\":{},\"floor\":{},\"total\":{},\"unassigned\":{},\"pools\":[{}],"
-      "\"trunk\":{{\"ring_slots\":{},\"slot_read_bytes\":{},\"slot_widen_bytes\":{},\"spanning_layer\":{},"
-      "\"span_slots\":{},\"pinned\":[{}],\"trunk_bytes\":{},\"streamed_bytes\":{}}},"
-      "\"experts\":{{\"slot_bytes\":{},\"inflight\":{},\"lookahead\":{},\"cache\":{}}}}}",
-      p.budget, q(p.request.source), p.floor, p.total(), p.unassigned(), pools, p.ring_slots,
-      p.slot_read_bytes, p.slot_widen_bytes, p.spanning_layer, p.span_slots, pinned, p.trunk_bytes,
-      p.streamed_bytes, p.expert_slot_bytes, p.inflight_slots, p.lookahead_slots, p.cache_slots);
+    w.begin_object().field("name", t.name).field("count", t.count).field("each", t.each).field("bytes", t.bytes).end_object();
+  w.end_array()
+      .key("trunk")
+      .begin_object()
+      .field("ring_slots", p.ring_slots)
+      .field("slot_read_bytes", p.slot_read_bytes)
+      .field("slot_widen_bytes", p.slot_widen_bytes)
+      .field("spanning_layer", p.spanning_layer)
+      .field("span_slots", p.span_slots)
+      .field("pinned", p.pinned)
+      .field("trunk_bytes", p.trunk_bytes)
+      .field("streamed_bytes", p.streamed_bytes)
+      .end_object()
+      .key("experts")
+      .begin_object()
+      .field("slot_bytes", p.expert_slot_bytes)
+      .field("inflight", p.inflight_slots)
+      .field("lookahead", p.lookahead_slots)
+      .field("cache", p.cache_slots)
+      .end_object()
+      .end_object();
+  return w.str();
 }
 
 }  // namespace k3::pipeline
