@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "io/config.hpp"
+#include "io/env.hpp"
 #include "io/error.hpp"
 #include "io/packed_trunk.hpp"
 #include "io/safetensors.hpp"
@@ -215,8 +216,8 @@ int run_bench(const BenchArgs& a) {
 
   // ---- what the child understands ----
   // Test hook: K3FLOW_BENCH_CHILD names a stand-in for `k3flow` (it is run as `<it> generate ...`).
-  const char* stand_in = std::getenv("K3FLOW_BENCH_CHILD");
-  const fs::path exe = stand_in && *stand_in ? fs::path(stand_in) : self_exe();
+  const auto stand_in = io::env::text(io::env::kBenchChild);
+  const fs::path exe = stand_in ? fs::path(*stand_in) : self_exe();
   ScratchDir tmp("k3bench");
   const ChildRun help = run_child({exe.string(), "generate", "--help"}, tmp.path());
   if (!help.ok()) throw io::runtime_error(fmt::format("k3flow generate --help failed, {}", help.failure()));

@@ -12,7 +12,9 @@
 
 namespace k3::pipeline {
 
-int env_int(const char* name);  // 0 when unset or empty
+// A registered variable (io/env.hpp) as an integer, 0 when unset or empty. For the graph's test
+// hooks; new code reads io::env::integer_or_zero(io::env::kName) directly.
+int env_int(const char* name);
 
 io::UringReader::Options trunk_reader_options();
 io::UringReader::Options expert_reader_options(uint64_t expert_bytes);
