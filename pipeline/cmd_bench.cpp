@@ -212,7 +212,7 @@ int run_bench(const BenchArgs& a) {
     pb.total = gib_bytes(*a.mem_gb);
     pb.source = fmt::format("--mem-gb {}", *a.mem_gb);
   }
-  const Plan plan = make_plan(in, pb);  // a budget below the floor is refused here (exit 2)
+  const MemoryPlan plan = make_plan(in, pb);  // a budget below the floor is refused here (exit 2)
 
   // ---- what the child understands ----
   // Test hook: K3FLOW_BENCH_CHILD names a stand-in for `k3flow` (it is run as `<it> generate ...`).

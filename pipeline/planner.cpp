@@ -16,7 +16,7 @@
 #include "pipeline/human_bytes.hpp"
 #include "pipeline/reader_options.hpp"
 #include "stages/forward.hpp"
-#include "stages/plan.hpp"
+#include "stages/tensors.hpp"
 
 namespace k3::pipeline {
 
@@ -119,11 +119,11 @@ uint64_t expert_slot(uint64_t expert_bytes) {
 
 }  // namespace
 
-uint64_t Plan::total() const {
+uint64_t MemoryPlan::total() const {
   return sum_terms(pools);
 }
 
-bool Plan::holds_model() const {
+bool MemoryPlan::holds_model() const {
   const uint64_t slots = inflight_slots + lookahead_slots + cache_slots;
   return int(pinned.size()) == n_layers && (expert_slot_bytes == 0 || (routed_experts && slots >= routed_experts));
 }
@@ -136,10 +136,10 @@ uint64_t plan_floor(const PlanInputs& in, int ring_slots) {
   return sum_terms(in.resident) + uint64_t(in.top_k) * expert_slot(in.expert_bytes) + ring;
 }
 
-Plan make_plan(const PlanInputs& in, const PlanBudget& want) {
+MemoryPlan make_plan(const PlanInputs& in, const PlanBudget& want) {
   if (want.ring_slots < 2)
     throw io::usage_error(fmt::format("plan: a trunk ring needs at least 2 slots, got {}", want.ring_slots));
-  Plan p;
+  MemoryPlan p;
   p.request = want;
   const uint64_t resident = sum_terms(in.resident);
   const bool split = want.trunk.has_value();
@@ -299,9 +299,9 @@ PlanInputs plan_inputs(const io::ModelConfig& c, const io::ShardSet& shards, con
   in.layers.resize(size_t(n));
   for (int l = 0; l < n; ++l)
     in.layers[size_t(l)].widen_bytes =
-        4 * stages::locate(stages::plan_layer(c, l).tensors, shards, c).widen_floats;
+        4 * stages::locate(stages::layer_tensors(c, l).tensors, shards, c).widen_floats;
 
-  stages::Layout head = stages::locate(stages::plan_model(c), shards, c);
+  stages::Layout head = stages::locate(stages::model_tensors(c), shards, c);
   const uint64_t head_bytes =
       align_up(head.buffer_bytes, kDirectAlign) + align_up(4 * head.widen_floats, kDirectAlign);
   // KDA state for the KDA layers only (the references allocate it for every layer; MLA layers have
@@ -335,7 +335,7 @@ PlanInputs plan_inputs(const io::ModelConfig& c, const io::ShardSet& shards, con
   return in;
 }
 
-std::string format_plan(const Plan& p) {
+std::string format_plan(const MemoryPlan& p) {
   std::string s = fmt::format("plan: budget {} ({})\n", human_bytes(p.budget), p.request.source);
   s += fmt::format("  {:<46} {:>6}   {:>11}   {:>11}\n", "pool", "count", "each", "total");
   for (const PlanTerm& t : p.pools)
@@ -372,7 +372,7 @@ std::string format_plan(const Plan& p) {
   return s;
 }
 
-std::string plan_json(const Plan& p) {
+std::string plan_json(const MemoryPlan& p) {
   io::JsonWriter w;
   w.begin_object()
       .field("budget", p.budget)

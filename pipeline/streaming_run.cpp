@@ -228,7 +228,7 @@ RunPlan plan_run(const StreamFlags& f, const WeightSources& src, uint64_t contex
 struct StreamRun::State {
   std::optional<io::PackedTrunk> trunk;
   std::unique_ptr<WeightSources> src;
-  Plan plan;
+  MemoryPlan plan;
   Strategy strategy = Strategy::automatic;
   GraphDescription dot;
   std::unique_ptr<StreamingModel> model;

@@ -202,11 +202,11 @@ std::unique_ptr<ResidentModel> ResidentModel::load(const io::ShardSet& shards, c
   const int n = (n_layers <= 0 || n_layers >= c.n_layers) ? c.n_layers : n_layers;
 
   // Locate everything before reading anything, so a missing tensor fails fast.
-  Layout head_lay = locate(plan_model(c), shards, c);
+  Layout head_lay = locate(model_tensors(c), shards, c);
   std::vector<Layout> layer_lays;
   std::vector<std::vector<Layout>> expert_lays(n);
   for (int l = 0; l < n; ++l) {
-    layer_lays.push_back(locate(plan_layer(c, l).tensors, shards, c));
+    layer_lays.push_back(locate(layer_tensors(c, l).tensors, shards, c));
     if (!c.is_dense(l))
       for (int e = 0; e < c.n_experts; ++e) expert_lays[l].push_back(locate_expert(shards, c, l, e));
   }
