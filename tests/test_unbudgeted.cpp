@@ -66,8 +66,16 @@ uint64_t u(simdjson::dom::element e) {
 std::string plan_table(const std::string& out) {
   const size_t b = out.find("plan: budget");
   if (b == std::string::npos) return "<no plan in the output>";
-  const size_t t = out.find("  trunk read per token", b);
-  return t == std::string::npos ? "<no plan end>" : out.substr(b, out.find('\n', t) + 1 - b);
+  // The plan is its first line and every indented line after it.
+  size_t e = out.find('\n', b);
+  if (e == std::string::npos) return "<no plan end>";
+  ++e;
+  while (out.compare(e, 2, "  ") == 0) {
+    const size_t n = out.find('\n', e);
+    if (n == std::string::npos) return "<no plan end>";
+    e = n + 1;
+  }
+  return out.find("  trunk read per token", b) < e ? out.substr(b, e - b) : "<no plan end>";
 }
 
 // Every pool of a plan JSON but the budget-dependent lines, to compare two plans.
