@@ -1,4 +1,5 @@
 #include "io/aligned.hpp"
+#include "io/env.hpp"
 
 #include <fmt/format.h>
 #include <sys/mman.h>
@@ -27,10 +28,7 @@ AlignedBuffer::AlignedBuffer(size_t bytes, size_t align) {
     throw runtime_error(fmt::format("AlignedBuffer: {} bytes is too large", bytes));
   const size_t size = align_up(bytes, align);
   // K3_NOHUGE=1 keeps 4 KiB pages (docs/engine.md §5.3), for A/B runs and hosts without THP.
-  static const bool no_huge = [] {
-    const char* v = std::getenv("K3_NOHUGE");
-    return v && *v && std::strcmp(v, "0") != 0;
-  }();
+  static const bool no_huge = env::flag(env::kNoHuge);
   const bool huge = size >= kHugePage && !no_huge;
   const size_t alignment = huge && align < kHugePage ? kHugePage : align;
   void* p = nullptr;

@@ -1,5 +1,8 @@
-// Typed errors raised at the io/ and CLI boundaries. The CLI maps each kind to an exit code in one
-// place (pipeline/exit_codes.*): usage -> 2, runtime -> 1, run_invalid -> 4. Kernels never throw.
+// Typed errors raised at the io/ and CLI boundaries, by what went wrong: the caller's request
+// (usage: a bad flag, value or path), the data (runtime: a file, tensor or read whose content is
+// wrong), or a run that completed with an invalid result (run_invalid: non-finite logits). What a
+// program does with each kind (k3flow's exit codes) is the program's policy: pipeline/exit_codes.*.
+// Kernels never throw.
 #pragma once
 #include <stdexcept>
 #include <string>

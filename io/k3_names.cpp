@@ -4,14 +4,16 @@
 
 #include <algorithm>
 
+#include "io/config.hpp"
 #include "io/error.hpp"
+#include "io/released_tensors.hpp"
 
 namespace k3::io {
 
 namespace {
 
 constexpr uint64_t kHidden = 7168, kVocab = 163840;
-constexpr uint64_t kKdaHeads = 96, kKdaHeadDim = 128, kKdaProj = kKdaHeads * kKdaHeadDim, kConv = 4;
+constexpr uint64_t kKdaHeads = 96, kKdaHeadDim = 128, kConv = 4;
 constexpr uint64_t kMlaHeads = 96, kQLora = 1536, kKvLora = 512, kQkNope = 128, kQkRope = 64, kVHead = 128;
 constexpr uint64_t kLatent = 3584, kMoeInter = 3072, kShared = 2, kDenseInter = 33792;
 constexpr uint64_t kMxfp4Group = 32;
@@ -21,8 +23,6 @@ constexpr uint64_t kMxfp4Group = 32;
 constexpr uint64_t kVisionWidth = 1152, kVisionBlocks = 27, kVisionMlp = 4144, kProjectorWidth = 3460;
 constexpr uint64_t kVisionTemporal = 1732, kVisionRope = 17532;
 
-const std::string kPrefix = "language_model.model.";
-
 struct Builder {
   std::vector<TensorEntry> out;
   void add(std::string name, DType dtype, std::vector<uint64_t> shape) {
@@ -30,74 +30,26 @@ struct Builder {
   }
 };
 
+// The real model's config, parsed from the config.json this file writes: the layer and head
+// tensors are io/released_tensors.hpp's list for it, each in its released dtype.
+const ModelConfig& k3_config() {
+  static const ModelConfig c = parse_config(k3_config_json(), "k3_config_json()");
+  return c;
+}
+
+void add(Builder& b, std::vector<ReleasedTensor> ts) {
+  for (ReleasedTensor& t : ts) b.add(std::move(t.name), t.dtype, std::move(t.shape));
+}
+
 void add_layer(Builder& b, uint32_t l) {
-  const std::string p = fmt::format("{}layers.{}.", kPrefix, l);
-  for (const char* n :
-       {"input_layernorm", "post_attention_layernorm", "self_attention_res_norm", "mlp_res_norm"}) {
-    b.add(p + n + ".weight", DType::BF16, {kHidden});
-  }
-  b.add(p + "self_attention_res_proj.weight", DType::BF16, {1, kHidden});
-  b.add(p + "mlp_res_proj.weight", DType::BF16, {1, kHidden});
-
-  const std::string a = p + "self_attn.";
-  if (k3_layer_is_mla(l)) {
-    b.add(a + "q_a_proj.weight", DType::BF16, {kQLora, kHidden});
-    b.add(a + "q_a_layernorm.weight", DType::BF16, {kQLora});
-    b.add(a + "q_b_proj.weight", DType::BF16, {kMlaHeads * (kQkNope + kQkRope), kQLora});
-    b.add(a + "kv_a_proj_with_mqa.weight", DType::BF16, {kKvLora + kQkRope, kHidden});
-    b.add(a + "kv_a_layernorm.weight", DType::BF16, {kKvLora});
-    b.add(a + "kv_b_proj.weight", DType::BF16, {kMlaHeads * (kQkNope + kVHead), kKvLora});
-    b.add(a + "o_proj.weight", DType::BF16, {kHidden, kMlaHeads * kVHead});
-    b.add(a + "g_proj.weight", DType::BF16, {kMlaHeads * kVHead, kHidden});
-  } else {
-    for (const char* n : {"q_proj", "k_proj", "v_proj", "g_proj"}) {
-      b.add(a + n + ".weight", DType::BF16, {kKdaProj, kHidden});
-    }
-    b.add(a + "o_proj.weight", DType::BF16, {kHidden, kKdaProj});
-    for (const char* n : {"q_conv1d", "k_conv1d", "v_conv1d"}) {
-      b.add(a + n + ".weight", DType::F32, {kKdaProj, 1, kConv});
-    }
-    b.add(a + "f_a_proj.weight", DType::BF16, {kKdaHeadDim, kHidden});
-    b.add(a + "f_b_proj.weight", DType::BF16, {kKdaProj, kKdaHeadDim});
-    b.add(a + "b_proj.weight", DType::BF16, {kKdaHeads, kHidden});
-    b.add(a + "dt_bias", DType::F32, {kKdaProj});
-    b.add(a + "o_norm.weight", DType::F32, {kKdaHeadDim});
-    b.add(a + "A_log", DType::F32, {kKdaHeadDim});  // per head, padded to D (docs/model.md §2.1)
-  }
-
-  if (l == 0) {  // first_k_dense_replace = 1
-    b.add(p + "mlp.gate_proj.weight", DType::BF16, {kDenseInter, kHidden});
-    b.add(p + "mlp.up_proj.weight", DType::BF16, {kDenseInter, kHidden});
-    b.add(p + "mlp.down_proj.weight", DType::BF16, {kHidden, kDenseInter});
-    return;
-  }
-  const std::string m = p + "block_sparse_moe.";
-  b.add(m + "gate.weight", DType::BF16, {kK3Experts, kHidden});
-  b.add(m + "gate.e_score_correction_bias", DType::F32, {kK3Experts});
-  b.add(m + "routed_expert_down_proj.weight", DType::BF16, {kLatent, kHidden});
-  b.add(m + "routed_expert_up_proj.weight", DType::BF16, {kHidden, kLatent});
-  b.add(m + "routed_expert_norm.weight", DType::BF16, {kLatent});
-  b.add(m + "shared_experts.gate_proj.weight", DType::BF16, {kMoeInter * kShared, kHidden});
-  b.add(m + "shared_experts.up_proj.weight", DType::BF16, {kMoeInter * kShared, kHidden});
-  b.add(m + "shared_experts.down_proj.weight", DType::BF16, {kHidden, kMoeInter * kShared});
-  // MXFP4: two values per packed byte, one E8M0 scale byte per group of 32 (docs/model.md §4).
-  for (uint32_t e = 0; e < kK3Experts; ++e) {
-    const std::string x = fmt::format("{}experts.{}.", m, e);
-    for (const char* w : {"w1", "w2", "w3"}) {
-      const bool down = w[1] == '2';
-      const uint64_t rows = down ? kLatent : kMoeInter, cols = down ? kMoeInter : kLatent;
-      b.add(x + w + ".weight_packed", DType::U8, {rows, cols / 2});
-      b.add(x + w + ".weight_scale", DType::U8, {rows, cols / kMxfp4Group});
-    }
-  }
+  const ModelConfig& c = k3_config();
+  add(b, released_layer_trunk(c, int(l)));
+  if (c.is_dense(int(l))) return;  // first_k_dense_replace = 1
+  for (uint32_t e = 0; e < kK3Experts; ++e) add(b, released_expert(c, int(l), int(e), ExpertFormat::mxfp4));
 }
 
 void add_head(Builder& b) {
-  b.add(kPrefix + "embed_tokens.weight", DType::BF16, {kVocab, kHidden});
-  b.add("language_model.lm_head.weight", DType::BF16, {kVocab, kHidden});
-  b.add(kPrefix + "norm.weight", DType::BF16, {kHidden});
-  b.add(kPrefix + "output_attn_res_norm.weight", DType::BF16, {kHidden});
-  b.add(kPrefix + "output_attn_res_proj.weight", DType::BF16, {1, kHidden});
+  add(b, released_model_tensors(k3_config()));
 }
 
 void add_vision_embed(Builder& b) {

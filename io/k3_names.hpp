@@ -1,6 +1,8 @@
 // The canonical tensor list of the real Kimi K3 checkpoint (docs/model.md §2.1, docs/engine.md §1.3-1.4):
 // every tensor's name, dtype and shape, shard by shard. One source of truth for the header-only
-// (sparse) replica that `k3flow synth --sparse` writes and for the real-scale index tests.
+// (sparse) replica that `k3flow synth --sparse` writes and for the real-scale index tests. The
+// decoder layers and the head are io/released_tensors.hpp's list for the real config (the list the
+// engine binds by); only the shard assignment, the data order and the vision tower are added here.
 //
 // Shards (0-based index s; file k3_shard_file_name(s) is 1-based): s = 0..92 hold decoder layer s
 // (layer 0 = KDA + dense FFN; 1..92 = KDA or MLA + MoE with 896 MXFP4 experts), s = 93 the

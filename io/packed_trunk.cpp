@@ -19,6 +19,7 @@
 #include <thread>
 
 #include "io/aligned.hpp"
+#include "io/env.hpp"
 #include "io/error.hpp"
 #include "io/safetensors_writer.hpp"
 
@@ -271,11 +272,11 @@ class Staged {
     fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd_ < 0) sys_fail(path, "cannot create");
     for (auto& b : bufs_) b = AlignedBuffer(kStageBytes);
-    if (const char* v = std::getenv("K3FLOW_FAIL_AFTER_BYTES"); v && *v) {
-      fail_after_ = std::strtoull(v, nullptr, 10);
-      const char* mode = std::getenv("K3FLOW_FAIL_MODE");
-      kill_ = mode && std::string_view(mode) == "kill";
-      wait_ = mode && std::string_view(mode) == "wait";
+    if (const auto after = env::u64(env::kFailAfterBytes)) {
+      fail_after_ = *after;
+      const auto mode = env::text(env::kFailMode);
+      kill_ = mode == "kill";
+      wait_ = mode == "wait";
     }
   }
   ~Staged() {

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "io/aligned.hpp"
+#include "io/env.hpp"
 #include "io/error.hpp"
 
 namespace k3::io {
@@ -141,11 +142,6 @@ double now_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-bool env_flag(const char* name) {
-  const char* v = std::getenv(name);
-  return v && *v && std::strcmp(v, "0") != 0;
-}
-
 }  // namespace
 
 DepthTuner::DepthTuner(Config c) : c_(c) {
@@ -209,7 +205,7 @@ struct UringReader::Impl {
                                        .max_depth = opt.max_depth});
     cur_depth = opt.queue_depth;
     const unsigned ring_depth = std::max(opt.queue_depth, opt.max_depth);
-    if (opt.force_pread || env_flag("K3FLOW_NO_URING")) {
+    if (opt.force_pread || env::flag(env::kNoUring)) {
       reason = opt.force_pread ? "pread forced by option" : "pread forced by K3FLOW_NO_URING";
     } else if (int e = io_uring_queue_init(ring_depth + 1, &ring, 0); e < 0) {
       reason = fmt::format("io_uring_queue_init failed: {}", std::strerror(-e));

@@ -34,25 +34,26 @@ inline float f16_to_f32(uint16_t h) {
 }
 
 // Widens `src` (little-endian values of `dtype`) into `dst`; dst.size() * dtype_size == src.size().
+// The one widening routine of the engine (stages/bind.cpp widens every non-matrix weight with it);
+// tests/test_safetensors.cpp checks it on every F16 and BF16 bit pattern.
 inline void widen_to_f32(DType dtype, std::span<const std::byte> src, std::span<float> dst) {
   if (src.size() != dst.size() * dtype_size(dtype))
     throw std::invalid_argument("widen_to_f32: size mismatch");
   const auto* s = reinterpret_cast<const unsigned char*>(src.data());
-  for (size_t i = 0; i < dst.size(); ++i) {
-    switch (dtype) {
-      case DType::U8:
-        dst[i] = static_cast<float>(s[i]);
-        break;
-      case DType::BF16:
-        dst[i] = bf16_to_f32(static_cast<uint16_t>(s[2 * i] | s[2 * i + 1] << 8));
-        break;
-      case DType::F16:
-        dst[i] = f16_to_f32(static_cast<uint16_t>(s[2 * i] | s[2 * i + 1] << 8));
-        break;
-      case DType::F32:
-        std::memcpy(&dst[i], s + 4 * i, 4);
-        break;
-    }
+  auto half = [s](size_t i) { return static_cast<uint16_t>(s[2 * i] | s[2 * i + 1] << 8); };
+  switch (dtype) {
+    case DType::U8:
+      for (size_t i = 0; i < dst.size(); ++i) dst[i] = static_cast<float>(s[i]);
+      return;
+    case DType::BF16:
+      for (size_t i = 0; i < dst.size(); ++i) dst[i] = bf16_to_f32(half(i));
+      return;
+    case DType::F16:
+      for (size_t i = 0; i < dst.size(); ++i) dst[i] = f16_to_f32(half(i));
+      return;
+    case DType::F32:
+      if (!dst.empty()) std::memcpy(dst.data(), s, dst.size() * 4);
+      return;
   }
 }
 

@@ -6,6 +6,7 @@
 #include <set>
 
 #include "io/error.hpp"
+#include "io/released_tensors.hpp"
 #include "io/safetensors_writer.hpp"
 #include "perf/synth.hpp"
 
@@ -58,41 +59,11 @@ void positive(const char* flag, long v, long max) {
   if (v > max) refuse(flag, fmt::format("is too large (got {}, at most {})", v, max));
 }
 
-io::TensorEntry entry(std::string name, DType dt, std::vector<uint64_t> shape) {
-  return io::TensorEntry{std::move(name), dt, std::move(shape)};
-}
-
-SynthTensor matrix(std::string name, uint64_t out, uint64_t in, int layer) {
-  return {entry(std::move(name), DType::BF16, {out, in}), layer, -1, Fill::normal,
-          static_cast<float>(1.0 / std::sqrt(double(in)))};
-}
-
-SynthTensor gain(std::string name, uint64_t n, int layer) {
-  return {entry(std::move(name), DType::BF16, {n}), layer, -1, Fill::gain, 0.02f};
-}
-
-SynthTensor vector_f32(std::string name, uint64_t n, float sd, int layer) {
-  return {entry(std::move(name), DType::F32, {n}), layer, -1, Fill::normal, sd};
-}
-
 // E8M0 exponent that gives an expert matrix with this fan-in values of standard deviation about
 // 1/sqrt(fan_in): random E2M1 codes have an RMS of ~2.93, so 2^(e-127) ≈ 1/(2.93·sqrt(fan_in)).
 int scale_center(uint64_t fan_in) {
   int e = 127 + static_cast<int>(std::lround(-std::log2(2.93 * std::sqrt(double(fan_in)))));
   return std::clamp(e, 2, 253);  // jitter ±1 stays inside 1..254
-}
-
-void add_expert(std::vector<SynthTensor>& v, const std::string& p, int layer, int e, uint64_t I, uint64_t L) {
-  const std::string base = fmt::format("{}block_sparse_moe.experts.{}.", p, e);
-  auto add = [&](const char* w, uint64_t rows, uint64_t in) {
-    v.push_back(
-        {entry(base + w + ".weight_packed", DType::U8, {rows, in / 2}), layer, e, Fill::mxfp4_packed});
-    v.push_back({entry(base + w + ".weight_scale", DType::U8, {rows, in / kMxfp4Group}), layer, e,
-                 Fill::mxfp4_scale, 0, scale_center(in)});
-  };
-  add("w1", I, L);  // gate
-  add("w2", L, I);  // down
-  add("w3", I, L);  // up
 }
 
 // io::data_order_rank applied per layer, so a layer's trunk is one run and, names sorting
@@ -105,82 +76,77 @@ void sort_data_order(std::vector<SynthTensor>& v) {
   });
 }
 
-// One layer: its trunk tensors, then its experts; in data order.
+// How a released tensor is filled (the names, shapes and dtypes are io/released_tensors.hpp's):
+// norm gains 1 + N(0, 0.02); projections, conv taps and the AttnRes pseudo-queries N(0, 1/sqrt(fan-in))
+// with the fan-in the last dimension; the embedding unit scale (its rows enter the stream directly,
+// like a layer's output); small N(0, sd) for the KDA dt_bias and the router's score bias; A_log per
+// head; MXFP4 codes and scales centred for the expert's fan-in.
+SynthTensor synth_tensor(const io::ModelConfig& c, io::ReleasedTensor r, int layer, int expert) {
+  using F = io::TensorField;
+  SynthTensor t{io::TensorEntry{std::move(r.name), r.dtype, std::move(r.shape)}, layer, expert, Fill::normal};
+  const uint64_t fan_in = t.entry.shape.back();
+  switch (r.field) {
+    case F::input_norm:
+    case F::post_attn_norm:
+    case F::attn_res_norm:
+    case F::mlp_res_norm:
+    case F::kda_o_norm:
+    case F::mla_q_a_norm:
+    case F::mla_kv_a_norm:
+    case F::moe_norm:
+    case F::final_norm:
+    case F::out_res_norm:
+      t.fill = Fill::gain;
+      t.scale = 0.02f;
+      break;
+    case F::kda_dt_bias:
+      t.scale = 0.1f;
+      break;
+    case F::moe_bias:
+      t.scale = 0.05f;
+      break;
+    case F::kda_a_log:  // per HEAD, stored with head_dim values: the rest are exactly 0 (docs/model.md §2.1)
+      t.fill = Fill::a_log;
+      t.valid = c.kda_heads;
+      break;
+    case F::embed:
+      t.scale = 1.0f;
+      break;
+    case F::expert_w1_packed:
+    case F::expert_w2_packed:
+    case F::expert_w3_packed:
+      t.fill = Fill::mxfp4_packed;
+      break;
+    case F::expert_w1_scale:
+    case F::expert_w3_scale:
+      t.fill = Fill::mxfp4_scale;
+      t.center = scale_center(uint64_t(c.latent));  // gate / up read the latent
+      break;
+    case F::expert_w2_scale:
+      t.fill = Fill::mxfp4_scale;
+      t.center = scale_center(uint64_t(c.moe_inter));  // down reads the expert's inner width
+      break;
+    default:
+      t.scale = static_cast<float>(1.0 / std::sqrt(double(fan_in)));
+  }
+  return t;
+}
+
+// One layer: its trunk tensors, then its experts (MXFP4, as released); in data order.
 std::vector<SynthTensor> layer_tensors(const io::ModelConfig& c, int l) {
-  const std::string p = fmt::format("language_model.model.layers.{}.", l);
-  const uint64_t h = c.hidden;
   std::vector<SynthTensor> t;
-  t.push_back(gain(p + "input_layernorm.weight", h, l));
-  t.push_back(gain(p + "post_attention_layernorm.weight", h, l));
-  t.push_back(gain(p + "self_attention_res_norm.weight", h, l));
-  t.push_back(matrix(p + "self_attention_res_proj.weight", 1, h, l));
-  t.push_back(gain(p + "mlp_res_norm.weight", h, l));
-  t.push_back(matrix(p + "mlp_res_proj.weight", 1, h, l));
-  const std::string a = p + "self_attn.";
-  if (c.is_mla(l)) {
-    const uint64_t nh = c.mla_heads;
-    t.push_back(matrix(a + "q_a_proj.weight", c.q_lora_rank, h, l));
-    t.push_back(gain(a + "q_a_layernorm.weight", c.q_lora_rank, l));
-    t.push_back(matrix(a + "q_b_proj.weight", nh * (c.qk_nope + c.qk_rope), c.q_lora_rank, l));
-    t.push_back(matrix(a + "kv_a_proj_with_mqa.weight", c.kv_lora_rank + c.qk_rope, h, l));
-    t.push_back(gain(a + "kv_a_layernorm.weight", c.kv_lora_rank, l));
-    t.push_back(matrix(a + "kv_b_proj.weight", nh * (c.qk_nope + c.v_head), c.kv_lora_rank, l));
-    t.push_back(matrix(a + "o_proj.weight", h, nh * c.v_head, l));
-    if (c.mla_out_gate) t.push_back(matrix(a + "g_proj.weight", nh * c.v_head, h, l));
-  } else {
-    const uint64_t H = c.kda_heads, D = c.kda_head_dim, P = H * D, K = c.conv_kernel;
-    for (const char* n : {"q_proj", "k_proj", "v_proj", "g_proj"})
-      t.push_back(matrix(a + n + ".weight", P, h, l));
-    t.push_back(matrix(a + "o_proj.weight", h, P, l));
-    for (const char* n : {"q_conv1d", "k_conv1d", "v_conv1d"}) {
-      SynthTensor conv = matrix(a + n + ".weight", P, K, l);
-      conv.entry.dtype = DType::F32;
-      conv.entry.shape = {P, 1, K};  // depthwise: [channel][1][tap]
-      t.push_back(conv);
-    }
-    t.push_back(matrix(a + "f_a_proj.weight", D, h, l));
-    t.push_back(matrix(a + "f_b_proj.weight", P, D, l));
-    t.push_back(matrix(a + "b_proj.weight", H, h, l));
-    t.push_back(vector_f32(a + "dt_bias", P, 0.1f, l));
-    SynthTensor o_norm = gain(a + "o_norm.weight", D, l);
-    o_norm.entry.dtype = DType::F32;
-    t.push_back(o_norm);
-    // A_log is per HEAD but stored with head_dim values; only the first H are used, the rest are
-    // exactly 0 as in the released file (docs/model.md §2.1).
-    t.push_back({entry(a + "A_log", DType::F32, {D}), l, -1, Fill::a_log, 0, 0, c.kda_heads});
-  }
-  if (c.is_dense(l)) {
-    t.push_back(matrix(p + "mlp.gate_proj.weight", c.dense_inter, h, l));
-    t.push_back(matrix(p + "mlp.up_proj.weight", c.dense_inter, h, l));
-    t.push_back(matrix(p + "mlp.down_proj.weight", h, c.dense_inter, l));
-  } else {
-    const std::string m = p + "block_sparse_moe.";
-    const uint64_t L = c.latent, S = uint64_t(c.moe_inter) * c.n_shared;
-    t.push_back(matrix(m + "gate.weight", c.n_experts, h, l));
-    t.push_back(vector_f32(m + "gate.e_score_correction_bias", c.n_experts, 0.05f, l));
-    t.push_back(matrix(m + "routed_expert_down_proj.weight", L, h, l));
-    t.push_back(matrix(m + "routed_expert_up_proj.weight", h, L, l));
-    t.push_back(gain(m + "routed_expert_norm.weight", L, l));
-    t.push_back(matrix(m + "shared_experts.gate_proj.weight", S, h, l));
-    t.push_back(matrix(m + "shared_experts.up_proj.weight", S, h, l));
-    t.push_back(matrix(m + "shared_experts.down_proj.weight", h, S, l));
-  }
+  for (io::ReleasedTensor& r : io::released_layer_trunk(c, l)) t.push_back(synth_tensor(c, std::move(r), l, -1));
   if (!c.is_dense(l))
-    for (int e = 0; e < c.n_experts; ++e) add_expert(t, p, l, e, c.moe_inter, c.latent);
+    for (int e = 0; e < c.n_experts; ++e)
+      for (io::ReleasedTensor& r : io::released_expert(c, l, e, io::ExpertFormat::mxfp4))
+        t.push_back(synth_tensor(c, std::move(r), l, e));
   sort_data_order(t);
   return t;
 }
 
 std::vector<SynthTensor> model_level_tensors(const io::ModelConfig& c) {
-  const uint64_t h = c.hidden, V = c.vocab;
   std::vector<SynthTensor> t;
-  SynthTensor embed = matrix("language_model.model.embed_tokens.weight", V, h, -1);
-  embed.scale = 1.0f;  // rows enter the stream directly: unit scale, like a layer's output
-  t.push_back(embed);
-  t.push_back(matrix("language_model.lm_head.weight", V, h, -1));
-  t.push_back(gain("language_model.model.norm.weight", h, -1));
-  t.push_back(gain("language_model.model.output_attn_res_norm.weight", h, -1));
-  t.push_back(matrix("language_model.model.output_attn_res_proj.weight", 1, h, -1));
+  for (io::ReleasedTensor& r : io::released_model_tensors(c)) t.push_back(synth_tensor(c, std::move(r), -1, -1));
   sort_data_order(t);
   return t;
 }

@@ -17,6 +17,7 @@
 #include <set>
 
 #include "io/aligned.hpp"
+#include "io/env.hpp"
 #include "io/error.hpp"
 #include "perf/synth.hpp"
 
@@ -134,9 +135,7 @@ void sync_dir(const fs::path& dir) {
 }
 
 uint64_t forced_failure_after() {
-  const char* v = std::getenv("K3_SYNTH_FAIL_AFTER");
-  if (!v || !*v) return UINT64_MAX;
-  return std::strtoull(v, nullptr, 10);
+  return io::env::u64(io::env::kSynthFailAfter).value_or(UINT64_MAX);
 }
 
 std::vector<io::TensorEntry> entries_of(const ShardPlan& s) {

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "io/error.hpp"
+#include "io/json_text.hpp"
 #include "io/safetensors_writer.hpp"
 #include "pipeline/human_bytes.hpp"
 
@@ -68,17 +69,6 @@ double mean(const std::vector<double>& v) {
 
 std::string pct(double share) {
   return fmt::format("{:.1f}%", 100.0 * share);
-}
-
-// JSON value text: finite numbers in shortest round-trip form, anything else null.
-std::string jnum(double d) {
-  return std::isfinite(d) ? fmt::format("{}", d) : "null";
-}
-std::string jopt(const std::optional<double>& d) {
-  return d ? jnum(*d) : "null";
-}
-std::string jids(const std::vector<int32_t>& v) {
-  return fmt::format("[{}]", fmt::join(v, ","));
 }
 
 }  // namespace
@@ -334,50 +324,67 @@ std::string bench_table(const BenchSummary& s) {
 }
 
 std::string bench_json(const BenchSummary& s) {
-  std::string st;
-  for (const StrategyResult& r : s.strategies) {
-    if (!st.empty()) st += ",";
-    std::vector<std::string> runs;
-    for (double x : r.s_runs) runs.push_back(jnum(x));
-    st += fmt::format(
-        "{{\"strategy\":{},\"s_per_token\":{},\"s_per_token_min\":{},\"s_per_token_runs\":[{}],"
-        "\"bytes_per_token\":{},\"trunk_bytes_per_token\":{},\"expert_bytes_per_token\":{},\"t_io\":{},"
-        "\"t_cpu\":{},\"compute_per_token\":{},\"disk_busy\":{},"
-        "\"cpu_busy\":{},\"overlap_efficiency\":{},\"ceiling_gbps\":{},\"effective_read_gbps\":{},"
-        "\"read_vs_ceiling\":{},\"io_wait_share\":{},\"io_busy_share\":{},"
-        "\"lookahead_hit_rate\":{},\"expert_hit_rate\":{},\"peak_rss_bytes\":{},"
-        "\"report_peak_rss_bytes\":{},\"over_budget\":{},\"timing_source\":{},\"bytes_source\":{},"
-        "\"ids\":{}}}",
-        io::json_quote(r.strategy), jnum(r.s_per_token), jnum(r.s_per_token_min), fmt::join(runs, ","),
-        jnum(r.bytes_per_token), jnum(r.trunk_bytes_per_token), jnum(r.expert_bytes_per_token), jnum(r.t_io),
-        jnum(r.t_cpu), jnum(r.compute_per_token), jnum(r.disk_busy), jnum(r.cpu_busy), jnum(r.overlap_efficiency),
-        jnum(r.ceiling_gbps), jnum(r.effective_read_gbps), jnum(r.read_vs_ceiling), jnum(r.io_wait_share),
-        jnum(r.io_busy_share), jopt(r.lookahead_hit_rate), jopt(r.expert_hit_rate),
-        r.peak_rss_bytes, r.report_peak_rss_bytes, r.over_budget ? "true" : "false",
-        io::json_quote(r.timing_source), io::json_quote(r.bytes_source), jids(r.ids));
-  }
-  std::vector<std::string> missing;
-  for (const std::string& f : s.child_missing_flags) missing.push_back(io::json_quote(f));
-  auto list = [](const std::vector<double>& v) {
-    std::vector<std::string> out;
-    for (double g : v) out.push_back(jnum(g));
-    return fmt::format("[{}]", fmt::join(out, ","));
-  };
-  return fmt::format(
-      "{{\"model\":{},\"budget_bytes\":{},\"budget_source\":{},\"ceiling_gbps\":{},"
-      "\"ceiling_gbps_samples\":{},\"ceiling_random_gbps\":{},\"ceiling_random_gbps_samples\":{},"
-      "\"ceiling_queue_depth\":{},\"ceiling_chunk_bytes\":{},\"engine_probe_gbps\":{},"
-      "\"engine_probe_gbps_samples\":{},\"engine_probe_trunk_gbps\":{},\"engine_probe_expert_gbps\":{},"
-      "\"device_direct_fraction\":{},\"t_cpu_per_token\":{},\"t_cpu_source\":{},"
-      "\"gen\":{},\"repeat\":{},\"threads\":{},\"prompt_ids\":{},\"child_missing_flags\":[{}],"
-      "\"strategies\":[{}],\"best\":{},\"speedup_vs_serial\":{}}}\n",
-      io::json_quote(s.model), s.budget_bytes, io::json_quote(s.budget_source), jnum(s.ceiling_gbps),
-      list(s.ceiling_gbps_samples), jnum(s.ceiling_random_gbps), list(s.ceiling_random_gbps_samples),
-      s.ceiling_queue_depth, s.ceiling_chunk_bytes, jnum(s.engine_probe_gbps), list(s.engine_probe_gbps_samples),
-      jnum(s.engine_probe_trunk_gbps), jnum(s.engine_probe_expert_gbps), jnum(s.device_direct_fraction),
-      jopt(s.t_cpu_per_token), io::json_quote(s.t_cpu_source), s.gen,
-      s.repeat, s.threads, jids(s.prompt_ids), fmt::join(missing, ","), st,
-      s.best.empty() ? "null" : io::json_quote(s.best), jopt(s.speedup_vs_serial));
+  io::JsonWriter w;
+  w.begin_object()
+      .field("model", s.model)
+      .field("budget_bytes", s.budget_bytes)
+      .field("budget_source", s.budget_source)
+      .field("ceiling_gbps", s.ceiling_gbps)
+      .field("ceiling_gbps_samples", s.ceiling_gbps_samples)
+      .field("ceiling_random_gbps", s.ceiling_random_gbps)
+      .field("ceiling_random_gbps_samples", s.ceiling_random_gbps_samples)
+      .field("ceiling_queue_depth", s.ceiling_queue_depth)
+      .field("ceiling_chunk_bytes", s.ceiling_chunk_bytes)
+      .field("engine_probe_gbps", s.engine_probe_gbps)
+      .field("engine_probe_gbps_samples", s.engine_probe_gbps_samples)
+      .field("engine_probe_trunk_gbps", s.engine_probe_trunk_gbps)
+      .field("engine_probe_expert_gbps", s.engine_probe_expert_gbps)
+      .field("device_direct_fraction", s.device_direct_fraction)
+      .field("t_cpu_per_token", s.t_cpu_per_token)
+      .field("t_cpu_source", s.t_cpu_source)
+      .field("gen", s.gen)
+      .field("repeat", s.repeat)
+      .field("threads", s.threads)
+      .field("prompt_ids", s.prompt_ids)
+      .field("child_missing_flags", s.child_missing_flags)
+      .key("strategies")
+      .begin_array();
+  for (const StrategyResult& r : s.strategies)
+    w.begin_object()
+        .field("strategy", r.strategy)
+        .field("s_per_token", r.s_per_token)
+        .field("s_per_token_min", r.s_per_token_min)
+        .field("s_per_token_runs", r.s_runs)
+        .field("bytes_per_token", r.bytes_per_token)
+        .field("trunk_bytes_per_token", r.trunk_bytes_per_token)
+        .field("expert_bytes_per_token", r.expert_bytes_per_token)
+        .field("t_io", r.t_io)
+        .field("t_cpu", r.t_cpu)
+        .field("compute_per_token", r.compute_per_token)
+        .field("disk_busy", r.disk_busy)
+        .field("cpu_busy", r.cpu_busy)
+        .field("overlap_efficiency", r.overlap_efficiency)
+        .field("ceiling_gbps", r.ceiling_gbps)
+        .field("effective_read_gbps", r.effective_read_gbps)
+        .field("read_vs_ceiling", r.read_vs_ceiling)
+        .field("io_wait_share", r.io_wait_share)
+        .field("io_busy_share", r.io_busy_share)
+        .field("lookahead_hit_rate", r.lookahead_hit_rate)
+        .field("expert_hit_rate", r.expert_hit_rate)
+        .field("peak_rss_bytes", r.peak_rss_bytes)
+        .field("report_peak_rss_bytes", r.report_peak_rss_bytes)
+        .field("over_budget", r.over_budget)
+        .field("timing_source", r.timing_source)
+        .field("bytes_source", r.bytes_source)
+        .field("ids", r.ids)
+        .end_object();
+  w.end_array().key("best");
+  if (s.best.empty())
+    w.value(nullptr);
+  else
+    w.value(s.best);
+  w.field("speedup_vs_serial", s.speedup_vs_serial).end_object();
+  return w.str() + "\n";
 }
 
 std::string bench_last_line(const BenchSummary& s) {

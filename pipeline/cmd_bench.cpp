@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "io/config.hpp"
+#include "io/env.hpp"
 #include "io/error.hpp"
 #include "io/packed_trunk.hpp"
 #include "io/safetensors.hpp"
@@ -42,6 +43,7 @@
 #include "pipeline/commands.hpp"
 #include "pipeline/device_probe.hpp"
 #include "pipeline/human_bytes.hpp"
+#include "pipeline/id_list.hpp"
 #include "pipeline/output_file.hpp"
 #include "pipeline/planner.hpp"
 #include "pipeline/reader_options.hpp"
@@ -86,31 +88,6 @@ std::vector<std::string> parse_strategies(const std::string& text) {
     out.push_back(name);
     i = j + 1;
   }
-  return out;
-}
-
-std::vector<int32_t> parse_ids(const std::string& text) {
-  std::vector<int32_t> out;
-  std::string tok;
-  auto flush = [&] {
-    if (tok.empty()) return;
-    if (tok.size() > 10 || tok.find_first_not_of("0123456789") != std::string::npos ||
-        std::stoll(tok) > INT32_MAX)
-      throw io::usage_error(
-          fmt::format("--ids: '{}' is not a token id (expected non-negative integers "
-                      "separated by commas or spaces)",
-                      tok));
-    out.push_back(int32_t(std::stoll(tok)));
-    tok.clear();
-  };
-  for (char ch : text) {
-    if (ch == ',' || ch == ' ' || ch == '\t' || ch == '\n')
-      flush();
-    else
-      tok += ch;
-  }
-  flush();
-  if (out.empty()) throw io::usage_error("--ids: no token ids given");
   return out;
 }
 
@@ -218,12 +195,8 @@ int run_bench(const BenchArgs& a) {
   if (a.ids.empty()) {
     for (int32_t id : kDefaultIds) ids.push_back(id % config.vocab);
   } else {
-    ids = parse_ids(a.ids);
+    ids = parse_id_list(a.ids, "--ids", config.vocab);
   }
-  for (int32_t id : ids)
-    if (id >= config.vocab)
-      throw io::usage_error(
-          fmt::format("--ids: token id {} is outside the vocabulary (0..{})", id, config.vocab - 1));
   const std::string ids_text = fmt::format("{}", fmt::join(ids, ","));
 
   const io::ShardSet shards = io::ShardSet::open(dir);
@@ -239,12 +212,12 @@ int run_bench(const BenchArgs& a) {
     pb.total = gib_bytes(*a.mem_gb);
     pb.source = fmt::format("--mem-gb {}", *a.mem_gb);
   }
-  const Plan plan = make_plan(in, pb);  // a budget below the floor is refused here (exit 2)
+  const MemoryPlan plan = make_plan(in, pb);  // a budget below the floor is refused here (exit 2)
 
   // ---- what the child understands ----
   // Test hook: K3FLOW_BENCH_CHILD names a stand-in for `k3flow` (it is run as `<it> generate ...`).
-  const char* stand_in = std::getenv("K3FLOW_BENCH_CHILD");
-  const fs::path exe = stand_in && *stand_in ? fs::path(stand_in) : self_exe();
+  const auto stand_in = io::env::text(io::env::kBenchChild);
+  const fs::path exe = stand_in ? fs::path(*stand_in) : self_exe();
   ScratchDir tmp("k3bench");
   const ChildRun help = run_child({exe.string(), "generate", "--help"}, tmp.path());
   if (!help.ok()) throw io::runtime_error(fmt::format("k3flow generate --help failed, {}", help.failure()));

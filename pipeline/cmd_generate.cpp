@@ -15,7 +15,6 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <limits>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -27,6 +26,7 @@
 #include "pipeline/commands.hpp"
 #include "pipeline/decoder.hpp"
 #include "pipeline/human_bytes.hpp"
+#include "pipeline/id_list.hpp"
 #include "pipeline/interrupt.hpp"
 #include "pipeline/model_tokenizer.hpp"
 #include "pipeline/output_file.hpp"
@@ -72,35 +72,6 @@ double now() {
 }
 
 // Strict: ids separated by commas and/or whitespace; anything else names the flag (exit 2).
-std::vector<int32_t> parse_ids(const std::string& text) {
-  std::vector<int32_t> out;
-  size_t i = 0;
-  auto sep = [](char ch) { return ch == ',' || ch == ' ' || ch == '\t' || ch == '\n' || ch == '\r'; };
-  while (i < text.size()) {
-    if (sep(text[i])) {
-      ++i;
-      continue;
-    }
-    size_t j = i;
-    while (j < text.size() && !sep(text[j])) ++j;
-    const std::string tok = text.substr(i, j - i);
-    int64_t v = 0;
-    bool ok = !tok.empty() && tok.size() <= 10;
-    for (char ch : tok) {
-      if (ch < '0' || ch > '9') ok = false;
-      if (ok) v = v * 10 + (ch - '0');
-    }
-    if (!ok || v > std::numeric_limits<int32_t>::max())
-      throw io::usage_error(
-          fmt::format("--ids: '{}' is not a token id (expected non-negative integers separated "
-                      "by commas or spaces)",
-                      tok));
-    out.push_back(static_cast<int32_t>(v));
-    i = j;
-  }
-  return out;
-}
-
 std::string read_prompt_file(const std::string& path) {
   check_input_file(path, "--prompt-file");
   std::ifstream f(path, std::ios::binary);
@@ -142,12 +113,14 @@ int run_generate(GenerateOptions o) {
     throw io::usage_error("--incremental and --recompute exclude each other");
   if (!o.stop.empty() && !text_mode)
     throw io::usage_error("--stop needs a text prompt (--prompt / --prompt-file)");
-  const std::vector<int32_t> given_ids = text_mode ? std::vector<int32_t>{} : parse_ids(*o.ids);
+  // The vocabulary is known only once config.json is read (checked below); --load-state may
+  // resume with no new ids.
+  const std::vector<int32_t> given_ids =
+      text_mode ? std::vector<int32_t>{} : parse_id_list(*o.ids, "--ids", 0, o.load_state.has_value());
   const std::string prompt_text = o.prompt        ? *o.prompt
                                   : o.prompt_file ? read_prompt_file(*o.prompt_file)
                                                   : "";
-  if (!o.load_state && (text_mode ? prompt_text.empty() : given_ids.empty()))
-    throw io::usage_error(text_mode ? "the prompt is empty" : "--ids: no token ids given");
+  if (!o.load_state && text_mode && prompt_text.empty()) throw io::usage_error("the prompt is empty");
   for (const auto& [flag, value] :
        {std::pair{"--trace", o.dec.stream.trace}, {"--graph-dot", o.dec.stream.graph_dot}})
     if (!value.empty() && !o.dec.stream.requested())
@@ -184,11 +157,7 @@ int run_generate(GenerateOptions o) {
   std::vector<int32_t> prompt = text_mode ? tok->encode(prompt_text, true) : given_ids;
   if (prompt.empty() && !o.load_state)
     throw io::usage_error(text_mode ? "the prompt is empty" : "--ids: no token ids given");
-  if (!text_mode)
-    for (int32_t id : prompt)
-      if (id >= cfg.vocab)
-        throw io::usage_error(
-            fmt::format("--ids: token id {} is outside the vocabulary (0..{})", id, cfg.vocab - 1));
+  if (!text_mode) check_ids_in_vocab(prompt, cfg.vocab, "--ids");
 
   // ---- resume header before anything is sized ----
   std::optional<StateHeader> saved;

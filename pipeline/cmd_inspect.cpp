@@ -16,6 +16,7 @@
 
 #include "io/config.hpp"
 #include "io/error.hpp"
+#include "io/json_text.hpp"
 #include "io/safetensors.hpp"
 #include "io/safetensors_writer.hpp"
 #include "pipeline/commands.hpp"
@@ -209,78 +210,74 @@ uint64_t resident_bytes(const Census& c) {
 void print_json(const Census& c, const fs::path& dir) {
   const io::ModelConfig& g = c.cfg;
   const TrunkStats ts = trunk_stats(c);
-  std::string o = "{";
-  auto kv = [&](std::string_view k, const std::string& v) {
-    if (o.size() > 1) o += ",";
-    o += fmt::format("\n  {}: {}", io::json_quote(k), v);
-  };
-  auto num = [](auto v) { return fmt::format("{}", v); };
-  kv("model_dir", io::json_quote(dir.string()));
-  kv("config_shape", io::json_quote(g.nested ? "nested" : "flat"));
-  kv("shards", num(c.shards));
-  kv("tensors", num(c.tensors));
-  kv("total_bytes", num(c.file_bytes));
-  kv("tensor_bytes", num(c.tensor_bytes));
-  kv("header_bytes", num(c.file_bytes - c.tensor_bytes));
-  kv("hidden", num(g.hidden));
-  kv("vocab", num(g.vocab));
-  kv("layers", num(g.n_layers));
-  kv("kda_layers", num(g.kda_layer_count()));
-  kv("mla_layers", num(g.mla_layer_count()));
-  kv("dense_layers", num(std::min(g.first_dense, g.n_layers)));
-  kv("moe_layers", num(g.n_layers - std::min(g.first_dense, g.n_layers)));
-  kv("layer_map", io::json_quote(layer_map(g)));
-  std::string fa = "[";
-  for (size_t i = 0; i < g.full_attn_layers.size(); ++i) fa += (i ? "," : "") + num(g.full_attn_layers[i]);
-  kv("full_attn_layers", fa + "]");
-  kv("kda_heads", num(g.kda_heads));
-  kv("kda_head_dim", num(g.kda_head_dim));
-  kv("conv_kernel", num(g.conv_kernel));
-  kv("mla_heads", num(g.mla_heads));
-  kv("q_lora_rank", num(g.q_lora_rank));
-  kv("kv_lora_rank", num(g.kv_lora_rank));
-  kv("qk_nope_head_dim", num(g.qk_nope));
-  kv("qk_rope_head_dim", num(g.qk_rope));
-  kv("v_head_dim", num(g.v_head));
-  kv("experts", num(g.n_experts));
-  kv("top_k", num(g.top_k));
-  kv("shared_experts", num(g.n_shared));
-  kv("latent", num(g.latent));
-  kv("moe_inter", num(g.moe_inter));
-  kv("dense_inter", num(g.dense_inter));
-  kv("attn_res_block_size", num(g.attn_res_block));
-  kv("expert_bytes", num(c.expert_mode));
-  kv("expert_bytes_min", num(c.expert_min));
-  kv("expert_bytes_max", num(c.expert_max));
-  kv("expert_blobs", num(c.experts.size()));
-  kv("experts_contiguous", num(c.experts_contiguous));
-  kv("trunk_bytes", num(ts.total));
-  kv("trunk_layer_bytes",
-     fmt::format("{{\"min\": {}, \"max\": {}, \"mean\": {:.1f}}}", ts.min, ts.max, ts.mean));
-  std::string per = "[";
-  for (size_t l = 0; l < c.trunk.size(); ++l) per += (l ? "," : "") + num(c.trunk[l].bytes);
-  kv("trunk_bytes_per_layer", per + "]");
-  kv("trunk_layers_contiguous", num(c.trunk_contiguous));
-  kv("resident_bytes", num(resident_bytes(c)));
-  kv("index_bytes", num(c.index_bytes));
-  kv("index_bytes_per_tensor", fmt::format("{:.2f}", c.tensors ? double(c.index_bytes) / c.tensors : 0.0));
-  std::string d = "{";
-  for (int i = 0; i < 4; ++i) {
-    if (!c.by_dtype[i].tensors) continue;
-    d += fmt::format("{}{}: {{\"tensors\": {}, \"bytes\": {}}}", d.size() > 1 ? ", " : "",
-                     io::json_quote(kDtypeNames[i]), c.by_dtype[i].tensors, c.by_dtype[i].bytes);
-  }
-  kv("dtypes", d + "}");
-  std::string r = "{";
+  // One top-level member per line: the census is read by people as well as by scripts.
+  io::JsonWriter w({.spaced = true, .top_lines = true});
+  std::vector<uint64_t> per_layer;
+  for (const auto& t : c.trunk) per_layer.push_back(t.bytes);
+  w.begin_object()
+      .field("model_dir", dir.string())
+      .field("config_shape", g.nested ? "nested" : "flat")
+      .field("shards", c.shards)
+      .field("tensors", c.tensors)
+      .field("total_bytes", c.file_bytes)
+      .field("tensor_bytes", c.tensor_bytes)
+      .field("header_bytes", c.file_bytes - c.tensor_bytes)
+      .field("hidden", g.hidden)
+      .field("vocab", g.vocab)
+      .field("layers", g.n_layers)
+      .field("kda_layers", g.kda_layer_count())
+      .field("mla_layers", g.mla_layer_count())
+      .field("dense_layers", std::min(g.first_dense, g.n_layers))
+      .field("moe_layers", g.n_layers - std::min(g.first_dense, g.n_layers))
+      .field("layer_map", layer_map(g))
+      .field("full_attn_layers", g.full_attn_layers)
+      .field("kda_heads", g.kda_heads)
+      .field("kda_head_dim", g.kda_head_dim)
+      .field("conv_kernel", g.conv_kernel)
+      .field("mla_heads", g.mla_heads)
+      .field("q_lora_rank", g.q_lora_rank)
+      .field("kv_lora_rank", g.kv_lora_rank)
+      .field("qk_nope_head_dim", g.qk_nope)
+      .field("qk_rope_head_dim", g.qk_rope)
+      .field("v_head_dim", g.v_head)
+      .field("experts", g.n_experts)
+      .field("top_k", g.top_k)
+      .field("shared_experts", g.n_shared)
+      .field("latent", g.latent)
+      .field("moe_inter", g.moe_inter)
+      .field("dense_inter", g.dense_inter)
+      .field("attn_res_block_size", g.attn_res_block)
+      .field("expert_bytes", c.expert_mode)
+      .field("expert_bytes_min", c.expert_min)
+      .field("expert_bytes_max", c.expert_max)
+      .field("expert_blobs", c.experts.size())
+      .field("experts_contiguous", c.experts_contiguous)
+      .field("trunk_bytes", ts.total)
+      .key("trunk_layer_bytes")
+      .begin_object()
+      .field("min", ts.min)
+      .field("max", ts.max)
+      .fixed_field("mean", ts.mean, 1)
+      .end_object()
+      .field("trunk_bytes_per_layer", per_layer)
+      .field("trunk_layers_contiguous", c.trunk_contiguous)
+      .field("resident_bytes", resident_bytes(c))
+      .field("index_bytes", c.index_bytes)
+      .fixed_field("index_bytes_per_tensor", c.tensors ? double(c.index_bytes) / c.tensors : 0.0, 2)
+      .key("dtypes")
+      .begin_object();
+  for (int i = 0; i < 4; ++i)
+    if (c.by_dtype[i].tensors)
+      w.key(kDtypeNames[i])
+          .begin_object()
+          .field("tensors", c.by_dtype[i].tensors)
+          .field("bytes", c.by_dtype[i].bytes)
+          .end_object();
+  w.end_object().key("roles").begin_object();
   for (int i = 0; i < 5; ++i)
-    r += fmt::format("{}{}: {{\"tensors\": {}, \"bytes\": {}}}", i ? ", " : "", io::json_quote(kRoleNames[i]),
-                     c.by_role[i].tensors, c.by_role[i].bytes);
-  kv("roles", r + "}");
-  std::string p = "[";
-  for (size_t i = 0; i < c.problems.size(); ++i) p += (i ? ", " : "") + io::json_quote(c.problems[i]);
-  kv("problems", p + "]");
-  o += "\n}\n";
-  fmt::print("{}", o);
+    w.key(kRoleNames[i]).begin_object().field("tensors", c.by_role[i].tensors).field("bytes", c.by_role[i].bytes).end_object();
+  w.end_object().field("problems", c.problems).end_object();
+  fmt::print("{}\n", w.str());
 }
 
 void print_text(const Census& c, const fs::path& dir) {

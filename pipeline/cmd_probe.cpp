@@ -7,7 +7,6 @@
 // whole result is one JSON object on stdout instead of the text.
 #include <fmt/format.h>
 
-#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -38,21 +37,28 @@ struct ProbeArgs {
   bool json = false;
 };
 
-std::string jnum(double d) {
-  return std::isfinite(d) ? fmt::format("{}", d) : "null";
+void phase_json(io::JsonWriter& w, const CeilingPhase& c) {
+  w.begin_object()
+      .field("gbps", c.gbps())
+      .field("bytes", c.bytes)
+      .field("direct_bytes", c.direct_bytes)
+      .field("requests", c.requests)
+      .field("request_bytes", c.request_bytes)
+      .field("peak_in_flight", c.peak_in_flight)
+      .field("span_bytes", c.span_bytes)
+      .field("seconds", c.seconds)
+      .field("passes", c.passes)
+      .end_object();
 }
 
-std::string phase_json(const CeilingPhase& c) {
-  return fmt::format(
-      "{{\"gbps\":{},\"bytes\":{},\"direct_bytes\":{},\"requests\":{},\"request_bytes\":{},"
-      "\"peak_in_flight\":{},\"span_bytes\":{},\"seconds\":{},\"passes\":{}}}",
-      jnum(c.gbps()), c.bytes, c.direct_bytes, c.requests, c.request_bytes, c.peak_in_flight, c.span_bytes,
-      jnum(c.seconds), c.passes);
-}
-
-std::string engine_json(const PhaseResult& p) {
-  return fmt::format("{{\"gbps\":{},\"bytes\":{},\"direct_bytes\":{},\"requests\":{},\"seconds\":{}}}",
-                     jnum(p.gbps()), p.bytes, p.direct_bytes, p.requests, jnum(p.seconds));
+void engine_json(io::JsonWriter& w, const PhaseResult& p) {
+  w.begin_object()
+      .field("gbps", p.gbps())
+      .field("bytes", p.bytes)
+      .field("direct_bytes", p.direct_bytes)
+      .field("requests", p.requests)
+      .field("seconds", p.seconds)
+      .end_object();
 }
 
 int run_probe(const ProbeArgs& a) {
@@ -86,20 +92,41 @@ int run_probe(const ProbeArgs& a) {
   const double trunk_ratio = ceiling.gbps() > 0 ? engine.trunk.gbps() / ceiling.gbps() : 0.0;
 
   if (a.json) {
-    std::printf(
-        "{\"model\":%s,\"source\":%s,\"backend\":%s,\"ceiling\":{\"queue_depth\":%u,\"chunk_bytes\":%zu,"
-        "\"sequential\":%s,\"random\":%s,\"random_source\":%s},\"engine\":{\"trunk_queue_depth\":%u,"
-        "\"trunk_chunk_bytes\":%zu,\"expert_queue_depth\":%u,\"expert_chunk_bytes\":%zu,\"token_pattern\":%s,"
-        "\"trunk\":%s,\"experts\":%s},\"ceiling_gbps\":%s,\"random_gbps\":%s,\"engine_gbps\":%s,"
-        "\"engine_vs_ceiling\":%s,\"engine_trunk_vs_ceiling\":%s}\n",
-        io::json_quote(a.model_dir).c_str(), io::json_quote(pattern.source).c_str(),
-        io::json_quote(ceiling.backend).c_str(), ceiling.queue_depth, ceiling.chunk_bytes,
-        phase_json(ceiling.sequential).c_str(), phase_json(ceiling.random).c_str(),
-        io::json_quote(ceiling.random_source).c_str(), engine.trunk_queue_depth, engine.trunk_chunk_bytes,
-        engine.expert_queue_depth, engine.expert_chunk_bytes, engine_json(engine.mixed).c_str(),
-        engine_json(engine.trunk).c_str(), engine_json(engine.experts).c_str(), jnum(ceiling.gbps()).c_str(),
-        jnum(ceiling.random.gbps()).c_str(), jnum(engine.gbps()).c_str(), jnum(ratio).c_str(),
-        jnum(trunk_ratio).c_str());
+    io::JsonWriter w;
+    w.begin_object()
+        .field("model", a.model_dir)
+        .field("source", pattern.source)
+        .field("backend", ceiling.backend)
+        .key("ceiling")
+        .begin_object()
+        .field("queue_depth", ceiling.queue_depth)
+        .field("chunk_bytes", ceiling.chunk_bytes)
+        .key("sequential");
+    phase_json(w, ceiling.sequential);
+    w.key("random");
+    phase_json(w, ceiling.random);
+    w.field("random_source", ceiling.random_source)
+        .end_object()
+        .key("engine")
+        .begin_object()
+        .field("trunk_queue_depth", engine.trunk_queue_depth)
+        .field("trunk_chunk_bytes", engine.trunk_chunk_bytes)
+        .field("expert_queue_depth", engine.expert_queue_depth)
+        .field("expert_chunk_bytes", engine.expert_chunk_bytes)
+        .key("token_pattern");
+    engine_json(w, engine.mixed);
+    w.key("trunk");
+    engine_json(w, engine.trunk);
+    w.key("experts");
+    engine_json(w, engine.experts);
+    w.end_object()
+        .field("ceiling_gbps", ceiling.gbps())
+        .field("random_gbps", ceiling.random.gbps())
+        .field("engine_gbps", engine.gbps())
+        .field("engine_vs_ceiling", ratio)
+        .field("engine_trunk_vs_ceiling", trunk_ratio)
+        .end_object();
+    std::printf("%s\n", w.str().c_str());
     return 0;
   }
   std::printf("%s", format_ceiling(ceiling).c_str());

@@ -5,7 +5,6 @@
 // Special-token texts become their ids unless --ordinary (Moonshot's wrapper allows them too).
 #include <fmt/format.h>
 
-#include <charconv>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -17,6 +16,7 @@
 #include "io/json_text.hpp"
 #include "io/text/tokenizer.hpp"
 #include "pipeline/commands.hpp"
+#include "pipeline/id_list.hpp"
 #include "pipeline/output_file.hpp"
 
 namespace k3::pipeline {
@@ -123,25 +123,6 @@ void write_stdout(const std::string& s) {
     throw io::runtime_error("stdout: write failed");
 }
 
-std::vector<int32_t> parse_ids(const std::string& text) {
-  std::vector<int32_t> ids;
-  if (text.empty()) return ids;
-  for (size_t pos = 0; pos <= text.size();) {
-    size_t end = text.find(',', pos);
-    if (end == std::string::npos) end = text.size();
-    std::string_view item(text.data() + pos, end - pos);
-    while (!item.empty() && item.front() == ' ') item.remove_prefix(1);
-    while (!item.empty() && item.back() == ' ') item.remove_suffix(1);
-    int32_t id = 0;
-    const auto [p, ec] = std::from_chars(item.data(), item.data() + item.size(), id);
-    if (item.empty() || ec != std::errc() || p != item.data() + item.size())
-      throw io::usage_error(fmt::format("--ids: \"{}\" is not a token id (expected e.g. 1,2,3)", item));
-    ids.push_back(id);
-    pos = end + 1;
-  }
-  return ids;
-}
-
 }  // namespace
 
 Action add_tokenize(CLI::App& sub) {
@@ -198,10 +179,11 @@ Action add_detokenize(CLI::App& sub) {
   sub.add_option("MODEL_DIR", a->model_dir, "model directory (tiktoken.model + tokenizer_config.json)")
       ->type_name("");
   add_source_flags(sub, a->source);
-  sub.add_option("--ids", a->ids, "comma-separated token ids, e.g. 1,2,3")->type_name("IDS")->required();
+  sub.add_option("--ids", a->ids, "token ids separated by commas or spaces, e.g. 1,2,3")->type_name("IDS")->required();
   return [a] {
-    const std::vector<int32_t> ids = parse_ids(a->ids);
+    const std::vector<int32_t> ids = parse_id_list(a->ids, "--ids");
     const Tokenizer tok = load_source("detokenize", a->model_dir, a->source);
+    check_ids_in_vocab(ids, tok.n_ids(), "--ids");
     write_stdout(tok.decode(ids));
     return 0;
   };

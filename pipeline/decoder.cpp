@@ -11,7 +11,7 @@
 #include "pipeline/human_bytes.hpp"
 #include "pipeline/run_report.hpp"
 #include "stages/head.hpp"
-#include "stages/plan.hpp"
+#include "stages/tensors.hpp"
 
 namespace k3::pipeline {
 
@@ -47,9 +47,9 @@ Progress::Mode progress_mode(const StreamFlags& f) {
 
 // The bytes ResidentModel::load reads: the head's, every bound layer's and its experts' buffers.
 uint64_t resident_bytes(const io::ShardSet& shards, const io::ModelConfig& c, int n) {
-  uint64_t b = stages::locate(stages::plan_model(c), shards, c).buffer_bytes;
+  uint64_t b = stages::locate(stages::model_tensors(c), shards, c).buffer_bytes;
   for (int l = 0; l < n; ++l) {
-    b += stages::locate(stages::plan_layer(c, l).tensors, shards, c).buffer_bytes;
+    b += stages::locate(stages::layer_tensors(c, l).tensors, shards, c).buffer_bytes;
     if (!c.is_dense(l))
       for (int e = 0; e < c.n_experts; ++e) b += stages::locate_expert(shards, c, l, e).buffer_bytes;
   }

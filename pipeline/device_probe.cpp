@@ -14,7 +14,7 @@
 #include "io/packed_trunk.hpp"
 #include "io/safetensors.hpp"
 #include "pipeline/human_bytes.hpp"
-#include "stages/plan.hpp"
+#include "stages/tensors.hpp"
 
 namespace k3::pipeline {
 

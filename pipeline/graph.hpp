@@ -120,7 +120,7 @@ struct StreamTotals {
 class StreamingModel {
  public:
   // `dot` (may be null) receives the graph as built and its per-node statistics as it runs.
-  StreamingModel(const WeightSources&, const Plan&, Strategy, GraphDescription* dot);
+  StreamingModel(const WeightSources&, const MemoryPlan&, Strategy, GraphDescription* dot);
   ~StreamingModel();
   StreamingModel(const StreamingModel&) = delete;
   StreamingModel& operator=(const StreamingModel&) = delete;

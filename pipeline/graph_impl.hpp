@@ -23,6 +23,7 @@
 #include <tuple>
 #include <vector>
 
+#include "io/env.hpp"
 #include "io/uring_reader.hpp"
 #include "pipeline/call_buffers.hpp"
 #include "pipeline/expert_cache.hpp"
@@ -111,7 +112,7 @@ struct StreamingModel::Impl {
   // ---- what the run is ----
   const WeightSources& src;
   const io::ModelConfig& c;
-  const Plan plan;
+  const MemoryPlan plan;
   const Strategy strategy;
   const int n;  // bound layers
   const size_t E, L, K;
@@ -170,8 +171,8 @@ struct StreamingModel::Impl {
   std::vector<size_t> order;                             // expert_read
   std::vector<int> hit_groups, predicted_experts;        // expert_fetch, lookahead
   std::vector<ExpertGo> go_out;                          // expert_landed
-  const int step_delay_ms = env_int("K3FLOW_TEST_STEP_DELAY_MS");
-  const int read_delay_ms = env_int("K3FLOW_TEST_READ_DELAY_MS");  // a slow disk, for tests
+  const int step_delay_ms = io::env::integer_or_zero(io::env::kTestStepDelayMs);
+  const int read_delay_ms = io::env::integer_or_zero(io::env::kTestReadDelayMs);  // a slow disk, for tests
 
   // ---- the end of a forward call: the driver waits for call_group, which call_open holds until
   // the head has run (or the run failed). Not g.wait_for_all(): that also waits for reads already
@@ -204,7 +205,7 @@ struct StreamingModel::Impl {
     return MoeLayerRun::Waves::none;
   }
 
-  Impl(const WeightSources& s, const Plan& p, Strategy st, GraphDescription* d)
+  Impl(const WeightSources& s, const MemoryPlan& p, Strategy st, GraphDescription* d)
       : arena(int(tbb::global_control::active_value(tbb::global_control::max_allowed_parallelism))),
         src(s),
         c(s.config()),

@@ -9,13 +9,14 @@
 
 #include "io/aligned.hpp"
 #include "io/error.hpp"
+#include "io/json_text.hpp"
 #include "io/packed_trunk.hpp"
 #include "io/safetensors_writer.hpp"
 #include "io/uring_reader.hpp"
 #include "pipeline/human_bytes.hpp"
 #include "pipeline/reader_options.hpp"
 #include "stages/forward.hpp"
-#include "stages/plan.hpp"
+#include "stages/tensors.hpp"
 
 namespace k3::pipeline {
 
@@ -118,11 +119,11 @@ uint64_t expert_slot(uint64_t expert_bytes) {
 
 }  // namespace
 
-uint64_t Plan::total() const {
+uint64_t MemoryPlan::total() const {
   return sum_terms(pools);
 }
 
-bool Plan::holds_model() const {
+bool MemoryPlan::holds_model() const {
   const uint64_t slots = inflight_slots + lookahead_slots + cache_slots;
   return int(pinned.size()) == n_layers && (expert_slot_bytes == 0 || (routed_experts && slots >= routed_experts));
 }
@@ -135,10 +136,10 @@ uint64_t plan_floor(const PlanInputs& in, int ring_slots) {
   return sum_terms(in.resident) + uint64_t(in.top_k) * expert_slot(in.expert_bytes) + ring;
 }
 
-Plan make_plan(const PlanInputs& in, const PlanBudget& want) {
+MemoryPlan make_plan(const PlanInputs& in, const PlanBudget& want) {
   if (want.ring_slots < 2)
     throw io::usage_error(fmt::format("plan: a trunk ring needs at least 2 slots, got {}", want.ring_slots));
-  Plan p;
+  MemoryPlan p;
   p.request = want;
   const uint64_t resident = sum_terms(in.resident);
   const bool split = want.trunk.has_value();
@@ -298,9 +299,9 @@ PlanInputs plan_inputs(const io::ModelConfig& c, const io::ShardSet& shards, con
   in.layers.resize(size_t(n));
   for (int l = 0; l < n; ++l)
     in.layers[size_t(l)].widen_bytes =
-        4 * stages::locate(stages::plan_layer(c, l).tensors, shards, c).widen_floats;
+        4 * stages::locate(stages::layer_tensors(c, l).tensors, shards, c).widen_floats;
 
-  stages::Layout head = stages::locate(stages::plan_model(c), shards, c);
+  stages::Layout head = stages::locate(stages::model_tensors(c), shards, c);
   const uint64_t head_bytes =
       align_up(head.buffer_bytes, kDirectAlign) + align_up(4 * head.widen_floats, kDirectAlign);
   // KDA state for the KDA layers only (the references allocate it for every layer; MLA layers have
@@ -334,7 +335,7 @@ PlanInputs plan_inputs(const io::ModelConfig& c, const io::ShardSet& shards, con
   return in;
 }
 
-std::string format_plan(const Plan& p) {
+std::string format_plan(const MemoryPlan& p) {
   std::string s = fmt::format("plan: budget {} ({})\n", human_bytes(p.budget), p.request.source);
   s += fmt::format("  {:<46} {:>6}   {:>11}   {:>11}\n", "pool", "count", "each", "total");
   for (const PlanTerm& t : p.pools)
@@ -371,22 +372,39 @@ std::string format_plan(const Plan& p) {
   return s;
 }
 
-std::string plan_json(const Plan& p) {
-  auto q = [](const std::string& s) { return io::json_quote(s); };
-  std::string pools;
+std::string plan_json(const MemoryPlan& p) {
+  io::JsonWriter w;
+  w.begin_object()
+      .field("budget", p.budget)
+      .field("source", p.request.source)
+      .field("floor", p.floor)
+      .field("total", p.total())
+      .field("unassigned", p.unassigned())
+      .key("pools")
+      .begin_array();
   for (const PlanTerm& t : p.pools)
-    pools += fmt::format("{}{{\"name\":{},\"count\":{},\"each\":{},\"bytes\":{}}}", pools.empty() ? "" : ",",
-                         q(t.name), t.count, t.each, t.bytes);
-  std::string pinned;
-  for (int l : p.pinned) pinned += fmt::format("{}{}", pinned.empty() ? "" : ",", l);
-  return fmt::format(
-      "{{\"budget\":{},\"source\":{},\"floor\":{},\"total\":{},\"unassigned\":{},\"pools\":[{}],"
-      "\"trunk\":{{\"ring_slots\":{},\"slot_read_bytes\":{},\"slot_widen_bytes\":{},\"spanning_layer\":{},"
-      "\"span_slots\":{},\"pinned\":[{}],\"trunk_bytes\":{},\"streamed_bytes\":{}}},"
-      "\"experts\":{{\"slot_bytes\":{},\"inflight\":{},\"lookahead\":{},\"cache\":{}}}}}",
-      p.budget, q(p.request.source), p.floor, p.total(), p.unassigned(), pools, p.ring_slots,
-      p.slot_read_bytes, p.slot_widen_bytes, p.spanning_layer, p.span_slots, pinned, p.trunk_bytes,
-      p.streamed_bytes, p.expert_slot_bytes, p.inflight_slots, p.lookahead_slots, p.cache_slots);
+    w.begin_object().field("name", t.name).field("count", t.count).field("each", t.each).field("bytes", t.bytes).end_object();
+  w.end_array()
+      .key("trunk")
+      .begin_object()
+      .field("ring_slots", p.ring_slots)
+      .field("slot_read_bytes", p.slot_read_bytes)
+      .field("slot_widen_bytes", p.slot_widen_bytes)
+      .field("spanning_layer", p.spanning_layer)
+      .field("span_slots", p.span_slots)
+      .field("pinned", p.pinned)
+      .field("trunk_bytes", p.trunk_bytes)
+      .field("streamed_bytes", p.streamed_bytes)
+      .end_object()
+      .key("experts")
+      .begin_object()
+      .field("slot_bytes", p.expert_slot_bytes)
+      .field("inflight", p.inflight_slots)
+      .field("lookahead", p.lookahead_slots)
+      .field("cache", p.cache_slots)
+      .end_object()
+      .end_object();
+  return w.str();
 }
 
 }  // namespace k3::pipeline

@@ -74,7 +74,7 @@ struct PlanBudget {
   bool lookahead = true;
 };
 
-struct Plan {
+struct MemoryPlan {
   PlanBudget request;
   uint64_t budget = 0;          // total bytes available (split: resident + trunk + experts)
   uint64_t floor = 0;           // smallest budget that plans (resident + in-flight experts + minimal ring)
@@ -101,7 +101,7 @@ struct Plan {
 };
 
 // Throws usage Error (one line: budget, floor, missing bytes) when the budget is below the floor.
-Plan make_plan(const PlanInputs& in, const PlanBudget& budget);
+MemoryPlan make_plan(const PlanInputs& in, const PlanBudget& budget);
 
 // The smallest budget make_plan accepts for these inputs.
 uint64_t plan_floor(const PlanInputs& in, int ring_slots = 2);
@@ -122,7 +122,7 @@ PlanInputs plan_inputs(const io::ModelConfig& config, const io::ShardSet& shards
 // Activation scratch for `context` positions (the estimate is documented in planner.cpp).
 uint64_t scratch_bytes(const io::ModelConfig& config, uint64_t context);
 
-std::string format_plan(const Plan& plan);  // the human table
-std::string plan_json(const Plan& plan);    // one JSON object; pools sum to "total"
+std::string format_plan(const MemoryPlan& plan);  // the human table
+std::string plan_json(const MemoryPlan& plan);    // one JSON object; pools sum to "total"
 
 }  // namespace k3::pipeline

@@ -1,27 +1,12 @@
 #include "pipeline/reader_options.hpp"
 
 #include <algorithm>
-#include <cstdlib>
 #include <optional>
 
 #include "io/aligned.hpp"
+#include "io/env.hpp"
 
 namespace k3::pipeline {
-
-int env_int(const char* name) {
-  const char* v = std::getenv(name);
-  return v && *v ? std::atoi(v) : 0;
-}
-
-namespace {
-
-std::optional<int> env_set(const char* name) {  // unset or empty: none; "0" is a value
-  const char* v = std::getenv(name);
-  if (!v || !*v) return std::nullopt;
-  return std::atoi(v);
-}
-
-}  // namespace
 
 std::shared_ptr<io::UrgentGate> urgent_gate() {
   static const std::shared_ptr<io::UrgentGate> gate = std::make_shared<io::UrgentGate>();
@@ -44,10 +29,10 @@ io::UringReader::Options trunk_reader_options() {
   o.max_depth = 64;
   o.chunk_bytes = size_t{1} << 20;
   o.gated_depth = 4;
-  if (int qd = env_int("K3FLOW_TRUNK_QD")) o.queue_depth = unsigned(qd);
-  if (int kb = env_int("K3FLOW_TRUNK_CHUNK_KB")) o.chunk_bytes = size_t(kb) << 10;
-  if (auto m = env_set("K3FLOW_TRUNK_MAX_QD")) o.max_depth = unsigned(std::max(0, *m));
-  if (auto g = env_set("K3FLOW_TRUNK_GATED_QD")) o.gated_depth = unsigned(std::max(0, *g));
+  if (int qd = io::env::integer_or_zero(io::env::kTrunkQd)) o.queue_depth = unsigned(qd);
+  if (int kb = io::env::integer_or_zero(io::env::kTrunkChunkKb)) o.chunk_bytes = size_t(kb) << 10;
+  if (auto m = io::env::integer(io::env::kTrunkMaxQd)) o.max_depth = unsigned(std::max(0, *m));
+  if (auto g = io::env::integer(io::env::kTrunkGatedQd)) o.gated_depth = unsigned(std::max(0, *g));
   o.gate = urgent_gate();
   return o;
 }
@@ -62,8 +47,8 @@ io::UringReader::Options expert_reader_options(uint64_t expert_bytes) {
   o.queue_depth = 4;
   o.chunk_bytes = std::clamp<size_t>(io::align_up(expert_bytes / 4, io::kDirectAlign), size_t{256} << 10,
                                      size_t{8} << 20);
-  if (int qd = env_int("K3FLOW_EXPERT_QD")) o.queue_depth = unsigned(qd);
-  if (int kb = env_int("K3FLOW_EXPERT_CHUNK_KB")) o.chunk_bytes = size_t(kb) << 10;
+  if (int qd = io::env::integer_or_zero(io::env::kExpertQd)) o.queue_depth = unsigned(qd);
+  if (int kb = io::env::integer_or_zero(io::env::kExpertChunkKb)) o.chunk_bytes = size_t(kb) << 10;
   o.gate = urgent_gate();
   o.raises_gate = true;
   return o;

@@ -12,8 +12,6 @@
 
 namespace k3::pipeline {
 
-int env_int(const char* name);  // 0 when unset or empty
-
 io::UringReader::Options trunk_reader_options();
 io::UringReader::Options expert_reader_options(uint64_t expert_bytes);
 

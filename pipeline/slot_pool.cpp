@@ -9,7 +9,7 @@ namespace k3::pipeline {
 using io::align_up;
 using io::kDirectAlign;
 
-TrunkSlots::TrunkSlots(const Plan& p, const WeightSources& src) {
+TrunkSlots::TrunkSlots(const MemoryPlan& p, const WeightSources& src) {
   const int n = src.n_layers();
   ring_ = p.ring_slots;
   spanning_ = p.spanning_layer;

@@ -35,7 +35,7 @@ class TrunkSlots {
   };
 
   // Throws runtime Error if a layer does not fit the slot the plan gives it (an internal error).
-  TrunkSlots(const Plan&, const WeightSources&);
+  TrunkSlots(const MemoryPlan&, const WeightSources&);
 
   int ring_slots() const { return ring_; }
   int spanning_layer() const { return spanning_; }

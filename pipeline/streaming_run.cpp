@@ -12,6 +12,7 @@
 #include <string>
 
 #include "io/error.hpp"
+#include "io/env.hpp"
 #include "io/packed_trunk.hpp"
 #include "pipeline/commands.hpp"
 #include "pipeline/graph_dot.hpp"
@@ -54,7 +55,7 @@ uint64_t proc_kb(const char* file, const char* key) {
 }  // namespace
 
 uint64_t available_memory_bytes() {
-  if (const char* e = std::getenv("K3FLOW_TEST_MEM_AVAILABLE")) return std::strtoull(e, nullptr, 10);
+  if (const auto test = io::env::u64(io::env::kTestMemAvailable)) return *test;
   uint64_t avail = proc_kb("/proc/meminfo", "MemAvailable") * 1024;
   std::ifstream max_f("/sys/fs/cgroup/memory.max"), cur_f("/sys/fs/cgroup/memory.current");
   std::string max_s;
@@ -227,7 +228,7 @@ RunPlan plan_run(const StreamFlags& f, const WeightSources& src, uint64_t contex
 struct StreamRun::State {
   std::optional<io::PackedTrunk> trunk;
   std::unique_ptr<WeightSources> src;
-  Plan plan;
+  MemoryPlan plan;
   Strategy strategy = Strategy::automatic;
   GraphDescription dot;
   std::unique_ptr<StreamingModel> model;

@@ -76,7 +76,7 @@ class WeightSources;
 // this process's memory outside the planned terms as measured (0: not measured); above the fixed
 // allowance it replaces it. Throws usage Error (exit 2) for a budget below the planner's floor.
 struct RunPlan {
-  Plan plan;
+  MemoryPlan plan;
   std::vector<std::string> notes;  // WARNING / NOTE lines to print with the plan
 };
 RunPlan plan_run(const StreamFlags&, const WeightSources& src, uint64_t context, int ring_slots = 2,

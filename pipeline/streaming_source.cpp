@@ -6,7 +6,7 @@
 
 #include "io/error.hpp"
 #include "io/packed_trunk.hpp"
-#include "stages/plan.hpp"
+#include "stages/tensors.hpp"
 
 namespace k3::pipeline {
 
@@ -48,7 +48,7 @@ std::unique_ptr<WeightSources> WeightSources::open(const io::ModelConfig& c, con
   ws->layers_.resize(static_cast<size_t>(n));
   for (int l = 0; l < n; ++l) {
     LayerSource& L = ws->layers_[static_cast<size_t>(l)];
-    std::vector<stages::TensorSpec> specs = stages::plan_layer(c, l).tensors;
+    std::vector<stages::TensorSpec> specs = stages::layer_tensors(c, l).tensors;
     if (trunk) {
       const io::TrunkLayer& T = trunk->layer(l);
       const stages::PlacementLookup lookup =
@@ -146,7 +146,7 @@ void WeightSources::expert(int l, int e, ExpertRead& out) const {
 
 std::unique_ptr<WeightSources::Head> WeightSources::load_head() const {
   auto h = std::make_unique<Head>();
-  const stages::Layout lay = stages::locate(stages::plan_model(cfg_), shards_, cfg_);
+  const stages::Layout lay = stages::locate(stages::model_tensors(cfg_), shards_, cfg_);
   h->bytes = io::AlignedBuffer(lay.buffer_bytes + lay.base_mod8 + 1);
   std::span<std::byte> dst = h->bytes.bytes().subspan(lay.base_mod8, lay.buffer_bytes);
   stages::read_layout(lay, shards_, dst);

@@ -2,38 +2,14 @@
 
 #include <fmt/format.h>
 
-#include <bit>
 #include <cstdint>
-#include <cstring>
 
 #include "io/error.hpp"
+#include "io/widen.hpp"
 
 namespace k3::stages {
 
 namespace {
-
-// IEEE binary16 -> binary32, exact (subnormals, infinities and NaN payloads kept).
-float f16_to_f32(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  uint32_t exp = (h >> 10) & 0x1fu;
-  uint32_t man = h & 0x3ffu;
-  uint32_t bits;
-  if (exp == 0x1f) {
-    bits = sign | 0x7f800000u | (man << 13);
-  } else if (exp != 0) {
-    bits = sign | ((exp + 112u) << 23) | (man << 13);
-  } else if (man == 0) {
-    bits = sign;
-  } else {  // subnormal half: normalise
-    int e = -1;
-    do {
-      ++e;
-      man <<= 1;
-    } while ((man & 0x400u) == 0);
-    bits = sign | ((112u - static_cast<uint32_t>(e)) << 23) | ((man & 0x3ffu) << 13);
-  }
-  return std::bit_cast<float>(bits);
-}
 
 class Binder {
  public:
@@ -110,29 +86,11 @@ class Binder {
     used_ += n;
     return s;
   }
+  // Exact widening (io/widen.hpp, tested on every F16 / BF16 bit pattern). A U8 tensor is packed
+  // MXFP4 data or scales, never a vector or a dense matrix.
   static void widen_into(io::DType d, const std::byte* src, std::span<float> dst) {
-    switch (d) {
-      case io::DType::F32:
-        std::memcpy(dst.data(), src, dst.size() * 4);
-        return;
-      case io::DType::BF16:
-        for (size_t i = 0; i < dst.size(); ++i) {
-          uint16_t b;
-          std::memcpy(&b, src + 2 * i, 2);
-          dst[i] = kernels::bf16_to_f32(b);
-        }
-        return;
-      case io::DType::F16:
-        for (size_t i = 0; i < dst.size(); ++i) {
-          uint16_t b;
-          std::memcpy(&b, src + 2 * i, 2);
-          dst[i] = f16_to_f32(b);
-        }
-        return;
-      case io::DType::U8:
-        break;
-    }
-    throw io::runtime_error("bind: cannot widen a U8 tensor");
+    if (d == io::DType::U8) throw io::runtime_error("bind: cannot widen a U8 tensor");
+    io::widen_to_f32(d, {src, dst.size() * io::dtype_size(d)}, dst);
   }
 
   const Layout& lay_;
@@ -244,11 +202,11 @@ std::unique_ptr<ResidentModel> ResidentModel::load(const io::ShardSet& shards, c
   const int n = (n_layers <= 0 || n_layers >= c.n_layers) ? c.n_layers : n_layers;
 
   // Locate everything before reading anything, so a missing tensor fails fast.
-  Layout head_lay = locate(plan_model(c), shards, c);
+  Layout head_lay = locate(model_tensors(c), shards, c);
   std::vector<Layout> layer_lays;
   std::vector<std::vector<Layout>> expert_lays(n);
   for (int l = 0; l < n; ++l) {
-    layer_lays.push_back(locate(plan_layer(c, l).tensors, shards, c));
+    layer_lays.push_back(locate(layer_tensors(c, l).tensors, shards, c));
     if (!c.is_dense(l))
       for (int e = 0; e < c.n_experts; ++e) expert_lays[l].push_back(locate_expert(shards, c, l, e));
   }

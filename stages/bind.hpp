@@ -3,7 +3,7 @@
 // caller-given area. Nothing here owns weight memory except ResidentModel at the end.
 //
 // Binding a layer from a slot buffer (streaming engine):
-//   Layout lay = locate(plan_layer(cfg, l).tensors, shards, cfg);    // once per layer, at start
+//   Layout lay = locate(layer_tensors(cfg, l).tensors, shards, cfg);    // once per layer, at start
 //   read lay.buffer_bytes into the slot so its first byte sits at an address == lay.base_mod8
 //   (mod 8) -- an O_DIRECT window read keeps the file's alignment, so it does -- then
 //   LayerWeights w = bind_layer(cfg, l, lay, slot_bytes, widen_area /* lay.widen_floats */);
@@ -22,7 +22,7 @@
 #include "io/config.hpp"
 #include "io/safetensors.hpp"
 #include "kernels/weights.hpp"
-#include "stages/plan.hpp"
+#include "stages/tensors.hpp"
 
 namespace k3::stages {
 

@@ -1,4 +1,4 @@
-// Test helpers for tests that run the k3flow binary (K3FLOW_BIN) as a child: a temp directory, whole
+// Test helpers for tests that run the k3flow binary (K3FLOW_BIN) as a child: a temp directory (tests/temp_dir.hpp), whole
 // files, and a time-bounded run that captures stdout, stderr, the exit code and the child's peak RSS:
 // of k3flow with its arguments as plain words (k3flow), or of a shell command line (shell, k3flow_sh).
 #pragma once
@@ -21,6 +21,8 @@
 #include <utility>
 #include <vector>
 
+#include "tests/temp_dir.hpp"
+
 // A sanitized build (K3_SANITIZED, .ci/sanitize): ASan's shadow memory and quarantine make a
 // process larger than the allowance `k3flow plan` counts for it, so `generate` plans with its own
 // measurement (and says so in a NOTE) and its split differs from plan's. Comparisons of the two, and
@@ -41,21 +43,6 @@ inline constexpr bool kSanitized = false;
   } while (0)
 
 namespace k3::test {
-
-struct TempDir {
-  std::filesystem::path path;
-  TempDir() : TempDir(std::filesystem::temp_directory_path()) {}
-  // A new directory under `parent` (e.g. the build directory, for real disk rather than a tmpfs).
-  explicit TempDir(const std::filesystem::path& parent, const std::string& prefix = "k3_run_") {
-    std::string tmpl = (parent / (prefix + "XXXXXX")).string();
-    REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
-    path = tmpl;
-  }
-  ~TempDir() { std::filesystem::remove_all(path); }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  std::string operator/(const std::string& name) const { return (path / name).string(); }
-};
 
 inline std::string slurp(const std::filesystem::path& p) {
   std::ifstream f(p, std::ios::binary);

@@ -16,11 +16,14 @@
 #include "io/error.hpp"
 #include "io/safetensors.hpp"
 #include "io/safetensors_writer.hpp"
+#include "io/widen.hpp"
 #include "stages/bind.hpp"
 #include "stages/forward.hpp"
 #include "tests/fixture_json.hpp"
+#include "tests/temp_dir.hpp"
 
 namespace fs = std::filesystem;
+using k3::test::TempDir;
 using namespace k3;
 
 namespace {
@@ -28,16 +31,6 @@ namespace {
 struct Tensor {
   io::TensorEntry entry;
   std::vector<std::byte> bytes;
-};
-
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "k3bind.XXXXXX").string();
-    REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
-    path = tmpl;
-  }
-  ~TempDir() { fs::remove_all(path); }
 };
 
 std::vector<Tensor> tiny_tensors() {
@@ -209,6 +202,16 @@ TEST_CASE("BF16 storage binds to the same bits as F32 holding the same values; F
   CHECK(std::memcmp(a.data(), b.data(), a.size() * 4) == 0);
 }
 
+TEST_CASE("the kernels read BF16 weights in place with the same map io widens them with") {
+  // A BF16 matrix is bound in place and read by kernels::bf16_to_f32; vectors and misaligned
+  // tensors are widened by io::widen_to_f32 (tested exhaustively in test_safetensors). Both must
+  // give the same bits for every pattern, or a tensor would change value with its alignment.
+  for (uint32_t b = 0; b < 0x10000; ++b)
+    if (std::bit_cast<uint32_t>(kernels::bf16_to_f32(uint16_t(b))) !=
+        std::bit_cast<uint32_t>(io::bf16_to_f32(uint16_t(b))))
+      FAIL("bf16 " << b);
+}
+
 TEST_CASE("a misaligned F32 run (odd-sized tensor first) binds through the widen area to the golden bits") {
   TempDir d;
   auto ts = tiny_tensors();
@@ -219,7 +222,7 @@ TEST_CASE("a misaligned F32 run (odd-sized tensor first) binds through the widen
   write_checkpoint(d.path / "m", ts);
   const io::ModelConfig c = io::load_config(d.path / "m" / "config.json");
   const io::ShardSet shards = io::ShardSet::open(d.path / "m");
-  const stages::Layout lay = stages::locate(stages::plan_layer(c, 1).tensors, shards, c);
+  const stages::Layout lay = stages::locate(stages::layer_tensors(c, 1).tensors, shards, c);
   CHECK(lay.base_mod8 % 4 != 0);
   CHECK(lay.widen_floats > 0);
   std::vector<int32_t> full = kIds;
@@ -237,7 +240,7 @@ TEST_CASE("a misaligned F32 run (odd-sized tensor first) binds through the widen
 TEST_CASE("bind_layer checks its buffer: size, widen area, address alignment") {
   const io::ModelConfig c = io::load_config(test::fixture_path("tiny-k3/config.json"));
   const io::ShardSet shards = io::ShardSet::open(test::fixture_path("tiny-k3"));
-  const stages::Layout lay = stages::locate(stages::plan_layer(c, 3).tensors, shards, c);
+  const stages::Layout lay = stages::locate(stages::layer_tensors(c, 3).tensors, shards, c);
   io::AlignedBuffer buf(lay.buffer_bytes + 16);
   std::span<std::byte> bytes = buf.bytes().subspan(lay.base_mod8, lay.buffer_bytes);
   stages::read_layout(lay, shards, bytes);
@@ -338,11 +341,11 @@ TEST_CASE("place(): binding a layer from bytes packed elsewhere (a trunk slot) g
   const io::ShardSet shards = io::ShardSet::open(test::fixture_path("tiny-k3"));
   for (int l : {0, 1, 3}) {
     CAPTURE(l);
-    const stages::LayerPlan plan = stages::plan_layer(c, l);
+    const stages::LayerTensors layer = stages::layer_tensors(c, l);
     // Pack the layer the way a trunk file might: reversed order, 64-aligned, after a 4096-byte gap.
     std::vector<stages::Placement> packed;
     uint64_t pos = 4096;
-    for (auto it = plan.tensors.rbegin(); it != plan.tensors.rend(); ++it) {
+    for (auto it = layer.tensors.rbegin(); it != layer.tensors.rend(); ++it) {
       const io::TensorInfo t = *shards.find(it->name);
       packed.push_back({t, io::align_up(pos, 64)});
       pos = packed.back().offset + t.nbytes;
@@ -350,16 +353,16 @@ TEST_CASE("place(): binding a layer from bytes packed elsewhere (a trunk slot) g
     io::AlignedBuffer slot(pos);
     for (const auto& p : packed) shards.read(p.info, slot.bytes().subspan(p.offset, p.info.nbytes));
     const stages::PlacementLookup lookup = [&](const std::string& name) -> std::optional<stages::Placement> {
-      for (size_t i = 0; i < plan.tensors.size(); ++i)
-        if (plan.tensors[plan.tensors.size() - 1 - i].name == name) return packed[i];
+      for (size_t i = 0; i < layer.tensors.size(); ++i)
+        if (layer.tensors[layer.tensors.size() - 1 - i].name == name) return packed[i];
       return std::nullopt;
     };
-    const stages::Layout lay = stages::place(plan.tensors, lookup, c, pos);
+    const stages::Layout lay = stages::place(layer.tensors, lookup, c, pos);
     CHECK(lay.widen_floats > 0);  // the vectors
     std::vector<float> widen(lay.widen_floats);
     const stages::LayerWeights a = stages::bind_layer(c, l, lay, slot.bytes().first(pos), widen);
 
-    const stages::Layout ref_lay = stages::locate(plan.tensors, shards, c);
+    const stages::Layout ref_lay = stages::locate(layer.tensors, shards, c);
     io::AlignedBuffer ref(ref_lay.buffer_bytes + 8);
     const auto ref_bytes = ref.bytes().subspan(ref_lay.base_mod8, ref_lay.buffer_bytes);
     stages::read_layout(ref_lay, shards, ref_bytes);
@@ -384,7 +387,7 @@ TEST_CASE("place(): binding a layer from bytes packed elsewhere (a trunk slot) g
       CHECK(same(ka.k_conv, kb.k_conv));
     }
     // A tensor that would end past the buffer is refused by name.
-    CHECK_THROWS_WITH_AS(stages::place(plan.tensors, lookup, c, pos - 1), doctest::Contains("-byte buffer"),
+    CHECK_THROWS_WITH_AS(stages::place(layer.tensors, lookup, c, pos - 1), doctest::Contains("-byte buffer"),
                          io::Error);
   }
 }

@@ -11,27 +11,20 @@
 
 #include "io/error.hpp"
 #include "io/text/chat_history.hpp"
+#include "tests/temp_dir.hpp"
 
 namespace fs = std::filesystem;
+using k3::test::TempDir;
 using namespace k3::io::text;
 using Role = ChatMessage::Role;
 
 namespace {
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "k3chat.XXXXXX").string();
-    REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
-    path = tmpl;
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::vector<std::string> names() const {
-    std::vector<std::string> out;
-    for (const auto& e : fs::directory_iterator(path)) out.push_back(e.path().filename().string());
-    return out;
-  }
-};
+std::vector<std::string> names(const fs::path& dir) {
+  std::vector<std::string> out;
+  for (const auto& e : fs::directory_iterator(dir)) out.push_back(e.path().filename().string());
+  return out;
+}
 
 void write(const fs::path& p, const std::string& bytes) {
   std::ofstream(p, std::ios::binary) << bytes;
@@ -75,7 +68,7 @@ TEST_CASE("history: round trip of awkward strings, byte for byte") {
   save_history(file, h);
   CHECK(read(file) == history_jsonl(h));
   CHECK(load_history(file) == h);
-  CHECK(d.names() == std::vector<std::string>{"chat.jsonl"});  // no temporary left behind
+  CHECK(names(d.path) == std::vector<std::string>{"chat.jsonl"});  // no temporary left behind
 
   // The exact serialisation.
   CHECK(history_jsonl(std::vector<ChatMessage>{h[1]}) ==
@@ -91,7 +84,7 @@ TEST_CASE("history: round trip of awkward strings, byte for byte") {
   const std::vector<ChatMessage> shorter(h.begin(), h.begin() + 3);
   save_history(file, shorter);
   CHECK(load_history(file) == shorter);
-  CHECK(d.names() == std::vector<std::string>{"chat.jsonl"});
+  CHECK(names(d.path) == std::vector<std::string>{"chat.jsonl"});
 }
 
 TEST_CASE("history: load accepts escapes, any key order, CRLF, no final newline") {
@@ -166,7 +159,7 @@ TEST_CASE("history: save refuses what it could not load back, and leaves no file
           save_history(file, std::vector<ChatMessage>{{Role::user, "q", std::nullopt},
                                                       {Role::assistant, "a", "\xe4\xb8"}});
         }) == "cannot save " + f + ": message 2: reasoning is not valid UTF-8");
-  CHECK(d.names().empty());
+  CHECK(names(d.path).empty());
 
   const fs::path nowhere = d.path / "no" / "such" / "h.jsonl";
   CHECK(runtime_message([&] {
@@ -183,6 +176,6 @@ TEST_CASE("history: save refuses what it could not load back, and leaves no file
           }).starts_with("cannot write " + f + ": "));
     REQUIRE(::chmod(d.path.c_str(), 0755) == 0);
     CHECK(read(file) == before);
-    CHECK(d.names() == std::vector<std::string>{"h.jsonl"});
+    CHECK(names(d.path) == std::vector<std::string>{"h.jsonl"});
   }
 }

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "tests/fixture_json.hpp"
+#include "tests/temp_dir.hpp"
 
 namespace fs = std::filesystem;
 
@@ -22,9 +23,8 @@ std::string slurp(const fs::path& p) {
 }  // namespace
 
 TEST_CASE("convert_tiny_k3.py output is byte-identical to the committed fixtures/tiny-k3") {
-  std::string tmpl = (fs::temp_directory_path() / "k3conv.XXXXXX").string();
-  REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
-  const fs::path out = fs::path(tmpl) / "tiny-k3";
+  const k3::test::TempDir tmp("k3conv.");
+  const fs::path out = tmp.path / "tiny-k3";
   const std::string cmd = "/usr/bin/python3 " + k3::test::fixture_path("convert_tiny_k3.py") + " --src " +
                           std::string(K3_FIXTURES) + " --out " + out.string() + " > /dev/null";
   REQUIRE(std::system(cmd.c_str()) == 0);
@@ -41,5 +41,4 @@ TEST_CASE("convert_tiny_k3.py output is byte-identical to the committed fixtures
   for (const auto& e : fs::directory_iterator(k3::test::fixture_path("tiny-k3")))
     files += e.is_regular_file();
   CHECK(files == 5);  // nothing else in the committed directory
-  fs::remove_all(tmpl);
 }

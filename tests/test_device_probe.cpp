@@ -17,21 +17,13 @@
 #include "io/packed_trunk.hpp"
 #include "io/safetensors.hpp"
 #include "pipeline/device_probe.hpp"
+#include "tests/temp_dir.hpp"
 
 namespace fs = std::filesystem;
+using k3::test::TempDir;
 using namespace k3::pipeline;
 
 namespace {
-
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "k3probe_test.XXXXXX").string();
-    REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
-    path = tmpl;
-  }
-  ~TempDir() { fs::remove_all(path); }
-};
 
 void k3flow(const std::string& args) {
   const std::string cmd = fmt::format("{} {} >/dev/null 2>&1", K3FLOW_BIN, args);
@@ -118,14 +110,8 @@ long long storage_read_bytes() {
 
 TEST_CASE("the device ceiling reads what it claims: bytes, the queue depth reached, O_DIRECT") {
   // On the build directory's disk, not a tmpfs: O_DIRECT and the block layer's count need a real one.
-  const fs::path parent = fs::current_path();
-  std::string tmpl = (parent / "k3ceiling_test.XXXXXX").string();
-  REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
-  struct Rm {
-    fs::path p;
-    ~Rm() { fs::remove_all(p); }
-  } rm{tmpl};
-  const fs::path model = fs::path(tmpl) / "tiny", trunk_dir = fs::path(tmpl) / "trunk";
+  const TempDir tmp(fs::current_path(), "k3ceiling_test.");
+  const fs::path model = tmp.path / "tiny", trunk_dir = tmp.path / "trunk";
   k3flow(fmt::format("synth {} --size tiny --seed 2", model.string()));
   k3flow(fmt::format("pack-trunk {} {}", model.string(), trunk_dir.string()));
   const k3::io::ModelConfig cfg = k3::io::load_config(model / "config.json");

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/temp_dir.hpp"
 #include "io/config.hpp"
 #include "io/packed_trunk.hpp"
 #include "io/safetensors.hpp"
@@ -29,17 +30,10 @@
 namespace fs = std::filesystem;
 using namespace k3;
 
+using k3::test::TempDir;
+
 namespace {
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "k3_graph_XXXXXX").string();
-    REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
-    path = tmpl;
-  }
-  ~TempDir() { fs::remove_all(path); }
-};
 
 // 8 layers: dense layer 0, MoE 1..7, MLA at 3 and 7 (one-based 4, 8), 32 experts of which 4 per token.
 io::ModelConfig test_dims() {
@@ -107,7 +101,7 @@ std::vector<float> resident(bool incremental, int gen) {
 struct Streamed {
   std::vector<float> logits;
   pipeline::StreamTotals totals;
-  pipeline::Plan plan;
+  pipeline::MemoryPlan plan;
 };
 
 // budget: 0 = the floor, else bytes. `before` runs on the built model before the decode.

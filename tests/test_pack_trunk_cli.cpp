@@ -25,11 +25,8 @@ namespace fs = std::filesystem;
 namespace {
 
 using k3::test::slurp;
+using k3::test::TempDir;
 
-// Under the build directory (the tests' working directory): real disk.
-struct TempDir : k3::test::TempDir {
-  TempDir() : k3::test::TempDir(fs::current_path(), "k3_pack_cli_") {}
-};
 
 struct Run {
   int code;  // exit status, or 128 + signal
@@ -51,7 +48,7 @@ fs::path synth(const fs::path& dir, const std::string& args) {
 }  // namespace
 
 TEST_CASE("pack-trunk writes every layer's trunk byte-exactly; --verify passes; plan --trunk agrees") {
-  TempDir tmp;
+  TempDir tmp(fs::current_path(), "k3_pack_cli_");  // the build directory: real disk
   fs::path model = synth(tmp.path / "model", "--size tiny --shards 3");
   fs::path trunk = tmp.path / "trunk";
   Run r = k3flow("pack-trunk " + model.string() + " " + trunk.string() + " --verify");
@@ -104,7 +101,7 @@ TEST_CASE("pack-trunk writes every layer's trunk byte-exactly; --verify passes; 
 }
 
 TEST_CASE("an interrupted pack-trunk leaves no trunk.json or trunk.bin") {
-  TempDir tmp;
+  TempDir tmp(fs::current_path(), "k3_pack_cli_");  // the build directory: real disk
   fs::path model = synth(tmp.path / "model", "--size tiny");
   fs::path trunk = tmp.path / "trunk";
   SUBCASE("error mid-way: exit 1, nothing left") {
@@ -128,7 +125,7 @@ TEST_CASE("an interrupted pack-trunk leaves no trunk.json or trunk.bin") {
 }
 
 TEST_CASE("a trunk packed from another model is refused by plan, naming trunk.json") {
-  TempDir tmp;
+  TempDir tmp(fs::current_path(), "k3_pack_cli_");  // the build directory: real disk
   fs::path small = synth(tmp.path / "small", "--size tiny --layers 5");
   fs::path model = synth(tmp.path / "model", "--size tiny");
   REQUIRE(k3flow("pack-trunk " + small.string() + " " + (tmp.path / "trunk").string()).code == 0);
@@ -162,7 +159,7 @@ void edit_json(const fs::path& trunk, const std::string& from, const std::string
 }  // namespace
 
 TEST_CASE("a trunk packed from another checkpoint with the same layer count is refused by generate") {
-  TempDir tmp;
+  TempDir tmp(fs::current_path(), "k3_pack_cli_");  // the build directory: real disk
   fs::path a = synth(tmp.path / "a", "--size tiny --seed 1");
   fs::path b = synth(tmp.path / "b", "--size tiny --seed 2");  // same shapes, other bytes
   fs::path c = synth(tmp.path / "c", "--size tiny --seed 1 --shards 2");
@@ -201,7 +198,7 @@ TEST_CASE("a trunk packed from another checkpoint with the same layer count is r
 
 TEST_CASE(
     "generate verifies each trunk layer's xxh64 when it is read; trunk.json offsets are bound-checked") {
-  TempDir tmp;
+  TempDir tmp(fs::current_path(), "k3_pack_cli_");  // the build directory: real disk
   fs::path model = synth(tmp.path / "model", "--size tiny");
   fs::path trunk = tmp.path / "trunk";
   REQUIRE(k3flow("pack-trunk " + model.string() + " " + trunk.string()).code == 0);
@@ -258,7 +255,7 @@ TEST_CASE(
 }
 
 TEST_CASE("pack-trunk: SIGINT / SIGTERM remove the temporaries and the directory it created; --force") {
-  TempDir tmp;
+  TempDir tmp(fs::current_path(), "k3_pack_cli_");  // the build directory: real disk
   fs::path model = synth(tmp.path / "model", "--size tiny");
   for (const char* sig : {"INT", "TERM"}) {
     CAPTURE(sig);

@@ -19,24 +19,16 @@
 #include "io/packed_trunk.hpp"
 #include "io/safetensors.hpp"
 #include "io/safetensors_writer.hpp"
+#include "tests/temp_dir.hpp"
 
 namespace fs = std::filesystem;
+using k3::test::TempDir;
 using k3::io::DType;
 using k3::io::PackedTrunk;
 using k3::io::ShardSet;
 using k3::io::TensorEntry;
 
 namespace {
-
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string tmpl = (fs::current_path() / "k3_packed_trunk_XXXXXX").string();  // build dir: real disk
-    REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
-    path = tmpl;
-  }
-  ~TempDir() { fs::remove_all(path); }
-};
 
 struct ScopedEnv {
   const char* name;
@@ -166,7 +158,7 @@ TEST_CASE("trunk_layer_of keeps layer tensors and drops routed experts and model
 }
 
 TEST_CASE("pack-trunk copies every trunk tensor byte-exactly to aligned offsets with checksums") {
-  TempDir tmp;
+  TempDir tmp(fs::current_path(), "k3_packed_trunk_");  // the build directory: real disk
   fs::path model = make_checkpoint(tmp.path / "model");
   fs::path out = tmp.path / "trunk";
   ShardSet shards = ShardSet::open(model);
@@ -286,7 +278,7 @@ TEST_CASE("pack-trunk copies every trunk tensor byte-exactly to aligned offsets 
 }
 
 TEST_CASE("a checkpoint missing a layer is refused before anything is written") {
-  TempDir tmp;
+  TempDir tmp(fs::current_path(), "k3_packed_trunk_");  // the build directory: real disk
   fs::path model = make_checkpoint(tmp.path / "model");
   ShardSet shards = ShardSet::open(model);
   std::string m = error_of([&] { k3::io::pack_trunk(shards, 4, tmp.path / "trunk"); });
@@ -297,7 +289,7 @@ TEST_CASE("a checkpoint missing a layer is refused before anything is written") 
 }
 
 TEST_CASE("an interrupted pack leaves no trunk.json or trunk.bin") {
-  TempDir tmp;
+  TempDir tmp(fs::current_path(), "k3_packed_trunk_");  // the build directory: real disk
   fs::path model = make_checkpoint(tmp.path / "model");
   fs::path out = tmp.path / "trunk";
   SUBCASE("failure (exception): partial files are removed too") {
@@ -350,7 +342,7 @@ TEST_CASE("an interrupted pack leaves no trunk.json or trunk.bin") {
 }
 
 TEST_CASE("trunk.json records its source; check_source refuses another checkpoint and older trunk.json") {
-  TempDir tmp;
+  TempDir tmp(fs::current_path(), "k3_packed_trunk_");  // the build directory: real disk
   fs::path model = make_checkpoint(tmp.path / "model");
   fs::path out = tmp.path / "trunk";
   {
@@ -411,7 +403,7 @@ TEST_CASE("trunk.json records its source; check_source refuses another checkpoin
 TEST_CASE(
     "check_loaded: a layer's bytes are hashed the first time only; a mismatch names trunk.bin and the "
     "layer") {
-  TempDir tmp;
+  TempDir tmp(fs::current_path(), "k3_packed_trunk_");  // the build directory: real disk
   fs::path model = make_checkpoint(tmp.path / "model");
   fs::path out = tmp.path / "trunk";
   ShardSet shards = ShardSet::open(model);
@@ -435,7 +427,7 @@ TEST_CASE(
 }
 
 TEST_CASE("trunk.json offsets are bound-checked without wrap-around") {
-  TempDir tmp;
+  TempDir tmp(fs::current_path(), "k3_packed_trunk_");  // the build directory: real disk
   fs::path model = make_checkpoint(tmp.path / "model");
   fs::path out = tmp.path / "trunk";
   ShardSet shards = ShardSet::open(model);
@@ -456,7 +448,7 @@ TEST_CASE("trunk.json offsets are bound-checked without wrap-around") {
 TEST_CASE("a source shard without header_xxh64 is refused naming trunk.json and the field") {
   // Fuzzing finding: the missing key's lookup was converted to an element, which threw simdjson's
   // own exception ("The JSON field referenced does not exist in this object") out of open().
-  TempDir tmp;
+  TempDir tmp(fs::current_path(), "k3_packed_trunk_");  // the build directory: real disk
   fs::path model = make_checkpoint(tmp.path / "model");
   fs::path out = tmp.path / "trunk";
   k3::io::pack_trunk(ShardSet::open(model), 3, out);

@@ -10,7 +10,7 @@
 #include "pipeline/planner.hpp"
 
 using k3::pipeline::LayerFootprint;
-using k3::pipeline::Plan;
+using k3::pipeline::MemoryPlan;
 using k3::pipeline::PlanBudget;
 using k3::pipeline::PlanInputs;
 
@@ -45,7 +45,7 @@ PlanBudget total(uint64_t bytes, std::string source = "test") {
   return b;
 }
 
-void check_consistent(const Plan& p) {
+void check_consistent(const MemoryPlan& p) {
   uint64_t sum = 0;
   for (const auto& t : p.pools) {
     CAPTURE(t.name);
@@ -68,7 +68,7 @@ TEST_CASE("laptop (8 GiB) plans K3 with a 2-slot ring, layer 0 spanning both, an
   PlanInputs in = k3_like();
   PlanBudget b = total(k3::pipeline::preset_budget("laptop", in), "preset laptop");
   CHECK(b.total == 8 * kGiB);
-  Plan p = k3::pipeline::make_plan(in, b);
+  MemoryPlan p = k3::pipeline::make_plan(in, b);
   MESSAGE(k3::pipeline::format_plan(p));
   check_consistent(p);
   CHECK(p.total() <= 8 * kGiB);
@@ -82,10 +82,10 @@ TEST_CASE("laptop (8 GiB) plans K3 with a 2-slot ring, layer 0 spanning both, an
 
 TEST_CASE("bigger budgets pin more layers, largest first; the ring shrinks once layer 0 is pinned") {
   PlanInputs in = k3_like();
-  Plan p8 = k3::pipeline::make_plan(in, total(8 * kGiB));
-  Plan p32 = k3::pipeline::make_plan(in, total(32 * kGiB));
-  Plan p128 = k3::pipeline::make_plan(in, total(128 * kGiB));
-  for (const Plan* p : {&p8, &p32, &p128}) check_consistent(*p);
+  MemoryPlan p8 = k3::pipeline::make_plan(in, total(8 * kGiB));
+  MemoryPlan p32 = k3::pipeline::make_plan(in, total(32 * kGiB));
+  MemoryPlan p128 = k3::pipeline::make_plan(in, total(128 * kGiB));
+  for (const MemoryPlan* p : {&p8, &p32, &p128}) check_consistent(*p);
   CHECK(p32.pinned.size() > p8.pinned.size());
   CHECK(p128.pinned.size() > p32.pinned.size());
   // Layer 0 is the largest, so it is the first pinned; then slots hold the largest KDA layer.
@@ -126,7 +126,7 @@ TEST_CASE("a budget below the floor is refused naming the missing bytes") {
 
 TEST_CASE("the ultra preset is exactly the floor and still gives every pool its minimum") {
   PlanInputs in = k3_like(0);
-  Plan p = k3::pipeline::make_plan(in, total(k3::pipeline::preset_budget("ultra", in)));
+  MemoryPlan p = k3::pipeline::make_plan(in, total(k3::pipeline::preset_budget("ultra", in)));
   check_consistent(p);
   CHECK(p.total() == p.floor);
   CHECK(p.ring_slots == 2);
@@ -141,19 +141,19 @@ TEST_CASE("pinning iterates to a fixed point: a pin that shrinks the slot frees 
   in.layers = {{10 * kPage, 0}, {4 * kPage, 0}, {4 * kPage, 0}, {4 * kPage, 0}};
   // Floor: slot = max(4, 10/2 = 5) pages, the outlier spans 2 slots: ring 10 pages.
   CHECK(k3::pipeline::plan_floor(in) == 10 * kPage);
-  Plan floor = k3::pipeline::make_plan(in, total(10 * kPage));
+  MemoryPlan floor = k3::pipeline::make_plan(in, total(10 * kPage));
   CHECK(floor.spanning_layer == 0);
   CHECK(floor.span_slots == 2);
   CHECK(floor.slot_read_bytes == 5 * kPage);
   // 24 pages: pass 1 pins the outlier and one 4-page layer (ring still 10); pass 2 sees the ring
   // would now be 2 x 4 pages and the last two layers fit in its place: the trunk becomes resident.
-  Plan p = k3::pipeline::make_plan(in, total(24 * kPage));
+  MemoryPlan p = k3::pipeline::make_plan(in, total(24 * kPage));
   check_consistent(p);
   CHECK(p.pinned.size() == 4);
   CHECK(p.ring_slots == 0);
   CHECK(p.total() == 22 * kPage);
   // 20 pages: the outlier is pinned and the ring is 8 pages; 2 pages stay unassigned.
-  Plan q = k3::pipeline::make_plan(in, total(20 * kPage));
+  MemoryPlan q = k3::pipeline::make_plan(in, total(20 * kPage));
   CHECK(q.pinned == std::vector<int>{0});
   CHECK(q.ring_slots == 2);
   CHECK(q.slot_read_bytes == 4 * kPage);
@@ -165,7 +165,7 @@ TEST_CASE("streamed layers of one size are spread over the token, not bunched af
   // layer 0, then each the farthest from those already streamed, cyclically; ties to the lower).
   PlanInputs even;
   even.layers.assign(16, {4 * kPage, 0});
-  Plan p = k3::pipeline::make_plan(even, total((8 + 8 * 4) * kPage));
+  MemoryPlan p = k3::pipeline::make_plan(even, total((8 + 8 * 4) * kPage));
   check_consistent(p);
   CHECK(p.pinned == std::vector<int>{1, 3, 5, 7, 9, 11, 13, 15});
   CHECK(p.streamed_bytes == 8 * 4 * kPage);
@@ -175,7 +175,7 @@ TEST_CASE("streamed layers of one size are spread over the token, not bunched af
   // layers are 15, 0, 1 (nine of sixteen cannot all be apart).
   PlanInputs wide;
   for (int l = 0; l < 16; ++l) wide.layers.push_back({(l % 4 == 3 ? 3 : 4) * kPage, 0});
-  Plan q = k3::pipeline::make_plan(wide, total((8 + 7 * 4) * kPage));
+  MemoryPlan q = k3::pipeline::make_plan(wide, total((8 + 7 * 4) * kPage));
   check_consistent(q);
   CHECK(q.pinned == std::vector<int>{2, 4, 6, 8, 10, 12, 14});
   CHECK(q.streamed_bytes == (5 * 4 + 4 * 3) * kPage);  // the same sizes as lowest-index pinning
@@ -186,7 +186,7 @@ TEST_CASE("a trunk smaller than the ring is planned resident") {
   PlanInputs in;
   in.layers = {{3 * kPage, kPage}, {3 * kPage, kPage}};
   CHECK(k3::pipeline::plan_floor(in) == 8 * kPage);
-  Plan p = k3::pipeline::make_plan(in, total(8 * kPage));
+  MemoryPlan p = k3::pipeline::make_plan(in, total(8 * kPage));
   CHECK(p.ring_slots == 0);
   CHECK(p.pinned.size() == 2);
 }
@@ -197,7 +197,7 @@ TEST_CASE("split budgets: ring + pins within --trunk-gb, expert slots within --c
   b.trunk = 16 * kGiB;
   b.experts = 2 * kGiB;
   b.source = "--trunk-gb 16 --cache-gb 2";
-  Plan p = k3::pipeline::make_plan(in, b);
+  MemoryPlan p = k3::pipeline::make_plan(in, b);
   check_consistent(p);
   uint64_t trunk = 0, experts = 0;
   for (const auto& t : p.pools) {
@@ -216,7 +216,7 @@ TEST_CASE("split budgets: ring + pins within --trunk-gb, expert slots within --c
 }
 
 TEST_CASE("plan JSON: pools sum to total, fields agree with the plan") {
-  Plan p = k3::pipeline::make_plan(k3_like(), total(32 * kGiB, "--mem-gb 32"));
+  MemoryPlan p = k3::pipeline::make_plan(k3_like(), total(32 * kGiB, "--mem-gb 32"));
   std::string j = k3::pipeline::plan_json(p);
   simdjson::dom::parser parser;
   simdjson::dom::element doc = parser.parse(j);
@@ -234,9 +234,9 @@ TEST_CASE("a budget past the model's size: every layer pinned, no ring, one slot
   PlanInputs in = k3_like();
   in.routed_experts = 92 * 896;
   // K3: ~109 GB of trunk and 92 x 896 experts of 17.5 MB (~1.45 TB): 2 TiB holds it all.
-  const Plan a = k3::pipeline::make_plan(in, total(2048 * kGiB));
-  const Plan b = k3::pipeline::make_plan(in, total(8192 * kGiB));
-  for (const Plan* p : {&a, &b}) {
+  const MemoryPlan a = k3::pipeline::make_plan(in, total(2048 * kGiB));
+  const MemoryPlan b = k3::pipeline::make_plan(in, total(8192 * kGiB));
+  for (const MemoryPlan* p : {&a, &b}) {
     CHECK(p->pinned.size() == 93);
     CHECK(p->ring_slots == 0);
     CHECK(p->streamed_bytes == 0);
@@ -255,11 +255,11 @@ TEST_CASE("a budget past the model's size: every layer pinned, no ring, one slot
   split.trunk = 512 * kGiB;
   split.experts = 4096 * kGiB;
   split.source = "split";
-  const Plan s = k3::pipeline::make_plan(in, split);
+  const MemoryPlan s = k3::pipeline::make_plan(in, split);
   CHECK(s.total() == a.total());
 
   // A plan one byte short of holding everything does not claim to.
-  const Plan short_one = k3::pipeline::make_plan(in, total(a.total() - 1));
+  const MemoryPlan short_one = k3::pipeline::make_plan(in, total(a.total() - 1));
   CHECK(!short_one.holds_model());
   CHECK(k3::pipeline::format_plan(short_one).find("left unallocated") == std::string::npos);
 }
@@ -267,7 +267,7 @@ TEST_CASE("a budget past the model's size: every layer pinned, no ring, one slot
 TEST_CASE("fewer routed experts than in-flight + lookahead slots: no lookahead, the cache holds the rest") {
   PlanInputs in = k3_like();
   in.routed_experts = 20;  // top_k 16: 16 in flight, no room for 16 more
-  const Plan p = k3::pipeline::make_plan(in, total(512 * kGiB));
+  const MemoryPlan p = k3::pipeline::make_plan(in, total(512 * kGiB));
   CHECK(p.inflight_slots == 16);
   CHECK(p.lookahead_slots == 0);
   CHECK(p.cache_slots == 4);

@@ -11,6 +11,8 @@
 #include <fstream>
 #include <map>
 #include <random>
+#include <span>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -18,9 +20,11 @@
 #include "io/file.hpp"
 #include "io/safetensors.hpp"
 #include "io/widen.hpp"
+#include "tests/temp_dir.hpp"
 
 using namespace k3::io;
 namespace fs = std::filesystem;
+using k3::test::TempDir;
 
 namespace {
 
@@ -107,19 +111,6 @@ std::vector<float> widen(const ShardSet& set, const TensorInfo& t) {
   widen_to_f32(t.dtype, raw, out);
   return out;
 }
-
-// A scratch directory removed at scope exit.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static int n = 0;
-    path = fs::temp_directory_path() / ("k3_st_" + std::to_string(::getpid()) + "_" + std::to_string(n++));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  fs::path operator/(const std::string& f) const { return path / f; }
-};
 
 // [u64 LE header length][header][data_len zero bytes]; `length` overrides the length field.
 void write_shard(const fs::path& p, const std::string& header, uint64_t data_len,
@@ -282,6 +273,26 @@ TEST_CASE("widening: every F16 and BF16 bit pattern maps exactly") {
   }
   CHECK(std::bit_cast<uint32_t>(bf16_to_f32(0x7fc1)) == 0x7fc10000u);
   CHECK(std::bit_cast<uint32_t>(bf16_to_f32(0x0001)) == 0x00010000u);
+  // BF16 is the top half of an f32: every pattern, NaN payloads and subnormals included.
+  for (uint32_t b = 0; b < 0x10000; ++b)
+    if (std::bit_cast<uint32_t>(bf16_to_f32(static_cast<uint16_t>(b))) != b << 16) FAIL("bf16 " << b);
+  // widen_to_f32 (what stages/bind.cpp widens weights with) over a buffer of every little-endian
+  // pattern gives the scalar maps' bits, element for element.
+  std::vector<std::byte> all(2 * 0x10000);
+  for (uint32_t v = 0; v < 0x10000; ++v) {
+    all[2 * v] = std::byte(v & 0xFF);
+    all[2 * v + 1] = std::byte(v >> 8);
+  }
+  std::vector<float> wide(0x10000);
+  for (DType d : {DType::F16, DType::BF16}) {
+    widen_to_f32(d, all, wide);
+    for (uint32_t v = 0; v < 0x10000; ++v) {
+      const float want = d == DType::F16 ? f16_to_f32(uint16_t(v)) : bf16_to_f32(uint16_t(v));
+      if (std::bit_cast<uint32_t>(wide[v]) != std::bit_cast<uint32_t>(want)) FAIL("widen_to_f32 " << v);
+    }
+  }
+  CHECK_THROWS_AS(widen_to_f32(DType::F16, std::span(all).first(3), std::span(wide).first(1)),
+                  std::invalid_argument);
 }
 
 TEST_CASE("cache fixture: 24 experts x 6 tensors with the documented byte pattern") {
@@ -517,13 +528,13 @@ TEST_CASE("refused: a shard that is a directory is named as a directory, not as 
       << R"({"weight_map": {"plain.f32.2d": "a.safetensors", "second.shard.f32": "b.safetensors"}})";
   std::string m = refusal(d.path);
   CHECK_MESSAGE(
-      has(m, "second.shard.f32: names shard " + (d / "b.safetensors").string() + ", which is a directory"),
+      has(m, "second.shard.f32: names shard " + d / "b.safetensors" + ", which is a directory"),
       m);
   CHECK_FALSE(has(m, "missing"));
   // Without an index, a *.safetensors directory is refused by name rather than skipped.
   fs::remove(d / "model.safetensors.index.json");
   m = refusal(d.path);
-  CHECK_MESSAGE(has(m, (d / "b.safetensors").string() + ": is a directory"), m);
+  CHECK_MESSAGE(has(m, d / "b.safetensors" + ": is a directory"), m);
 }
 
 TEST_CASE("refused: an empty directory, a missing directory") {

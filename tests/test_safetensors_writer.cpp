@@ -14,23 +14,15 @@
 #include "io/error.hpp"
 #include "io/safetensors.hpp"
 #include "io/safetensors_writer.hpp"
+#include "tests/temp_dir.hpp"
 
 namespace fs = std::filesystem;
+using k3::test::TempDir;
 using k3::io::DType;
 using k3::io::SafetensorsWriter;
 using k3::io::TensorEntry;
 
 namespace {
-
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "k3_stw_XXXXXX").string();
-    REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
-    path = tmpl;
-  }
-  ~TempDir() { fs::remove_all(path); }
-};
 
 std::vector<TensorEntry> sample_tensors() {
   return {

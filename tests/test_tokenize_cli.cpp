@@ -194,7 +194,7 @@ TEST_CASE("refusals: usage errors exit 2 naming the flag, malformed files exit 1
   expect_refusal("tokenize --vocab " + kO200k + " a b", 2, "unexpected argument");
   expect_refusal("tokenize --vocab " + kO200k + " $(printf 'ab\\377')", 2, "byte offset 2");
   expect_refusal("detokenize --vocab " + kO200k + " --ids 1,x", 2, "--ids");
-  expect_refusal("detokenize --vocab " + kO200k + " --ids 1,-5", 2, "token id -5");
+  expect_refusal("detokenize --vocab " + kO200k + " --ids 1,-5", 2, "'-5' is not a token id");
   expect_refusal("detokenize --vocab " + kO200k + " --ids 999999", 2, "token id 999999");
   expect_refusal("detokenize --vocab " + kO200k, 2, "--ids");
 

@@ -17,6 +17,7 @@
 #include <string>
 #include <string_view>
 
+#include "io/env.hpp"
 #include "io/error.hpp"
 
 namespace k3::fuzz {
@@ -35,8 +36,8 @@ namespace fs = std::filesystem;
 inline const fs::path& scratch_dir() {
   static const fs::path dir = [] {
     std::error_code ec;
-    const char* env = std::getenv("K3_FUZZ_TMPDIR");
-    fs::path base = env && *env                       ? fs::path(env)
+    const auto env = k3::io::env::text(k3::io::env::kFuzzTmpdir);
+    fs::path base = env                               ? fs::path(*env)
                     : ::access("/dev/shm", W_OK) == 0 ? fs::path("/dev/shm")
                                                       : fs::temp_directory_path(ec);
     if (ec) base = "/tmp";

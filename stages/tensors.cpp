@@ -1,4 +1,4 @@
-#include "stages/plan.hpp"
+#include "stages/tensors.hpp"
 
 #include <fmt/format.h>
 
@@ -11,10 +11,6 @@
 namespace k3::stages {
 
 namespace {
-
-using Shape = std::vector<uint64_t>;
-
-constexpr const char* kPrefix = "language_model.model.";
 
 struct FieldInfo {
   const char* name;
@@ -154,109 +150,31 @@ uint64_t TensorSpec::numel() const {
   return n;
 }
 
-std::string layer_prefix(int layer) {
-  return fmt::format("{}layers.{}.", kPrefix, layer);
+namespace {
+
+TensorSpec spec(io::ReleasedTensor t) {
+  return {std::move(t.name), std::move(t.shape), t.field};
 }
 
-std::string expert_prefix(int layer, int expert) {
-  return fmt::format("{}block_sparse_moe.experts.{}.", layer_prefix(layer), expert);
+std::vector<TensorSpec> specs(std::vector<io::ReleasedTensor> ts) {
+  std::vector<TensorSpec> out;
+  out.reserve(ts.size());
+  for (io::ReleasedTensor& t : ts) out.push_back(spec(std::move(t)));
+  return out;
 }
 
-LayerPlan plan_layer(const io::ModelConfig& c, int layer) {
-  LayerPlan p;
-  p.layer = layer;
-  p.kind = c.layer(layer);
-  const std::string L = layer_prefix(layer);
-  auto add = [&](std::string suffix, Shape shape, Field f) {
-    p.tensors.push_back({L + suffix, std::move(shape), f});
-  };
-  const uint64_t E = u(c.hidden);
-  add("input_layernorm.weight", {E}, Field::input_norm);
-  add("post_attention_layernorm.weight", {E}, Field::post_attn_norm);
-  add("self_attention_res_norm.weight", {E}, Field::attn_res_norm);
-  add("self_attention_res_proj.weight", {1, E}, Field::attn_res_proj);
-  add("mlp_res_norm.weight", {E}, Field::mlp_res_norm);
-  add("mlp_res_proj.weight", {1, E}, Field::mlp_res_proj);
+}  // namespace
 
-  if (p.kind.attention == io::LayerAttention::kda) {
-    const uint64_t H = u(c.kda_heads), D = u(c.kda_head_dim), P = H * D, K = u(c.conv_kernel);
-    add("self_attn.q_proj.weight", {P, E}, Field::kda_q);
-    add("self_attn.k_proj.weight", {P, E}, Field::kda_k);
-    add("self_attn.v_proj.weight", {P, E}, Field::kda_v);
-    add("self_attn.g_proj.weight", {P, E}, Field::kda_g);
-    add("self_attn.o_proj.weight", {E, P}, Field::kda_o);
-    add("self_attn.q_conv1d.weight", {P, 1, K}, Field::kda_q_conv);
-    add("self_attn.k_conv1d.weight", {P, 1, K}, Field::kda_k_conv);
-    add("self_attn.v_conv1d.weight", {P, 1, K}, Field::kda_v_conv);
-    add("self_attn.f_a_proj.weight", {D, E}, Field::kda_f_a);
-    add("self_attn.f_b_proj.weight", {P, D}, Field::kda_f_b);
-    add("self_attn.b_proj.weight", {H, E}, Field::kda_b);
-    add("self_attn.A_log", {D}, Field::kda_a_log);  // per HEAD: only the first H are used
-    add("self_attn.dt_bias", {P}, Field::kda_dt_bias);
-    add("self_attn.o_norm.weight", {D}, Field::kda_o_norm);
-  } else {
-    const uint64_t nh = u(c.mla_heads), qh = u(c.qk_nope + c.qk_rope), kvd = u(c.qk_nope + c.v_head);
-    add("self_attn.q_a_proj.weight", {u(c.q_lora_rank), E}, Field::mla_q_a);
-    add("self_attn.q_a_layernorm.weight", {u(c.q_lora_rank)}, Field::mla_q_a_norm);
-    add("self_attn.q_b_proj.weight", {nh * qh, u(c.q_lora_rank)}, Field::mla_q_b);
-    add("self_attn.kv_a_proj_with_mqa.weight", {u(c.kv_lora_rank + c.qk_rope), E}, Field::mla_kv_a);
-    add("self_attn.kv_a_layernorm.weight", {u(c.kv_lora_rank)}, Field::mla_kv_a_norm);
-    add("self_attn.kv_b_proj.weight", {nh * kvd, u(c.kv_lora_rank)}, Field::mla_kv_b);
-    add("self_attn.o_proj.weight", {E, nh * u(c.v_head)}, Field::mla_o);
-    if (c.mla_out_gate) add("self_attn.g_proj.weight", {nh * u(c.v_head), E}, Field::mla_g);
-  }
-
-  if (p.kind.ffn == io::LayerFfn::dense) {
-    const uint64_t I = u(c.dense_inter);
-    add("mlp.gate_proj.weight", {I, E}, Field::dense_gate);
-    add("mlp.up_proj.weight", {I, E}, Field::dense_up);
-    add("mlp.down_proj.weight", {E, I}, Field::dense_down);
-  } else {
-    const uint64_t N = u(c.n_experts), Lt = u(c.latent), S = u(c.moe_inter * c.n_shared);
-    add("block_sparse_moe.gate.weight", {N, E}, Field::moe_router);
-    // Requested even when latent_norm is off: a checkpoint without it is not the released one.
-    add("block_sparse_moe.gate.e_score_correction_bias", {N}, Field::moe_bias);
-    add("block_sparse_moe.routed_expert_down_proj.weight", {Lt, E}, Field::moe_down);
-    add("block_sparse_moe.routed_expert_up_proj.weight", {E, Lt}, Field::moe_up);
-    add("block_sparse_moe.routed_expert_norm.weight", {Lt}, Field::moe_norm);
-    add("block_sparse_moe.shared_experts.gate_proj.weight", {S, E}, Field::shared_gate);
-    add("block_sparse_moe.shared_experts.up_proj.weight", {S, E}, Field::shared_up);
-    add("block_sparse_moe.shared_experts.down_proj.weight", {E, S}, Field::shared_down);
-  }
-  return p;
+LayerTensors layer_tensors(const io::ModelConfig& c, int layer) {
+  return {layer, c.layer(layer), specs(io::released_layer_trunk(c, layer))};
 }
 
-std::vector<TensorSpec> plan_model(const io::ModelConfig& c) {
-  const uint64_t E = u(c.hidden), V = u(c.vocab);
-  const std::string M = kPrefix;
-  return {
-      {M + "embed_tokens.weight", {V, E}, Field::embed},
-      {M + "norm.weight", {E}, Field::final_norm},
-      {M + "output_attn_res_norm.weight", {E}, Field::out_res_norm},
-      {M + "output_attn_res_proj.weight", {1, E}, Field::out_res_proj},
-      {"language_model.lm_head.weight", {V, E}, Field::lm_head},  // no `.model.`
-  };
+std::vector<TensorSpec> model_tensors(const io::ModelConfig& c) {
+  return specs(io::released_model_tensors(c));
 }
 
-std::vector<TensorSpec> plan_expert(const io::ModelConfig& c, int layer, int expert, ExpertFormat fmt) {
-  const std::string X = expert_prefix(layer, expert);
-  const uint64_t I = u(c.moe_inter), Lt = u(c.latent);
-  if (fmt == ExpertFormat::dense) {
-    return {
-        {X + "w1.weight", {I, Lt}, Field::expert_w1},
-        {X + "w2.weight", {Lt, I}, Field::expert_w2},
-        {X + "w3.weight", {I, Lt}, Field::expert_w3},
-    };
-  }
-  // MXFP4 (docs/model.md §4): two nibbles per byte, one E8M0 scale per 32 logical elements.
-  return {
-      {X + "w1.weight_packed", {I, Lt / 2}, Field::expert_w1_packed},
-      {X + "w1.weight_scale", {I, Lt / 32}, Field::expert_w1_scale},
-      {X + "w2.weight_packed", {Lt, I / 2}, Field::expert_w2_packed},
-      {X + "w2.weight_scale", {Lt, I / 32}, Field::expert_w2_scale},
-      {X + "w3.weight_packed", {I, Lt / 2}, Field::expert_w3_packed},
-      {X + "w3.weight_scale", {I, Lt / 32}, Field::expert_w3_scale},
-  };
+std::vector<TensorSpec> expert_tensors(const io::ModelConfig& c, int layer, int expert, ExpertFormat format) {
+  return specs(io::released_expert(c, layer, expert, format));
 }
 
 namespace {
@@ -400,7 +318,7 @@ Layout locate_expert(const io::ShardSet& shards, const io::ModelConfig& c, int l
   const bool dense = !shards.find(expert_prefix(layer, expert) + "w1.weight_packed") &&
                      shards.find(expert_prefix(layer, expert) + "w1.weight");
   Layout lay =
-      locate(plan_expert(c, layer, expert, dense ? ExpertFormat::dense : ExpertFormat::mxfp4), shards, c);
+      locate(expert_tensors(c, layer, expert, dense ? ExpertFormat::dense : ExpertFormat::mxfp4), shards, c);
   if (dense) return lay;
   // MXFP4 load-time checks (docs/model.md §4), per matrix: packed and scale are U8 (checked above),
   // 2-D, with equal rows and a group size of 32, in the same shard.

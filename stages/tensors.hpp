@@ -1,6 +1,7 @@
-// What every layer needs from the checkpoint, under the released names (docs/model.md §2.1): a plan is a
-// list of {name, expected shape, field}, independent of where the bytes live. The streaming engine
-// packs / reads a layer's bytes from it; bind.hpp turns bytes already in memory into weight views.
+// The tensors every layer needs from the checkpoint, under the released names (docs/model.md §2.1):
+// a list of {name, expected shape, field}, taken from io/released_tensors.hpp and independent of
+// where the bytes live, and where those bytes are (Layout). The streaming engine packs / reads a
+// layer's bytes by it; bind.hpp turns bytes already in memory into weight views.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -11,73 +12,13 @@
 #include <vector>
 
 #include "io/config.hpp"
+#include "io/released_tensors.hpp"
 #include "io/safetensors.hpp"
 
 namespace k3::stages {
 
 // Which weight a tensor is; the binder assigns views by field, never by name.
-enum class Field : uint8_t {
-  // every layer
-  input_norm,
-  post_attn_norm,
-  attn_res_norm,
-  attn_res_proj,
-  mlp_res_norm,
-  mlp_res_proj,
-  // KDA attention
-  kda_q,
-  kda_k,
-  kda_v,
-  kda_g,
-  kda_o,
-  kda_q_conv,
-  kda_k_conv,
-  kda_v_conv,
-  kda_f_a,
-  kda_f_b,
-  kda_b,
-  kda_a_log,
-  kda_dt_bias,
-  kda_o_norm,
-  // MLA attention
-  mla_q_a,
-  mla_q_a_norm,
-  mla_q_b,
-  mla_kv_a,
-  mla_kv_a_norm,
-  mla_kv_b,
-  mla_o,
-  mla_g,
-  // dense FFN (layers < first_dense)
-  dense_gate,
-  dense_up,
-  dense_down,
-  // Stable LatentMoE trunk part
-  moe_router,
-  moe_bias,
-  moe_down,
-  moe_up,
-  moe_norm,
-  shared_gate,
-  shared_up,
-  shared_down,
-  // one routed expert: w1 = gate, w3 = up, w2 = down; MXFP4 form splits each into packed + scale
-  expert_w1,
-  expert_w2,
-  expert_w3,
-  expert_w1_packed,
-  expert_w1_scale,
-  expert_w2_packed,
-  expert_w2_scale,
-  expert_w3_packed,
-  expert_w3_scale,
-  // model level
-  embed,
-  final_norm,
-  out_res_norm,
-  out_res_proj,
-  lm_head,
-};
+using Field = io::TensorField;
 
 enum class Storage : uint8_t {
   matrix,  // projection: viewed as F32/BF16 in place (widened only if F16 or misaligned)
@@ -96,30 +37,27 @@ struct TensorSpec {
 };
 
 // A layer's trunk (everything of `layers.L.` except the routed experts), in a fixed order.
-struct LayerPlan {
+struct LayerTensors {
   int layer = 0;
   io::LayerKind kind{};
   std::vector<TensorSpec> tensors;
 };
 
-LayerPlan plan_layer(const io::ModelConfig&, int layer);
+LayerTensors layer_tensors(const io::ModelConfig&, int layer);
 
 // embed_tokens, norm, output_attn_res_norm, output_attn_res_proj, lm_head.
-std::vector<TensorSpec> plan_model(const io::ModelConfig&);
+std::vector<TensorSpec> model_tensors(const io::ModelConfig&);
 
-enum class ExpertFormat : uint8_t {
-  mxfp4,  // experts.E.wN.weight_packed + .weight_scale, U8 (the released checkpoint)
-  dense,  // experts.E.wN.weight, F32 / BF16 (the tiny oracle)
-};
+using io::ExpertFormat;
 
 // One routed expert's tensors in canonical order (w1, w2, w3; packed before scale).
-std::vector<TensorSpec> plan_expert(const io::ModelConfig&, int layer, int expert, ExpertFormat);
+std::vector<TensorSpec> expert_tensors(const io::ModelConfig&, int layer, int expert, ExpertFormat);
 
 // Name helpers (prefix `language_model.model.`; the head is `language_model.lm_head.weight`).
-std::string layer_prefix(int layer);  // "language_model.model.layers.L."
-std::string expert_prefix(int layer, int expert);
+using io::expert_prefix;
+using io::layer_prefix;  // "language_model.model.layers.L."
 
-// Where a planned set of tensors lives and how to lay it out in one byte buffer.
+// Where a list of tensors lives and how to lay it out in one byte buffer.
 struct Placement {
   io::TensorInfo info;  // from the shard index
   uint64_t offset = 0;  // of the tensor's first byte inside the layer buffer
@@ -153,7 +91,7 @@ using PlacementLookup = std::function<std::optional<Placement>(const std::string
 Layout place(std::vector<TensorSpec> specs, const PlacementLookup& lookup, const io::ModelConfig&,
              uint64_t buffer_bytes, uint32_t base_mod8 = 0);
 
-// plan_expert in whichever form the checkpoint holds (MXFP4 preferred), located and validated:
+// expert_tensors in whichever form the checkpoint holds (MXFP4 preferred), located and validated:
 // U8, 2-D, equal rows, scale_cols * 32 == 2 * packed_cols, logical shape as the config says.
 Layout locate_expert(const io::ShardSet&, const io::ModelConfig&, int layer, int expert);
 

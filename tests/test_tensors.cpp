@@ -1,4 +1,4 @@
-// stages/plan.*: the planner asks for exactly the released names. Driven against the full-scale
+// stages/tensors.*: the tensor list asks for exactly the released names. Driven against the full-scale
 // header-only replica of the real checkpoint (`k3flow synth --sparse`, 497,220 tensors, 96 shards)
 // and against fixtures/tiny-k3.
 #include <doctest/doctest.h>
@@ -13,8 +13,9 @@
 
 #include "io/config.hpp"
 #include "io/safetensors.hpp"
-#include "stages/plan.hpp"
+#include "stages/tensors.hpp"
 #include "tests/fixture_json.hpp"
+#include "tests/temp_dir.hpp"
 
 namespace fs = std::filesystem;
 using namespace k3;
@@ -22,20 +23,18 @@ using namespace k3;
 namespace {
 
 struct Replica {
+  test::TempDir tmp{"k3plan."};
   fs::path dir;
   io::ModelConfig cfg;
   io::ShardSet shards;
 
-  static fs::path make() {
-    std::string tmpl = (fs::temp_directory_path() / "k3plan.XXXXXX").string();
-    REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
-    const fs::path dir = fs::path(tmpl) / "k3";
+  static fs::path make(const fs::path& dir) {
     const std::string cmd = std::string(K3FLOW_BIN) + " synth --sparse " + dir.string() + " > /dev/null 2>&1";
     REQUIRE(std::system(cmd.c_str()) == 0);
     return dir;
   }
-  Replica() : dir(make()), cfg(io::load_config(dir / "config.json")), shards(io::ShardSet::open(dir)) {}
-  ~Replica() { fs::remove_all(dir.parent_path()); }
+  Replica()
+      : dir(make(tmp.path / "k3")), cfg(io::load_config(dir / "config.json")), shards(io::ShardSet::open(dir)) {}
 };
 
 Replica& replica() {
@@ -105,7 +104,7 @@ std::vector<std::string> trunk_names_in(const io::ShardSet& shards, int layer) {
 }  // namespace
 
 TEST_CASE(
-    "sparse replica: the planner asks for exactly the released names of KDA, MLA, dense and MoE layers") {
+    "sparse replica: the tensor list asks for exactly the released names of KDA, MLA, dense and MoE layers") {
   Replica& r = replica();
   const io::ModelConfig& c = r.cfg;
   REQUIRE(c.n_layers == 93);
@@ -118,7 +117,7 @@ TEST_CASE(
   for (const Want w : {Want{0, false, true}, Want{1, false, false}, Want{3, true, false},
                        Want{91, true, false}, Want{92, true, false}}) {
     CAPTURE(w.layer);
-    const stages::LayerPlan p = stages::plan_layer(c, w.layer);
+    const stages::LayerTensors p = stages::layer_tensors(c, w.layer);
     CHECK((p.kind.attention == io::LayerAttention::mla) == w.mla);
     CHECK((p.kind.ffn == io::LayerFfn::dense) == w.dense);
     const auto want =
@@ -127,41 +126,41 @@ TEST_CASE(
     // ... and that is everything the checkpoint has for the layer's trunk.
     CHECK(trunk_names_in(r.shards, w.layer) == want);
   }
-  CHECK(stages::plan_layer(c, 0).tensors.front().name ==
+  CHECK(stages::layer_tensors(c, 0).tensors.front().name ==
         "language_model.model.layers.0.input_layernorm.weight");
-  CHECK(names(stages::plan_model(c)) == std::vector<std::string>{
+  CHECK(names(stages::model_tensors(c)) == std::vector<std::string>{
                                             "language_model.lm_head.weight",
                                             "language_model.model.embed_tokens.weight",
                                             "language_model.model.norm.weight",
                                             "language_model.model.output_attn_res_norm.weight",
                                             "language_model.model.output_attn_res_proj.weight",
                                         });
-  CHECK(names(stages::plan_expert(c, 92, 895, stages::ExpertFormat::mxfp4)) ==
+  CHECK(names(stages::expert_tensors(c, 92, 895, stages::ExpertFormat::mxfp4)) ==
         prefixed("language_model.model.layers.92.block_sparse_moe.experts.895.",
                  {"w1.weight_packed", "w1.weight_scale", "w2.weight_packed", "w2.weight_scale",
                   "w3.weight_packed", "w3.weight_scale"}));
 }
 
-TEST_CASE("sparse replica: every planned tensor of all 93 layers is found with the expected element count") {
+TEST_CASE("sparse replica: every listed tensor of all 93 layers is found with the expected element count") {
   Replica& r = replica();
   const io::ModelConfig& c = r.cfg;
-  size_t planned = 0;
+  size_t listed = 0;
   uint64_t trunk_bytes = 0, largest = 0;
   for (int l = 0; l < c.n_layers; ++l) {
     CAPTURE(l);
-    const stages::Layout lay = stages::locate(stages::plan_layer(c, l).tensors, r.shards, c);
+    const stages::Layout lay = stages::locate(stages::layer_tensors(c, l).tensors, r.shards, c);
     for (size_t i = 0; i < lay.specs.size(); ++i) {
       CHECK(lay.places[i].info.numel() == lay.specs[i].numel());  // A_log: D stored, H used
     }
     CHECK(lay.contiguous);  // one trunk run per layer, one read
-    planned += lay.specs.size();
+    listed += lay.specs.size();
     trunk_bytes += lay.buffer_bytes;
     largest = std::max(largest, lay.buffer_bytes);
   }
-  const stages::Layout head = stages::locate(stages::plan_model(c), r.shards, c);
+  const stages::Layout head = stages::locate(stages::model_tensors(c), r.shards, c);
   CHECK(head.specs.size() == 5);
-  MESSAGE("93 layer trunks: " << planned << " tensors, " << trunk_bytes << " bytes, largest run " << largest);
-  CHECK(planned == 69 * 28 + 24 * 22 - 5);  // layer 0: 3 dense instead of 8 MoE tensors
+  MESSAGE("93 layer trunks: " << listed << " tensors, " << trunk_bytes << " bytes, largest run " << largest);
+  CHECK(listed == 69 * 28 + 24 * 22 - 5);  // layer 0: 3 dense instead of 8 MoE tensors
   CHECK(trunk_bytes / 1e9 == doctest::Approx(108.81).epsilon(0.001));  // docs/engine.md §1.4
   CHECK(largest / 1e9 == doctest::Approx(2.341).epsilon(0.001));
 
@@ -183,7 +182,7 @@ TEST_CASE("tiny checkpoint: dense F32 experts and A_log with exactly H values ar
   const io::ModelConfig c = io::load_config(test::fixture_path("tiny-k3/config.json"));
   const io::ShardSet shards = io::ShardSet::open(test::fixture_path("tiny-k3"));
   for (int l = 0; l < c.n_layers; ++l) {
-    const stages::Layout lay = stages::locate(stages::plan_layer(c, l).tensors, shards, c);
+    const stages::Layout lay = stages::locate(stages::layer_tensors(c, l).tensors, shards, c);
     CHECK(lay.contiguous);
     if (!c.is_dense(l)) {
       const stages::Layout x = stages::locate_expert(shards, c, l, 7);
