@@ -36,6 +36,9 @@ Isa initial_isa() {
   return best_supported();
 }
 
+// [kernel][body] call counts; relaxed increments, read only by tests between kernel calls.
+std::atomic<uint64_t> g_body_runs[3][3];
+
 std::atomic<int>& active_slot() {
   static std::atomic<int> slot{static_cast<int>(initial_isa())};
   return slot;
@@ -83,6 +86,38 @@ Isa active_isa() {
 
 void set_active_isa(Isa isa) {
   if (isa_supported(isa)) active_slot().store(static_cast<int>(isa), std::memory_order_relaxed);
+}
+
+const char* kernel_name(Kernel kernel) {
+  switch (kernel) {
+    case Kernel::matmul:
+      return "matmul";
+    case Kernel::kda_step:
+      return "kda_step";
+    case Kernel::router:
+      return "router";
+  }
+  return "unknown";
+}
+
+// Kept with kernels/CMakeLists.txt's K3_KERNEL_AVX2 / K3_KERNEL_AVX512 lists.
+std::vector<Isa> built_isas(Kernel kernel) {
+  switch (kernel) {
+    case Kernel::matmul:
+    case Kernel::kda_step:
+      return {Isa::scalar, Isa::avx2, Isa::avx512};
+    case Kernel::router:
+      return {Isa::scalar, Isa::avx2};
+  }
+  return {Isa::scalar};
+}
+
+void count_body_run(Kernel kernel, Isa body) {
+  g_body_runs[static_cast<int>(kernel)][static_cast<int>(body)].fetch_add(1, std::memory_order_relaxed);
+}
+
+uint64_t body_runs(Kernel kernel, Isa body) {
+  return g_body_runs[static_cast<int>(kernel)][static_cast<int>(body)].load(std::memory_order_relaxed);
 }
 
 }  // namespace k3::kernels

@@ -29,7 +29,9 @@ float kda_q_scale(size_t head_dim) {
 void kda_step(std::span<float> S, std::span<const float> alpha, std::span<const float> k,
               std::span<const float> v, float beta, std::span<const float> q_scaled, std::span<float> o,
               size_t head_dim) {
-  switch (active_isa()) {
+  const Isa isa = active_isa();
+  count_body_run(Kernel::kda_step, isa);
+  switch (isa) {
     case Isa::avx512:
       detail::kda_step_avx512(S.data(), alpha.data(), k.data(), v.data(), beta, q_scaled.data(), o.data(),
                               head_dim);

@@ -20,7 +20,9 @@ namespace {
 constexpr size_t kParallelRows = 64;
 
 detail::MatmulBodies bodies() {
-  switch (active_isa()) {
+  const Isa isa = active_isa();
+  count_body_run(Kernel::matmul, isa);
+  switch (isa) {
     case Isa::avx512:
       return detail::matmul_bodies_avx512();
     case Isa::avx2:

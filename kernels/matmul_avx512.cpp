@@ -2,8 +2,11 @@
 // internal-linkage helpers only (see matmul_bodies.hpp). Every f64 product here is of two
 // f32-representable values, hence exact, so vfmadd...pd equals the contract's fma64.
 // GCC 12 warns inside its own AVX-512 headers (_mm512_undefined_* placeholders); not our code.
+// Clang has no -Wmaybe-uninitialized (it would warn about the unknown option) and no such warning.
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
 #include <immintrin.h>
 
 #include <cstddef>

@@ -50,16 +50,20 @@ void score_experts(const T* w, size_t hidden, const float* x, size_t e0, size_t 
 
 void logits_f32(const float* w, size_t n, size_t hidden, const float* x, const double* xw, float* s) {
   if (active_isa() == Isa::scalar) {
+    count_body_run(Kernel::router, Isa::scalar);
     score_experts(w, hidden, x, 0, n, s);
   } else {
+    count_body_run(Kernel::router, Isa::avx2);
     detail::router_logits_f32_avx2(w, n, hidden, xw, s);  // serves AVX-512 machines too
   }
 }
 
 void logits_bf16(const uint16_t* w, size_t n, size_t hidden, const float* x, const double* xw, float* s) {
   if (active_isa() == Isa::scalar) {
+    count_body_run(Kernel::router, Isa::scalar);
     score_experts(w, hidden, x, 0, n, s);
   } else {
+    count_body_run(Kernel::router, Isa::avx2);
     detail::router_logits_bf16_avx2(w, n, hidden, xw, s);
   }
 }

@@ -136,9 +136,9 @@ void BM_dram_read(benchmark::State& st) {
     tbb::parallel_for(
         tbb::blocked_range<size_t>(0, static_cast<size_t>(threads)),
         [&](const tbb::blocked_range<size_t>& r) {
-          for (size_t t = r.begin(); t < r.end(); ++t) {
+          for (size_t part = r.begin(); part < r.end(); ++part) {
             const size_t per = words / static_cast<size_t>(threads);
-            sink += read_sum(buf + t * per, per);
+            sink += read_sum(buf + part * per, per);
           }
         },
         tbb::static_partitioner());
@@ -163,7 +163,7 @@ struct DenseData {
 
 // Weights like a trained projection (|w| ~ 0.05), built as bf16 so both layouts hold equal values.
 const DenseData& dense_data() {
-  static const DenseData d = [] {
+  static const DenseData data = [] {
     DenseData d;
     uint32_t s = 12345;
     d.bf16.resize(kRows * kCols);
@@ -186,7 +186,7 @@ const DenseData& dense_data() {
     set_active_isa(saved);
     return d;
   }();
-  return d;
+  return data;
 }
 
 void BM_bf16_matvec(benchmark::State& st) {
@@ -243,7 +243,7 @@ struct ExpertData {
 };
 
 const ExpertData& expert_data() {
-  static const ExpertData d = [] {
+  static const ExpertData data = [] {
     ExpertData d;
     uint32_t s = 777;
     for (size_t e = 0; e < kExperts; ++e) {
@@ -266,7 +266,7 @@ const ExpertData& expert_data() {
     set_active_isa(saved);
     return d;
   }();
-  return d;
+  return data;
 }
 
 constexpr double kExpertBytes = 3.0 * (kInter * kLatent / 2 + kInter * kLatent / 32);

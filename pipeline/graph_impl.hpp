@@ -237,7 +237,7 @@ struct StreamingModel::Impl {
       prefetch_on = tuner->prefetch();
     }
     build();
-    for (int s = 0; s < trunk.ring_slots(); ++s) node<kTrunkFree>().try_put(SlotRef{s});
+    for (int slot = 0; slot < trunk.ring_slots(); ++slot) node<kTrunkFree>().try_put(SlotRef{slot});
     g.wait_for_all();
   }
 

@@ -12,6 +12,7 @@
 #include "kernels/dispatch.hpp"
 #include "kernels/kda.hpp"
 #include "tests/fixture_json.hpp"
+#include "tests/isa_bodies.hpp"
 
 using namespace k3::kernels;
 using k3::test::Fixture;
@@ -91,10 +92,14 @@ void check_recurrence(const char* file) {
 }  // namespace
 
 TEST_CASE("kda recurrence matches fixtures/ops/kda_recur1.json") {
+  const k3::test::BodyCheck bodies{Kernel::kda_step};
   check_recurrence("ops/kda_recur1.json");
+  bodies.check();
 }
 TEST_CASE("kda recurrence matches fixtures/ops/kda_recur8.json") {
+  const k3::test::BodyCheck bodies{Kernel::kda_step};
   check_recurrence("ops/kda_recur8.json");
+  bodies.check();
 }
 
 namespace {
@@ -140,6 +145,7 @@ float uniform(uint32_t& s) {
 }  // namespace
 
 TEST_CASE("kda_step: every body equals the reference bit for bit, zero k/q rows (incl. -0.0) skipped") {
+  const k3::test::BodyCheck bodies{Kernel::kda_step};
   uint32_t seed = 0x5EED;
   for (size_t D : {1, 7, 15, 16, 17, 33, 128}) {
     CAPTURE(D);
@@ -174,6 +180,7 @@ TEST_CASE("kda_step: every body equals the reference bit for bit, zero k/q rows 
     }
   }
   set_active_isa(supported_isas().back());
+  bodies.check();
 }
 
 // The bodies once kept u and o in stack arrays of 256 floats, so a larger head_dim wrote past them;
@@ -181,6 +188,7 @@ TEST_CASE("kda_step: every body equals the reference bit for bit, zero k/q rows 
 // across strip boundaries (with vector tails), several heads in parallel as stages/kda.cpp runs
 // them, two steps; `o` starts as NaN so a column left unwritten shows.
 TEST_CASE("kda_step at any head_dim: every body and thread count equals the reference bit for bit") {
+  const k3::test::BodyCheck bodies{Kernel::kda_step};
   static tbb::global_control allow(tbb::global_control::max_allowed_parallelism, 8);
   constexpr size_t H = 3, T = 2;
   uint32_t seed = 0xD1CE;
@@ -242,6 +250,7 @@ TEST_CASE("kda_step at any head_dim: every body and thread count equals the refe
     }
   }
   set_active_isa(supported_isas().back());
+  bodies.check();
 }
 
 TEST_CASE("kda_decay arithmetic and kda_q_scale") {

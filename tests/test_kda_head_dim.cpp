@@ -16,6 +16,7 @@
 
 #include "kernels/dispatch.hpp"
 #include "stages/kda.hpp"
+#include "tests/isa_bodies.hpp"
 #include "tests/run_helpers.hpp"
 #include "tests/stage_helpers.hpp"
 
@@ -87,6 +88,7 @@ std::string generated_ids(const std::string& json) {
 }  // namespace
 
 TEST_CASE("attention_kda at head_dim 72, 320, 512: every body and thread count gives the same bits") {
+  const k3::test::BodyCheck bodies{kernels::Kernel::kda_step};
   static tbb::global_control allow(tbb::global_control::max_allowed_parallelism, 8);
   const kernels::Isa saved = kernels::active_isa();
   for (int D : {72, 320, 512}) {
@@ -134,6 +136,7 @@ TEST_CASE("attention_kda at head_dim 72, 320, 512: every body and thread count g
     }
   }
   kernels::set_active_isa(saved);
+  bodies.check();
 }
 
 TEST_CASE("k3flow generate on a synthetic --head-dim 512 model: exit 0, same ids and logits on every body") {

@@ -15,6 +15,7 @@
 #include "kernels/dispatch.hpp"
 #include "kernels/matmul.hpp"
 #include "kernels/mxfp4.hpp"
+#include "tests/isa_bodies.hpp"
 
 using namespace k3::kernels;
 
@@ -124,6 +125,7 @@ void every_body_and_thread_count(const std::vector<float>& want, F&& f) {
 }  // namespace
 
 TEST_CASE("dense f32 and bf16 matmul: every body and thread count equals the §5.3 reference") {
+  const k3::test::BodyCheck bodies{Kernel::matmul};
   Rng rng{0x1234567};
   for (size_t cols : {1, 15, 16, 17, 31, 48, 257, 1040}) {
     for (size_t rows : {1, 3, 64, 65, 129}) {
@@ -152,6 +154,7 @@ TEST_CASE("dense f32 and bf16 matmul: every body and thread count equals the §5
       }
     }
   }
+  bodies.check();
 }
 
 // Random data rarely shows a different reduction tree after the final f32 rounding: the f64
@@ -159,6 +162,7 @@ TEST_CASE("dense f32 and bf16 matmul: every body and thread count equals the §5
 // small set, so the huge products often cancel exactly and the f64 rounding of the small remainder
 // shows in the f32 result. The test first proves it can tell the §5.3 tree from "A+B first".
 TEST_CASE("dense reduction tree is pinned: cancellation-heavy inputs") {
+  const k3::test::BodyCheck bodies{Kernel::matmul};
   Rng rng{0xFEED};
   const size_t cols = 272, rows = 300;  // 17 blocks of 16, no tail; > 64 rows
   std::vector<float> x(cols);
@@ -197,9 +201,11 @@ TEST_CASE("dense reduction tree is pinned: cancellation-heavy inputs") {
   for (size_t t = 0; t < 3; ++t) std::copy(x.begin(), x.end(), x3.begin() + t * cols);
   for (size_t t = 0; t < 3; ++t) std::copy(want.begin(), want.end(), want3.begin() + t * rows);
   every_body_and_thread_count(want3, [&](std::vector<float>& y) { matmul(mb, x3, 3, y); });
+  bodies.check();
 }
 
 TEST_CASE("MXFP4 reduction tree is pinned: cancellation-heavy inputs") {
+  const k3::test::BodyCheck bodies{Kernel::matmul};
   Rng rng{0xBEEF};
   const size_t cols = 256, rows = 300;
   std::vector<float> x(cols);
@@ -239,9 +245,11 @@ TEST_CASE("MXFP4 reduction tree is pinned: cancellation-heavy inputs") {
   for (size_t t = 0; t < 3; ++t) std::copy(x.begin(), x.end(), x3.begin() + t * cols);
   for (size_t t = 0; t < 3; ++t) std::copy(want.begin(), want.end(), want3.begin() + t * rows);
   every_body_and_thread_count(want3, [&](std::vector<float>& y) { matmul(m, x3, 3, y); });
+  bodies.check();
 }
 
 TEST_CASE("bf16 and f32 weights of equal values give identical bits (257 in, 129 out)") {
+  const k3::test::BodyCheck bodies{Kernel::matmul};
   uint32_t s = 0xC0FFEE;
   auto next = [&] {
     s ^= s << 13;
@@ -269,9 +277,11 @@ TEST_CASE("bf16 and f32 weights of equal values give identical bits (257 in, 129
     CHECK(std::memcmp(yf.data(), yb.data(), out * sizeof(float)) == 0);
   }
   set_active_isa(supported_isas().back());
+  bodies.check();
 }
 
 TEST_CASE("MXFP4 matmul: every body and thread count equals the §5.4 reference") {
+  const k3::test::BodyCheck bodies{Kernel::matmul};
   Rng rng{0xABCDEF};
   const uint8_t special[] = {0, 1, 254, 255};
   for (size_t cols : {2, 8, 14, 31, 32, 33, 38, 64, 70, 71, 96, 250, 3584}) {
@@ -309,9 +319,11 @@ TEST_CASE("MXFP4 matmul: every body and thread count equals the §5.4 reference"
       }
     }
   }
+  bodies.check();
 }
 
 TEST_CASE("MXFP4: a scale byte of 255 skips its group even against inf / NaN inputs") {
+  const k3::test::BodyCheck bodies{Kernel::matmul};
   const size_t cols = 64;
   std::vector<uint8_t> packed(32, 0x11), scales{255, 127};
   std::vector<float> x(cols, 1.0f);
@@ -327,4 +339,5 @@ TEST_CASE("MXFP4: a scale byte of 255 skips its group even against inf / NaN inp
     CHECK(y[0] == 16.0f);  // 32 elements of 0.5 in the second group
   }
   set_active_isa(supported_isas().back());
+  bodies.check();
 }

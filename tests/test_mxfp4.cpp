@@ -10,6 +10,7 @@
 #include "kernels/matmul.hpp"
 #include "kernels/mxfp4.hpp"
 #include "tests/fixture_json.hpp"
+#include "tests/isa_bodies.hpp"
 
 using namespace k3::kernels;
 using k3::test::Fixture;
@@ -94,6 +95,7 @@ TEST_CASE("dequantising fixtures/mxfp4.json reproduces all 229,376 values exactl
 }
 
 TEST_CASE("fused MXFP4 matvec on the checkpoint bytes equals dequantise-then-f64-dot within 1e-6") {
+  const k3::test::BodyCheck bodies{Kernel::matmul};
   const Fixture f("mxfp4.json");
   const Packed p = load(f);
   const auto deq = dequantise(p);
@@ -126,4 +128,5 @@ TEST_CASE("fused MXFP4 matvec on the checkpoint bytes equals dequantise-then-f64
     }
   }
   set_active_isa(supported_isas().back());
+  bodies.check();
 }

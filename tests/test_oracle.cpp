@@ -17,6 +17,7 @@
 #include "stages/forward.hpp"
 #include "stages/head.hpp"
 #include "tests/fixture_json.hpp"
+#include "tests/isa_bodies.hpp"
 
 using namespace k3;
 
@@ -168,6 +169,7 @@ TEST_CASE("unseen prompts: full == incremental == chunked prefill, and 1 thread 
 }
 
 TEST_CASE("every kernel ISA this CPU has reproduces the golden logits") {
+  const k3::test::BodyCheck bodies{kernels::Kernel::matmul, kernels::Kernel::kda_step, kernels::Kernel::router};
   Oracle& o = oracle();
   std::ifstream f(test::fixture_path("golden/tiny_c_logits.bin"), std::ios::binary);
   std::vector<float> golden(o.V());
@@ -183,6 +185,7 @@ TEST_CASE("every kernel ISA this CPU has reproduces the golden logits") {
     CHECK(std::memcmp(golden.data(), lg.data(), o.V() * sizeof(float)) == 0);
   }
   kernels::set_active_isa(before);
+  bodies.check();
 }
 
 TEST_CASE("the KV cache refuses to overflow") {

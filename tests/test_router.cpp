@@ -11,6 +11,7 @@
 #include "kernels/dispatch.hpp"
 #include "kernels/router.hpp"
 #include "tests/fixture_json.hpp"
+#include "tests/isa_bodies.hpp"
 
 using namespace k3::kernels;
 using k3::test::Fixture;
@@ -106,6 +107,7 @@ uint32_t xorshift(uint32_t& s) {
 }  // namespace
 
 TEST_CASE("router: every body x thread count, f32 and bf16 gates of equal values, equal a reference") {
+  const k3::test::BodyCheck bodies{Kernel::router};
   static tbb::global_control allow(tbb::global_control::max_allowed_parallelism, 8);
   uint32_t seed = 0xC0FFEE;
   // > 64 experts takes the parallel path; 131 = 8 blocks of 16 + 1 of 8 + 3 alone; widths with and
@@ -153,6 +155,7 @@ TEST_CASE("router: every body x thread count, f32 and bf16 gates of equal values
       set_active_isa(saved);
     }
   }
+  bodies.check();
 }
 
 TEST_CASE("router ties go to the lower expert index; all -inf/NaN selects expert 0 with weight 0") {

@@ -212,10 +212,10 @@ TEST_CASE("synth -> ShardSet round trip: dims, names, dtypes, shapes, layout, va
     // Dequantise (low nibble = even element, scale 2^(b-127) per 32): std ≈ 1/sqrt(fan_in = 64).
     std::vector<float> w;
     const size_t rows = 96, pc = 32, sc = 2;
-    for (size_t r = 0; r < rows; ++r)
+    for (size_t row = 0; row < rows; ++row)
       for (size_t j = 0; j < pc; ++j) {
-        const uint8_t b = uint8_t(packed[r * pc + j]);
-        const float s = std::ldexp(1.0f, int(scales[r * sc + (2 * j) / 32]) - 127);
+        const uint8_t b = uint8_t(packed[row * pc + j]);
+        const float s = std::ldexp(1.0f, int(scales[row * sc + (2 * j) / 32]) - 127);
         w.push_back(kE2M1[b & 15] * s);
         w.push_back(kE2M1[b >> 4] * s);
       }
