@@ -1,5 +1,4 @@
 #include "io/aligned.hpp"
-#include "io/env.hpp"
 
 #include <fmt/format.h>
 #include <sys/mman.h>
@@ -8,6 +7,7 @@
 #include <cstring>
 #include <utility>
 
+#include "io/env.hpp"
 #include "io/error.hpp"
 
 namespace k3::io {

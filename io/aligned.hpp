@@ -26,7 +26,11 @@ class AlignedBuffer {
 };
 
 constexpr size_t kDirectAlign = 4096;
-constexpr size_t align_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
-constexpr size_t align_down(size_t n, size_t a) { return n / a * a; }
+constexpr size_t align_up(size_t n, size_t a) {
+  return (n + a - 1) / a * a;
+}
+constexpr size_t align_down(size_t n, size_t a) {
+  return n / a * a;
+}
 
 }  // namespace k3::io

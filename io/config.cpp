@@ -293,10 +293,10 @@ ModelConfig parse_config(std::string_view json, const std::string& source) {
   if (!missing.empty()) {
     std::string names;
     for (const std::string& m : missing) names += (names.empty() ? "" : ", ") + m;
-    throw runtime_error(fmt::format(
-        "{} is missing {} required field(s): {} -- refusing to substitute defaults: a config "
-        "this reader cannot fully understand would silently produce a DIFFERENT model.",
-        source, missing.size(), names));
+    throw runtime_error(
+        fmt::format("{} is missing {} required field(s): {} -- refusing to substitute defaults: a config "
+                    "this reader cannot fully understand would silently produce a DIFFERENT model.",
+                    source, missing.size(), names));
   }
 
   // Structural refusals of docs/model.md §1.3, in the references' order.
@@ -393,8 +393,7 @@ ModelConfig load_config(const std::filesystem::path& path) {
   if (fs::is_directory(file, ec) &&
       (file.filename() != "config.json" || fs::exists(file / "config.json", ec)))
     file /= "config.json";
-  if (fs::is_directory(file, ec))
-    throw runtime_error(fmt::format("{} is a directory", file.string()));
+  if (fs::is_directory(file, ec)) throw runtime_error(fmt::format("{} is a directory", file.string()));
   std::ifstream in(file, std::ios::binary);
   if (!in) throw cfg_error(file.string(), fmt::format("cannot open ({})", std::strerror(errno)));
   std::ostringstream buf;

@@ -18,7 +18,7 @@ struct LayerKind {
 };
 
 struct ModelConfig {
-  std::string source;  // path (or name) the config was read from, for messages
+  std::string source;   // path (or name) the config was read from, for messages
   bool nested = false;  // true iff `text_config` exists
 
   int hidden = 0, n_layers = 0, vocab = 0;

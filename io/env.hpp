@@ -62,19 +62,20 @@ inline constexpr Var kBenchChild{"K3FLOW_BENCH_CHILD", Kind::test_hook,
 inline constexpr Var kFuzzTmpdir{"K3_FUZZ_TMPDIR", Kind::test_hook,
                                  "DIR: the fuzz targets' scratch directory (tests/fuzz, not k3flow)"};
 
-inline constexpr Var kAll[] = {kIsa,           kNoUring,        kTrunkQd,         kTrunkChunkKb,    kTrunkMaxQd,
-                               kTrunkGatedQd,  kExpertQd,       kExpertChunkKb,   kNoHuge,          kFailAfterBytes,
-                               kFailMode,      kSynthFailAfter, kTestStepDelayMs, kTestReadDelayMs, kTestMemAvailable,
-                               kBenchChild,    kFuzzTmpdir};
+inline constexpr Var kAll[] = {
+    kIsa,          kNoUring,        kTrunkQd,         kTrunkChunkKb,    kTrunkMaxQd,
+    kTrunkGatedQd, kExpertQd,       kExpertChunkKb,   kNoHuge,          kFailAfterBytes,
+    kFailMode,     kSynthFailAfter, kTestStepDelayMs, kTestReadDelayMs, kTestMemAvailable,
+    kBenchChild,   kFuzzTmpdir};
 
 // The listed variable named `name`; a name that is not listed is a programming error (logic_error).
 const Var& find(std::string_view name);
 
 // Reads. "Unset" means not in the environment or set to the empty string.
 std::optional<std::string_view> text(const Var& v);  // unset: none
-bool flag(const Var& v);                              // set and not "0"
-std::optional<int> integer(const Var& v);             // atoi of the text; unset: none ("0" is a value)
-int integer_or_zero(const Var& v);                    // atoi of the text; unset: 0
-std::optional<uint64_t> u64(const Var& v);            // strtoull of the text; unset: none
+bool flag(const Var& v);                             // set and not "0"
+std::optional<int> integer(const Var& v);            // atoi of the text; unset: none ("0" is a value)
+int integer_or_zero(const Var& v);                   // atoi of the text; unset: 0
+std::optional<uint64_t> u64(const Var& v);           // strtoull of the text; unset: none
 
 }  // namespace k3::io::env

@@ -21,7 +21,11 @@ class Error : public std::runtime_error {
   ErrorKind kind_;
 };
 
-inline Error usage_error(const std::string& m) { return Error(ErrorKind::usage, m); }
-inline Error runtime_error(const std::string& m) { return Error(ErrorKind::runtime, m); }
+inline Error usage_error(const std::string& m) {
+  return Error(ErrorKind::usage, m);
+}
+inline Error runtime_error(const std::string& m) {
+  return Error(ErrorKind::runtime, m);
+}
 
 }  // namespace k3::io

@@ -105,7 +105,8 @@ JsonWriter& JsonWriter::begin_array() {
 }
 
 JsonWriter& JsonWriter::end_array() {
-  if (open_.empty() || open_.back().object) throw std::logic_error("JsonWriter: end_array() without an open array");
+  if (open_.empty() || open_.back().object)
+    throw std::logic_error("JsonWriter: end_array() without an open array");
   open_.pop_back();
   out_ += ']';
   return *this;

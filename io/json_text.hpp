@@ -45,10 +45,7 @@ class JsonWriter {
   JsonWriter& value(std::nullptr_t);
   JsonWriter& value(double d);
   template <std::integral T>
-    requires(!std::same_as<T, bool>)
-  JsonWriter& value(T v) {
-    return raw(std::to_string(v));
-  }
+  requires(!std::same_as<T, bool>) JsonWriter& value(T v) { return raw(std::to_string(v)); }
   template <class T>
   JsonWriter& value(const std::optional<T>& v) {
     return v ? value(*v) : value(nullptr);

@@ -89,7 +89,8 @@ std::vector<ReleasedTensor> released_layer_trunk(const ModelConfig& c, int layer
   return t;
 }
 
-std::vector<ReleasedTensor> released_expert(const ModelConfig& c, int layer, int expert, ExpertFormat format) {
+std::vector<ReleasedTensor> released_expert(const ModelConfig& c, int layer, int expert,
+                                            ExpertFormat format) {
   const std::string X = expert_prefix(layer, expert);
   const uint64_t I = u(c.moe_inter), Lt = u(c.latent);
   if (format == ExpertFormat::dense) {

@@ -9,8 +9,8 @@
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <cerrno>
+#include <chrono>
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
@@ -53,7 +53,7 @@ struct Job {
   int error = 0;
   std::string message;
   bool raised_gate = false;  // counted in the gate until it finishes
-  bool queued = true;  // still in the reaper's issue queue; finished only once it has left it
+  bool queued = true;        // still in the reaper's issue queue; finished only once it has left it
 
   bool finished() const { return !queued && next == ops.size() && outstanding == 0; }
   void fail(int err, std::string msg) {
@@ -201,8 +201,8 @@ struct UringReader::Impl {
     opt.queue_depth = std::clamp(opt.queue_depth, 1u, 4096u);
     opt.max_depth = std::min(opt.max_depth, 4096u);
     if (opt.max_depth > opt.queue_depth)
-      tuner.emplace(DepthTuner::Config{.start_depth = opt.queue_depth, .min_depth = opt.queue_depth,
-                                       .max_depth = opt.max_depth});
+      tuner.emplace(DepthTuner::Config{
+          .start_depth = opt.queue_depth, .min_depth = opt.queue_depth, .max_depth = opt.max_depth});
     cur_depth = opt.queue_depth;
     const unsigned ring_depth = std::max(opt.queue_depth, opt.max_depth);
     if (opt.force_pread || env::flag(env::kNoUring)) {
@@ -529,8 +529,8 @@ const UringReader::Options& UringReader::options() const {
 
 ReaderCounters UringReader::counters() const {
   const Impl& i = *impl_;
-  return ReaderCounters{i.n_requests.load(),      i.n_failed.load(),      i.n_uring_chunks.load(),
-                        i.n_uring_bytes.load(),   i.n_pread_bytes.load(), i.n_direct_bytes.load(),
+  return ReaderCounters{i.n_requests.load(),      i.n_failed.load(),       i.n_uring_chunks.load(),
+                        i.n_uring_bytes.load(),   i.n_pread_bytes.load(),  i.n_direct_bytes.load(),
                         i.n_resubmissions.load(), i.peak_in_flight.load(), i.cur_depth.load(),
                         i.n_epochs.load(),        i.n_gated_turns.load()};
 }

@@ -126,7 +126,7 @@ class UringReader {
     bool force_pread = false;              // also forced by env K3FLOW_NO_URING=1
     // Adaptive when max_depth > queue_depth: the depth moves within [queue_depth, max_depth].
     unsigned max_depth = 0;
-    uint64_t epoch_bytes = uint64_t{64} << 20;  // bytes per measured epoch (at least 8 chunks' worth)
+    uint64_t epoch_bytes = uint64_t{64} << 20;   // bytes per measured epoch (at least 8 chunks' worth)
     std::shared_ptr<UrgentGate> gate = nullptr;  // shared with the readers it concerns
     bool raises_gate = false;                    // this reader's urgent requests raise `gate`
     unsigned gated_depth = 0;  // > 0: at most this many chunks in flight while `gate` is raised

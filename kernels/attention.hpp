@@ -5,8 +5,8 @@
 namespace k3::kernels {
 
 // d = sequential f64 sum over q_nope.k_nope then q_rope.k_rope; returns rd32(d) * scale.
-float mla_score(std::span<const float> q_nope, std::span<const float> k_nope,
-                std::span<const float> q_rope, std::span<const float> k_rope, float scale);
+float mla_score(std::span<const float> q_nope, std::span<const float> k_nope, std::span<const float> q_rope,
+                std::span<const float> k_rope, float scale);
 
 enum class SoftmaxSeed { neg_inf, first };  // MLA seeds the max with -inf, AttnRes with score 0
 

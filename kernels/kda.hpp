@@ -9,8 +9,7 @@ namespace k3::kernels {
 // g_i = lower_bound * sigmoid(u); alpha_i = expf(g_i). A_log is indexed BY HEAD (first H values).
 // `g` may be empty when the caller only needs alpha.
 void kda_decay(std::span<const float> z, std::span<const float> a_log, std::span<const float> dt_bias,
-               size_t heads, size_t head_dim, float lower_bound, std::span<float> g,
-               std::span<float> alpha);
+               size_t heads, size_t head_dim, float lower_bound, std::span<float> g, std::span<float> alpha);
 
 // 1.0f / sqrtf((float)D)
 float kda_q_scale(size_t head_dim);
@@ -21,7 +20,7 @@ float kda_q_scale(size_t head_dim);
 // no allocation (value channels run in stack-sized strips, kda_bodies.hpp); o must not overlap the
 // inputs.
 void kda_step(std::span<float> S, std::span<const float> alpha, std::span<const float> k,
-              std::span<const float> v, float beta, std::span<const float> q_scaled,
-              std::span<float> o, size_t head_dim);
+              std::span<const float> v, float beta, std::span<const float> q_scaled, std::span<float> o,
+              size_t head_dim);
 
 }  // namespace k3::kernels

@@ -19,7 +19,6 @@ struct RouterParams {
 // holds the unbiased sigmoids). idx/weight: top_k each, in selection order (descending biased
 // score, ties -> lower index). Experts are scored in parallel; results never depend on it.
 void route(const DenseMatrix& gate, std::span<const float> x, std::span<const float> bias,
-           const RouterParams& p, std::span<float> scores, std::span<int32_t> idx,
-           std::span<float> weight);
+           const RouterParams& p, std::span<float> scores, std::span<int32_t> idx, std::span<float> weight);
 
 }  // namespace k3::kernels

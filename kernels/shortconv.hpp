@@ -7,7 +7,7 @@ namespace k3::kernels {
 
 // x: [channels] raw input at t; w: [channels][K] (tap K-1 multiplies x); hist: [channels][K-1]
 // raw past inputs, oldest first, updated in place (shifted, x appended); y: [channels].
-void shortconv_step(std::span<const float> x, std::span<const float> w, size_t K,
-                    std::span<float> hist, std::span<float> y);
+void shortconv_step(std::span<const float> x, std::span<const float> w, size_t K, std::span<float> hist,
+                    std::span<float> y);
 
 }  // namespace k3::kernels

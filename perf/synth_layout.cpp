@@ -135,7 +135,8 @@ SynthTensor synth_tensor(const io::ModelConfig& c, io::ReleasedTensor r, int lay
 // One layer: its trunk tensors, then its experts (MXFP4, as released); in data order.
 std::vector<SynthTensor> layer_tensors(const io::ModelConfig& c, int l) {
   std::vector<SynthTensor> t;
-  for (io::ReleasedTensor& r : io::released_layer_trunk(c, l)) t.push_back(synth_tensor(c, std::move(r), l, -1));
+  for (io::ReleasedTensor& r : io::released_layer_trunk(c, l))
+    t.push_back(synth_tensor(c, std::move(r), l, -1));
   if (!c.is_dense(l))
     for (int e = 0; e < c.n_experts; ++e)
       for (io::ReleasedTensor& r : io::released_expert(c, l, e, io::ExpertFormat::mxfp4))
@@ -146,7 +147,8 @@ std::vector<SynthTensor> layer_tensors(const io::ModelConfig& c, int l) {
 
 std::vector<SynthTensor> model_level_tensors(const io::ModelConfig& c) {
   std::vector<SynthTensor> t;
-  for (io::ReleasedTensor& r : io::released_model_tensors(c)) t.push_back(synth_tensor(c, std::move(r), -1, -1));
+  for (io::ReleasedTensor& r : io::released_model_tensors(c))
+    t.push_back(synth_tensor(c, std::move(r), -1, -1));
   sort_data_order(t);
   return t;
 }

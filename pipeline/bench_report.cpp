@@ -117,7 +117,8 @@ ChildReport parse_child_report(std::string_view json, const std::string& source)
       s.compute_seconds = num(t, "compute_seconds", source);
       s.trunk_bytes = count(t, "trunk_bytes", source);
       s.expert_bytes = count(t, "expert_bytes", source);
-      if (t["io_busy_seconds"].error() == simdjson::SUCCESS) s.io_busy_seconds = num(t, "io_busy_seconds", source);
+      if (t["io_busy_seconds"].error() == simdjson::SUCCESS)
+        s.io_busy_seconds = num(t, "io_busy_seconds", source);
       r.tokens.push_back(s);
     }
   }
@@ -218,8 +219,10 @@ RunSample summarize_run(const ChildReport& rep, const std::vector<StepRow>& tabl
     if (step_wall > 0) s.io_busy_share = step_busy / step_wall;
     s.busy_source = "report tokens";
   } else {
-    if (total_bytes > 0 && rep.io_busy_seconds > 0) s.effective_read_gbps = total_bytes / rep.io_busy_seconds / 1e9;
-    if (rep.wall_seconds > 0 && rep.io_busy_seconds > 0) s.io_busy_share = rep.io_busy_seconds / rep.wall_seconds;
+    if (total_bytes > 0 && rep.io_busy_seconds > 0)
+      s.effective_read_gbps = total_bytes / rep.io_busy_seconds / 1e9;
+    if (rep.wall_seconds > 0 && rep.io_busy_seconds > 0)
+      s.io_busy_share = rep.io_busy_seconds / rep.wall_seconds;
     s.busy_source = "report totals";
   }
   if (step_compute > 0)
@@ -236,8 +239,9 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
-StrategyResult aggregate(const std::string& strategy, const std::vector<RunSample>& runs, const Ceiling& ceiling,
-                         std::optional<double> t_cpu_resident, uint64_t budget_bytes) {
+StrategyResult aggregate(const std::string& strategy, const std::vector<RunSample>& runs,
+                         const Ceiling& ceiling, std::optional<double> t_cpu_resident,
+                         uint64_t budget_bytes) {
   StrategyResult r;
   r.strategy = strategy;
   if (runs.empty()) return r;
@@ -272,7 +276,8 @@ StrategyResult aggregate(const std::string& strategy, const std::vector<RunSampl
   }
   if (r.t_io > 0) r.ceiling_gbps = r.bytes_per_token / r.t_io / 1e9;
   r.effective_read_gbps = median(effective);
-  if (r.ceiling_gbps > 0 && r.effective_read_gbps > 0) r.read_vs_ceiling = r.effective_read_gbps / r.ceiling_gbps;
+  if (r.ceiling_gbps > 0 && r.effective_read_gbps > 0)
+    r.read_vs_ceiling = r.effective_read_gbps / r.ceiling_gbps;
   r.io_busy_share = median(busy);
   r.compute_per_token = median(compute);
   r.t_cpu = t_cpu_resident ? *t_cpu_resident : r.compute_per_token;
@@ -308,11 +313,12 @@ void rank(BenchSummary& s) {
 std::string bench_table(const BenchSummary& s) {
   std::string out =
       fmt::format("{:<10} {:>11} {:>11} {:>12} {:>9} {:>9} {:>11} {:>8} {:>10} {:>9} {:>8} {:>10} {:>12}\n",
-                  "strategy", "s/tok med", "s/tok min", "read/tok", "disk %", "CPU %", "compute/tok", "overlap",
-                  "read GB/s", "/ceiling", "io wait", "lookahead", "peak RSS");
+                  "strategy", "s/tok med", "s/tok min", "read/tok", "disk %", "CPU %", "compute/tok",
+                  "overlap", "read GB/s", "/ceiling", "io wait", "lookahead", "peak RSS");
   for (const StrategyResult& r : s.strategies) {
     out += fmt::format(
-        "{:<10} {:>11.4f} {:>11.4f} {:>12} {:>9} {:>9} {:>11.4f} {:>8.3f} {:>10} {:>9} {:>8} {:>10} {:>12}{}\n",
+        "{:<10} {:>11.4f} {:>11.4f} {:>12} {:>9} {:>9} {:>11.4f} {:>8.3f} {:>10} {:>9} {:>8} {:>10} "
+        "{:>12}{}\n",
         r.strategy, r.s_per_token, r.s_per_token_min, human_bytes(r.bytes_per_token), pct(r.disk_busy),
         pct(r.cpu_busy), r.compute_per_token, r.overlap_efficiency,
         r.effective_read_gbps > 0 ? fmt::format("{:.3f}", r.effective_read_gbps) : std::string("-"),

@@ -58,7 +58,7 @@ struct RunSample {
   double s_per_token = 0;    // mean wall time of the measured steps
   double bytes_per_token = 0;
   double trunk_bytes_per_token = 0, expert_bytes_per_token = 0;  // both 0 when the report has no split
-  double compute_per_token = 0;  // 0 when the child reports no compute time
+  double compute_per_token = 0;                                  // 0 when the child reports no compute time
   double io_wait_per_token = 0;  // compute waiting on a read, per measured step (report tokens only)
   // Over the measured decode steps when the report has per-step io busy times, else over the whole
   // run (which counts the load and the prefill, where the compute, not the disk, is the bottleneck):
@@ -82,7 +82,7 @@ struct StrategyResult {
   std::vector<double> s_runs;  // per repeat
   double s_per_token = 0;      // median of s_runs
   double s_per_token_min = 0;
-  double bytes_per_token = 0;    // mean over repeats
+  double bytes_per_token = 0;                                    // mean over repeats
   double trunk_bytes_per_token = 0, expert_bytes_per_token = 0;  // mean over repeats
   double t_io = 0;               // trunk bytes / sequential ceiling + expert bytes / random ceiling
   double t_cpu = 0;              // resident compute per token, else this strategy's own compute time
@@ -94,10 +94,10 @@ struct StrategyResult {
   double read_vs_ceiling = 0;      // effective_read_gbps / ceiling_gbps (0 when either is unknown)
   double io_wait_share = 0;        // median io wait per token / s_per_token: compute idle on reads
   double io_busy_share = 0;        // median share of the run with a read in flight
-  std::optional<double> lookahead_hit_rate;                    // none when nothing was predicted
-  std::optional<double> expert_hit_rate;                       // none when no expert was requested
-  uint64_t peak_rss_bytes = 0;                                 // max over repeats, from wait4
-  uint64_t report_peak_rss_bytes = 0;                          // max over repeats, from the report
+  std::optional<double> lookahead_hit_rate;  // none when nothing was predicted
+  std::optional<double> expert_hit_rate;     // none when no expert was requested
+  uint64_t peak_rss_bytes = 0;               // max over repeats, from wait4
+  uint64_t report_peak_rss_bytes = 0;        // max over repeats, from the report
   bool over_budget = false;
   std::vector<int32_t> ids;
   std::string timing_source, bytes_source;
@@ -110,15 +110,15 @@ struct Ceiling {
 };
 
 // t_cpu_resident: compute per token measured resident (step 2), if any.
-StrategyResult aggregate(const std::string& strategy, const std::vector<RunSample>& runs, const Ceiling& ceiling,
-                         std::optional<double> t_cpu_resident, uint64_t budget_bytes);
+StrategyResult aggregate(const std::string& strategy, const std::vector<RunSample>& runs,
+                         const Ceiling& ceiling, std::optional<double> t_cpu_resident, uint64_t budget_bytes);
 
 double median(std::vector<double> v);
 
 struct BenchSummary {
   std::string model;
   uint64_t budget_bytes = 0;
-  std::string budget_source;                // "--mem-gb 8" / "--preset laptop"
+  std::string budget_source;  // "--mem-gb 8" / "--preset laptop"
   // The device's ceiling, probed at the start of each round (queue_depth x chunk_bytes in flight):
   // medians of the samples; T_io is priced with these.
   double ceiling_gbps = 0, ceiling_random_gbps = 0;
@@ -129,7 +129,7 @@ struct BenchSummary {
   double engine_probe_gbps = 0;
   std::vector<double> engine_probe_gbps_samples;
   double engine_probe_trunk_gbps = 0, engine_probe_expert_gbps = 0;
-  double device_direct_fraction = 0;  // of every probe byte, the share read through O_DIRECT
+  double device_direct_fraction = 0;      // of every probe byte, the share read through O_DIRECT
   std::optional<double> t_cpu_per_token;  // resident compute per token (median over repeats)
   std::string t_cpu_source;
   int gen = 0, repeat = 0, threads = 0;

@@ -237,17 +237,18 @@ int run_bench(const BenchArgs& a) {
   std::vector<fs::path> cache_dirs = {dir};
   if (trunk) cache_dirs.push_back(a.trunk_dir);
 
-  std::fprintf(txt, 
-      "bench: %s, budget %s (%s; plan floor %s), %zu prompt ids, %d tokens%s, %d repeat%s, "
-      "strategies %s\n",
-      a.model_dir.c_str(), human_bytes(double(plan.budget)).c_str(), pb.source.c_str(),
-      human_bytes(double(plan.floor)).c_str(), ids.size(), a.gen, has("--incremental") ? " incremental" : "",
-      a.repeat, a.repeat == 1 ? "" : "s", fmt::format("{}", fmt::join(strategies, ",")).c_str());
+  std::fprintf(txt,
+               "bench: %s, budget %s (%s; plan floor %s), %zu prompt ids, %d tokens%s, %d repeat%s, "
+               "strategies %s\n",
+               a.model_dir.c_str(), human_bytes(double(plan.budget)).c_str(), pb.source.c_str(),
+               human_bytes(double(plan.floor)).c_str(), ids.size(), a.gen,
+               has("--incremental") ? " incremental" : "", a.repeat, a.repeat == 1 ? "" : "s",
+               fmt::format("{}", fmt::join(strategies, ",")).c_str());
   if (!sum.child_missing_flags.empty())
-    std::fprintf(txt, 
-        "NOTE: this k3flow generate lacks %s: those flags are not passed, so the rows below do NOT "
-        "compare streaming strategies\n",
-        fmt::format("{}", fmt::join(sum.child_missing_flags, " ")).c_str());
+    std::fprintf(txt,
+                 "NOTE: this k3flow generate lacks %s: those flags are not passed, so the rows below do NOT "
+                 "compare streaming strategies\n",
+                 fmt::format("{}", fmt::join(sum.child_missing_flags, " ")).c_str());
   std::fflush(txt);
 
   // ---- 1. the device: its ceiling and the engine's settings, probed at the start of every round ----
@@ -270,11 +271,12 @@ int run_bench(const BenchArgs& a) {
     if (r == 0) {
       std::fprintf(txt, "%s%s", format_ceiling(ceiling).c_str(), format_probe(pattern, probe).c_str());
     } else {
-      std::fprintf(txt,
-                   "  [%d/%d] %-10s ceiling %.3f GB/s sequential, %.3f random; engine settings: token pattern "
-                   "%.3f GB/s, trunk %.3f, experts %.3f\n",
-                   r + 1, a.repeat, "probe", ceiling.gbps(), ceiling.random.gbps(), probe.gbps(),
-                   probe.trunk.gbps(), probe.experts.gbps());
+      std::fprintf(
+          txt,
+          "  [%d/%d] %-10s ceiling %.3f GB/s sequential, %.3f random; engine settings: token pattern "
+          "%.3f GB/s, trunk %.3f, experts %.3f\n",
+          r + 1, a.repeat, "probe", ceiling.gbps(), ceiling.random.gbps(), probe.gbps(), probe.trunk.gbps(),
+          probe.experts.gbps());
     }
     std::fflush(txt);
     sum.ceiling_gbps_samples.push_back(ceiling.gbps());
@@ -322,7 +324,7 @@ int run_bench(const BenchArgs& a) {
         cpu.push_back(s.compute_per_token > 0 ? s.compute_per_token : s.s_per_token);
         cpu_wall.push_back(s.s_per_token);
         std::fprintf(txt, "  [%d/%d] %-10s %.4f s/token compute, weights resident (%s)\n", r + 1, a.repeat,
-                    "resident", cpu.back(), human_bytes(double(model_bytes)).c_str());
+                     "resident", cpu.back(), human_bytes(double(model_bytes)).c_str());
       }
     }
     for (size_t i = 0; i < strategies.size(); ++i) {
@@ -344,8 +346,8 @@ int run_bench(const BenchArgs& a) {
         throw io::runtime_error(
             fmt::format("strategy '{}' (repeat {}): the run reports strategy '{}'", st, r + 1, s.strategy));
       std::fprintf(txt, "  [%d/%d] %-10s %.4f s/token over %d step%s, %s read/token, peak RSS %s\n", r + 1,
-                  a.repeat, st.c_str(), s.s_per_token, s.measured_steps, s.measured_steps == 1 ? "" : "s",
-                  human_bytes(s.bytes_per_token).c_str(), human_bytes(double(s.peak_rss_os)).c_str());
+                   a.repeat, st.c_str(), s.s_per_token, s.measured_steps, s.measured_steps == 1 ? "" : "s",
+                   human_bytes(s.bytes_per_token).c_str(), human_bytes(double(s.peak_rss_os)).c_str());
       std::fflush(txt);
       samples[i].push_back(s);
     }
@@ -355,14 +357,14 @@ int run_bench(const BenchArgs& a) {
     t_cpu = median(cpu);
     sum.t_cpu_source = fmt::format("resident run, median of {}", cpu.size());
     std::fprintf(txt, "compute, weights resident (%s): %.4f s/token median, %.4f min (wall %.4f s/token)\n",
-                human_bytes(double(model_bytes)).c_str(), *t_cpu, *std::min_element(cpu.begin(), cpu.end()),
-                median(cpu_wall));
+                 human_bytes(double(model_bytes)).c_str(), *t_cpu, *std::min_element(cpu.begin(), cpu.end()),
+                 median(cpu_wall));
   } else {
     sum.t_cpu_source = "each strategy's compute busy time";
-    std::fprintf(txt, 
-        "compute: no resident measurement (the model is %s, %s available); T_cpu is each strategy's "
-        "own compute busy time\n",
-        human_bytes(double(model_bytes)).c_str(), human_bytes(double(avail)).c_str());
+    std::fprintf(txt,
+                 "compute: no resident measurement (the model is %s, %s available); T_cpu is each strategy's "
+                 "own compute busy time\n",
+                 human_bytes(double(model_bytes)).c_str(), human_bytes(double(avail)).c_str());
   }
   sum.t_cpu_per_token = t_cpu;
   sum.ceiling_gbps = median(sum.ceiling_gbps_samples);
@@ -373,18 +375,20 @@ int run_bench(const BenchArgs& a) {
   sum.device_direct_fraction = probed ? double(probed_direct) / double(probed) : 0.0;
   const auto [gmin, gmax] =
       std::minmax_element(sum.ceiling_gbps_samples.begin(), sum.ceiling_gbps_samples.end());
-  std::fprintf(txt,
-               "device ceiling (%u x %s in flight): %.3f GB/s sequential, median of %zu probe%s (%.3f..%.3f); "
-               "%.3f GB/s random expert reads; the engine's settings read its token pattern at %.3f GB/s "
-               "(%.3f of the ceiling)\n",
-               sum.ceiling_queue_depth, human_bytes(double(sum.ceiling_chunk_bytes)).c_str(), sum.ceiling_gbps,
-               sum.ceiling_gbps_samples.size(), sum.ceiling_gbps_samples.size() == 1 ? "" : "s", *gmin, *gmax,
-               sum.ceiling_random_gbps, sum.engine_probe_gbps,
-               sum.ceiling_gbps > 0 ? sum.engine_probe_gbps / sum.ceiling_gbps : 0.0);
+  std::fprintf(
+      txt,
+      "device ceiling (%u x %s in flight): %.3f GB/s sequential, median of %zu probe%s (%.3f..%.3f); "
+      "%.3f GB/s random expert reads; the engine's settings read its token pattern at %.3f GB/s "
+      "(%.3f of the ceiling)\n",
+      sum.ceiling_queue_depth, human_bytes(double(sum.ceiling_chunk_bytes)).c_str(), sum.ceiling_gbps,
+      sum.ceiling_gbps_samples.size(), sum.ceiling_gbps_samples.size() == 1 ? "" : "s", *gmin, *gmax,
+      sum.ceiling_random_gbps, sum.engine_probe_gbps,
+      sum.ceiling_gbps > 0 ? sum.engine_probe_gbps / sum.ceiling_gbps : 0.0);
 
   // ---- 4. table, JSON, verdict ----
   for (size_t i = 0; i < strategies.size(); ++i)
-    sum.strategies.push_back(aggregate(strategies[i], samples[i], Ceiling{sum.ceiling_gbps, sum.ceiling_random_gbps}, t_cpu, plan.budget));
+    sum.strategies.push_back(aggregate(
+        strategies[i], samples[i], Ceiling{sum.ceiling_gbps, sum.ceiling_random_gbps}, t_cpu, plan.budget));
   rank(sum);
   const RunSample& any = samples.front().front();
   std::fprintf(txt, "\n%s", bench_table(sum).c_str());
@@ -394,26 +398,32 @@ int run_bench(const BenchArgs& a) {
         (a.gen == 2 ? std::string("decode step 1") : fmt::format("mean of decode steps 1..{}", a.gen - 1)) +
         " (step 0, the prefill, excluded)";
   std::fprintf(txt, "s/token: %s; median and min over %d repeat%s\n", steps.c_str(), a.repeat,
-              a.repeat == 1 ? "" : "s");
-  std::fprintf(txt, 
+               a.repeat == 1 ? "" : "s");
+  std::fprintf(
+      txt,
       "disk %% = T_io / s/token with T_io = trunk bytes / %.3f GB/s + expert bytes / %.3f GB/s (the device "
       "ceiling's medians); CPU %% = T_cpu / s/token with T_cpu from the %s; overlap = max(T_io, T_cpu) / "
-      "s/token; compute/tok = the strategy's own compute busy time per token (above T_cpu: compute ran slower "
-      "while the disk streamed); read GB/s = bytes read / time with a read in flight (decode steps), /ceiling = "
-      "that over the ceiling for the same byte mix; io wait = share of s/token the compute waited on a read\n",
+      "s/token; compute/tok = the strategy's own compute busy time per token (above T_cpu: compute ran "
+      "slower "
+      "while the disk streamed); read GB/s = bytes read / time with a read in flight (decode steps), "
+      "/ceiling = "
+      "that over the ceiling for the same byte mix; io wait = share of s/token the compute waited on a "
+      "read\n",
       sum.ceiling_gbps, sum.ceiling_random_gbps, sum.t_cpu_source.c_str());
-  std::fprintf(txt, "every run emitted the same ids [%s] and byte-identical step-0 logits; peak RSS from wait4\n",
-              fmt::format("{}", fmt::join(any.ids, ",")).c_str());
+  std::fprintf(txt,
+               "every run emitted the same ids [%s] and byte-identical step-0 logits; peak RSS from wait4\n",
+               fmt::format("{}", fmt::join(any.ids, ",")).c_str());
   if (any.timing_source != "report tokens" || any.bytes_source == "none")
-    std::fprintf(txt, "NOTE: timing from the %s, bytes from %s (the child's report lacks the per-token fields)\n",
-                any.timing_source.c_str(),
-                any.bytes_source == "none" ? "nowhere (0)" : any.bytes_source.c_str());
+    std::fprintf(
+        txt, "NOTE: timing from the %s, bytes from %s (the child's report lacks the per-token fields)\n",
+        any.timing_source.c_str(), any.bytes_source == "none" ? "nowhere (0)" : any.bytes_source.c_str());
   for (const StrategyResult& r : sum.strategies)
     if (r.overlap_efficiency > 1.0)
-      std::fprintf(txt, 
-          "NOTE: %s read faster than the device ceiling's median (overlap %.3f > 1): the device's rate drifted "
-          "during this bench; rerun on a quieter machine or with more --repeat\n",
-          r.strategy.c_str(), r.overlap_efficiency);
+      std::fprintf(txt,
+                   "NOTE: %s read faster than the device ceiling's median (overlap %.3f > 1): the device's "
+                   "rate drifted "
+                   "during this bench; rerun on a quieter machine or with more --repeat\n",
+                   r.strategy.c_str(), r.overlap_efficiency);
   for (const std::string& n : runner.notes) std::fprintf(txt, "NOTE: %s\n", n.c_str());
   const std::string doc = bench_json(sum);
   if (!a.out_path.empty()) {
@@ -456,8 +466,9 @@ Action add_bench(CLI::App& sub) {
   sub.add_flag("--json", a->json, "print the results as one JSON object on stdout (the text goes to stderr)");
   sub.add_option("--trace-dir", a->trace_dir,
                  "pass --trace DIR/<strategy>-r<repeat>.json to every strategy run");
-  sub.add_option("--probe-seconds", a->probe_seconds,
-                 "time per round spent measuring the device: 2/3 its ceiling, 1/3 the engine's reader settings")
+  sub.add_option(
+         "--probe-seconds", a->probe_seconds,
+         "time per round spent measuring the device: 2/3 its ceiling, 1/3 the engine's reader settings")
       ->check(CLI::Range(0.05, 600.0))
       ->capture_default_str();
   return [a] { return run_bench(*a); };

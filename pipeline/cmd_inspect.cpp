@@ -275,7 +275,11 @@ void print_json(const Census& c, const fs::path& dir) {
           .end_object();
   w.end_object().key("roles").begin_object();
   for (int i = 0; i < 5; ++i)
-    w.key(kRoleNames[i]).begin_object().field("tensors", c.by_role[i].tensors).field("bytes", c.by_role[i].bytes).end_object();
+    w.key(kRoleNames[i])
+        .begin_object()
+        .field("tensors", c.by_role[i].tensors)
+        .field("bytes", c.by_role[i].bytes)
+        .end_object();
   w.end_object().field("problems", c.problems).end_object();
   fmt::print("{}\n", w.str());
 }

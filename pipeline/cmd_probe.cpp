@@ -68,8 +68,8 @@ int run_probe(const ProbeArgs& a) {
   if (!a.trunk_dir.empty() && !fs::is_directory(a.trunk_dir))
     throw io::usage_error(fmt::format("--trunk: {} is not a directory", a.trunk_dir));
   if (a.chunk_kb % 4 != 0)
-    throw io::usage_error(fmt::format("--chunk-kb {} is not a multiple of 4 (O_DIRECT reads whole 4 KiB pages)",
-                                      a.chunk_kb));
+    throw io::usage_error(
+        fmt::format("--chunk-kb {} is not a multiple of 4 (O_DIRECT reads whole 4 KiB pages)", a.chunk_kb));
   const io::ModelConfig config = io::load_config(dir / "config.json");
   const io::ShardSet shards = io::ShardSet::open(dir);
   std::optional<io::PackedTrunk> trunk;
@@ -142,8 +142,10 @@ int run_probe(const ProbeArgs& a) {
 Action add_probe(CLI::App& sub) {
   auto a = std::make_shared<ProbeArgs>();
   sub.add_option("MODEL_DIR", a->model_dir, "checkpoint directory (config.json + *.safetensors)")->required();
-  sub.add_option("--trunk", a->trunk_dir, "packed trunk directory (trunk.json + trunk.bin): read it, not the shards");
-  sub.add_option("--seconds", a->seconds, "time spent reading (2/3 for the ceiling, 1/3 with the engine's settings)")
+  sub.add_option("--trunk", a->trunk_dir,
+                 "packed trunk directory (trunk.json + trunk.bin): read it, not the shards");
+  sub.add_option("--seconds", a->seconds,
+                 "time spent reading (2/3 for the ceiling, 1/3 with the engine's settings)")
       ->check(CLI::Range(0.05, 600.0))
       ->capture_default_str();
   sub.add_option("--queue-depth", a->queue_depth, "ceiling: chunks in flight")

@@ -179,7 +179,9 @@ Action add_detokenize(CLI::App& sub) {
   sub.add_option("MODEL_DIR", a->model_dir, "model directory (tiktoken.model + tokenizer_config.json)")
       ->type_name("");
   add_source_flags(sub, a->source);
-  sub.add_option("--ids", a->ids, "token ids separated by commas or spaces, e.g. 1,2,3")->type_name("IDS")->required();
+  sub.add_option("--ids", a->ids, "token ids separated by commas or spaces, e.g. 1,2,3")
+      ->type_name("IDS")
+      ->required();
   return [a] {
     const std::vector<int32_t> ids = parse_id_list(a->ids, "--ids");
     const Tokenizer tok = load_source("detokenize", a->model_dir, a->source);

@@ -33,16 +33,18 @@ size_t run_capacity(const DecoderOptions& o) {
   check_stream_flags(o.stream);
   if (o.stream.context == 0) return o.capacity;
   if (o.stream.context < o.capacity)
-    throw io::usage_error(fmt::format(
-        "--context {} holds fewer positions than this run needs: {} (saved + prompt + --gen + 1)",
-        o.stream.context, o.capacity));
+    throw io::usage_error(
+        fmt::format("--context {} holds fewer positions than this run needs: {} (saved + prompt + --gen + 1)",
+                    o.stream.context, o.capacity));
   return size_t(o.stream.context);
 }
 
 namespace {
 
 Progress::Mode progress_mode(const StreamFlags& f) {
-  return f.progress ? Progress::Mode::always : f.no_progress ? Progress::Mode::never : Progress::Mode::automatic;
+  return f.progress      ? Progress::Mode::always
+         : f.no_progress ? Progress::Mode::never
+                         : Progress::Mode::automatic;
 }
 
 // The bytes ResidentModel::load reads: the head's, every bound layer's and its experts' buffers.
@@ -151,12 +153,14 @@ std::span<const float> Decoder::logits() {
       const std::string where =
           w.nonfinite_layer == stages::ForwardWatch::kNone
               ? std::string("every layer's output was finite: the head (final norm, lm_head) made them")
-              : fmt::format("the output of {} went non-finite first, at position {}: its weights or carried "
-                            "state hold NaN or inf",
-                            stages::describe_layer(cfg_, w.nonfinite_layer), w.nonfinite_position);
-      throw io::Error(io::ErrorKind::run_invalid,
-                      fmt::format("the logits at position {} are not finite (logit {} is {}): {}; the run is invalid",
-                                  state_.cached - 1, i, logits_[i], where));
+              : fmt::format(
+                    "the output of {} went non-finite first, at position {}: its weights or carried "
+                    "state hold NaN or inf",
+                    stages::describe_layer(cfg_, w.nonfinite_layer), w.nonfinite_position);
+      throw io::Error(
+          io::ErrorKind::run_invalid,
+          fmt::format("the logits at position {} are not finite (logit {} is {}): {}; the run is invalid",
+                      state_.cached - 1, i, logits_[i], where));
     }
   return logits_;
 }

@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
-#include <mutex>
 #include <functional>
+#include <mutex>
 #include <numeric>
 
 #include "io/aligned.hpp"
@@ -326,8 +326,7 @@ std::string format_probe(const ProbePattern& p, const ProbeResult& r) {
       "experts: {} x {} KiB), O_DIRECT {:.1f}% of bytes, reading {}\n",
       r.backend, r.trunk_queue_depth,
       r.trunk_max_depth > r.trunk_queue_depth ? fmt::format(" (adaptive up to {})", r.trunk_max_depth) : "",
-      r.trunk_chunk_bytes >> 10, r.expert_queue_depth,
-      r.expert_chunk_bytes >> 10, direct_pct, p.source);
+      r.trunk_chunk_bytes >> 10, r.expert_queue_depth, r.expert_chunk_bytes >> 10, direct_pct, p.source);
   if (!r.fallback_reason.empty()) s += fmt::format("  (pread fallback: {})\n", r.fallback_reason);
   if (direct_pct < 99.0)
     s += "  NOTE: part of the reads were buffered (filesystem refused O_DIRECT, or unaligned edges): the "
@@ -426,8 +425,8 @@ CeilingPhase run_ceiling_phase(const io::UringReader::Options& ro, uint64_t wind
 CeilingResult probe_ceiling(const ProbePattern& p, const CeilingOptions& o) {
   if (o.queue_depth == 0) throw io::usage_error("device ceiling probe: queue depth must be at least 1");
   if (o.chunk_bytes < kDirectAlign || o.chunk_bytes % kDirectAlign != 0)
-    throw io::usage_error(fmt::format("device ceiling probe: chunk of {} bytes is not a positive multiple of 4096",
-                                      o.chunk_bytes));
+    throw io::usage_error(fmt::format(
+        "device ceiling probe: chunk of {} bytes is not a positive multiple of 4096", o.chunk_bytes));
   CeilingResult r;
   r.source = p.source;
   r.queue_depth = o.queue_depth;
@@ -471,8 +470,9 @@ CeilingResult probe_ceiling(const ProbePattern& p, const CeilingOptions& o) {
   biggest = align_up(biggest, kDirectAlign);
   // The destination area: every request in flight or queued lands in a place of its own, and the
   // area is far larger than any CPU cache, as the engine's ring slots are.
-  const uint64_t area = std::max(biggest, o.dest_bytes ? align_up(o.dest_bytes, kDirectAlign)
-                                                      : std::max(kDefaultDestBytes, align_up(window, kDirectAlign)));
+  const uint64_t area =
+      std::max(biggest, o.dest_bytes ? align_up(o.dest_bytes, kDirectAlign)
+                                     : std::max(kDefaultDestBytes, align_up(window, kDirectAlign)));
   io::AlignedBuffer dst(area);  // zero-filled: its pages are faulted in before timing
   r.dest_bytes = area;
   uint64_t dst_at = 0;
@@ -536,8 +536,8 @@ std::string format_ceiling(const CeilingResult& r) {
     return fmt::format(
         "  {:<34} {:7.3f} GB/s  ({} in {:.2f} s, {} requests of up to {}, {} chunks in flight at most, "
         "O_DIRECT {:.1f}%)\n",
-        what, c.gbps(), human_bytes(double(c.bytes)), c.seconds, c.requests, human_bytes(double(c.request_bytes)),
-        c.peak_in_flight, direct);
+        what, c.gbps(), human_bytes(double(c.bytes)), c.seconds, c.requests,
+        human_bytes(double(c.request_bytes)), c.peak_in_flight, direct);
   };
   s += line("sequential (files front to back)", r.sequential);
   s += line(fmt::format("random ({})", r.random_source).c_str(), r.random);
@@ -548,7 +548,8 @@ std::string format_ceiling(const CeilingResult& r) {
         human_bytes(double(r.sequential.span_bytes)), r.sequential.passes);
   const uint64_t all = r.sequential.bytes + r.random.bytes;
   if (all && double(r.sequential.direct_bytes + r.random.direct_bytes) < 0.99 * double(all))
-    s += "  NOTE: part of the reads were buffered (O_DIRECT refused): the page cache may flatter the figure\n";
+    s +=
+        "  NOTE: part of the reads were buffered (O_DIRECT refused): the page cache may flatter the figure\n";
   return s;
 }
 

@@ -9,9 +9,10 @@
 // Reads go into a ring of 2 trunk slots and 2 x top_k expert slots, so the next layer's reads are in
 // flight while this one's land, as in the `overlap` strategy. Nothing is computed.
 //
-// Three phases run back to back: the mixed pattern above, trunk reads alone, expert reads alone. Different experts are picked every pass, but a small model's files
-// are re-read many times: a device-side cache can flatter them; page cache cannot, unless the
-// filesystem refuses O_DIRECT (then `direct_bytes` < `bytes` and the report says so).
+// Three phases run back to back: the mixed pattern above, trunk reads alone, expert reads alone. Different
+// experts are picked every pass, but a small model's files are re-read many times: a device-side cache can
+// flatter them; page cache cannot, unless the filesystem refuses O_DIRECT (then `direct_bytes` < `bytes` and
+// the report says so).
 //
 // The engine-settings probe above measures the engine's own request pattern, so a rate derived from
 // it cannot show that the engine reads below what the device can do. probe_ceiling() measures the
@@ -95,12 +96,12 @@ std::string format_probe(const ProbePattern& pattern, const ProbeResult& r);  //
 // ---- the device's ceiling, independent of the engine's reader settings ----
 
 struct CeilingOptions {
-  double seconds = 1.0;                    // whole probe: 60 % sequential, 40 % random
-  unsigned queue_depth = 32;               // chunks in flight
-  size_t chunk_bytes = size_t{8} << 20;    // one chunk = one request to the kernel
-  uint64_t random_bytes = 17547264;        // a real K3 expert; used only when the model has no experts
-  uint64_t seed = 1;                       // random offsets / expert picks
-  bool force_pread = false;                // tests: the fallback backend
+  double seconds = 1.0;                  // whole probe: 60 % sequential, 40 % random
+  unsigned queue_depth = 32;             // chunks in flight
+  size_t chunk_bytes = size_t{8} << 20;  // one chunk = one request to the kernel
+  uint64_t random_bytes = 17547264;      // a real K3 expert; used only when the model has no experts
+  uint64_t seed = 1;                     // random offsets / expert picks
+  bool force_pread = false;              // tests: the fallback backend
   // Where the reads land: successive requests go to successive places of an area this large (0: the
   // default). Not one shared buffer: a destination that stays in the CPU's caches lets a virtual
   // disk's host copy the bytes far faster than into the engine's ring, which is written front to

@@ -4,9 +4,12 @@ namespace k3::pipeline {
 
 int exit_code(io::ErrorKind kind) {
   switch (kind) {
-    case io::ErrorKind::usage: return kExitUsage;
-    case io::ErrorKind::runtime: return kExitRuntime;
-    case io::ErrorKind::run_invalid: return kExitInvalidRun;
+    case io::ErrorKind::usage:
+      return kExitUsage;
+    case io::ErrorKind::runtime:
+      return kExitRuntime;
+    case io::ErrorKind::run_invalid:
+      return kExitInvalidRun;
   }
   return kExitRuntime;
 }

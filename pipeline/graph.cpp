@@ -125,7 +125,8 @@ void StreamingModel::Impl::prepare_call(stages::DecodeState& st, size_t T, std::
 
 // ------------------------------------------------------------------ the public face
 
-StreamingModel::StreamingModel(const WeightSources& s, const MemoryPlan& p, Strategy st, GraphDescription* dot)
+StreamingModel::StreamingModel(const WeightSources& s, const MemoryPlan& p, Strategy st,
+                               GraphDescription* dot)
     : impl_(std::make_unique<Impl>(s, p, st, dot)) {}
 
 StreamingModel::~StreamingModel() = default;

@@ -113,7 +113,7 @@ struct StreamTotals {
   uint64_t lookahead_used = 0;                    // of those, experts the router then chose
   uint64_t uring_bytes = 0, pread_bytes = 0, direct_bytes = 0;
   double io_busy_seconds = 0, compute_busy_seconds = 0;
-  bool uring = false;  // both readers on io_uring
+  bool uring = false;     // both readers on io_uring
   std::string automatic;  // strategy auto: what its tuner chose and why (PrefetchTuner::describe)
 };
 

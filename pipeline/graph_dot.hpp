@@ -21,7 +21,8 @@ class GraphDescription {
   // kind: e.g. "function_node", "async_node", "join_node", "buffer"; concurrency: 0 = unlimited.
   // cluster groups nodes of one stage ("io", "attention", "moe", ...). Returns the node's stats,
   // which stay valid for the description's lifetime.
-  NodeStats& add_node(const std::string& id, const std::string& kind, int concurrency, const std::string& cluster);
+  NodeStats& add_node(const std::string& id, const std::string& kind, int concurrency,
+                      const std::string& cluster);
   void add_pool(const std::string& id, const std::string& cluster, uint64_t slots, uint64_t slot_bytes);
   void add_edge(const std::string& from, const std::string& to, const std::string& label = "");
 

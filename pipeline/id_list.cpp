@@ -39,8 +39,8 @@ std::vector<int32_t> parse_id_list(std::string_view text, std::string_view flag,
     }
     if (!ok || v > std::numeric_limits<int32_t>::max())
       throw io::usage_error(fmt::format(
-          "{}: '{}' is not a token id (expected non-negative integers separated by commas or spaces)",
-          flag, item));
+          "{}: '{}' is not a token id (expected non-negative integers separated by commas or spaces)", flag,
+          item));
     out.push_back(static_cast<int32_t>(v));
     i = j;
   }

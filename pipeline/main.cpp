@@ -39,18 +39,24 @@ int main(int argc, char** argv) {
     CLI::App* sub = app.add_subcommand(name, help);
     actions[sub] = adder(*sub);
   };
-  add("inspect", "summarise a checkpoint: config, layer map, tensor census, bytes", k3::pipeline::add_inspect);
+  add("inspect", "summarise a checkpoint: config, layer map, tensor census, bytes",
+      k3::pipeline::add_inspect);
   add("synth", "write a synthetic checkpoint in the released format", k3::pipeline::add_synth);
   add("generate", "continue a prompt (text or token ids): greedy or sampled, resident or streamed",
       k3::pipeline::add_generate);
-  add("chat", "talk to the model in K3's chat format; the state carries over between turns", k3::pipeline::add_chat);
-  add("plan", "split a memory budget into resident, trunk ring, pinned layers and expert slots", k3::pipeline::add_plan);
+  add("chat", "talk to the model in K3's chat format; the state carries over between turns",
+      k3::pipeline::add_chat);
+  add("plan", "split a memory budget into resident, trunk ring, pinned layers and expert slots",
+      k3::pipeline::add_plan);
   add("pack-trunk", "copy every layer's dense weights into one aligned trunk.bin + trunk.json",
       k3::pipeline::add_pack_trunk);
-  add("bench", "compare the overlap strategies on one checkpoint and budget: s/token, overlap efficiency", k3::pipeline::add_bench);
-  add("probe", "measure the device's read ceiling (deep queue, large requests) beside the engine's reader settings",
+  add("bench", "compare the overlap strategies on one checkpoint and budget: s/token, overlap efficiency",
+      k3::pipeline::add_bench);
+  add("probe",
+      "measure the device's read ceiling (deep queue, large requests) beside the engine's reader settings",
       k3::pipeline::add_probe);
-  add("tokenize", "text -> Kimi token ids (or pre-tokenizer pieces), per line with --file", k3::pipeline::add_tokenize);
+  add("tokenize", "text -> Kimi token ids (or pre-tokenizer pieces), per line with --file",
+      k3::pipeline::add_tokenize);
   add("detokenize", "Kimi token ids -> text (raw bytes)", k3::pipeline::add_detokenize);
 
   try {

@@ -125,7 +125,8 @@ uint64_t MemoryPlan::total() const {
 
 bool MemoryPlan::holds_model() const {
   const uint64_t slots = inflight_slots + lookahead_slots + cache_slots;
-  return int(pinned.size()) == n_layers && (expert_slot_bytes == 0 || (routed_experts && slots >= routed_experts));
+  return int(pinned.size()) == n_layers &&
+         (expert_slot_bytes == 0 || (routed_experts && slots >= routed_experts));
 }
 
 uint64_t plan_floor(const PlanInputs& in, int ring_slots) {
@@ -157,18 +158,19 @@ MemoryPlan make_plan(const PlanInputs& in, const PlanBudget& want) {
     throw io::usage_error(
         fmt::format("plan: budget {} ({} B, {}) is {} B short of the floor {} ({} B: resident {}, "
                     "{} expert slots, {}-slot trunk ring)",
-                    human_bytes(p.budget), p.budget, want.source, p.floor - p.budget, human_bytes(p.floor), p.floor,
-                    human_bytes(resident), inflight, want.ring_slots));
+                    human_bytes(p.budget), p.budget, want.source, p.floor - p.budget, human_bytes(p.floor),
+                    p.floor, human_bytes(resident), inflight, want.ring_slots));
   if (split) {
     uint64_t ring_min = p.floor - resident - inflight_bytes;
     if (*want.trunk < ring_min)
       throw io::usage_error(fmt::format("plan: trunk budget {} is {} B short of the {}-slot ring ({} B)",
-                                        human_bytes(*want.trunk), ring_min - *want.trunk, want.ring_slots, ring_min));
+                                        human_bytes(*want.trunk), ring_min - *want.trunk, want.ring_slots,
+                                        ring_min));
     if (want.experts.value_or(0) < inflight_bytes)
       throw io::usage_error(
           fmt::format("plan: expert budget {} is {} B short of {} in-flight expert slots ({} B)",
-                      human_bytes(want.experts.value_or(0)), inflight_bytes - want.experts.value_or(0), inflight,
-                      inflight_bytes));
+                      human_bytes(want.experts.value_or(0)), inflight_bytes - want.experts.value_or(0),
+                      inflight, inflight_bytes));
   }
 
   // Trunk: what the ring + pins may use, and what is left for the experts after them.
@@ -353,17 +355,19 @@ std::string format_plan(const MemoryPlan& p) {
         "unallocated\n",
         human_bytes(p.total()));
   s += fmt::format("  trunk read per token: {} of {} ({} of {} layers streamed); expert slots {}\n",
-                   human_bytes(p.streamed_bytes), human_bytes(p.trunk_bytes), p.n_layers - int(p.pinned.size()),
-                   p.n_layers, p.inflight_slots + p.lookahead_slots + p.cache_slots);
+                   human_bytes(p.streamed_bytes), human_bytes(p.trunk_bytes),
+                   p.n_layers - int(p.pinned.size()), p.n_layers,
+                   p.inflight_slots + p.lookahead_slots + p.cache_slots);
   // The readers' windows: every chunk in flight lands in the slot (or pin region) it is read for, so
   // a deeper window costs no memory beyond the pools above -- only the io_uring rings, counted above.
   const io::UringReader::Options t = trunk_reader_options();
   const unsigned deepest = std::max(t.queue_depth, t.max_depth);
-  s += fmt::format("  trunk reads: {} chunks, {}{} in flight{}, landing in the ring slots and pinned layers\n",
-                   human_bytes(double(t.chunk_bytes)), t.queue_depth,
-                   deepest > t.queue_depth ? fmt::format("-{} (adaptive)", deepest) : "",
-                   t.gated_depth ? fmt::format(", {} while an expert read the layer waits for is out", t.gated_depth)
-                                 : "");
+  s += fmt::format(
+      "  trunk reads: {} chunks, {}{} in flight{}, landing in the ring slots and pinned layers\n",
+      human_bytes(double(t.chunk_bytes)), t.queue_depth,
+      deepest > t.queue_depth ? fmt::format("-{} (adaptive)", deepest) : "",
+      t.gated_depth ? fmt::format(", {} while an expert read the layer waits for is out", t.gated_depth)
+                    : "");
   if (p.expert_slot_bytes) {
     const io::UringReader::Options e = expert_reader_options(p.expert_slot_bytes);
     s += fmt::format("  expert reads: {} x {} chunks in flight, landing in the expert slots\n", e.queue_depth,
@@ -383,7 +387,12 @@ std::string plan_json(const MemoryPlan& p) {
       .key("pools")
       .begin_array();
   for (const PlanTerm& t : p.pools)
-    w.begin_object().field("name", t.name).field("count", t.count).field("each", t.each).field("bytes", t.bytes).end_object();
+    w.begin_object()
+        .field("name", t.name)
+        .field("count", t.count)
+        .field("each", t.each)
+        .field("bytes", t.bytes)
+        .end_object();
   w.end_array()
       .key("trunk")
       .begin_object()

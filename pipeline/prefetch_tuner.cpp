@@ -59,12 +59,13 @@ void PrefetchTuner::after_call(double seconds, size_t tokens) {
 
 std::string PrefetchTuner::describe() const {
   if (decisions_ == 0)
-    return fmt::format("auto: still measuring ({} steps with expert prefetch, {} without)", steps_on_, steps_off_);
+    return fmt::format("auto: still measuring ({} steps with expert prefetch, {} without)", steps_on_,
+                       steps_off_);
   return fmt::format(
       "auto: expert prefetch {} (median {:.4f} s/token with, {:.4f} without; {} measurement{}; {} steps with "
       "prefetch, {} without)",
-      last_on_ < last_off_ ? "on" : "off", last_on_, last_off_, decisions_, decisions_ == 1 ? "" : "s", steps_on_,
-      steps_off_);
+      last_on_ < last_off_ ? "on" : "off", last_on_, last_off_, decisions_, decisions_ == 1 ? "" : "s",
+      steps_on_, steps_off_);
 }
 
 }  // namespace k3::pipeline

@@ -43,8 +43,8 @@ void Progress::draw(uint64_t done, uint64_t total) {
       unit_.empty() ? fmt::format("{} / {} {}", human_bytes(done), human_bytes(total), human_rate(rate))
                     : fmt::format("{} / {} {}", done, total, unit_);
   if (!drawn_) std::fflush(stdout);  // what was printed before the bar stays before it
-  fmt::print(out_, "\r{} [{}{}] {:3.0f}% {}{}{}{}", label_, std::string(fill, '#'), std::string(kWidth - fill, '.'),
-             frac * 100, numbers, note_, eta, tty_ ? "\x1b[K" : "");
+  fmt::print(out_, "\r{} [{}{}] {:3.0f}% {}{}{}{}", label_, std::string(fill, '#'),
+             std::string(kWidth - fill, '.'), frac * 100, numbers, note_, eta, tty_ ? "\x1b[K" : "");
   std::fflush(out_);
   drawn_ = true;
 }
@@ -83,7 +83,8 @@ void ReadProgress::start(uint64_t total) {
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
       const uint64_t now = process_read_bytes();
       // The total is drawn by done(): a sample never claims it.
-      if (!stop_.load()) bar_.update(std::min(now > base_ ? now - base_ : 0, total_ ? total_ - 1 : 0), total_);
+      if (!stop_.load())
+        bar_.update(std::min(now > base_ ? now - base_ : 0, total_ ? total_ - 1 : 0), total_);
     }
   });
 }

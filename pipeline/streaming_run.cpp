@@ -11,8 +11,8 @@
 #include <optional>
 #include <string>
 
-#include "io/error.hpp"
 #include "io/env.hpp"
+#include "io/error.hpp"
 #include "io/packed_trunk.hpp"
 #include "pipeline/commands.hpp"
 #include "pipeline/graph_dot.hpp"
@@ -127,7 +127,8 @@ void add_plan_flags(CLI::App& sub, StreamFlags& f) {
   preset->excludes(trunk_gb)->excludes(cache_gb);
   sub.add_option(
          "--strategy", f.strategy,
-         "overlap strategy: serial, trunk, overlap, lookahead, or auto (the default: lookahead's graph with the "
+         "overlap strategy: serial, trunk, overlap, lookahead, or auto (the default: lookahead's graph with "
+         "the "
          "expert prefetch turned on or off by measuring this run's steps); all give the same bits. Needs a "
          "budget flag or --trunk")
       ->check(CLI::IsMember({"serial", "trunk", "overlap", "lookahead", "auto"}));
@@ -246,9 +247,10 @@ std::unique_ptr<StreamRun> StreamRun::open(const StreamFlags& f, const io::Model
     // No flag: resident unless the weights plus headroom do not fit in what the machine has free.
     const uint64_t need = checkpoint_bytes(shards);
     if (avail == 0 || need + need / 8 + (uint64_t{256} << 20) <= avail) return nullptr;
-    std::printf("weights (%s) do not fit in the memory available (%s): streaming within %.0f%% of it "
-                "(--mem-gb or --preset sets the budget)\n",
-                human_bytes(need).c_str(), human_bytes(avail).c_str(), kDefaultBudgetShare * 100);
+    std::printf(
+        "weights (%s) do not fit in the memory available (%s): streaming within %.0f%% of it "
+        "(--mem-gb or --preset sets the budget)\n",
+        human_bytes(need).c_str(), human_bytes(avail).c_str(), kDefaultBudgetShare * 100);
   }
 
   auto run = std::unique_ptr<StreamRun>(new StreamRun());
@@ -297,8 +299,8 @@ void StreamRun::record_step(int step, int32_t token) {
 
 std::string StreamRun::step_note() const {
   const StepStats& x = s_->model->last_step();
-  return fmt::format("read {} trunk + {} experts, io wait {:.3f} s", human_bytes(x.trunk_bytes), human_bytes(x.expert_bytes),
-                     x.io_wait_seconds);
+  return fmt::format("read {} trunk + {} experts, io wait {:.3f} s", human_bytes(x.trunk_bytes),
+                     human_bytes(x.expert_bytes), x.io_wait_seconds);
 }
 
 uint64_t StreamRun::bytes_read() const {
@@ -324,8 +326,9 @@ void StreamRun::finish(RunReport& r, double decode_seconds) {
   std::printf(
       "streamed: trunk %s + experts %s read (%s through io_uring, %s O_DIRECT, %s pread); experts "
       "%llu requests, %llu hits; lookahead %llu prefetched, %llu used\n",
-      human_bytes(t.trunk_bytes_read).c_str(), human_bytes(t.expert_bytes_read).c_str(), human_bytes(t.uring_bytes).c_str(),
-      human_bytes(t.direct_bytes).c_str(), human_bytes(t.pread_bytes).c_str(), (unsigned long long)t.expert_requests,
+      human_bytes(t.trunk_bytes_read).c_str(), human_bytes(t.expert_bytes_read).c_str(),
+      human_bytes(t.uring_bytes).c_str(), human_bytes(t.direct_bytes).c_str(),
+      human_bytes(t.pread_bytes).c_str(), (unsigned long long)t.expert_requests,
       (unsigned long long)t.expert_hits, (unsigned long long)t.lookahead_predicted,
       (unsigned long long)t.lookahead_used);
   if (!t.automatic.empty()) std::printf("%s\n", t.automatic.c_str());

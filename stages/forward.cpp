@@ -42,7 +42,8 @@ void ForwardWatch::scan(int layer, std::span<const float> hidden, size_t E, size
 
 std::string describe_layer(const io::ModelConfig& c, int l) {
   if (l == ForwardWatch::kEmbedding) return "the embedding";
-  return fmt::format("layer {} ({}, {})", l, c.is_mla(l) ? "MLA" : "KDA", c.is_dense(l) ? "dense FFN" : "MoE");
+  return fmt::format("layer {} ({}, {})", l, c.is_mla(l) ? "MLA" : "KDA",
+                     c.is_dense(l) ? "dense FFN" : "MoE");
 }
 
 DecodeState::DecodeState(const io::ModelConfig& c, int n_bound, size_t kv_capacity)

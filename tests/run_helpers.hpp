@@ -1,6 +1,7 @@
-// Test helpers for tests that run the k3flow binary (K3FLOW_BIN) as a child: a temp directory (tests/temp_dir.hpp), whole
-// files, and a time-bounded run that captures stdout, stderr, the exit code and the child's peak RSS:
-// of k3flow with its arguments as plain words (k3flow), or of a shell command line (shell, k3flow_sh).
+// Test helpers for tests that run the k3flow binary (K3FLOW_BIN) as a child: a temp directory
+// (tests/temp_dir.hpp), whole files, and a time-bounded run that captures stdout, stderr, the exit code and
+// the child's peak RSS: of k3flow with its arguments as plain words (k3flow), or of a shell command line
+// (shell, k3flow_sh).
 #pragma once
 #include <doctest/doctest.h>
 #include <fcntl.h>
@@ -34,12 +35,12 @@ inline constexpr bool kSanitized = true;
 inline constexpr bool kSanitized = false;
 #endif
 }  // namespace k3::test
-#define K3_CHECK_UNLESS_SANITIZED(expr)                                                              \
-  do {                                                                                                \
-    if (k3::test::kSanitized)                                                                         \
-      MESSAGE("sanitized build: skipped (the process is larger than plan's allowance): " #expr);     \
-    else                                                                                              \
-      CHECK(expr);                                                                                    \
+#define K3_CHECK_UNLESS_SANITIZED(expr)                                                          \
+  do {                                                                                           \
+    if (k3::test::kSanitized)                                                                    \
+      MESSAGE("sanitized build: skipped (the process is larger than plan's allowance): " #expr); \
+    else                                                                                         \
+      CHECK(expr);                                                                               \
   } while (0)
 
 namespace k3::test {

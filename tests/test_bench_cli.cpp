@@ -112,12 +112,24 @@ const char* kTopKeys[] = {"model",
                           "strategies",
                           "best",
                           "speedup_vs_serial"};
-const char* kStrategyKeys[] = {"strategy",          "s_per_token",           "s_per_token_min",
-                               "bytes_per_token",   "trunk_bytes_per_token", "expert_bytes_per_token",
-                               "t_io",              "t_cpu",                 "overlap_efficiency",
-                               "ceiling_gbps",      "effective_read_gbps",   "read_vs_ceiling",
-                               "io_wait_share",     "io_busy_share",         "lookahead_hit_rate",
-                               "peak_rss_bytes",    "ids",                   "compute_per_token"};
+const char* kStrategyKeys[] = {"strategy",
+                               "s_per_token",
+                               "s_per_token_min",
+                               "bytes_per_token",
+                               "trunk_bytes_per_token",
+                               "expert_bytes_per_token",
+                               "t_io",
+                               "t_cpu",
+                               "overlap_efficiency",
+                               "ceiling_gbps",
+                               "effective_read_gbps",
+                               "read_vs_ceiling",
+                               "io_wait_share",
+                               "io_busy_share",
+                               "lookahead_hit_rate",
+                               "peak_rss_bytes",
+                               "ids",
+                               "compute_per_token"};
 const std::regex kLastLine(R"(best=(serial|trunk|overlap|lookahead|auto) overlap_efficiency=[0-9]+\.[0-9]+ )"
                            R"(speedup_vs_serial=[0-9]+\.[0-9]+)");
 
@@ -247,7 +259,8 @@ TEST_CASE("stand-in engine: prefill excluded, medians, T_io / T_cpu / overlap ar
   // expert bytes with the random one.
   std::vector<double> probes, random_probes, engine;
   for (simdjson::dom::element g : j.doc["ceiling_gbps_samples"].get_array()) probes.push_back(num(g));
-  for (simdjson::dom::element g : j.doc["ceiling_random_gbps_samples"].get_array()) random_probes.push_back(num(g));
+  for (simdjson::dom::element g : j.doc["ceiling_random_gbps_samples"].get_array())
+    random_probes.push_back(num(g));
   for (simdjson::dom::element g : j.doc["engine_probe_gbps_samples"].get_array()) engine.push_back(num(g));
   REQUIRE(probes.size() == 2);
   REQUIRE(random_probes.size() == 2);
@@ -320,9 +333,10 @@ TEST_CASE("--json prints the JSON document alone on stdout, the text on stderr; 
   Fake f;
   TempDir d;
   const k3::test::Run r = k3::test::k3flow_sh(
-      fmt::format("bench {} --mem-gb 0.005 --gen 2 --repeat 1 --probe-seconds 0.1 --strategy serial,overlap --json "
-                  "--out {}",
-                  tiny_model(), d / "bench.json"),
+      fmt::format(
+          "bench {} --mem-gb 0.005 --gen 2 --repeat 1 --probe-seconds 0.1 --strategy serial,overlap --json "
+          "--out {}",
+          tiny_model(), d / "bench.json"),
       f.env());
   INFO(r.out, r.err);
   REQUIRE(r.code == 0);

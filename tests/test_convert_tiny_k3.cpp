@@ -28,9 +28,8 @@ TEST_CASE("convert_tiny_k3.py output is byte-identical to the committed fixtures
   const std::string cmd = "/usr/bin/python3 " + k3::test::fixture_path("convert_tiny_k3.py") + " --src " +
                           std::string(K3_FIXTURES) + " --out " + out.string() + " > /dev/null";
   REQUIRE(std::system(cmd.c_str()) == 0);
-  for (const char* name :
-       {"config.json", "model-00001-of-000001.safetensors", "model.safetensors.index.json", "tiktoken.model",
-        "tokenizer_config.json"}) {
+  for (const char* name : {"config.json", "model-00001-of-000001.safetensors", "model.safetensors.index.json",
+                           "tiktoken.model", "tokenizer_config.json"}) {
     CAPTURE(name);
     const std::string got = slurp(out / name),
                       want = slurp(k3::test::fixture_path(std::string("tiny-k3/") + name));

@@ -167,9 +167,11 @@ TEST_CASE("the device ceiling reads what it claims: bytes, the queue depth reach
     o.queue_depth = 4;
     o.chunk_bytes = size_t{64} << 10;
     o.dest_bytes = uint64_t{3} << 20;
-    CHECK(probe_ceiling(p, o).dest_bytes == std::max<uint64_t>(uint64_t{3} << 20, (p.largest_expert_read() + 4095) / 4096 * 4096));
+    CHECK(probe_ceiling(p, o).dest_bytes ==
+          std::max<uint64_t>(uint64_t{3} << 20, (p.largest_expert_read() + 4095) / 4096 * 4096));
     o.dest_bytes = 4096;
-    CHECK(probe_ceiling(p, o).dest_bytes == (std::max<uint64_t>(o.chunk_bytes, p.largest_expert_read()) + 4095) / 4096 * 4096);
+    CHECK(probe_ceiling(p, o).dest_bytes ==
+          (std::max<uint64_t>(o.chunk_bytes, p.largest_expert_read()) + 4095) / 4096 * 4096);
   }
 
   // The pread fallback measures too (no queue depth), and bad options are refused by name.

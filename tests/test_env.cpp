@@ -95,7 +95,8 @@ TEST_CASE("README's environment tables name exactly the variables of io/env.hpp"
   const std::string section = readme.substr(from, readme.find("\n## ", from + 1) - from);
   std::set<std::string> listed;
   const std::regex name(R"(\bK3(FLOW)?_[A-Z0-9_]+\b)");
-  for (auto it = std::sregex_iterator(section.begin(), section.end(), name); it != std::sregex_iterator(); ++it)
+  for (auto it = std::sregex_iterator(section.begin(), section.end(), name); it != std::sregex_iterator();
+       ++it)
     listed.insert(it->str());
   std::set<std::string> table;
   for (const env::Var& v : env::kAll) table.insert(std::string(v.name));

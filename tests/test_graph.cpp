@@ -14,7 +14,6 @@
 #include <string>
 #include <vector>
 
-#include "tests/temp_dir.hpp"
 #include "io/config.hpp"
 #include "io/packed_trunk.hpp"
 #include "io/safetensors.hpp"
@@ -26,6 +25,7 @@
 #include "stages/bind.hpp"
 #include "stages/forward.hpp"
 #include "stages/head.hpp"
+#include "tests/temp_dir.hpp"
 
 namespace fs = std::filesystem;
 using namespace k3;
@@ -33,7 +33,6 @@ using namespace k3;
 using k3::test::TempDir;
 
 namespace {
-
 
 // 8 layers: dense layer 0, MoE 1..7, MLA at 3 and 7 (one-based 4, 8), 32 experts of which 4 per token.
 io::ModelConfig test_dims() {

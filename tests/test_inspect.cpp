@@ -24,7 +24,9 @@ using k3::test::slurp;
 using k3::test::TempDir;
 
 // `k3flow ARGS` (shell words), stdout and stderr captured apart.
-Run k3flow(const std::string& args) { return k3::test::k3flow_sh(args); }
+Run k3flow(const std::string& args) {
+  return k3::test::k3flow_sh(args);
+}
 
 uint64_t disk_bytes(const fs::path& dir) {
   uint64_t n = 0;

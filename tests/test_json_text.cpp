@@ -43,8 +43,9 @@ TEST_CASE("objects and arrays nest with separators; keys and strings are escaped
       .end_array()
       .field("k\\ey", std::string("v"))
       .end_object();
-  CHECK(w.str() ==
-        R"({"ids":[1,22,333],"name":"q\"uote","ok":true,"none":null,"nested":[{},[],-5,18446744073709551615],"k\\ey":"v"})");
+  CHECK(
+      w.str() ==
+      R"({"ids":[1,22,333],"name":"q\"uote","ok":true,"none":null,"nested":[{},[],-5,18446744073709551615],"k\\ey":"v"})");
   simdjson::dom::parser p;
   simdjson::dom::element e;
   REQUIRE(p.parse(w.str()).get(e) == simdjson::SUCCESS);
@@ -84,7 +85,14 @@ TEST_CASE("doubles round-trip exactly; NaN and infinities are null; optional is 
 
 TEST_CASE("spaced style and one line per top-level member (inspect --json's layout)") {
   JsonWriter w({.spaced = true, .top_lines = true});
-  w.begin_object().field("a", 1).key("b").begin_object().field("x", 1).field("y", 2).end_object().end_object();
+  w.begin_object()
+      .field("a", 1)
+      .key("b")
+      .begin_object()
+      .field("x", 1)
+      .field("y", 2)
+      .end_object()
+      .end_object();
   CHECK(w.str() == "{\n  \"a\": 1,\n  \"b\": {\"x\": 1, \"y\": 2}\n}");
   JsonWriter s({.spaced = true});
   s.begin_array().value(1).value("two").end_array();

@@ -65,7 +65,8 @@ TEST_CASE("a NaN weight in one layer: exit 4 naming that layer and its kind, res
     for (const char* flags : kRuns) {
       CAPTURE(c.layer);
       CAPTURE(flags);
-      const Run r = k3flow(fmt::format("generate {} --ids 5,900,17 --gen 3 --out {} {}", m, d / "r.json", flags));
+      const Run r =
+          k3flow(fmt::format("generate {} --ids 5,900,17 --gen 3 --out {} {}", m, d / "r.json", flags));
       INFO(r.out);
       INFO(r.err);
       CHECK(r.code == 4);
@@ -108,8 +109,8 @@ TEST_CASE("the clean model decodes with the scan in place, resident and streamed
   std::string ref;
   for (const char* flags : kRuns) {
     CAPTURE(flags);
-    const Run r = k3flow(
-        fmt::format("generate {} --ids 5,900,17 --gen 4 --dump-logits {} {}", model().clean, d / "l.bin", flags));
+    const Run r = k3flow(fmt::format("generate {} --ids 5,900,17 --gen 4 --dump-logits {} {}", model().clean,
+                                     d / "l.bin", flags));
     REQUIRE_MESSAGE(r.code == 0, r.err);
     const std::string logits = slurp(d / "l.bin");
     if (ref.empty()) ref = logits;

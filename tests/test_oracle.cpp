@@ -169,7 +169,8 @@ TEST_CASE("unseen prompts: full == incremental == chunked prefill, and 1 thread 
 }
 
 TEST_CASE("every kernel ISA this CPU has reproduces the golden logits") {
-  const k3::test::BodyCheck bodies{kernels::Kernel::matmul, kernels::Kernel::kda_step, kernels::Kernel::router};
+  const k3::test::BodyCheck bodies{kernels::Kernel::matmul, kernels::Kernel::kda_step,
+                                   kernels::Kernel::router};
   Oracle& o = oracle();
   std::ifstream f(test::fixture_path("golden/tiny_c_logits.bin"), std::ios::binary);
   std::vector<float> golden(o.V());

@@ -27,7 +27,6 @@ namespace {
 using k3::test::slurp;
 using k3::test::TempDir;
 
-
 struct Run {
   int code;  // exit status, or 128 + signal
   std::string out, err;

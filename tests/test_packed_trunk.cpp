@@ -22,11 +22,11 @@
 #include "tests/temp_dir.hpp"
 
 namespace fs = std::filesystem;
-using k3::test::TempDir;
 using k3::io::DType;
 using k3::io::PackedTrunk;
 using k3::io::ShardSet;
 using k3::io::TensorEntry;
+using k3::test::TempDir;
 
 namespace {
 

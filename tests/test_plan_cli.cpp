@@ -35,7 +35,9 @@ using k3::test::slurp;
 using k3::test::TempDir;
 
 // `k3flow ARGS` (shell words), stdout and stderr captured apart.
-Run k3flow(const std::string& args) { return k3::test::k3flow_sh(args); }
+Run k3flow(const std::string& args) {
+  return k3::test::k3flow_sh(args);
+}
 
 // One replica for the whole test binary (3 s, ~130 MB of headers on disk).
 const fs::path& replica() {
@@ -206,7 +208,8 @@ TEST_CASE("generate at --preset laptop on the full-size replica: plan == generat
   REQUIRE(p.code == 0);
   K3_CHECK_UNLESS_SANITIZED(plan_table(g.out) == p.out);
   K3_CHECK_UNLESS_SANITIZED(g.out.find("WARNING") == std::string::npos);
-  K3_CHECK_UNLESS_SANITIZED(g.out.find("NOTE") == std::string::npos);  // the process fits the allowance the plan counts
+  K3_CHECK_UNLESS_SANITIZED(g.out.find("NOTE") ==
+                            std::string::npos);  // the process fits the allowance the plan counts
 
   simdjson::dom::parser parser;
   const simdjson::dom::element report = parser.parse(slurp(d / "r.json"));
@@ -228,9 +231,9 @@ TEST_CASE("plan, generate and chat take --context and --ring with one meaning: t
   REQUIRE(k3flow("synth " + model + " --size small --seed 2").code == 0);
   // Each ring changes the split (3 and 4 slots of 10.5 MiB: fewer pins than 2 at the same budget);
   // --preset ultra is the floor of the ring asked for. Contexts hold chat's system turn (94 ids).
-  for (const char* flags : {"--mem-gb 0.1 --context 200 --ring 3", "--mem-gb 0.12 --context 300 --ring 4",
-                            "--preset ultra --context 200 --ring 4",
-                            "--trunk-gb 0.05 --cache-gb 0.02 --context 128 --ring 2"}) {
+  for (const char* flags :
+       {"--mem-gb 0.1 --context 200 --ring 3", "--mem-gb 0.12 --context 300 --ring 4",
+        "--preset ultra --context 200 --ring 4", "--trunk-gb 0.05 --cache-gb 0.02 --context 128 --ring 2"}) {
     CAPTURE(flags);
     const Run p = k3flow("plan " + model + " " + flags);
     REQUIRE_MESSAGE(p.code == 0, p.err);

@@ -230,7 +230,9 @@ TEST_CASE("plan JSON: pools sum to total, fields agree with the plan") {
   CHECK(std::string_view(doc["source"]) == "--mem-gb 32");
 }
 
-TEST_CASE("a budget past the model's size: every layer pinned, no ring, one slot per routed expert, the rest unassigned") {
+TEST_CASE(
+    "a budget past the model's size: every layer pinned, no ring, one slot per routed expert, the rest "
+    "unassigned") {
   PlanInputs in = k3_like();
   in.routed_experts = 92 * 896;
   // K3: ~109 GB of trunk and 92 x 896 experts of 17.5 MB (~1.45 TB): 2 TiB holds it all.

@@ -71,8 +71,8 @@ TEST_CASE("probe --json: the ceiling's deep queue beside the engine's settings, 
   CHECK(num(doc["engine_vs_ceiling"]) == doctest::Approx(num(doc["engine_gbps"]) / num(doc["ceiling_gbps"])));
 
   // Text: both rates and the last line.
-  const k3::test::Run t = k3::test::k3flow_sh(
-      fmt::format("probe {} --seconds 0.2 --queue-depth 4 --chunk-kb 256", tiny_model()));
+  const k3::test::Run t =
+      k3::test::k3flow_sh(fmt::format("probe {} --seconds 0.2 --queue-depth 4 --chunk-kb 256", tiny_model()));
   INFO(t.err);
   REQUIRE(t.code == 0);
   CHECK(t.out.find("device ceiling: ") != std::string::npos);

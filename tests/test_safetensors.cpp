@@ -527,9 +527,7 @@ TEST_CASE("refused: a shard that is a directory is named as a directory, not as 
   std::ofstream(d / "model.safetensors.index.json")
       << R"({"weight_map": {"plain.f32.2d": "a.safetensors", "second.shard.f32": "b.safetensors"}})";
   std::string m = refusal(d.path);
-  CHECK_MESSAGE(
-      has(m, "second.shard.f32: names shard " + d / "b.safetensors" + ", which is a directory"),
-      m);
+  CHECK_MESSAGE(has(m, "second.shard.f32: names shard " + d / "b.safetensors" + ", which is a directory"), m);
   CHECK_FALSE(has(m, "missing"));
   // Without an index, a *.safetensors directory is refused by name rather than skipped.
   fs::remove(d / "model.safetensors.index.json");

@@ -17,10 +17,10 @@
 #include "tests/temp_dir.hpp"
 
 namespace fs = std::filesystem;
-using k3::test::TempDir;
 using k3::io::DType;
 using k3::io::SafetensorsWriter;
 using k3::io::TensorEntry;
+using k3::test::TempDir;
 
 namespace {
 

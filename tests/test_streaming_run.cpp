@@ -173,9 +173,8 @@ TEST_CASE("report: field names, io_uring carries every byte, K3FLOW_NO_URING giv
                           "wall_seconds", "overlap_efficiency", "peak_rss_bytes", "tokens"})
     CHECK_MESSAGE(a.report.find(fmt::format("\"{}\":", key)) != std::string::npos, key);
   const std::string tokens = field(a.report, "tokens");
-  for (const char* key :
-       {"step", "token", "wall_seconds", "io_wait_seconds", "compute_seconds", "trunk_bytes", "expert_bytes",
-        "io_busy_seconds"})
+  for (const char* key : {"step", "token", "wall_seconds", "io_wait_seconds", "compute_seconds",
+                          "trunk_bytes", "expert_bytes", "io_busy_seconds"})
     CHECK_MESSAGE(tokens.find(fmt::format("\"{}\":", key)) != std::string::npos, key);
   CHECK(field(a.report, "strategy") == "\"auto\"");  // the default
   CHECK(num(a.report, "budget_bytes") == uint64_t(std::llround(0.02 * (1 << 30))));
@@ -305,7 +304,8 @@ TEST_CASE("faults: one line naming the file, exit 1, no hang, no output that loo
     CHECK(one_line(r.err));
     no_outputs();
   }
-  SUBCASE("a config.json that cannot be trusted: the runtime error every command gives, resident or streamed") {
+  SUBCASE(
+      "a config.json that cannot be trusted: the runtime error every command gives, resident or streamed") {
     fs::copy(s.model, d / "m");
     {
       std::ofstream f(d / "m/config.json", std::ios::trunc);

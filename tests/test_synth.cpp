@@ -38,7 +38,9 @@ using k3::test::TempDir;
 
 // Runs the real binary with `args` (shell words) and `env` (NAME=VALUE words), capturing stdout and
 // stderr.
-Run k3flow(const std::string& args, const std::string& env = "") { return k3::test::k3flow_sh(args, env); }
+Run k3flow(const std::string& args, const std::string& env = "") {
+  return k3::test::k3flow_sh(args, env);
+}
 
 // Dims deliberately unlike any preset, so a default leaking through would show.
 const char* kDims =

@@ -34,7 +34,9 @@ struct Replica {
     return dir;
   }
   Replica()
-      : dir(make(tmp.path / "k3")), cfg(io::load_config(dir / "config.json")), shards(io::ShardSet::open(dir)) {}
+      : dir(make(tmp.path / "k3")),
+        cfg(io::load_config(dir / "config.json")),
+        shards(io::ShardSet::open(dir)) {}
 };
 
 Replica& replica() {
@@ -129,12 +131,12 @@ TEST_CASE(
   CHECK(stages::layer_tensors(c, 0).tensors.front().name ==
         "language_model.model.layers.0.input_layernorm.weight");
   CHECK(names(stages::model_tensors(c)) == std::vector<std::string>{
-                                            "language_model.lm_head.weight",
-                                            "language_model.model.embed_tokens.weight",
-                                            "language_model.model.norm.weight",
-                                            "language_model.model.output_attn_res_norm.weight",
-                                            "language_model.model.output_attn_res_proj.weight",
-                                        });
+                                               "language_model.lm_head.weight",
+                                               "language_model.model.embed_tokens.weight",
+                                               "language_model.model.norm.weight",
+                                               "language_model.model.output_attn_res_norm.weight",
+                                               "language_model.model.output_attn_res_proj.weight",
+                                           });
   CHECK(names(stages::expert_tensors(c, 92, 895, stages::ExpertFormat::mxfp4)) ==
         prefixed("language_model.model.layers.92.block_sparse_moe.experts.895.",
                  {"w1.weight_packed", "w1.weight_scale", "w2.weight_packed", "w2.weight_scale",

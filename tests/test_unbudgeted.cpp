@@ -67,7 +67,8 @@ uint64_t u(simdjson::dom::element e) {
 
 // Every pool of a plan JSON but the budget-dependent lines, to compare two plans.
 std::string pools(simdjson::dom::element plan) {
-  return simdjson::minify(plan["pools"]) + simdjson::minify(plan["trunk"]) + simdjson::minify(plan["experts"]);
+  return simdjson::minify(plan["pools"]) + simdjson::minify(plan["trunk"]) +
+         simdjson::minify(plan["experts"]);
 }
 
 }  // namespace
@@ -101,7 +102,8 @@ TEST_CASE("a budget larger than the model plans, and allocates, no more than the
   uint64_t weight_pools = 0, other = 0, widen_allowance = 0;
   for (simdjson::dom::element pool : a["pools"].get_array()) {
     const std::string_view name = pool["name"];
-    const bool weight = name.starts_with("embedding") || name.starts_with("pinned") || name.starts_with("expert");
+    const bool weight =
+        name.starts_with("embedding") || name.starts_with("pinned") || name.starts_with("expert");
     (weight ? weight_pools : other) += u(pool["bytes"]);
   }
   const uint64_t pieces = uint64_t(c.n_layers) + routed + 1;
@@ -119,11 +121,12 @@ TEST_CASE("a budget larger than the model plans, and allocates, no more than the
 
   // generate with the same budget prints the same plan and its peak RSS stays within it.
   TempDir d;
-  const Run g = k3flow(fmt::format("generate {} --ids 1,2,3 --gen 2 --mem-gb 100 --out {} 2>&1", s.model,
-                                   d / "r.json"));
+  const Run g = k3flow(
+      fmt::format("generate {} --ids 1,2,3 --gen 2 --mem-gb 100 --out {} 2>&1", s.model, d / "r.json"));
   REQUIRE_MESSAGE(g.code == 0, g.out);
   K3_CHECK_UNLESS_SANITIZED(plan_table(g.out) == text.out);
-  MESSAGE(fmt::format("generate --mem-gb 100: plan total {} B, child peak RSS {} B", u(a["total"]), g.peak_rss));
+  MESSAGE(
+      fmt::format("generate --mem-gb 100: plan total {} B, child peak RSS {} B", u(a["total"]), g.peak_rss));
 #if defined(__SANITIZE_ADDRESS__) || defined(K3_SANITIZED)
   MESSAGE("AddressSanitizer build: shadow memory inflates RSS, the peak check is skipped");
 #else
@@ -134,8 +137,8 @@ TEST_CASE("a budget larger than the model plans, and allocates, no more than the
 TEST_CASE("--trunk without a budget: everything resident, a budget of exactly what that needs") {
   const Small& s = small();
   TempDir d;
-  const Run g = k3flow(fmt::format("generate {} --ids 1,2,3 --gen 2 --trunk {} --out {} 2>&1", s.model, s.trunk,
-                                   d / "r.json"));
+  const Run g = k3flow(fmt::format("generate {} --ids 1,2,3 --gen 2 --trunk {} --out {} 2>&1", s.model,
+                                   s.trunk, d / "r.json"));
   REQUIRE_MESSAGE(g.code == 0, g.out);
   CHECK(g.out.find("--trunk without a budget") != std::string::npos);
   const std::string table = plan_table(g.out);
@@ -167,7 +170,8 @@ TEST_CASE("--strategy without a budget is a usage error naming the flags it need
     CHECK(g.err.find("--mem-gb") != std::string::npos);
     CHECK(!fs::exists(d / "r.json"));
   }
-  const Run chat = k3::test::shell(fmt::format("printf 'hi\\n' | {} chat {} --strategy serial", K3FLOW_BIN, s.model));
+  const Run chat =
+      k3::test::shell(fmt::format("printf 'hi\\n' | {} chat {} --strategy serial", K3FLOW_BIN, s.model));
   CHECK(chat.code == 2);
   CHECK(chat.err.find("--strategy needs a budget") != std::string::npos);
 }

@@ -370,7 +370,8 @@ struct ModelDevice {
 };
 
 // Runs the tuner for `epochs` saturated epochs of 64 MiB against the device; returns the depths taken.
-std::vector<unsigned> drive(k3::io::DepthTuner& t, const ModelDevice& dev, int epochs, double chunk = 1 << 20) {
+std::vector<unsigned> drive(k3::io::DepthTuner& t, const ModelDevice& dev, int epochs,
+                            double chunk = 1 << 20) {
   std::vector<unsigned> seen;
   for (int i = 0; i < epochs; ++i) {
     const double bytes = 64.0 * (1 << 20);
