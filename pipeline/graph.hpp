@@ -83,7 +83,8 @@
 // tests/test_streaming_trace.cpp checks it in the trace), trunk (ring ahead; experts read after
 // routing and all awaited, then shared + experts computed), overlap (expert reads async, shared
 // experts and latent computed while they load, each expert computed as it lands), lookahead (overlap
-// + next-layer expert prefetch).
+// + next-layer expert prefetch), auto (the default: lookahead's graph with the prefetch switched
+// on or off between decode steps by PrefetchTuner, from what the steps cost).
 // clang-format on
 #pragma once
 #include <cstdint>
