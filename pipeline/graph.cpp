@@ -208,7 +208,12 @@ StreamTotals StreamingModel::totals() const {
   t.compute_busy_seconds = m.act.compute_busy_seconds();
   t.uring = m.trunk_reader.backend() == io::UringReader::Backend::uring &&
             m.expert_reader.backend() == io::UringReader::Backend::uring;
-  if (m.tuner) t.automatic = m.tuner->describe();
+  if (m.tuner)
+    t.automatic = m.tuner->describe();
+  else if (m.strategy == Strategy::automatic)
+    t.automatic =
+        "auto: no expert prefetch possible (the plan has no lookahead slots, or the model no routed "
+        "experts): the overlap strategy";
   return t;
 }
 

@@ -232,7 +232,9 @@ struct StreamingModel::Impl {
     }
     for (int l = 0; l < n; ++l)
       if (trunk.pinned(l)) pin_total_bytes += trunk.bytes(l, -1).size();
-    if (strategy == Strategy::automatic) {
+    // Nothing to choose when the plan has no lookahead slots (at the floor) or the model no routed
+    // experts: auto is then overlap, and says so instead of timing two identical arms.
+    if (strategy == Strategy::automatic && cache && plan.lookahead_slots > 0) {
       tuner.emplace();
       prefetch_on = tuner->prefetch();
     }

@@ -55,7 +55,7 @@ uint64_t num(const std::string& json, const std::string& key) {
 }
 
 struct Output {
-  std::string ids, logits, report;
+  std::string ids, logits, report, out;
 };
 
 // One generate; REQUIREs success and returns ids, logits bytes and the report.
@@ -72,6 +72,7 @@ Output generate(const std::string& model, const std::string& ids, const std::str
   REQUIRE(!r.timed_out);
   REQUIRE(r.code == 0);
   Output o;
+  o.out = r.out;
   o.report = slurp(d / "r.json");
   o.ids = field(o.report, "generated_ids");
   o.logits = slurp(d / "l.bin");
@@ -160,6 +161,10 @@ TEST_CASE(
                                 fmt::format("--gen 6 --incremental {} --strategy {}", budget, strategy), d);
       CHECK(o.ids == ref.ids);
       CHECK(o.logits == ref.logits);
+      if (std::string(strategy) == "auto")  // at the floor there are no lookahead slots: nothing to choose
+        CHECK(o.out.find(std::string(budget) == "--preset ultra"
+                             ? "auto: no expert prefetch possible"
+                             : "auto: expert prefetch o") != std::string::npos);
     }
 }
 
