@@ -22,11 +22,11 @@ double now() {
   return duration<double>(steady_clock::now().time_since_epoch()).count();
 }
 
+}  // namespace
+
 int bound_layers(const io::ModelConfig& cfg, int layers) {
   return (layers <= 0 || layers >= cfg.n_layers) ? cfg.n_layers : layers;
 }
-
-}  // namespace
 
 // Also where a Decoder refuses its flags, before the shards are indexed.
 size_t run_capacity(const DecoderOptions& o) {
@@ -39,13 +39,13 @@ size_t run_capacity(const DecoderOptions& o) {
   return size_t(o.stream.context);
 }
 
-namespace {
-
 Progress::Mode progress_mode(const StreamFlags& f) {
   return f.progress      ? Progress::Mode::always
          : f.no_progress ? Progress::Mode::never
                          : Progress::Mode::automatic;
 }
+
+namespace {
 
 // The bytes ResidentModel::load reads: the head's, every bound layer's and its experts' buffers.
 uint64_t resident_bytes(const io::ShardSet& shards, const io::ModelConfig& c, int n) {
@@ -58,7 +58,9 @@ uint64_t resident_bytes(const io::ShardSet& shards, const io::ModelConfig& c, in
   return b;
 }
 
-io::ShardSet open_shards(const std::string& dir) {
+}  // namespace
+
+io::ShardSet open_model_shards(const std::string& dir) {
   const double t0 = now();
   io::ShardSet s = io::ShardSet::open(dir);
   std::printf("indexed %zu tensors from %zu shards in %.2f s\n", s.tensor_count(), s.shard_count(),
@@ -66,7 +68,17 @@ io::ShardSet open_shards(const std::string& dir) {
   return s;
 }
 
-}  // namespace
+std::unique_ptr<stages::ResidentModel> load_resident(const io::ShardSet& shards, const io::ModelConfig& cfg,
+                                                     int n_layers, Progress::Mode mode) {
+  const double t0 = now();
+  ReadProgress bar("load", mode);
+  if (bar.enabled()) bar.start(resident_bytes(shards, cfg, n_layers));
+  std::unique_ptr<stages::ResidentModel> model = stages::ResidentModel::load(shards, cfg, n_layers);
+  bar.done();
+  std::printf("resident weights: %s bound for %d layers in %.2f s\n",
+              human_bytes(double(model->weight_bytes())).c_str(), n_layers, now() - t0);
+  return model;
+}
 
 io::ModelConfig load_model_config(const std::string& model_dir, const std::optional<std::string>& config) {
   const std::filesystem::path path =
@@ -84,19 +96,11 @@ Decoder::Decoder(const DecoderOptions& o, io::ModelConfig cfg)
       recompute_(o.recompute),
       progress_(progress_mode(o.stream)),
       capacity_(run_capacity(o)),
-      shards_(open_shards(o.model_dir)),
+      shards_(open_model_shards(o.model_dir)),
       stream_(StreamRun::open(o.stream, cfg_, shards_, n_layers_, capacity_, o.expected_calls)),
       state_(cfg_, n_layers_, capacity_),
       logits_(size_t(cfg_.vocab)) {
-  if (!stream_) {
-    const double t0 = now();
-    ReadProgress bar("load", progress_);
-    if (bar.enabled()) bar.start(resident_bytes(shards_, cfg_, n_layers_));
-    model_ = stages::ResidentModel::load(shards_, cfg_, n_layers_);
-    bar.done();
-    std::printf("resident weights: %s bound for %d layers in %.2f s\n",
-                human_bytes(double(model_->weight_bytes())).c_str(), n_layers_, now() - t0);
-  }
+  if (!stream_) model_ = load_resident(shards_, cfg_, n_layers_, progress_);
   std::printf("peak RSS after loading weights: %s\n", human_bytes(double(peak_rss_bytes())).c_str());
   std::printf(
       "recurrent state for %d layers: %s; KV cache %s for %d MLA layers at %zu positions\n", n_layers_,
@@ -146,23 +150,28 @@ std::span<const float> Decoder::logits() {
     else
       stages::forward(*model_, state_, feed, stages::HeadAt::last, logits_, scratch_);
   }
+  check_logits_finite(cfg_, state_, logits_, "");
+  return logits_;
+}
+
+void check_logits_finite(const io::ModelConfig& cfg, const stages::DecodeState& st,
+                         std::span<const float> logits, const std::string& whose) {
   // A NaN weight or state still "decodes" (greedy picks id 0 forever): such a run is invalid.
-  for (size_t i = 0; i < logits_.size(); ++i)
-    if (!std::isfinite(logits_[i])) {
-      const stages::ForwardWatch& w = state_.watch;
+  for (size_t i = 0; i < logits.size(); ++i)
+    if (!std::isfinite(logits[i])) {
+      const stages::ForwardWatch& w = st.watch;
       const std::string where =
           w.nonfinite_layer == stages::ForwardWatch::kNone
               ? std::string("every layer's output was finite: the head (final norm, lm_head) made them")
               : fmt::format(
                     "the output of {} went non-finite first, at position {}: its weights or carried "
                     "state hold NaN or inf",
-                    stages::describe_layer(cfg_, w.nonfinite_layer), w.nonfinite_position);
+                    stages::describe_layer(cfg, w.nonfinite_layer), w.nonfinite_position);
       throw io::Error(
           io::ErrorKind::run_invalid,
-          fmt::format("the logits at position {} are not finite (logit {} is {}): {}; the run is invalid",
-                      state_.cached - 1, i, logits_[i], where));
+          fmt::format("{}the logits at position {} are not finite (logit {} is {}): {}; the run is invalid",
+                      whose, st.cached - 1, i, logits[i], where));
     }
-  return logits_;
 }
 
 void Decoder::reset() {

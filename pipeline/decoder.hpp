@@ -45,6 +45,19 @@ io::ModelConfig load_model_config(const std::string& model_dir, const std::optio
 // --strategy without a budget or a --context smaller than o.capacity.
 size_t run_capacity(const DecoderOptions& o);
 
+// What Decoder and BatchEngine share: the layers bound (--layers; <= 0 or >= n_layers: all), the
+// shard index (printed: tensors, shards, seconds), the resident weights (a progress bar, then a
+// line of what was bound), the progress mode of the stream flags, and the check that a step's
+// logits are finite (run_invalid, exit 4, naming the first non-finite layer; `whose` prefixes the
+// message, e.g. "sequence 3: ").
+int bound_layers(const io::ModelConfig&, int layers);
+io::ShardSet open_model_shards(const std::string& dir);
+std::unique_ptr<stages::ResidentModel> load_resident(const io::ShardSet&, const io::ModelConfig&,
+                                                     int n_layers, Progress::Mode);
+Progress::Mode progress_mode(const StreamFlags&);
+void check_logits_finite(const io::ModelConfig&, const stages::DecodeState&, std::span<const float> logits,
+                         const std::string& whose);
+
 class Decoder {
  public:
   // Prints what it loads (index, weights or the streaming plan, state sizes) to stdout; progress
