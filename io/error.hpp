@@ -1,7 +1,7 @@
 // Typed errors raised at the io/ and CLI boundaries, by what went wrong: the caller's request
 // (usage: a bad flag, value or path), the data (runtime: a file, tensor or read whose content is
 // wrong), or a run that completed with an invalid result (run_invalid: non-finite logits). What a
-// program does with each kind (k3flow's exit codes) is the program's policy: pipeline/exit_codes.*.
+// program does with each kind (k3flow's exit codes) is the program's policy: pipeline/support/exit_codes.*.
 // Kernels never throw.
 #pragma once
 #include <stdexcept>

@@ -4,13 +4,13 @@
 # layer and the last), bf16 trunk, 8 MXFP4 experts top-2, latent 2048 -- written by `k3flow synth`,
 # packed (`k3flow pack-trunk`) and benched at 1.34 GiB (~1.44 GB), 2 threads, a 16-id prompt and 12
 # tokens. Prints, per strategy, s/token, bytes read per token, the engine's effective read rate and
-# the device ceiling measured in the same run (`k3flow bench`, pipeline/device_probe.*).
+# the device ceiling measured in the same run (`k3flow bench`, pipeline/bench/device_probe.*).
 #
 #   perf/peer_profile.sh [WORK_DIR]          (default /tmp/k3peer; ~17 GB of disk: model + trunk)
 #
 # Environment: K3FLOW (default build/k3flow), MEM_GB (1.34), THREADS (2), GEN (12), REPEAT (3),
 # STRATEGY (serial,trunk,overlap,lookahead,auto), PROBE_SECONDS (3), and any K3FLOW_TRUNK_* reader
-# override (pipeline/reader_options.hpp) for A/B runs. Exit status: the bench's.
+# override (pipeline/graph/reader_options.hpp) for A/B runs. Exit status: the bench's.
 set -euo pipefail
 
 K3FLOW=${K3FLOW:-build/k3flow}

@@ -83,7 +83,7 @@ std::vector<fs::path> existing_checkpoint_files(const fs::path& out) {
 }
 
 // "20.48 MiB": k3flow's one convention for sizes (binary units, two decimals; what
-// pipeline/human_bytes.hpp prints, which k3_synth may not include: it sits below pipeline/).
+// pipeline/support/human_bytes.hpp prints, which k3_synth may not include: it sits below pipeline/).
 std::string binary_units(uint64_t bytes) {
   const char* unit[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
   double v = double(bytes);

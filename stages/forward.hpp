@@ -65,7 +65,7 @@ std::string describe_layer(const io::ModelConfig&, int layer);
 
 // Everything carried between calls: KDA + ShortConv state for the KDA layers only (kper floats
 // each, in layer order) and the MLA layers' KV and rope rows. The K3ST state file stores kper floats
-// for EVERY bound layer, MLA layers' slices zero, as the reference engines do; pipeline/state_file.*
+// for EVERY bound layer, MLA layers' slices zero, as the reference engines do; pipeline/run/state_file.*
 // maps between that layout and this one.
 class DecodeState {
  public:

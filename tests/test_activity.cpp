@@ -1,4 +1,4 @@
-// pipeline/activity: the run report's per-step accounting -- which step a read's bytes belong to
+// pipeline/graph/activity: the run report's per-step accounting -- which step a read's bytes belong to
 // (reads that begin between steps, as the trunk ring's do while the driver samples, count to the
 // next step: none is lost, none counted twice), and io-wait vs compute time inside a step.
 #include <doctest/doctest.h>
@@ -6,7 +6,7 @@
 #include <chrono>
 #include <thread>
 
-#include "pipeline/activity.hpp"
+#include "pipeline/graph/activity.hpp"
 
 using k3::pipeline::Activity;
 using k3::pipeline::StepStats;

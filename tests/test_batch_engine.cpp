@@ -1,4 +1,4 @@
-// pipeline/batch_engine.*: several sequences in one engine, on fixtures/tiny-k3, resident and
+// pipeline/run/batch_engine.*: several sequences in one engine, on fixtures/tiny-k3, resident and
 // streamed at the floor. Sequences of different lengths join and leave between steps (a prompt fed
 // whole in the step it joins, then one id per step, greedy), and every step's logits must be the
 // bytes a Decoder produces for that sequence alone; bad rows are refused before any state changes.
@@ -11,8 +11,8 @@
 
 #include "io/error.hpp"
 #include "kernels/argmax.hpp"
-#include "pipeline/batch_engine.hpp"
-#include "pipeline/decoder.hpp"
+#include "pipeline/run/batch_engine.hpp"
+#include "pipeline/run/decoder.hpp"
 
 using namespace k3;
 using k3::pipeline::BatchEngine;

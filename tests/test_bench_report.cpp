@@ -1,4 +1,4 @@
-// pipeline/bench_report.*: reading the child's k3_run.json (old and new shapes), the STEP table
+// pipeline/bench/bench_report.*: reading the child's k3_run.json (old and new shapes), the STEP table
 // fallback, the per-run reduction (prefill excluded), the per-strategy arithmetic, ranking, the
 // JSON (parsed back) and the last line.
 #include <doctest/doctest.h>
@@ -7,7 +7,7 @@
 #include <string>
 
 #include "io/error.hpp"
-#include "pipeline/bench_report.hpp"
+#include "pipeline/bench/bench_report.hpp"
 
 using namespace k3::pipeline;
 

@@ -1,4 +1,4 @@
-// pipeline/device_probe.*: the read pattern matches the checkpoint (every layer's trunk bytes, every
+// pipeline/bench/device_probe.*: the read pattern matches the checkpoint (every layer's trunk bytes, every
 // expert of every MoE layer as its 4096 window inside its shard), and the probe reads what it says
 // it read, through O_DIRECT where the filesystem allows it, from shards or from a packed trunk.
 #include <doctest/doctest.h>
@@ -16,7 +16,7 @@
 #include "io/error.hpp"
 #include "io/packed_trunk.hpp"
 #include "io/safetensors.hpp"
-#include "pipeline/device_probe.hpp"
+#include "pipeline/bench/device_probe.hpp"
 #include "tests/temp_dir.hpp"
 
 namespace fs = std::filesystem;

@@ -1,4 +1,4 @@
-// The exit-code table (README "Exit codes", pipeline/exit_codes.hpp), one test per row, through the
+// The exit-code table (README "Exit codes", pipeline/support/exit_codes.hpp), one test per row, through the
 // real binary (K3FLOW_BIN) on fixtures/tiny-k3: 0 success, 1 a file whose content is wrong, 2 usage
 // (a bad flag or value, a path that does not exist or is the wrong kind), 4 a run that completed
 // but is invalid, 130 / 143 interrupted. Every refusal is one line on stderr starting "k3flow: ".

@@ -1,4 +1,4 @@
-// pipeline/graph.* (with slot_pool, expert_cache, streaming_source) in process: the streamed
+// pipeline/graph/graph.* (with slot_pool, expert_cache, streaming_source) in process: the streamed
 // forward pass gives the resident forward pass's logits BIT FOR BIT on a synthetic checkpoint with
 // several MoE layers and two MLA layers, for every strategy, for budgets from the plan floor to
 // everything resident, from the shards and from a packed trunk, 1 and 2 threads, full recompute and
@@ -18,10 +18,10 @@
 #include "io/packed_trunk.hpp"
 #include "io/safetensors.hpp"
 #include "perf/synth.hpp"
-#include "pipeline/expert_cache.hpp"
-#include "pipeline/graph.hpp"
-#include "pipeline/planner.hpp"
-#include "pipeline/streaming_source.hpp"
+#include "pipeline/graph/expert_cache.hpp"
+#include "pipeline/graph/graph.hpp"
+#include "pipeline/graph/planner.hpp"
+#include "pipeline/graph/streaming_source.hpp"
 #include "stages/bind.hpp"
 #include "stages/forward.hpp"
 #include "stages/head.hpp"

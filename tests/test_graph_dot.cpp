@@ -8,7 +8,7 @@
 #include <sstream>
 #include <string>
 
-#include "pipeline/graph_dot.hpp"
+#include "pipeline/graph/graph_dot.hpp"
 
 TEST_CASE("graph dot: clusters, pools, annotations; dot -Tsvg renders it") {
   k3::pipeline::GraphDescription g;

@@ -1,4 +1,4 @@
-// pipeline/id_list: the one rule set every command's --ids follows (generate, bench, detokenize).
+// pipeline/support/id_list: the one rule set every command's --ids follows (generate, bench, detokenize).
 #include <doctest/doctest.h>
 
 #include <cstdint>
@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "io/error.hpp"
-#include "pipeline/id_list.hpp"
+#include "pipeline/support/id_list.hpp"
 
 using k3::pipeline::check_ids_in_vocab;
 using k3::pipeline::parse_id_list;

@@ -1,4 +1,4 @@
-// MoeLayerRun (pipeline/moe_layer_run.*), the streaming graph's MoE wave state machine, run alone
+// MoeLayerRun (pipeline/graph/moe_layer_run.*), the streaming graph's MoE wave state machine, run alone
 // against a real ExpertCache with fewer slots than the layer's unique experts, in the order the
 // graph's nodes drive it: router begin(), expert_fetch claim(), expert_landed landed(),
 // expert_compute computed(), and the pieces combine waits for.
@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "io/config.hpp"
-#include "pipeline/expert_cache.hpp"
-#include "pipeline/moe_layer_run.hpp"
+#include "pipeline/graph/expert_cache.hpp"
+#include "pipeline/graph/moe_layer_run.hpp"
 
 using k3::pipeline::ExpertCache;
 using k3::pipeline::ExpertCounters;

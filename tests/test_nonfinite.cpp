@@ -1,5 +1,5 @@
 // A run whose hidden state goes non-finite names the first layer whose output did (index and kind),
-// in the resident forward (stages/forward.cpp) and in the streamed graph (pipeline/graph.cpp):
+// in the resident forward (stages/forward.cpp) and in the streamed graph (pipeline/graph/graph.cpp):
 // a NaN written into one layer's input_layernorm gain of a synthetic checkpoint (`k3flow synth
 // --size tiny --layers 8`: dense layer 0, MLA layers 3 and 7, KDA the rest) makes `k3flow generate`
 // exit 4 with one line naming that layer; a NaN in the final norm names the head, every layer being

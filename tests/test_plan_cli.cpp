@@ -16,8 +16,8 @@
 
 #include "io/config.hpp"
 #include "io/safetensors.hpp"
-#include "pipeline/planner.hpp"
-#include "pipeline/streaming_source.hpp"
+#include "pipeline/graph/planner.hpp"
+#include "pipeline/graph/streaming_source.hpp"
 #include "stages/forward.hpp"
 #include "tests/plan_table.hpp"
 #include "tests/run_helpers.hpp"

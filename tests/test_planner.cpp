@@ -1,4 +1,4 @@
-// pipeline/planner on hand-made byte counts: K3-shaped layers (docs/engine.md §1.4) and small cases
+// pipeline/graph/planner on hand-made byte counts: K3-shaped layers (docs/engine.md §1.4) and small cases
 // that pin down slot spanning, largest-first pinning, the fixed point and the refusals.
 #include <doctest/doctest.h>
 #include <simdjson.h>
@@ -7,7 +7,7 @@
 #include <string>
 
 #include "io/error.hpp"
-#include "pipeline/planner.hpp"
+#include "pipeline/graph/planner.hpp"
 
 using k3::pipeline::LayerFootprint;
 using k3::pipeline::MemoryPlan;

@@ -5,7 +5,7 @@
 
 #include <string>
 
-#include "pipeline/prefetch_tuner.hpp"
+#include "pipeline/graph/prefetch_tuner.hpp"
 
 using k3::pipeline::PrefetchTuner;
 

@@ -1,4 +1,4 @@
-// Progress bars on stderr for generate's long silent phases (pipeline/progress.*, decoder.cpp,
+// Progress bars on stderr for generate's long silent phases (pipeline/support/progress.*, decoder.cpp,
 // streaming_run.cpp): loading a resident model (bytes), the first decode step (layers, and the
 // pinned trunk bytes of a streamed run). Driven through the binary on a synthetic checkpoint with
 // stderr a file, not a terminal:

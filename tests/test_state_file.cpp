@@ -1,4 +1,4 @@
-// pipeline/state_file (K3ST) with stages::DecodeState's compact layout: the bytes on disk are the
+// pipeline/run/state_file (K3ST) with stages::DecodeState's compact layout: the bytes on disk are the
 // reference engines' (kper floats for EVERY bound layer, MLA layers' slices zero) while memory holds
 // the KDA layers only; save streams through a bounded buffer (its peak memory is measured on a
 // real-size state); a failed save leaves neither the file nor its temporary.
@@ -18,7 +18,7 @@
 #include "io/config.hpp"
 #include "io/error.hpp"
 #include "io/k3_names.hpp"
-#include "pipeline/state_file.hpp"
+#include "pipeline/run/state_file.hpp"
 #include "stages/forward.hpp"
 #include "tests/run_helpers.hpp"
 

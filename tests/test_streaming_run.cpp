@@ -1,4 +1,4 @@
-// `k3flow generate` streamed through the flow graph (pipeline/streaming_run.*, graph.*), driven as
+// `k3flow generate` streamed through the flow graph (pipeline/run/streaming_run.*, graph.*), driven as
 // a child process (K3FLOW_BIN) on checkpoints written by `k3flow synth` into a temp dir and on
 // fixtures/tiny-k3:
 //   - identical bits: --dump-logits bytes and generated ids equal the resident run's, with and

@@ -1,4 +1,4 @@
-// What `k3flow generate --trace / --graph-dot` shows of a streamed run (pipeline/trace.*,
+// What `k3flow generate --trace / --graph-dot` shows of a streamed run (pipeline/graph/trace.*,
 // graph*.cpp), driven as a child process (K3FLOW_BIN, tests/run_helpers.hpp) on a synthetic
 // checkpoint, every child under a time bound:
 //   - the trace parses and every event has the fields its phase requires;
@@ -31,7 +31,7 @@ using k3::test::TempDir;
 
 namespace {
 
-constexpr int64_t kFirstTrackTid = int64_t{1} << 24;  // pipeline/trace.hpp: virtual rows start here
+constexpr int64_t kFirstTrackTid = int64_t{1} << 24;  // pipeline/graph/trace.hpp: virtual rows start here
 
 // 8 layers (dense 0, MoE 1..7), 32 experts, top-4: ~14 MB in 3 shards.
 struct Synth {

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "io/error.hpp"
-#include "pipeline/trace.hpp"
+#include "pipeline/graph/trace.hpp"
 
 using k3::pipeline::Trace;
 using k3::pipeline::TraceArgs;

@@ -1,5 +1,5 @@
-// Memory is never allocated beyond what the model needs (pipeline/planner.cpp caps every pool,
-// pipeline/streaming_run.cpp decides what a streaming flag without a budget means), on a small
+// Memory is never allocated beyond what the model needs (pipeline/graph/planner.cpp caps every pool,
+// pipeline/run/streaming_run.cpp decides what a streaming flag without a budget means), on a small
 // synthetic checkpoint (`k3flow synth --size small`, ~0.3 GB):
 //   - a budget larger than the model (--mem-gb 100) plans every layer pinned, no ring, and exactly
 //     one expert slot per routed expert: the same plan as --mem-gb 1000, no larger than the model's

@@ -1,4 +1,4 @@
-// K3ST saved-state files (pipeline/state_file.*): the bytes become a file that peek_state reads and
+// K3ST saved-state files (pipeline/run/state_file.*): the bytes become a file that peek_state reads and
 // load_state restores into the decode state of a small model (fixtures/tiny-k3's config, 13
 // layers, 4 of them MLA), as generate --load-state does. An accepted file restores exactly its
 // header's positions with ids inside the vocabulary.
@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "io/config.hpp"
-#include "pipeline/state_file.hpp"
+#include "pipeline/run/state_file.hpp"
 #include "stages/forward.hpp"
 #include "tests/fuzz/fuzz_common.hpp"
 

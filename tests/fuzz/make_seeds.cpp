@@ -16,7 +16,7 @@
 #include "io/config.hpp"
 #include "io/packed_trunk.hpp"
 #include "io/safetensors.hpp"
-#include "pipeline/state_file.hpp"
+#include "pipeline/run/state_file.hpp"
 #include "stages/forward.hpp"
 
 namespace fs = std::filesystem;

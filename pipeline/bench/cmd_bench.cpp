@@ -1,0 +1,477 @@
+// `k3flow bench MODEL_DIR [--trunk DIR] (--mem-gb X | --preset P) [--strategy LIST] [--gen N]
+//  [--repeat R] [--ids LIST] [--threads N] [--out FILE] [--json] [--trace-dir DIR]`: the overlap
+// strategies compared on one checkpoint and one budget in one run (docs/design.md §5).
+//   1. the device's ceiling (pipeline/bench/device_probe.* probe_ceiling: a deep queue of large O_DIRECT
+//      requests, independent of the engine's reader settings), and beside it the engine's own read
+//      pattern with the engine's settings, once at the start of every round; T_io is priced with the
+//      ceiling's medians, so the overlap efficiency cannot divide the engine's rate by itself;
+//   2. compute time per token with every weight resident: `k3flow generate` without a budget, when
+//      the model fits in available memory (else each strategy's own compute busy time);
+//   3. each strategy decoded R times, each run a child `k3flow generate --strategy S --mem-gb X`
+//      (peak RSS from wait4); runs go in rounds (probe, resident, then every strategy) so slow drift of the
+//      machine spreads over all rows; every run must emit the same ids and byte-identical logits;
+//   4. a table (and JSON: --out FILE, or --json for the JSON alone on stdout, the text then on
+//      stderr); the last line is `best=S overlap_efficiency=X speedup_vs_serial=Y`.
+// Every run decodes with --incremental (KV cache and KDA state carried), as the reference numbers
+// were measured (docs/engine.md §7): without it each step recomputes the whole prefix.
+// Flags the child's `generate --help` does not list are not passed, and the report says which were
+// missing, so the same bench works against an engine that has not grown them yet.
+// K3FLOW_BENCH_CHILD=PATH runs PATH (as `PATH generate ...`) instead of this executable: the tests
+// drive the bench with a stand-in engine whose report they control.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "io/config.hpp"
+#include "io/env.hpp"
+#include "io/error.hpp"
+#include "io/packed_trunk.hpp"
+#include "io/safetensors.hpp"
+#include "pipeline/bench/bench_child.hpp"
+#include "pipeline/bench/bench_report.hpp"
+#include "pipeline/bench/device_probe.hpp"
+#include "pipeline/cli/commands.hpp"
+#include "pipeline/graph/planner.hpp"
+#include "pipeline/graph/reader_options.hpp"
+#include "pipeline/run/streaming_run.hpp"
+#include "pipeline/support/human_bytes.hpp"
+#include "pipeline/support/id_list.hpp"
+#include "pipeline/support/output_file.hpp"
+
+namespace k3::pipeline {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::vector<std::string> kStrategies = {"serial", "trunk", "overlap", "lookahead", "auto"};
+// The reference engines' benchmark prompt (docs/engine.md §3.8); taken modulo a small synthetic vocab.
+const std::vector<int32_t> kDefaultIds = {1008, 10484, 318, 15383, 387};
+
+struct BenchArgs {
+  std::string model_dir, trunk_dir, preset, strategies = "serial,trunk,overlap,lookahead,auto", ids, out_path,
+                                            trace_dir;
+  bool json = false;
+  std::optional<double> mem_gb;
+  int gen = 8, repeat = 3, threads = 0;
+  double probe_seconds = 1.5;
+};
+
+std::vector<std::string> parse_strategies(const std::string& text) {
+  std::vector<std::string> out;
+  size_t i = 0;
+  while (i <= text.size()) {
+    size_t j = text.find(',', i);
+    if (j == std::string::npos) j = text.size();
+    std::string name = text.substr(i, j - i);
+    name.erase(0, name.find_first_not_of(' '));
+    name.erase(name.find_last_not_of(' ') + 1);
+    if (name.empty())
+      throw io::usage_error(
+          fmt::format("--strategy: empty name in '{}' (expected e.g. serial,overlap)", text));
+    if (std::find(kStrategies.begin(), kStrategies.end(), name) == kStrategies.end())
+      throw io::usage_error(
+          fmt::format("--strategy: unknown strategy '{}' (known: {})", name, fmt::join(kStrategies, ", ")));
+    if (std::find(out.begin(), out.end(), name) != out.end())
+      throw io::usage_error(fmt::format("--strategy: '{}' given twice", name));
+    out.push_back(name);
+    i = j + 1;
+  }
+  return out;
+}
+
+// Whole-word flag in `generate --help` output ("--trace" does not match "--trace-dir").
+bool lists_flag(const std::string& help, const std::string& flag) {
+  for (size_t at = help.find(flag); at != std::string::npos; at = help.find(flag, at + 1)) {
+    const size_t end = at + flag.size();
+    const bool starts = at == 0 || help[at - 1] == ' ' || help[at - 1] == ',' || help[at - 1] == '\n';
+    const bool ends = end == help.size() || !(std::isalnum(static_cast<unsigned char>(help[end])) ||
+                                              help[end] == '-' || help[end] == '_');
+    if (starts && ends) return true;
+  }
+  return false;
+}
+
+std::string slurp(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  if (!f) throw io::runtime_error(fmt::format("{}: cannot read", p.string()));
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+uint64_t gib_bytes(double gb) {
+  if (!(gb > 0) || !std::isfinite(gb) || gb > 1e6)
+    throw io::usage_error(fmt::format("--mem-gb {} is not a positive size in GiB", gb));
+  return uint64_t(std::llround(gb * double(uint64_t{1} << 30)));
+}
+
+// Runs children, reduces each to a RunSample and holds every run to the first run's ids and logits.
+class Runner {
+ public:
+  Runner(std::vector<std::string> base, int gen, ScratchDir& tmp)
+      : base_(std::move(base)), gen_(gen), tmp_(tmp) {}
+
+  // Throws runtime Error naming `label` when the child fails or its output differs from the
+  // reference run's.
+  RunSample run(const std::string& label, const std::vector<std::string>& extra,
+                const std::vector<fs::path>& cache_dirs) {
+    const fs::path report = tmp_ / "run.json", logits = tmp_ / "logits.bin";
+    std::error_code ec;
+    fs::remove(report, ec);
+    fs::remove(logits, ec);
+    std::vector<std::string> argv = base_;
+    argv.insert(argv.end(), {"--out", report.string(), "--dump-logits", logits.string()});
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    for (const fs::path& d : cache_dirs) drop_file_cache(d);
+    const ChildRun c = run_child(argv, tmp_.path());
+    if (!c.ok()) throw io::runtime_error(fmt::format("{}: k3flow generate failed, {}", label, c.failure()));
+    const ChildReport rep = parse_child_report(slurp(report), label + " run report");
+    RunSample s = summarize_run(rep, parse_step_table(c.out), gen_, c.peak_rss_bytes);
+    const std::string lg = slurp(logits);
+    if (ref_label_.empty()) {
+      ref_label_ = label;
+      ref_ids_ = s.ids;
+      ref_logits_ = lg;
+    } else {
+      if (s.ids != ref_ids_)
+        throw io::runtime_error(fmt::format("{} emits different ids than {}: [{}] vs [{}]", label, ref_label_,
+                                            fmt::join(s.ids, ","), fmt::join(ref_ids_, ",")));
+      if (lg != ref_logits_) {
+        size_t at = 0;
+        while (at < lg.size() && at < ref_logits_.size() && lg[at] == ref_logits_[at]) ++at;
+        throw io::runtime_error(fmt::format(
+            "{}: step-0 logits are not byte-identical to {}'s ({} vs {} bytes, first difference in logit {})",
+            label, ref_label_, lg.size(), ref_logits_.size(), at / 4));
+      }
+    }
+    if (s.peak_rss_report > 0) {
+      const double a = double(s.peak_rss_os), b = double(s.peak_rss_report);
+      if (std::abs(a - b) > std::max(0.10 * std::max(a, b), 8.0 * (1 << 20)))
+        notes.push_back(fmt::format("{}: peak RSS from wait4 {} vs the report's {}", label, human_bytes(a),
+                                    human_bytes(b)));
+    }
+    return s;
+  }
+
+  std::vector<std::string> notes;
+
+ private:
+  std::vector<std::string> base_;
+  int gen_;
+  ScratchDir& tmp_;
+  std::string ref_label_, ref_logits_;
+  std::vector<int32_t> ref_ids_;
+};
+
+int run_bench(const BenchArgs& a) {
+  // With --json stdout holds the JSON document alone; the progress and the table go to stderr.
+  std::FILE* txt = a.json ? stderr : stdout;
+  // ---- usage checks ----
+  const std::vector<std::string> strategies = parse_strategies(a.strategies);
+  if (!a.out_path.empty()) {
+    const fs::path out(a.out_path);
+    const fs::path parent = out.has_parent_path() ? out.parent_path() : fs::path(".");
+    if (!fs::is_directory(parent))
+      throw io::usage_error(fmt::format("--out: directory {} does not exist", parent.string()));
+    if (fs::is_directory(out)) throw io::usage_error(fmt::format("--out: {} is a directory", a.out_path));
+  }
+  if (a.preset.empty() && !a.mem_gb)
+    throw io::usage_error("bench: give a budget: --mem-gb X or --preset NAME");
+  const fs::path dir(a.model_dir);
+  if (!fs::exists(dir / "config.json"))
+    throw io::usage_error(fmt::format("MODEL_DIR: no config.json in {}", a.model_dir));
+  const io::ModelConfig config = io::load_config(dir / "config.json");
+  std::vector<int32_t> ids;
+  if (a.ids.empty()) {
+    for (int32_t id : kDefaultIds) ids.push_back(id % config.vocab);
+  } else {
+    ids = parse_id_list(a.ids, "--ids", config.vocab);
+  }
+  const std::string ids_text = fmt::format("{}", fmt::join(ids, ","));
+
+  const io::ShardSet shards = io::ShardSet::open(dir);
+  std::optional<io::PackedTrunk> trunk;
+  if (!a.trunk_dir.empty()) trunk.emplace(io::PackedTrunk::open(a.trunk_dir, config.n_layers));
+  const PlanInputs in =
+      plan_inputs(config, shards, trunk ? &*trunk : nullptr, ids.size() + size_t(a.gen) + 1);
+  PlanBudget pb;
+  if (!a.preset.empty()) {
+    pb.total = preset_budget(a.preset, in);
+    pb.source = fmt::format("--preset {}", a.preset);
+  } else {
+    pb.total = gib_bytes(*a.mem_gb);
+    pb.source = fmt::format("--mem-gb {}", *a.mem_gb);
+  }
+  const MemoryPlan plan = make_plan(in, pb);  // a budget below the floor is refused here (exit 2)
+
+  // ---- what the child understands ----
+  // Test hook: K3FLOW_BENCH_CHILD names a stand-in for `k3flow` (it is run as `<it> generate ...`).
+  const auto stand_in = io::env::text(io::env::kBenchChild);
+  const fs::path exe = stand_in ? fs::path(*stand_in) : self_exe();
+  ScratchDir tmp("k3bench");
+  const ChildRun help = run_child({exe.string(), "generate", "--help"}, tmp.path());
+  if (!help.ok()) throw io::runtime_error(fmt::format("k3flow generate --help failed, {}", help.failure()));
+  auto has = [&](const char* flag) { return lists_flag(help.out, flag); };
+  if (!a.trace_dir.empty() && !has("--trace"))
+    throw io::usage_error("--trace-dir: this k3flow generate has no --trace flag");
+  BenchSummary sum;
+  const bool use_preset = !a.preset.empty() && has("--preset");
+  for (const char* f : {"--strategy", "--mem-gb", "--incremental"})
+    if (!has(f) && !(std::string(f) == "--mem-gb" && use_preset)) sum.child_missing_flags.push_back(f);
+  if (trunk && !has("--trunk")) sum.child_missing_flags.push_back("--trunk");
+
+  std::vector<std::string> base = {exe.string(), "generate", a.model_dir,          "--ids",
+                                   ids_text,     "--gen",    std::to_string(a.gen)};
+  if (has("--incremental")) base.push_back("--incremental");
+  if (a.threads > 0) base.insert(base.end(), {"--threads", std::to_string(a.threads)});
+  std::vector<fs::path> cache_dirs = {dir};
+  if (trunk) cache_dirs.push_back(a.trunk_dir);
+
+  std::fprintf(txt,
+               "bench: %s, budget %s (%s; plan floor %s), %zu prompt ids, %d tokens%s, %d repeat%s, "
+               "strategies %s\n",
+               a.model_dir.c_str(), human_bytes(double(plan.budget)).c_str(), pb.source.c_str(),
+               human_bytes(double(plan.floor)).c_str(), ids.size(), a.gen,
+               has("--incremental") ? " incremental" : "", a.repeat, a.repeat == 1 ? "" : "s",
+               fmt::format("{}", fmt::join(strategies, ",")).c_str());
+  if (!sum.child_missing_flags.empty())
+    std::fprintf(txt,
+                 "NOTE: this k3flow generate lacks %s: those flags are not passed, so the rows below do NOT "
+                 "compare streaming strategies\n",
+                 fmt::format("{}", fmt::join(sum.child_missing_flags, " ")).c_str());
+  std::fflush(txt);
+
+  // ---- 1. the device: its ceiling and the engine's settings, probed at the start of every round ----
+  const ProbePattern pattern = probe_pattern(config, shards, trunk ? &*trunk : nullptr);
+  CeilingOptions co;
+  co.seconds = a.probe_seconds * 2 / 3;
+  ProbeOptions po;
+  po.seconds = a.probe_seconds / 3;
+  po.trunk_reader = trunk_reader_options();
+  po.expert_reader = expert_reader_options(pattern.largest_expert_read());
+  std::vector<double> probe_trunk, probe_experts;
+  uint64_t probed = 0, probed_direct = 0;
+  // One probe per round, beside the runs it prices: a single probe at the start caught whatever the
+  // host's disk was doing in those seconds (on a shared VM the same pattern read at 1.97 and 2.63 GB/s
+  // minutes apart), and put efficiencies above 1 on the runs that came after a slow probe.
+  auto probe_round = [&](int r) {
+    co.seed = po.seed = uint64_t(r) + 1;
+    const CeilingResult ceiling = probe_ceiling(pattern, co);
+    const ProbeResult probe = probe_device(pattern, po);
+    if (r == 0) {
+      std::fprintf(txt, "%s%s", format_ceiling(ceiling).c_str(), format_probe(pattern, probe).c_str());
+    } else {
+      std::fprintf(
+          txt,
+          "  [%d/%d] %-10s ceiling %.3f GB/s sequential, %.3f random; engine settings: token pattern "
+          "%.3f GB/s, trunk %.3f, experts %.3f\n",
+          r + 1, a.repeat, "probe", ceiling.gbps(), ceiling.random.gbps(), probe.gbps(), probe.trunk.gbps(),
+          probe.experts.gbps());
+    }
+    std::fflush(txt);
+    sum.ceiling_gbps_samples.push_back(ceiling.gbps());
+    sum.ceiling_random_gbps_samples.push_back(ceiling.random.gbps());
+    sum.ceiling_queue_depth = ceiling.queue_depth;
+    sum.ceiling_chunk_bytes = ceiling.chunk_bytes;
+    sum.engine_probe_gbps_samples.push_back(probe.gbps());
+    probe_trunk.push_back(probe.trunk.gbps());
+    probe_experts.push_back(probe.experts.gbps());
+    probed += probe.mixed.bytes + probe.trunk.bytes + probe.experts.bytes + ceiling.sequential.bytes +
+              ceiling.random.bytes;
+    probed_direct += probe.mixed.direct_bytes + probe.trunk.direct_bytes + probe.experts.direct_bytes +
+                     ceiling.sequential.direct_bytes + ceiling.random.direct_bytes;
+  };
+
+  sum.model = a.model_dir;
+  sum.budget_bytes = plan.budget;
+  sum.budget_source = pb.source;
+  sum.gen = a.gen;
+  sum.repeat = a.repeat;
+  sum.threads = a.threads;
+  sum.prompt_ids = ids;
+
+  Runner runner(base, a.gen, tmp);
+
+  // ---- 2 + 3. each repeat: the resident run (compute time), then every strategy ----
+  // Rounds interleave everything, so slow drift of a shared machine lands on every row alike, and the
+  // compute figure is measured in the same minutes as the runs it is compared with.
+  uint64_t model_bytes = 0;
+  for (uint32_t s = 0; s < shards.shard_count(); ++s) model_bytes += shards.shard_size(s);
+  const uint64_t avail = available_memory_bytes();
+  // The same headroom rule generate applies before it decides to stream when given no budget.
+  bool resident = model_bytes + model_bytes / 8 + (uint64_t{256} << 20) <= avail;
+  std::vector<double> cpu, cpu_wall;
+  if (!a.trace_dir.empty()) fs::create_directories(a.trace_dir);
+  std::vector<std::vector<RunSample>> samples(strategies.size());
+  for (int r = 0; r < a.repeat; ++r) {
+    probe_round(r);
+    if (resident) {
+      const RunSample s = runner.run(fmt::format("resident (repeat {})", r + 1), {}, cache_dirs);
+      if (!s.strategy.empty() && s.strategy != "resident") {
+        std::fprintf(txt, "compute: generate without a budget ran '%s', not resident\n", s.strategy.c_str());
+        resident = false;
+      } else {
+        cpu.push_back(s.compute_per_token > 0 ? s.compute_per_token : s.s_per_token);
+        cpu_wall.push_back(s.s_per_token);
+        std::fprintf(txt, "  [%d/%d] %-10s %.4f s/token compute, weights resident (%s)\n", r + 1, a.repeat,
+                     "resident", cpu.back(), human_bytes(double(model_bytes)).c_str());
+      }
+    }
+    for (size_t i = 0; i < strategies.size(); ++i) {
+      const std::string& st = strategies[i];
+      std::vector<std::string> extra;
+      if (has("--strategy")) extra.insert(extra.end(), {"--strategy", st});
+      if (use_preset)
+        extra.insert(extra.end(), {"--preset", a.preset});
+      else if (has("--mem-gb"))
+        extra.insert(extra.end(),
+                     {"--mem-gb", a.mem_gb ? fmt::format("{}", *a.mem_gb)
+                                           : fmt::format("{}", double(plan.budget) / double(1 << 30))});
+      if (trunk && has("--trunk")) extra.insert(extra.end(), {"--trunk", a.trunk_dir});
+      if (!a.trace_dir.empty())
+        extra.insert(extra.end(),
+                     {"--trace", (fs::path(a.trace_dir) / fmt::format("{}-r{}.json", st, r + 1)).string()});
+      const RunSample s = runner.run(fmt::format("strategy '{}' (repeat {})", st, r + 1), extra, cache_dirs);
+      if (has("--strategy") && !s.strategy.empty() && s.strategy != st)
+        throw io::runtime_error(
+            fmt::format("strategy '{}' (repeat {}): the run reports strategy '{}'", st, r + 1, s.strategy));
+      std::fprintf(txt, "  [%d/%d] %-10s %.4f s/token over %d step%s, %s read/token, peak RSS %s\n", r + 1,
+                   a.repeat, st.c_str(), s.s_per_token, s.measured_steps, s.measured_steps == 1 ? "" : "s",
+                   human_bytes(s.bytes_per_token).c_str(), human_bytes(double(s.peak_rss_os)).c_str());
+      std::fflush(txt);
+      samples[i].push_back(s);
+    }
+  }
+  std::optional<double> t_cpu;
+  if (resident) {
+    t_cpu = median(cpu);
+    sum.t_cpu_source = fmt::format("resident run, median of {}", cpu.size());
+    std::fprintf(txt, "compute, weights resident (%s): %.4f s/token median, %.4f min (wall %.4f s/token)\n",
+                 human_bytes(double(model_bytes)).c_str(), *t_cpu, *std::min_element(cpu.begin(), cpu.end()),
+                 median(cpu_wall));
+  } else {
+    sum.t_cpu_source = "each strategy's compute busy time";
+    std::fprintf(txt,
+                 "compute: no resident measurement (the model is %s, %s available); T_cpu is each strategy's "
+                 "own compute busy time\n",
+                 human_bytes(double(model_bytes)).c_str(), human_bytes(double(avail)).c_str());
+  }
+  sum.t_cpu_per_token = t_cpu;
+  sum.ceiling_gbps = median(sum.ceiling_gbps_samples);
+  sum.ceiling_random_gbps = median(sum.ceiling_random_gbps_samples);
+  sum.engine_probe_gbps = median(sum.engine_probe_gbps_samples);
+  sum.engine_probe_trunk_gbps = median(probe_trunk);
+  sum.engine_probe_expert_gbps = median(probe_experts);
+  sum.device_direct_fraction = probed ? double(probed_direct) / double(probed) : 0.0;
+  const auto [gmin, gmax] =
+      std::minmax_element(sum.ceiling_gbps_samples.begin(), sum.ceiling_gbps_samples.end());
+  std::fprintf(
+      txt,
+      "device ceiling (%u x %s in flight): %.3f GB/s sequential, median of %zu probe%s (%.3f..%.3f); "
+      "%.3f GB/s random expert reads; the engine's settings read its token pattern at %.3f GB/s "
+      "(%.3f of the ceiling)\n",
+      sum.ceiling_queue_depth, human_bytes(double(sum.ceiling_chunk_bytes)).c_str(), sum.ceiling_gbps,
+      sum.ceiling_gbps_samples.size(), sum.ceiling_gbps_samples.size() == 1 ? "" : "s", *gmin, *gmax,
+      sum.ceiling_random_gbps, sum.engine_probe_gbps,
+      sum.ceiling_gbps > 0 ? sum.engine_probe_gbps / sum.ceiling_gbps : 0.0);
+
+  // ---- 4. table, JSON, verdict ----
+  for (size_t i = 0; i < strategies.size(); ++i)
+    sum.strategies.push_back(aggregate(
+        strategies[i], samples[i], Ceiling{sum.ceiling_gbps, sum.ceiling_random_gbps}, t_cpu, plan.budget));
+  rank(sum);
+  const RunSample& any = samples.front().front();
+  std::fprintf(txt, "\n%s", bench_table(sum).c_str());
+  std::string steps = "mean over all steps (with --gen 1 only step 0, the prefill, exists)";
+  if (any.skipped_prefill)
+    steps =
+        (a.gen == 2 ? std::string("decode step 1") : fmt::format("mean of decode steps 1..{}", a.gen - 1)) +
+        " (step 0, the prefill, excluded)";
+  std::fprintf(txt, "s/token: %s; median and min over %d repeat%s\n", steps.c_str(), a.repeat,
+               a.repeat == 1 ? "" : "s");
+  std::fprintf(
+      txt,
+      "disk %% = T_io / s/token with T_io = trunk bytes / %.3f GB/s + expert bytes / %.3f GB/s (the device "
+      "ceiling's medians); CPU %% = T_cpu / s/token with T_cpu from the %s; overlap = max(T_io, T_cpu) / "
+      "s/token; compute/tok = the strategy's own compute busy time per token (above T_cpu: compute ran "
+      "slower "
+      "while the disk streamed); read GB/s = bytes read / time with a read in flight (decode steps), "
+      "/ceiling = "
+      "that over the ceiling for the same byte mix; io wait = share of s/token the compute waited on a "
+      "read\n",
+      sum.ceiling_gbps, sum.ceiling_random_gbps, sum.t_cpu_source.c_str());
+  std::fprintf(txt,
+               "every run emitted the same ids [%s] and byte-identical step-0 logits; peak RSS from wait4\n",
+               fmt::format("{}", fmt::join(any.ids, ",")).c_str());
+  if (any.timing_source != "report tokens" || any.bytes_source == "none")
+    std::fprintf(
+        txt, "NOTE: timing from the %s, bytes from %s (the child's report lacks the per-token fields)\n",
+        any.timing_source.c_str(), any.bytes_source == "none" ? "nowhere (0)" : any.bytes_source.c_str());
+  for (const StrategyResult& r : sum.strategies)
+    if (r.overlap_efficiency > 1.0)
+      std::fprintf(txt,
+                   "NOTE: %s read faster than the device ceiling's median (overlap %.3f > 1): the device's "
+                   "rate drifted "
+                   "during this bench; rerun on a quieter machine or with more --repeat\n",
+                   r.strategy.c_str(), r.overlap_efficiency);
+  for (const std::string& n : runner.notes) std::fprintf(txt, "NOTE: %s\n", n.c_str());
+  const std::string doc = bench_json(sum);
+  if (!a.out_path.empty()) {
+    write_file_atomic(a.out_path, doc);
+    std::fprintf(txt, "wrote %s\n", a.out_path.c_str());
+  }
+  std::fprintf(txt, "%s\n", bench_last_line(sum).c_str());
+  if (a.json) {
+    std::fflush(txt);
+    std::fputs(doc.c_str(), stdout);
+  }
+  return 0;
+}
+
+}  // namespace
+
+Action add_bench(CLI::App& sub) {
+  auto a = std::make_shared<BenchArgs>();
+  sub.add_option("MODEL_DIR", a->model_dir, "checkpoint directory (config.json + *.safetensors)")->required();
+  sub.add_option("--trunk", a->trunk_dir,
+                 "packed trunk directory (trunk.json + trunk.bin) the children stream");
+  auto* mem = sub.add_option("--mem-gb", a->mem_gb, "memory budget in GiB for every strategy run");
+  auto* preset = sub.add_option("--preset", a->preset, "named budget (as k3flow plan): laptop, desktop, ...");
+  mem->excludes(preset);
+  sub.add_option("--strategy", a->strategies,
+                 "comma-separated subset of serial,trunk,overlap,lookahead,auto, run in the order given")
+      ->capture_default_str();
+  sub.add_option("--gen", a->gen, "tokens per run, >= 2: s/token is the decode steps after the prefill step")
+      ->check(CLI::Range(2, 4096))
+      ->capture_default_str();
+  sub.add_option("--repeat", a->repeat, "runs per strategy (median and min are reported)")
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
+  sub.add_option("--ids", a->ids,
+                 "prompt token ids (default: the reference prompt 1008,10484,318,15383,387 "
+                 "modulo the vocabulary)");
+  sub.add_option("--threads", a->threads, "compute threads for every run (0 = oneTBB default)")
+      ->check(CLI::Range(0, 4096));
+  sub.add_option("--out", a->out_path, "write the results as one JSON object to FILE (atomically)");
+  sub.add_flag("--json", a->json, "print the results as one JSON object on stdout (the text goes to stderr)");
+  sub.add_option("--trace-dir", a->trace_dir,
+                 "pass --trace DIR/<strategy>-r<repeat>.json to every strategy run");
+  sub.add_option(
+         "--probe-seconds", a->probe_seconds,
+         "time per round spent measuring the device: 2/3 its ceiling, 1/3 the engine's reader settings")
+      ->check(CLI::Range(0.05, 600.0))
+      ->capture_default_str();
+  return [a] { return run_bench(*a); };
+}
+
+}  // namespace k3::pipeline

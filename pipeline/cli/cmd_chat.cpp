@@ -1,0 +1,372 @@
+// `k3flow chat MODEL_DIR`: a conversation with the model in K3's XTML chat format
+// (io/text/xtml.hpp). The model's state (KV cache, KDA state) is carried from turn to turn, so a
+// turn costs only its own tokens, never a re-prefill of the history.
+//   stdin a terminal: a prompt, the reply streamed as it is generated, then its tokens/s and bytes
+//                     read; /save F, /load F, /reset, /quit, /help. Ctrl-C stops the reply, not
+//                     the session; SIGTERM ends it (exit 143, --save-state still written).
+//   stdin a pipe:     one user message per line (the same commands), each reply printed as one
+//                     block followed by a newline: scriptable and testable.
+// The think channel is generated but hidden unless --show-thinking.
+#include <fmt/format.h>
+#include <tbb/global_control.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "io/error.hpp"
+#include "io/text/chat_history.hpp"
+#include "io/text/text_stream.hpp"
+#include "io/text/xtml.hpp"
+#include "pipeline/cli/commands.hpp"
+#include "pipeline/run/decoder.hpp"
+#include "pipeline/run/model_tokenizer.hpp"
+#include "pipeline/run/sampler_flags.hpp"
+#include "pipeline/support/human_bytes.hpp"
+#include "pipeline/support/interrupt.hpp"
+#include "pipeline/support/output_file.hpp"
+
+namespace k3::pipeline {
+
+namespace {
+
+namespace text = io::text;
+using Role = text::ChatMessage::Role;
+
+struct ChatArgs {
+  DecoderOptions dec;
+  std::optional<std::string> tokenizer, system, history, save_state;
+  bool show_thinking = false, no_thinking = false;
+  std::string effort = "max";
+  int max_reply = 1024;
+  size_t context = 4096;
+  int threads = 0;
+  stages::SamplerOptions sampling;
+};
+
+double now() {
+  using namespace std::chrono;
+  return duration<double>(steady_clock::now().time_since_epoch()).count();
+}
+
+// One line from stdin without the trailing newline; nullopt at end of input. A signal while
+// waiting (Ctrl-C at the prompt) returns an empty line with `interrupted` set.
+std::optional<std::string> read_line(bool& interrupted) {
+  std::string line;
+  interrupted = false;
+  for (;;) {
+    char ch;
+    const ssize_t n = ::read(STDIN_FILENO, &ch, 1);
+    if (n < 0 && errno == EINTR) {
+      interrupted = true;
+      return std::string();
+    }
+    if (n <= 0) return line.empty() ? std::nullopt : std::optional(line);
+    if (ch == '\n') {
+      if (!line.empty() && line.back() == '\r') line.pop_back();  // a CRLF line end
+      return line;
+    }
+    line += ch;
+  }
+}
+
+class ChatSession {
+ public:
+  ChatSession(ChatArgs& a, Decoder& dec, const text::Tokenizer& tok)
+      : a_(a), dec_(dec), tok_(tok), sampler_(a.sampling), interactive_(::isatty(STDIN_FILENO) != 0) {
+    opts_.thinking = !a.no_thinking;
+    opts_.effort = a.effort;
+    end_ids_ = text::end_of_turn_ids(tok);
+  }
+
+  void restore(std::vector<text::ChatMessage> history) {
+    history_ = std::move(history);
+    std::optional<std::string> system;
+    if (!history_.empty() && history_.front().role == Role::system) system = history_.front().content;
+    if (a_.system) {
+      if (system && *system != *a_.system)
+        throw io::usage_error("--system differs from the system message of the --history file");
+      if (!system) history_.insert(history_.begin(), {Role::system, *a_.system, std::nullopt});
+    }
+    if (!history_.empty() && history_.back().role == Role::user)
+      throw io::usage_error("--history: the conversation ends with a user message that has no reply");
+    // The history is fed once, as a full render; every later turn only appends to it.
+    push(text::render(history_, false, opts_));
+  }
+
+  void run() {
+    // Ctrl-C interrupts the reply being generated, or the line being typed; never the session.
+    InterruptScope interrupts;
+    if (interactive_)
+      std::fprintf(stderr,
+                   "k3flow chat: type a message, /help for commands; Ctrl-C stops a reply, Ctrl-D or /quit "
+                   "leaves\n");
+    for (;;) {
+      if (interactive_) {
+        std::fputs("\n> ", stdout);
+        std::fflush(stdout);
+      }
+      bool interrupted = false;
+      const std::optional<std::string> line = read_line(interrupted);
+      if (terminated()) break;
+      InterruptScope::clear();
+      if (interrupted) {
+        if (interactive_) std::fputs("\n(Ctrl-D or /quit leaves)", stdout);
+        continue;
+      }
+      if (!line) break;
+      if (line->empty()) continue;
+      if ((*line)[0] == '/') {
+        if (!command(*line)) break;
+        continue;
+      }
+      turn(*line);
+      if (terminated()) break;
+    }
+    if (interactive_) std::fputs("\n", stdout);
+  }
+
+  // SIGTERM ends the session (Ctrl-C only the reply); the signal stays recorded for the exit code.
+  static bool terminated() { return InterruptScope::signal_number() == SIGTERM; }
+
+ private:
+  // Encodes segments (control ones with specials allowed) and appends them to the sequence.
+  void push(const std::vector<text::Segment>& segments) {
+    std::vector<int32_t> ids;
+    for (const text::Segment& s : segments) {
+      const std::vector<int32_t> part = tok_.encode(s.text, s.control);
+      ids.insert(ids.end(), part.begin(), part.end());
+    }
+    if (ids.size() > dec_.room())
+      throw io::usage_error(
+          fmt::format("chat: the conversation needs {} more positions but the context has {} "
+                      "left (--context {}); /reset or raise --context",
+                      ids.size(), dec_.room(), a_.context));
+    dec_.push(ids);
+  }
+
+  bool command(const std::string& line) {
+    const size_t sp = line.find(' ');
+    const std::string cmd = line.substr(0, sp), arg = sp == std::string::npos ? "" : line.substr(sp + 1);
+    try {
+      if (cmd == "/quit" || cmd == "/exit") return false;
+      if (cmd == "/help") {
+        say("/save F  state to F (K3ST) and the conversation to F.history.jsonl\n"
+            "/load F  continue from what /save F wrote\n/reset   forget the conversation (keeps --system)\n"
+            "/quit    leave");
+      } else if (cmd == "/reset") {
+        std::vector<text::ChatMessage> keep;
+        if (!history_.empty() && history_.front().role == Role::system) keep.push_back(history_.front());
+        dec_.reset();
+        restore(std::move(keep));
+        say("conversation reset");
+      } else if (cmd == "/save" && !arg.empty()) {
+        check_writable(arg, "/save");
+        const uint64_t bytes = dec_.save(arg);
+        text::save_history(arg + ".history.jsonl", history_);
+        say(fmt::format("saved {} ({}, {} positions) and {}.history.jsonl", arg, human_bytes(double(bytes)),
+                        dec_.seq().size(), arg));
+      } else if (cmd == "/load" && !arg.empty()) {
+        if (!std::filesystem::exists(arg + ".history.jsonl"))
+          throw io::usage_error(
+              fmt::format("/load {}: no {}.history.jsonl beside it (written by /save)", arg, arg));
+        std::vector<text::ChatMessage> h = text::load_history(arg + ".history.jsonl");
+        dec_.load(arg);
+        history_ = std::move(h);
+        say(fmt::format("loaded {} ({} positions, {} messages)", arg, dec_.seq().size(), history_.size()));
+      } else {
+        say(fmt::format("unknown command '{}' (/help lists them)", line));
+      }
+    } catch (const io::Error& e) {
+      // A bad command argument ends the command, not the conversation.
+      std::fprintf(stderr, "k3flow: %s\n", e.what());
+    }
+    return true;
+  }
+
+  void say(const std::string& s) { std::fprintf(stderr, "%s\n", s.c_str()); }
+
+  void turn(const std::string& user) {
+    const text::ChatMessage msg{Role::user, user, std::nullopt};
+    const size_t before = dec_.seq().size();
+    try {
+      push(text::render_turn(msg, opts_));
+    } catch (const io::Error& e) {
+      std::fprintf(stderr, "k3flow: %s\n", e.what());
+      return;
+    }
+    const size_t prompt_ids = dec_.seq().size() - before;
+    text::ReplyParser parser(opts_.thinking);
+    text::StreamDecoder decoder(tok_);
+    const uint64_t bytes0 = dec_.stream() ? dec_.stream()->bytes_read() : 0;
+    const double t0 = now();
+    double t_first = 0;
+    int n = 0;
+    bool in_thinking_block = false;
+    const char* ended = "the --max-reply cap";
+    InterruptScope::clear();
+    for (; n < a_.max_reply; ++n) {
+      if (InterruptScope::requested()) {
+        ended = terminated() ? "SIGTERM" : "Ctrl-C";
+        break;
+      }
+      if (dec_.room() == 0) {
+        ended = "a full context";
+        break;
+      }
+      const std::span<const float> logits = dec_.logits();
+      if (n == 0) t_first = now() - t0;
+      const int32_t id = sampler_.next(logits, dec_.seq());
+      dec_.push(id);
+      show(parser.feed(decoder.push(id)), in_thinking_block);
+      const auto st = parser.state();
+      if (st == text::ReplyParser::State::done || st == text::ReplyParser::State::malformed) break;
+      if (std::find(end_ids_.begin(), end_ids_.end(), id) != end_ids_.end()) break;
+    }
+    show(parser.feed(decoder.finish()), in_thinking_block);
+    show(parser.finish(), in_thinking_block);
+    if (in_thinking_block) std::fputs("\n</think>\n", stdout);
+    std::fputs("\n", stdout);
+    std::fflush(stdout);
+    close_reply(parser);
+    if (parser.state() == text::ReplyParser::State::done) ended = "the end of the turn";
+    if (parser.state() == text::ReplyParser::State::malformed) ended = "a reply that left the chat format";
+    if (parser.state() == text::ReplyParser::State::malformed)
+      std::fprintf(stderr, "k3flow: the reply left the chat format (%s); it was closed there\n",
+                   parser.error().c_str());
+
+    history_.push_back(msg);
+    history_.push_back(parser.message());
+    if (a_.history) text::save_history(*a_.history, history_);
+    const double dt = now() - t0;
+    const uint64_t bytes = dec_.stream() ? dec_.stream()->bytes_read() - bytes0 : 0;
+    std::fprintf(
+        stderr,
+        "[%d tokens in %.2f s, %.2f tokens/s after a %.2f s first step (%zu prompt ids)%s; stopped by %s]\n",
+        n, dt, n > 1 && dt > t_first ? (n - 1) / (dt - t_first) : 0.0, t_first, prompt_ids,
+        dec_.stream() ? fmt::format(", read {}", human_bytes(double(bytes))).c_str() : "", ended);
+  }
+
+  void show(const text::ReplyText& t, bool& in_thinking_block) {
+    if (a_.show_thinking && !t.reasoning.empty()) {
+      if (!in_thinking_block) std::fputs("<think>\n", stdout);
+      in_thinking_block = true;
+      std::fputs(t.reasoning.c_str(), stdout);
+    }
+    if (!t.reply.empty()) {
+      if (in_thinking_block) std::fputs("\n</think>\n", stdout);
+      in_thinking_block = false;
+      std::fwrite(t.reply.data(), 1, t.reply.size(), stdout);
+    }
+    std::fflush(stdout);
+  }
+
+  // A reply cut short (the cap, Ctrl-C, a full context, a malformed reply) still leaves a whole
+  // message in the state: the parser knows what closes it (the rest of a cut marker included).
+  void close_reply(const text::ReplyParser& p) {
+    try {
+      push(p.closing());
+    } catch (const io::Error&) {
+      // No room to close it: the next turn reports the full context.
+    }
+  }
+
+  ChatArgs& a_;
+  Decoder& dec_;
+  const text::Tokenizer& tok_;
+  stages::Sampler sampler_;
+  bool interactive_;
+  text::ChatOptions opts_;
+  std::vector<int32_t> end_ids_;
+  std::vector<text::ChatMessage> history_;
+};
+
+int run_chat(ChatArgs& a) {
+  text::ChatOptions opts{!a.no_thinking, a.effort};
+  text::validate(opts);
+  stages::validate(a.sampling);
+  check_stream_flags(a.dec.stream);
+  check_model_dir(a.dec.model_dir, a.dec.config.has_value());
+  if (a.dec.config) check_input_file(*a.dec.config, "--config");
+  if (a.tokenizer) check_input_dir(*a.tokenizer, "--tokenizer");
+  if (!a.dec.stream.trunk_dir.empty()) check_trunk_dir(a.dec.stream.trunk_dir);
+  if (a.history) check_writable(*a.history, "--history");
+  if (a.save_state) check_writable(*a.save_state, "--save-state");
+  std::optional<tbb::global_control> threads;
+  if (a.threads > 0) threads.emplace(tbb::global_control::max_allowed_parallelism, size_t(a.threads));
+
+  // Diagnostics go to stderr; stdout carries the conversation.
+  std::fflush(stdout);
+  const int conversation_fd = ::dup(STDOUT_FILENO);
+  ::dup2(STDERR_FILENO, STDOUT_FILENO);
+  io::ModelConfig cfg = load_model_config(a.dec.model_dir, a.dec.config);
+  std::printf("%s\n", cfg.summary().c_str());
+  const std::optional<text::Tokenizer> tok = model_tokenizer(a.dec.model_dir, a.tokenizer, cfg, "chat");
+  std::vector<text::ChatMessage> history;
+  if (a.history) history = text::load_history(*a.history);
+  a.dec.capacity = a.context;
+  a.dec.expected_calls = a.max_reply;
+  Decoder dec(a.dec, std::move(cfg));
+  std::printf("chat: %s, context %zu positions, replies up to %d tokens, thinking %s\n",
+              describe_sampling(a.sampling).c_str(), a.context, a.max_reply,
+              a.no_thinking ? "off" : (a.effort + (a.show_thinking ? ", shown" : ", hidden")).c_str());
+  std::fflush(stdout);
+  ::dup2(conversation_fd, STDOUT_FILENO);
+  ::close(conversation_fd);
+
+  ChatSession session(a, dec, *tok);
+  session.restore(std::move(history));
+  session.run();
+  if (a.save_state) {
+    const uint64_t bytes = dec.save(*a.save_state);
+    std::fprintf(stderr, "wrote %s (%s)\n", a.save_state->c_str(), human_bytes(double(bytes)).c_str());
+  }
+  if (InterruptScope::signal_number() == SIGTERM) {
+    std::fprintf(stderr, "k3flow: chat ended by SIGTERM%s\n",
+                 a.history ? fmt::format("; {} holds the conversation", *a.history).c_str() : "");
+    return interrupted_exit_code();
+  }
+  return 0;
+}
+
+}  // namespace
+
+Action add_chat(CLI::App& sub) {
+  auto a = std::make_shared<ChatArgs>();
+  sub.add_option("MODEL_DIR", a->dec.model_dir, "checkpoint directory (config.json + *.safetensors)")
+      ->required();
+  sub.add_option("--tokenizer", a->tokenizer, "tokenizer directory (default MODEL_DIR)");
+  sub.add_option("--system", a->system, "system message");
+  sub.add_option("--history", a->history,
+                 "conversation JSONL: continued if it exists, rewritten after every reply");
+  sub.add_flag("--show-thinking", a->show_thinking, "print the think channel (between <think> and </think>)");
+  sub.add_flag("--no-thinking", a->no_thinking, "reply without a think channel");
+  sub.add_option("--think-effort", a->effort, "thinking effort: low, high or max")
+      ->check(CLI::IsMember({"low", "high", "max"}))
+      ->capture_default_str();
+  sub.add_option("--max-reply", a->max_reply, fmt::format("most tokens per reply (1..{})", kMaxPositions))
+      ->check(CLI::Range(1, int(kMaxPositions)))
+      ->capture_default_str();
+  sub.add_option(
+         "--context", a->context,
+         fmt::format("tokens the whole conversation may hold (16..{}; sizes the KV cache and the plan)",
+                     kMaxPositions))
+      ->check(CLI::Range(size_t{16}, kMaxPositions))
+      ->capture_default_str();
+  sub.add_option("--save-state", a->save_state, "write the state (K3ST) when the chat ends");
+  add_sampler_flags(sub, a->sampling);
+  sub.add_flag("--recompute", a->dec.recompute,
+               "recompute the whole conversation every token (slow; checks)");
+  sub.add_option("--config", a->dec.config, "config.json to use (default MODEL_DIR/config.json)");
+  sub.add_option("--threads", a->threads, "compute threads (0 = oneTBB default)")->check(CLI::Range(0, 4096));
+  add_stream_flags(sub, a->dec.stream);
+  return [a] { return run_chat(*a); };
+}
+
+}  // namespace k3::pipeline

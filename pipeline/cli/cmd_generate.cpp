@@ -1,0 +1,345 @@
+// `k3flow generate MODEL_DIR`: one prompt, one continuation.
+//   --ids 1,2,3         ids in; the STEP table and the generated ids on stdout (the reference CLI's
+//                       output, and what the bench and the tests parse);
+//   --prompt / --prompt-file
+//                       text in; stdout carries only the continuation, printed as it is generated;
+//                       everything else (load, plan, summary) goes to stderr.
+// Decoding is incremental (KV cache + carried KDA state) unless --recompute; greedy unless
+// --temperature > 0 (pipeline/run/decoder.hpp, stages/sampler.hpp). Text runs stop at the end of the
+// model's turn ([EOS] / <|end_of_msg|>) or at a --stop string; --gen caps every run.
+#include <fmt/format.h>
+#include <tbb/global_control.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "io/error.hpp"
+#include "io/text/text_stream.hpp"
+#include "pipeline/cli/commands.hpp"
+#include "pipeline/run/decoder.hpp"
+#include "pipeline/run/model_tokenizer.hpp"
+#include "pipeline/run/run_report.hpp"
+#include "pipeline/run/sampler_flags.hpp"
+#include "pipeline/support/human_bytes.hpp"
+#include "pipeline/support/id_list.hpp"
+#include "pipeline/support/interrupt.hpp"
+#include "pipeline/support/output_file.hpp"
+
+namespace k3::pipeline {
+
+namespace {
+
+constexpr int kMaxGen = 4096;
+
+struct GenerateOptions {
+  DecoderOptions dec;
+  std::optional<std::string> ids, prompt, prompt_file, tokenizer, out_path, dump_logits, save_state,
+      load_state;
+  std::vector<std::string> stop;
+  int gen = 128;
+  bool incremental = false, print_ids = false, ignore_eos = false;
+  int threads = 0;
+  stages::SamplerOptions sampling;
+};
+
+// A saved state's nseq sizes the KV cache before the file is read in full, so a corrupt one must be
+// refused here, naming the file, not later as a --gen that is too large.
+void check_saved_positions(const std::filesystem::path& path, const StateHeader& h) {
+  const uint64_t nseq = static_cast<uint64_t>(h.nseq), ids_end = kStateHeaderBytes + 4 * nseq;
+  std::error_code ec;
+  const uint64_t size = std::filesystem::file_size(path, ec);
+  if (!ec && size < ids_end)
+    throw io::runtime_error(fmt::format(
+        "{}: corrupt header: nseq = {} saved positions need {} bytes of token ids and header, the file "
+        "is {} bytes",
+        path.string(), nseq, ids_end, size));
+  if (nseq >= kMaxPositions)
+    throw io::runtime_error(fmt::format("{}: nseq = {} saved positions, more than the {} this build allows",
+                                        path.string(), nseq, kMaxPositions - 1));
+}
+
+double now() {
+  using namespace std::chrono;
+  return duration<double>(steady_clock::now().time_since_epoch()).count();
+}
+
+// Strict: ids separated by commas and/or whitespace; anything else names the flag (exit 2).
+std::string read_prompt_file(const std::string& path) {
+  check_input_file(path, "--prompt-file");
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw io::usage_error(fmt::format("--prompt-file {}: cannot be read", path));
+  std::ostringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+// In text mode stdout carries only the continuation: the descriptor the user sees as stdout is
+// kept for the text, and fd 1 is pointed at stderr, so every diagnostic printf lands there.
+struct TextOut {
+  FILE* text = stdout;
+  void split_from_diagnostics() {
+    std::fflush(stdout);
+    const int fd = dup(STDOUT_FILENO);
+    if (fd < 0 || dup2(STDERR_FILENO, STDOUT_FILENO) < 0) return;  // keep one stream if dup fails
+    text = fdopen(fd, "w");
+    if (!text) text = stdout;
+  }
+  void write(const std::string& s) {
+    if (s.empty()) return;
+    std::fwrite(s.data(), 1, s.size(), text);
+    std::fflush(text);
+  }
+};
+
+int run_generate(GenerateOptions o) {
+  const double t_start = now();
+  // ---- usage checks that need no files ----
+  const int sources = (o.ids ? 1 : 0) + (o.prompt ? 1 : 0) + (o.prompt_file ? 1 : 0);
+  if (sources != 1)
+    throw io::usage_error(
+        fmt::format("exactly one of --ids, --prompt, --prompt-file is required ({} given)", sources));
+  const bool text_mode = !o.ids;
+  stages::validate(o.sampling);
+  if (o.dump_logits && o.gen == 0) throw io::usage_error("--dump-logits needs --gen >= 1 (it dumps step 0)");
+  if (o.incremental && o.dec.recompute)
+    throw io::usage_error("--incremental and --recompute exclude each other");
+  if (!o.stop.empty() && !text_mode)
+    throw io::usage_error("--stop needs a text prompt (--prompt / --prompt-file)");
+  // The vocabulary is known only once config.json is read (checked below); --load-state may
+  // resume with no new ids.
+  const std::vector<int32_t> given_ids =
+      text_mode ? std::vector<int32_t>{} : parse_id_list(*o.ids, "--ids", 0, o.load_state.has_value());
+  const std::string prompt_text = o.prompt        ? *o.prompt
+                                  : o.prompt_file ? read_prompt_file(*o.prompt_file)
+                                                  : "";
+  if (!o.load_state && text_mode && prompt_text.empty()) throw io::usage_error("the prompt is empty");
+  for (const auto& [flag, value] :
+       {std::pair{"--trace", o.dec.stream.trace}, {"--graph-dot", o.dec.stream.graph_dot}})
+    if (!value.empty() && !o.dec.stream.requested())
+      throw io::usage_error(fmt::format(
+          "{} shows a streamed run: add a budget (--mem-gb, --preset, --trunk-gb + --cache-gb) or --trunk",
+          flag));
+  check_stream_flags(o.dec.stream);
+  // Every path is checked before the first read: a typo must not throw a long run away.
+  check_model_dir(o.dec.model_dir, o.dec.config.has_value());
+  if (o.dec.config) check_input_file(*o.dec.config, "--config");
+  if (o.tokenizer) check_input_dir(*o.tokenizer, "--tokenizer");
+  if (o.load_state) check_input_file(*o.load_state, "--load-state");
+  if (!o.dec.stream.trunk_dir.empty()) check_trunk_dir(o.dec.stream.trunk_dir);
+  for (const auto& [flag, path] :
+       {std::pair{"--out", o.out_path}, {"--dump-logits", o.dump_logits}, {"--save-state", o.save_state}})
+    if (path) check_writable(*path, flag);
+  if (!o.dec.stream.trace.empty()) check_writable(o.dec.stream.trace, "--trace");
+  if (!o.dec.stream.graph_dot.empty()) check_writable(o.dec.stream.graph_dot, "--graph-dot");
+
+  TextOut out;
+  if (text_mode) out.split_from_diagnostics();
+
+  std::optional<tbb::global_control> threads;
+  if (o.threads > 0)
+    threads.emplace(tbb::global_control::max_allowed_parallelism, static_cast<size_t>(o.threads));
+
+  // ---- config, tokenizer, prompt ids ----
+  io::ModelConfig cfg = load_model_config(o.dec.model_dir, o.dec.config);
+  if (o.dec.layers > cfg.n_layers)
+    throw io::usage_error(fmt::format("--layers {}: the model has {} layers", o.dec.layers, cfg.n_layers));
+  std::printf("%s\n", cfg.summary().c_str());
+  const std::optional<io::text::Tokenizer> tok = model_tokenizer(
+      o.dec.model_dir, o.tokenizer, cfg, text_mode ? (o.prompt ? "--prompt" : "--prompt-file") : nullptr);
+  std::vector<int32_t> prompt = text_mode ? tok->encode(prompt_text, true) : given_ids;
+  if (prompt.empty() && !o.load_state)
+    throw io::usage_error(text_mode ? "the prompt is empty" : "--ids: no token ids given");
+  if (!text_mode) check_ids_in_vocab(prompt, cfg.vocab, "--ids");
+
+  // ---- resume header before anything is sized ----
+  std::optional<StateHeader> saved;
+  if (o.load_state) {
+    saved = peek_state(*o.load_state);
+    check_saved_positions(*o.load_state, *saved);
+  }
+  const size_t prior = saved ? static_cast<size_t>(saved->nseq) : 0;
+  o.dec.capacity = prior + prompt.size() + static_cast<size_t>(o.gen) + 1;
+  if (o.dec.capacity > kMaxPositions) {
+    const std::string from_state =
+        saved ? fmt::format("{} saved positions in {} + ", prior, *o.load_state) : std::string();
+    throw io::usage_error(fmt::format("{}prompt + --gen + 1 = {} positions exceeds the {} this build allows",
+                                      from_state, o.dec.capacity, kMaxPositions));
+  }
+  o.dec.expected_calls = o.gen;
+  run_capacity(o.dec);  // a --context below what the run needs is refused before the header
+
+  std::printf("\nKimi K3, k3flow, released checkpoint layout\n");
+  std::printf("  model   : %s\n", o.dec.model_dir.c_str());
+  if (saved)
+    std::printf("  prompt  : %zu saved + %zu new ids\n", prior, prompt.size());
+  else
+    std::printf("  prompt  : %zu ids\n", prompt.size());
+  std::printf("  decode  : %s, %s, up to %d tokens, threads %s\n", describe_sampling(o.sampling).c_str(),
+              o.dec.recompute ? "full recompute" : "incremental (KV cache + carried KDA state)", o.gen,
+              o.threads > 0 ? std::to_string(o.threads).c_str() : "default");
+  if (o.dec.layers > 0 && o.dec.layers < cfg.n_layers)
+    std::printf(
+        "  NOTE    : --layers %d runs only the first %d of %d layers; the output is not the model's\n",
+        o.dec.layers, o.dec.layers, cfg.n_layers);
+
+  Decoder dec(o.dec, std::move(cfg));
+  const io::ModelConfig& c = dec.config();
+  if (saved) {
+    const double t0 = now();
+    dec.load(*o.load_state);
+    std::printf("restored %zu positions from %s in %.2f s\n", dec.seq().size() - dec.pending(),
+                o.load_state->c_str(), now() - t0);
+  }
+  dec.push(prompt);
+  if (o.gen > 0 && dec.pending() == 0)
+    throw io::usage_error(
+        "--load-state: nothing to feed (the saved state has no pending token and --ids is empty)");
+
+  // ---- decode ----
+  std::optional<io::text::TextStream> text;
+  if (text_mode)
+    text.emplace(*tok, o.ignore_eos ? std::vector<int32_t>{} : io::text::end_of_turn_ids(*tok), o.stop);
+  if (!text_mode) {
+    std::printf("\n%-6s %-10s %-12s %s\n", "STEP", "TOKEN", "SECONDS", "TOK/S");
+    std::printf("----------------------------------------\n");
+  }
+  stages::Sampler sampler(o.sampling);
+  InterruptScope interrupts;
+  std::vector<float> step0_logits;
+  std::vector<int32_t> generated;
+  double t_steps = 0, t_first = 0;
+  const char* ended = "the --gen cap";
+  for (int g = 0; g < o.gen; ++g) {
+    if (InterruptScope::requested()) {
+      ended = "an interrupt";
+      break;
+    }
+    const double ts = now();
+    const std::span<const float> logits = dec.logits();
+    const int32_t next = sampler.next(logits, dec.seq());
+    const double dt = now() - ts;
+    t_steps += dt;
+    if (g == 0) t_first = dt;
+    if (dec.stream()) dec.stream()->record_step(g, next);
+    if (g == 0 && o.dump_logits) step0_logits.assign(logits.begin(), logits.end());
+    dec.push(next);
+    generated.push_back(next);
+    if (text) {
+      const io::text::TextStream::Out piece = text->push(next);
+      out.write(piece.text);
+      if (piece.stop) {
+        ended = "the end of the turn or a --stop string";
+        break;
+      }
+    } else {
+      std::printf("%-6d %-10d %-12.4f %.2f%s\n", g, next, dt, dt > 0 ? 1.0 / dt : 0.0,
+                  dec.stream() ? ("   " + dec.stream()->step_note()).c_str() : "");
+      std::fflush(stdout);
+    }
+  }
+  const bool interrupted = InterruptScope::requested();
+  if (text) {
+    out.write(text->finish());
+    out.write("\n");
+  } else {
+    std::printf("----------------------------------------\n");
+  }
+  // Written after the last step: a failed run leaves no logits file.
+  if (!step0_logits.empty()) {
+    write_file_atomic(*o.dump_logits, std::as_bytes(std::span<const float>(step0_logits)));
+    std::printf("wrote %s (%d float32 logits)\n", o.dump_logits->c_str(), c.vocab);
+  }
+  if (o.save_state) {
+    const uint64_t bytes = dec.save(*o.save_state);
+    std::printf("wrote %s (%s, %zu positions)\n", o.save_state->c_str(), human_bytes(double(bytes)).c_str(),
+                dec.seq().size() - dec.pending());
+  }
+  const int n = int(generated.size());
+  const double spt = n > 0 ? t_steps / n : 0.0;
+  std::printf(
+      "%d tokens in %.3f s, %.4f s/token average (first step, with the %zu-id prompt: %.3f s); "
+      "stopped by %s\n",
+      n, t_steps, spt, prompt.size(), t_first, ended);
+  if (o.print_ids || !text_mode) {
+    std::string ids;
+    for (int32_t id : generated) ids += fmt::format(" {}", id);
+    if (text_mode)
+      out.write(fmt::format("ids:{}\n", ids));
+    else
+      std::printf("generated ids:%s\n", ids.c_str());
+  }
+  const uint64_t rss = peak_rss_bytes();
+  std::printf("PEAK RSS %s (quote this, not the plan)\n", human_bytes(static_cast<double>(rss)).c_str());
+
+  RunReport r;
+  r.prompt_ids = prompt;
+  r.generated_ids = generated;
+  r.full_ids = dec.seq();
+  r.layers = dec.n_layers();
+  r.incremental = !dec.recompute();
+  r.interrupted = interrupted;
+  r.seconds_per_token = spt;
+  r.wall_seconds = now() - t_start;
+  r.peak_rss_bytes = rss;
+  r.threads =
+      static_cast<int>(tbb::global_control::active_value(tbb::global_control::max_allowed_parallelism));
+  if (dec.stream()) dec.stream()->finish(r, t_steps);
+  if (o.out_path) {
+    write_file_atomic(*o.out_path, to_json(r));
+    std::printf("wrote %s\n", o.out_path->c_str());
+  }
+  if (interrupted) {
+    std::fprintf(stderr, "k3flow: generate interrupted after %d tokens; the report and trace cover them\n",
+                 n);
+    return interrupted_exit_code();
+  }
+  return 0;
+}
+
+}  // namespace
+
+Action add_generate(CLI::App& sub) {
+  auto o = std::make_shared<GenerateOptions>();
+  sub.add_option("MODEL_DIR", o->dec.model_dir, "checkpoint directory (config.json + *.safetensors)")
+      ->required();
+  sub.add_option("--ids", o->ids, "prompt as token ids: 1,2,3 (commas and/or spaces); output is ids");
+  sub.add_option("--prompt", o->prompt, "prompt text; the continuation is printed as text");
+  sub.add_option("--prompt-file", o->prompt_file, "prompt text read verbatim from a file");
+  sub.add_option("--tokenizer", o->tokenizer,
+                 "tokenizer directory (tiktoken.model + tokenizer_config.json; default MODEL_DIR)");
+  sub.add_option("--gen", o->gen,
+                 "most tokens to generate (0..4096; prompt + N + 1 <= 36864); text runs stop earlier at the "
+                 "end of the turn")
+      ->check(CLI::Range(0, kMaxGen))
+      ->capture_default_str();
+  sub.add_option("--stop", o->stop, "stop before this text (repeatable; text prompts only)");
+  sub.add_flag("--ignore-eos", o->ignore_eos, "do not stop at [EOS] / <|end_of_msg|>");
+  sub.add_flag("--print-ids", o->print_ids, "after the text, print the generated ids on stdout");
+  sub.add_flag("--recompute", o->dec.recompute,
+               "recompute the whole sequence every token (the reference check; same bits, slower)");
+  sub.add_flag("--incremental", o->incremental,
+               "carry the KV cache and KDA state between tokens (the default)");
+  add_sampler_flags(sub, o->sampling);
+  sub.add_option("--layers", o->dec.layers,
+                 "run only the first N layers, a diagnostic whose output is not the model's (0 = all)")
+      ->check(CLI::NonNegativeNumber);
+  sub.add_option("--out", o->out_path, "write the run report (JSON) to this file");
+  sub.add_option("--dump-logits", o->dump_logits,
+                 "write step 0's last-position logits to this file (vocab x float32, raw)");
+  sub.add_option("--save-state", o->save_state, "write the carried state to this K3ST file after the run");
+  sub.add_option("--load-state", o->load_state, "resume from a K3ST state file; the prompt continues it");
+  sub.add_option("--config", o->dec.config, "config.json to use (default MODEL_DIR/config.json)");
+  sub.add_option("--threads", o->threads, "compute threads (0 = oneTBB default)")->check(CLI::Range(0, 4096));
+  add_stream_flags(sub, o->dec.stream);
+  return [o] { return run_generate(*o); };
+}
+
+}  // namespace k3::pipeline

@@ -1,0 +1,80 @@
+// `k3flow plan MODEL_DIR [--trunk DIR] (--mem-gb X | --preset NAME | --trunk-gb X --cache-gb Y)
+//  [--strategy S] [--context N] [--ring N] [--json]`: how one memory budget splits into pools
+// (pipeline/graph/planner.hpp), from the config and the shard headers only, so it sizes the 1.56 TB model
+// from its sparse replica. It is the plan `k3flow generate` makes with the same flags for a run of
+// --context positions (prompt + --gen + 1): both come from plan_run (pipeline/run/streaming_run.hpp).
+#include <fmt/format.h>
+
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "io/config.hpp"
+#include "io/error.hpp"
+#include "io/packed_trunk.hpp"
+#include "io/safetensors.hpp"
+#include "pipeline/cli/commands.hpp"
+#include "pipeline/graph/planner.hpp"
+#include "pipeline/graph/streaming_source.hpp"
+#include "pipeline/run/streaming_run.hpp"
+#include "pipeline/support/output_file.hpp"
+
+namespace k3::pipeline {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct PlanArgs {
+  std::string model_dir;
+  StreamFlags flags;
+  uint64_t context = 128;
+  int ring = 2;
+  bool json = false;
+};
+
+int run_plan(const PlanArgs& a) {
+  if (!a.flags.budget_given() && a.flags.trunk_dir.empty())
+    throw io::usage_error(
+        "plan: give a budget: --mem-gb X, --preset NAME, or --trunk-gb X with --cache-gb Y (or --trunk DIR "
+        "alone: the whole model resident)");
+  const fs::path dir(a.model_dir);
+  check_model_dir(dir);
+  if (!a.flags.trunk_dir.empty()) check_trunk_dir(a.flags.trunk_dir);
+  io::ModelConfig config = io::load_config(dir / "config.json");
+  io::ShardSet shards = io::ShardSet::open(dir);
+  std::optional<io::PackedTrunk> trunk;
+  if (!a.flags.trunk_dir.empty()) trunk.emplace(io::PackedTrunk::open(a.flags.trunk_dir, config.n_layers));
+  // The slot sizes of the run itself: the packed trunk's layers, or each layer's read window in the
+  // shards, and the routed experts' windows.
+  const std::unique_ptr<WeightSources> src =
+      WeightSources::open(config, shards, trunk ? &*trunk : nullptr, config.n_layers);
+  const RunPlan run = plan_run(a.flags, *src, a.context, a.ring);
+  for (const std::string& note : run.notes) fmt::print(stderr, "{}\n", note);
+  if (a.json)
+    fmt::print("{}\n", plan_json(run.plan));
+  else
+    fmt::print("{}", format_plan(run.plan));
+  return 0;
+}
+
+}  // namespace
+
+Action add_plan(CLI::App& sub) {
+  auto a = std::make_shared<PlanArgs>();
+  sub.add_option("MODEL_DIR", a->model_dir, "checkpoint directory (config.json + *.safetensors)")->required();
+  add_plan_flags(sub, a->flags);
+  sub.add_option(
+         "--context", a->context,
+         "positions (tokens) the MLA KV cache and scratch are sized for (generate: prompt + --gen + 1)")
+      ->capture_default_str()
+      ->check(CLI::Range(uint64_t{1}, uint64_t{kMaxPositions}));
+  sub.add_option("--ring", a->ring, "trunk ring slots, each as large as the largest streamed layer")
+      ->capture_default_str()
+      ->check(CLI::Range(2, 64));
+  sub.add_flag("--json", a->json, "print the plan as one JSON object");
+  return [a] { return run_plan(*a); };
+}
+
+}  // namespace k3::pipeline

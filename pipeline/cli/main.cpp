@@ -1,0 +1,82 @@
+// k3flow: Kimi K3 on one CPU, weights streamed from NVMe. Every refusal is one line on stderr
+// starting "k3flow: "; the exit code comes from pipeline/support/exit_codes.hpp (0 success, 1 runtime,
+// 2 usage, 4 invalid run, 130/143 interrupted).
+#include <cstdio>
+#include <exception>
+#include <map>
+#include <new>
+#include <string>
+
+#include "io/error.hpp"
+#include "pipeline/cli/commands.hpp"
+#include "pipeline/support/exit_codes.hpp"
+
+namespace {
+
+// A refusal is one line: a message that spans lines (CLI11's, or a nested cause) is joined.
+int refuse(std::string message, int code) {
+  while (!message.empty() && (message.back() == '\n' || message.back() == ' ')) message.pop_back();
+  for (size_t at = message.find('\n'); at != std::string::npos; at = message.find('\n', at))
+    message.replace(at, 1, "; ");
+  std::fflush(stdout);  // what the command printed comes before the refusal, not after it at exit
+  std::fprintf(stderr, "k3flow: %s\n", message.c_str());
+  return code;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  namespace pl = k3::pipeline;
+  CLI::App app{"k3flow: Kimi K3 streamed from NVMe through a oneTBB flow graph", "k3flow"};
+  app.set_version_flag("--version", "k3flow 0.1.0");
+  app.require_subcommand(1);
+  app.footer(
+      "Exit codes: 0 success, 1 runtime failure (a file, tensor or read that is wrong), 2 usage (a bad "
+      "flag, value or path), 4 run completed but invalid (non-finite logits), 130 Ctrl-C, 143 SIGTERM.");
+
+  std::map<CLI::App*, k3::pipeline::Action> actions;
+  auto add = [&](const char* name, const char* help, auto adder) {
+    CLI::App* sub = app.add_subcommand(name, help);
+    actions[sub] = adder(*sub);
+  };
+  add("inspect", "summarise a checkpoint: config, layer map, tensor census, bytes",
+      k3::pipeline::add_inspect);
+  add("synth", "write a synthetic checkpoint in the released format", k3::pipeline::add_synth);
+  add("generate", "continue a prompt (text or token ids): greedy or sampled, resident or streamed",
+      k3::pipeline::add_generate);
+  add("chat", "talk to the model in K3's chat format; the state carries over between turns",
+      k3::pipeline::add_chat);
+  add("plan", "split a memory budget into resident, trunk ring, pinned layers and expert slots",
+      k3::pipeline::add_plan);
+  add("pack-trunk", "copy every layer's dense weights into one aligned trunk.bin + trunk.json",
+      k3::pipeline::add_pack_trunk);
+  add("bench", "compare the overlap strategies on one checkpoint and budget: s/token, overlap efficiency",
+      k3::pipeline::add_bench);
+  add("probe",
+      "measure the device's read ceiling (deep queue, large requests) beside the engine's reader settings",
+      k3::pipeline::add_probe);
+  add("tokenize", "text -> Kimi token ids (or pre-tokenizer pieces), per line with --file",
+      k3::pipeline::add_tokenize);
+  add("detokenize", "Kimi token ids -> text (raw bytes)", k3::pipeline::add_detokenize);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::Success& e) {
+    return app.exit(e);  // --help, --version
+  } catch (const CLI::ParseError& e) {
+    // CLI11's own message, as one line, naming the command whose --help lists the flags.
+    std::string where = "k3flow";
+    for (CLI::App* sub : app.get_subcommands()) where += " " + sub->get_name();
+    return refuse(std::string(e.what()) + " (" + where + " --help lists the flags)", pl::kExitUsage);
+  }
+  try {
+    for (CLI::App* sub : app.get_subcommands()) return actions.at(sub)();
+  } catch (const k3::io::Error& e) {
+    return refuse(e.what(), pl::exit_code(e.kind()));
+  } catch (const std::bad_alloc&) {
+    return refuse("out of memory", pl::kExitRuntime);
+  } catch (const std::exception& e) {
+    return refuse(e.what(), pl::kExitRuntime);
+  }
+  return pl::kExitUsage;
+}

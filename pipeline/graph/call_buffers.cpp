@@ -1,0 +1,52 @@
+#include "pipeline/graph/call_buffers.hpp"
+
+#include <iterator>
+
+#include "stages/attnres.hpp"
+#include "stages/head.hpp"
+#include "stages/layer.hpp"
+#include "stages/moe.hpp"
+#include "stages/scratch.hpp"
+
+namespace k3::pipeline {
+
+void CallBuffers::prepare(const io::ModelConfig& c, size_t T, size_t cap, bool moe) {
+  const size_t maxb = size_t(c.max_blocks()), E = size_t(c.hidden), L = size_t(c.latent);
+  const size_t rows = T * size_t(c.top_k);
+  const struct {
+    std::span<float> CallBuffers::*region;
+    size_t floats;
+  } layout[] = {
+      {&CallBuffers::P, T * E},
+      {&CallBuffers::blocks, maxb * T * E},
+      {&CallBuffers::x, T * E},
+      {&CallBuffers::a, T * E},
+      {&CallBuffers::attn_sc, stages::layer_attention_scratch(c, T, cap > T ? cap - T : 0)},
+      {&CallBuffers::dense_sc, stages::dense_scratch(c, T)},
+      {&CallBuffers::h, E},                                      // the head's input
+      {&CallBuffers::head_sc, E},                                // the head's scratch
+      {&CallBuffers::agg_sc, stages::attnres_scratch(c, maxb)},  // model-level AttnRes
+      {&CallBuffers::route_sc, moe ? stages::route_scratch(c) : 0},
+      {&CallBuffers::weight, moe ? rows : 0},
+      {&CallBuffers::z, moe ? T * L : 0},
+      {&CallBuffers::eout, moe ? rows * L : 0},  // expert outputs, [T][top_k][latent]
+      {&CallBuffers::shared, moe ? T * E : 0},
+      {&CallBuffers::shared_sc, moe ? stages::shared_scratch(c, T) : 0},
+      {&CallBuffers::apply_sc, moe ? stages::expert_apply_scratch(c, rows) : 0},  // per expert, disjoint
+      {&CallBuffers::combine_sc, moe ? stages::combine_scratch(c, T) : 0},
+      {&CallBuffers::la_route_sc, moe ? stages::route_scratch(c) : 0},  // lookahead route
+      {&CallBuffers::la_weight, moe ? rows : 0},                        // lookahead weight
+  };
+  size_t total = 0;
+  for (const auto& r : layout) total += r.floats;
+  if (mem.size() < total) mem.resize(total);
+  stages::Carver cut(mem);
+  for (const auto& r : layout) this->*r.region = cut.take(r.floats);
+  if (idx.size() < rows) {
+    idx.resize(rows);
+    la_idx.resize(rows);
+  }
+  B.emplace(blocks, maxb, T, E);
+}
+
+}  // namespace k3::pipeline

@@ -1,0 +1,226 @@
+// The streaming graph declared in one place (build(): its nodes, in the order of the diagram in
+// graph.hpp, then the edges of the wiring table) and the public face. The state it builds on is in
+// graph_impl.hpp, the node bodies in graph_nodes.cpp, the edges in graph_wiring.*, the reads its
+// async nodes submit in graph_io.cpp.
+#include "pipeline/graph/graph.hpp"
+
+#include <fmt/format.h>
+#include <tbb/flow_graph.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <vector>
+
+#include "io/error.hpp"
+#include "io/packed_trunk.hpp"
+#include "pipeline/graph/graph_impl.hpp"
+#include "stages/attnres.hpp"
+#include "stages/head.hpp"
+#include "stages/layer.hpp"
+#include "stages/moe.hpp"
+#include "stages/scratch.hpp"
+
+namespace k3::pipeline {
+
+Strategy parse_strategy(std::string_view name) {
+  if (name == "serial") return Strategy::serial;
+  if (name == "trunk") return Strategy::trunk;
+  if (name == "overlap") return Strategy::overlap;
+  if (name == "lookahead") return Strategy::lookahead;
+  if (name == "auto") return Strategy::automatic;
+  throw io::usage_error(fmt::format(
+      "--strategy: unknown strategy '{}' (known: serial, trunk, overlap, lookahead, auto)", name));
+}
+
+const char* strategy_name(Strategy s) {
+  switch (s) {
+    case Strategy::serial:
+      return "serial";
+    case Strategy::trunk:
+      return "trunk";
+    case Strategy::overlap:
+      return "overlap";
+    case Strategy::lookahead:
+      return "lookahead";
+    case Strategy::automatic:
+      return "auto";
+  }
+  return "?";
+}
+
+// Registers node N with the DOT description (or its own statistics) and its trace row, and makes it.
+template <Node N, class... Made>
+void StreamingModel::Impl::add(Made&&... made) {
+  const NodeInfo& info = kNodes[N];
+  const int threads = int(tbb::global_control::active_value(tbb::global_control::max_allowed_parallelism));
+  tracks[N] = std::make_unique<TraceTrack>(fmt::format("node: {}", info.name),
+                                           info.concurrency == 0 ? std::min(2 * threads, 64) : 1);
+  stats[N] = dot ? &dot->add_node(info.name, info.kind, info.concurrency, info.cluster) : &own_stats[N];
+  std::get<N>(nodes) = std::make_unique<NodeType<N>>(g, std::forward<Made>(made)...);
+}
+
+template <Node N, class Body>
+void StreamingModel::Impl::run(Body body) {
+  const size_t concurrency = kNodes[N].concurrency == 0 ? size_t(flow::unlimited) : size_t(flow::serial);
+  if constexpr (std::is_member_function_pointer_v<Body>)
+    add<N>(concurrency, [this, body](const auto& in, auto& out) { (this->*body)(in, out); });
+  else
+    add<N>(concurrency, body);
+}
+
+// The graph, declared in one place: its nodes in the order of the diagram in graph.hpp (which is
+// also Node's order, kNodes in graph_messages.hpp), each running its body (graph_nodes.cpp), then
+// the edges of the wiring table (graph_wiring.hpp), which the DOT description draws too.
+void StreamingModel::Impl::build() {
+  own_stats = std::make_unique<NodeStats[]>(kNodeCount);
+  const int nl = n;
+  add<kSchedule>();
+  add<kTrunkFree>();
+  add<kTrunkClaim>();
+  run<kTrunkRead>(&Impl::trunk_read_body);
+  run<kTrunkBind>(&Impl::trunk_bind_body);
+  add<kLayerGate>([nl](const LayerGo& m) { return visit_key(m.visit, nl); },
+                  [nl](const TrunkReady& m) { return visit_key(m.visit, nl); });
+  run<kAttention>(&Impl::attention_body);
+  run<kDenseFfn>(&Impl::dense_ffn_body);
+  run<kRouter>(&Impl::router_body);
+  run<kExpertFetch>(&Impl::expert_fetch_body);
+  run<kExpertRead>(&Impl::expert_read_body);
+  run<kExpertLanded>(&Impl::expert_landed_body);
+  run<kShared>(&Impl::shared_body);
+  add<kExpertJoin>([nl](const ExpertGo& m) { return group_key(m.visit, m.group, nl); },
+                   [nl](const LatentGo& m) { return group_key(m.visit, m.group, nl); });
+  run<kExpertCompute>(&Impl::expert_compute_body);
+  run<kLookahead>(&Impl::lookahead_body);
+  run<kCombine>(&Impl::combine_body);
+  run<kLayerDone>(&Impl::layer_done_body);
+  run<kHead>([this](const HeadGo& m) {
+    head_body(m);
+    return flow::continue_msg();
+  });
+
+  make_edges();
+  if (!dot) return;
+  dot->add_pool("trunk ring", "trunk io", uint64_t(trunk.ring_slots()), trunk.slot_read_bytes());
+  dot->add_pool("pinned trunk", "trunk io", plan.pinned.size(),
+                plan.pinned.empty() ? 0 : trunk.pinned_bytes() / plan.pinned.size());
+  if (cache) dot->add_pool("expert slots", "moe", cache->slot_count(), cache->slot_bytes());
+  describe_edges();
+}
+
+void StreamingModel::Impl::prepare_call(stages::DecodeState& st, size_t T, std::span<float> logits) {
+  StepState& S = step_state;
+  S.buf.prepare(c, T, st.capacity(), src.has_experts());
+  S.st = &st;
+  S.T = T;
+  S.logits = logits;
+}
+
+// ------------------------------------------------------------------ the public face
+
+StreamingModel::StreamingModel(const WeightSources& s, const MemoryPlan& p, Strategy st,
+                               GraphDescription* dot)
+    : impl_(std::make_unique<Impl>(s, p, st, dot)) {}
+
+StreamingModel::~StreamingModel() = default;
+
+void StreamingModel::expect_calls(int n) {
+  impl_->expected_calls = std::max(n, 1);
+}
+
+void StreamingModel::forward(stages::DecodeState& st, std::span<const int32_t> ids, std::span<float> logits) {
+  Impl& m = *impl_;
+  const io::ModelConfig& c = m.c;
+  const size_t T = ids.size(), V = size_t(c.vocab);
+  stages::check_forward_inputs(c, st, ids);
+  if (m.failed.load()) throw io::runtime_error(m.fail_msg);
+  if (m.calls_done.load() > 0 && m.step_delay_ms > 0)  // test hook: time to change files between tokens
+    std::this_thread::sleep_for(std::chrono::milliseconds(m.step_delay_ms));
+
+  // Reads for this call may have landed (and their bind nodes run) since the last call returned;
+  // nothing but this call's nodes touches the activations prepared here.
+  if (!m.open_call()) throw io::runtime_error(m.fail_msg);
+  m.act.step_begin();
+  m.prepare_call(st, T, logits.first(V));
+  const int k = m.calls_done.load();
+  const Visit v0{uint64_t(k), 0};
+  CallBuffers& buf = m.step(v0).buf;
+  {
+    m.act.compute_begin();
+    TraceSpan span(m.embed_track, "embed", "compute", m.args(-1));
+    stages::embed_tokens(m.head->w, c, ids, buf.P);
+    st.watch.after_layer(stages::ForwardWatch::kEmbedding, buf.P.first(T * m.E), m.E, st.cached);
+    m.act.compute_end();
+  }
+  auto job = [&](const TrunkJob& j) { m.node<kSchedule>().try_put(j); };
+  auto claim = [&](const TrunkClaim& cl) { m.node<kTrunkRead>().try_put(cl); };
+  auto ready = [&](const TrunkReady& r) {
+    flow::input_port<size_t(LayerGateIn::ready)>(m.node<kLayerGate>()).try_put(r);
+  };
+  if (m.strategy == Strategy::serial) {
+    m.request_layer(v0, job, claim, ready);
+  } else {
+    for (int l = 0; l < m.n; ++l)
+      if (m.trunk.pinned(l)) m.request_layer(Visit{v0.step, l}, job, claim, ready);
+    if (m.ring_scheduled_through < k) m.schedule_ring(k);
+    if (k + 1 < m.expected_calls && m.ring_scheduled_through < k + 1) m.schedule_ring(k + 1);
+  }
+  flow::input_port<size_t(LayerGateIn::go)>(m.node<kLayerGate>()).try_put(LayerGo{v0});
+  m.wait_call();
+  m.last = m.act.step_end();
+  if (m.tuner) {  // strategy auto: the next call prefetches or not, from what the steps cost
+    m.tuner->after_call(m.last.wall_seconds, T);
+    m.prefetch_on.store(m.tuner->prefetch(), std::memory_order_relaxed);
+  }
+  if (m.failed.load()) {
+    m.g.wait_for_all();  // every node has skipped its body or finished; reads have completed
+    throw io::runtime_error(m.fail_msg);
+  }
+  st.cached += T;
+  ++m.calls_done;
+}
+
+const StepStats& StreamingModel::last_step() const {
+  return impl_->last;
+}
+
+StreamTotals StreamingModel::totals() const {
+  Impl& m = *impl_;
+  StreamTotals t;
+  t.trunk_bytes_read = m.act.trunk_bytes();
+  t.expert_bytes_read = m.act.expert_bytes();
+  t.expert_requests = m.counts.requests.load();
+  t.expert_hits = m.counts.hits.load();
+  t.lookahead_predicted = m.counts.predicted.load();
+  t.lookahead_used = m.counts.used.load();
+  const io::ReaderCounters a = m.trunk_reader.counters(), b = m.expert_reader.counters();
+  t.uring_bytes = a.uring_bytes + b.uring_bytes;
+  t.pread_bytes = a.pread_bytes + b.pread_bytes;
+  t.direct_bytes = a.direct_bytes + b.direct_bytes;
+  t.io_busy_seconds = m.act.io_busy_seconds();
+  t.compute_busy_seconds = m.act.compute_busy_seconds();
+  t.uring = m.trunk_reader.backend() == io::UringReader::Backend::uring &&
+            m.expert_reader.backend() == io::UringReader::Backend::uring;
+  if (m.tuner)
+    t.automatic = m.tuner->describe();
+  else if (m.strategy == Strategy::automatic)
+    t.automatic =
+        "auto: no expert prefetch possible (the plan has no lookahead slots, or the model no routed "
+        "experts): the overlap strategy";
+  return t;
+}
+
+uint64_t StreamingModel::allocated_bytes() const {
+  const Impl& m = *impl_;
+  return m.head->bytes.size() + 4 * m.head->widen.size() + m.trunk.ring_bytes() + m.trunk.pinned_bytes() +
+         (m.cache ? m.cache->arena_bytes() : 0);
+}
+
+}  // namespace k3::pipeline

@@ -1,0 +1,275 @@
+// The streaming graph's node bodies (graph.hpp has the diagram, graph_wiring.hpp the edges), one
+// member function per node that runs code, in the diagram's order: trunk, layer, MoE, head. A body
+// reads the step it works for from its message's visit (Impl::step) and names the port it sends on.
+#include <algorithm>
+#include <variant>
+
+#include "io/packed_trunk.hpp"
+#include "pipeline/graph/graph_impl.hpp"
+#include "stages/attnres.hpp"
+#include "stages/head.hpp"
+#include "stages/layer.hpp"
+#include "stages/moe.hpp"
+
+namespace k3::pipeline {
+
+// ------------------------------------------------------------------ trunk
+
+void StreamingModel::Impl::trunk_read_body(const TrunkClaim& in, TrunkReadNode::gateway_type& gw) {
+  const TrunkJob& job = std::get<size_t(ClaimIn::job)>(in);
+  SlotRef slot = std::get<size_t(ClaimIn::slot)>(in);
+  run_node(kTrunkRead, false, args(job.visit.layer, -1, slot.index), [&] {
+    if (!slot.pinned() && job.visit.layer == trunk.spanning_layer()) {  // takes the whole ring
+      span_held.push_back(slot);
+      if (int(span_held.size()) < trunk.ring_slots()) return;
+      span_held.clear();
+      slot = SlotRef{0};
+    }
+    submit_trunk(job.visit, slot, gw);
+  });
+}
+
+void StreamingModel::Impl::trunk_bind_body(const TrunkReady& m, Outputs<kTrunkBind>& out) {
+  const int l = m.visit.layer, s = m.slot.index;
+  run_node(kTrunkBind, true, args(l, -1, s), [&] {
+    const LayerSource& ls = src.layer(l);
+    TrunkSlots::Holder& h = trunk.holder(l, s);
+    // A packed trunk's layer is checked against trunk.json's xxh64 the first time it lands.
+    if (const io::PackedTrunk* pt = src.trunk()) pt->check_loaded(l, trunk.bytes(l, s));
+    std::span<const std::byte> bytes = trunk.bytes(l, s).subspan(ls.bind_offset, ls.layout.buffer_bytes);
+    h.w = stages::bind_layer(c, l, ls.layout, bytes, trunk.widen(l, s));
+    h.visit.store(key(m.visit), std::memory_order_release);
+    if (m.slot.pinned()) {
+      trunk.set_pin_loaded(l);
+      pin_loaded_bytes += trunk.bytes(l, -1).size();
+    }
+    port<TrunkBindOut::ready>(out).try_put(m);
+  });
+}
+
+// ------------------------------------------------------------------ layer
+
+void StreamingModel::Impl::attention_body(const GatedLayer& in, Outputs<kAttention>& out) {
+  const TrunkReady& r = std::get<size_t(LayerGateIn::ready)>(in);
+  StepState& S = step(r.visit);
+  const int l = r.visit.layer;
+  run_node(kAttention, true, args(l, -1, r.slot.index), [&] {
+    S.cur = StepState::Current{l, r.slot, &trunk.holder(l, r.slot.index).w};
+    stages::layer_attention(*S.cur.w, c, S.buf.P, S.T, *S.buf.B, S.st->layer(l), S.buf.x, S.buf.attn_sc);
+    if (std::holds_alternative<stages::MoeWeights>(S.cur.w->ffn))
+      port<AttentionOut::moe>(out).try_put(RouteGo{r.visit});
+    else
+      port<AttentionOut::dense>(out).try_put(DenseGo{r.visit});
+  });
+}
+
+void StreamingModel::Impl::dense_ffn_body(const DenseGo& m, Outputs<kDenseFfn>& out) {
+  StepState& S = step(m.visit);
+  bool done = false;
+  run_node(kDenseFfn, true, args(S.cur.layer), [&] {
+    stages::dense_ffn(std::get<stages::DenseFfnWeights>(S.cur.w->ffn), c, S.buf.x, S.T, S.buf.a,
+                      S.buf.dense_sc);
+    stages::layer_ffn_add(S.buf.P, S.buf.a.first(S.T * E));
+    S.st->watch.after_layer(S.cur.layer, S.buf.P.first(S.T * E), E, S.st->cached);
+    done = true;
+  });
+  if (done) port<DenseOut::done>(out).try_put(LayerDone{m.visit});  // after the span: see layer_done
+}
+
+// ------------------------------------------------------------------ MoE
+
+void StreamingModel::Impl::router_body(const RouteGo& m, Outputs<kRouter>& out) {
+  StepState& S = step(m.visit);
+  const bool ser = strategy == Strategy::serial, la = lookahead_graph();
+  run_node(kRouter, true, args(S.cur.layer), [&] {
+    const auto& mw = std::get<stages::MoeWeights>(S.cur.w->ffn);
+    const size_t T = S.T;
+    stages::route(mw, c, S.buf.x, T, std::span(S.buf.idx).first(T * K), S.buf.weight.first(T * K),
+                  S.buf.route_sc);
+    // The pieces combine waits for: every expert group, the shared experts (and the lookahead).
+    S.moe.begin(m.visit, std::span<const int32_t>(S.buf.idx).first(T * K), c, 1 + (la ? 1 : 0));
+    // Fetch last: a thread runs the task it spawned last first, so the reads are submitted
+    // before this thread starts the shared experts (with one thread, the only order that
+    // overlaps them).
+    if (strategy == Strategy::overlap || la || ser) port<RouterOut::shared>(out).try_put(SharedGo{m.visit});
+    if (!ser) port<RouterOut::fetch>(out).try_put(FetchGo{m.visit});
+  });
+}
+
+void StreamingModel::Impl::expert_fetch_body(const FetchGo& m, Outputs<kExpertFetch>& out) {
+  MoeLayerRun& moe = step(m.visit).moe;
+  run_node(kExpertFetch, false, args(moe.layer()), [&] {
+    ReadBatch batch;
+    hit_groups.clear();
+    const MoeLayerRun::Claim claim = moe.claim(m.visit, *cache, counts, hit_groups, batch);
+    if (claim.stale) return;  // a retry for a layer already done
+    for (int gi : hit_groups)
+      port<FetchOut::hits>(out).try_put(ExpertLanded{m.visit, moe.slot(size_t(gi)), gi, false, true});
+    if (claim.first && lookahead_graph()) port<FetchOut::lookahead>(out).try_put(LookaheadGo{m.visit});
+    if (!batch.items.empty()) port<FetchOut::misses>(out).try_put(std::move(batch));  // last: runs first
+  });
+}
+
+void StreamingModel::Impl::expert_read_body(const ReadBatch& b, ExpertReadNode::gateway_type& gw) {
+  run_node(kExpertRead, false, args(b.items.empty() ? -1 : b.items[0].layer), [&] { submit_experts(b, gw); });
+}
+
+int StreamingModel::Impl::bind_landed(int slot) {
+  SlotRead& sr = slot_reads[size_t(slot)];
+  std::span<const std::byte> bytes = cache->bytes(slot).subspan(sr.bind_offset, sr.layout->buffer_bytes);
+  cache->weights(slot) = stages::bind_expert(c, *sr.layout, bytes, cache->widen(slot));
+  return cache->landed(slot, true);
+}
+
+// serial: a landed read is only noted, and its wave is bound when the wave's last expert lands, so
+// nothing computes while one of the wave's reads is in flight (MoeLayerRun::completes_wave).
+void StreamingModel::Impl::expert_landed_body(const ExpertLanded& m, Outputs<kExpertLanded>& out) {
+  MoeLayerRun& moe = step(m.visit).moe;
+  const bool ser = strategy == Strategy::serial;
+  const bool binds = ser ? moe.completes_wave() : m.read;
+  run_node(kExpertLanded, binds, args(moe.layer(), -1, m.slot), [&] {
+    int gi = m.group;
+    const bool defer = ser && m.read;
+    if (m.read) {
+      if (!m.ok) {
+        cache->landed(m.slot, false);
+        return;
+      }
+      if (!defer) {
+        gi = bind_landed(m.slot);
+        if (gi < 0) {  // a prefetch landed: one more evictable slot for a layer waiting on slots
+          moe.if_waiting_for_slots([&](Visit v) { port<LandedOut::retry>(out).try_put(FetchGo{v}); });
+          return;
+        }
+      }
+    }
+    go_out.clear();
+    const MoeLayerRun::Landed landed = moe.landed(
+        defer ? -1 : gi, defer ? m.slot : -1, [this](int slot) { return bind_landed(slot); }, go_out);
+    for (const ExpertGo& x : go_out) port<LandedOut::go>(out).try_put(x);
+    if (landed.start_shared) port<LandedOut::shared>(out).try_put(SharedGo{landed.visit});
+  });
+}
+
+void StreamingModel::Impl::shared_body(const SharedGo& m, Outputs<kShared>& out) {
+  StepState& S = step(m.visit);
+  bool fetch = false;
+  run_node(kShared, true, args(S.cur.layer), [&] {
+    const auto& mw = std::get<stages::MoeWeights>(S.cur.w->ffn);
+    const size_t T = S.T;
+    stages::moe_latent(mw, S.buf.x, T, S.buf.z);
+    for (size_t i = 0; i < S.moe.unique(); ++i)
+      port<SharedOut::latent>(out).try_put(LatentGo{m.visit, int(i)});
+    stages::shared_experts(mw, c, S.buf.x, T, S.buf.shared, S.buf.shared_sc);
+    fetch = strategy == Strategy::serial;  // serial: experts are read only now
+    if (S.moe.piece_done()) port<SharedOut::last_piece>(out).try_put(PieceDone{m.visit});
+  });
+  if (fetch) port<SharedOut::fetch>(out).try_put(FetchGo{m.visit});  // after the span, as the read follows it
+}
+
+void StreamingModel::Impl::expert_compute_body(const GatedExpert& in, Outputs<kExpertCompute>& out) {
+  const ExpertGo& x = std::get<size_t(ExpertJoinIn::expert)>(in);
+  StepState& S = step(x.visit);
+  const size_t gi = size_t(x.group);
+  bool retry = false;
+  run_node(kExpertCompute, true, args(S.moe.layer(), S.moe.expert(gi), x.slot), [&] {
+    std::span<const uint32_t> rows = S.moe.rows(gi);
+    std::span<float> sc =
+        S.buf.apply_sc.subspan(S.moe.apply_offset(gi), stages::expert_apply_scratch(c, rows.size()));
+    stages::expert_apply(cache->weights(x.slot), c, S.buf.z, rows, S.buf.eout, sc);
+    cache->release(x.slot);
+    retry = S.moe.computed();
+    if (S.moe.piece_done()) port<ComputeOut::last_piece>(out).try_put(PieceDone{x.visit});
+  });
+  if (retry)
+    port<ComputeOut::retry>(out).try_put(FetchGo{x.visit});  // after the span, as the read follows it
+}
+
+void StreamingModel::Impl::lookahead_body(const LookaheadGo& m, Outputs<kLookahead>& out) {
+  StepState& S = step(m.visit);
+  const int next = m.visit.layer + 1;
+  run_node(kLookahead, true, args(next), [&] {
+    ReadBatch batch;
+    const bool starving = S.moe.starving();  // this layer still waits for slots
+    const TrunkSlots::Holder* h = next < n ? trunk.find_bound(next, key(m.visit.next())) : nullptr;
+    if (!starving && h && std::holds_alternative<stages::MoeWeights>(h->w.ffn) && plan.lookahead_slots > 0 &&
+        prefetch_on.load(std::memory_order_relaxed)) {
+      const size_t T = S.T;
+      std::span<int32_t> idx = std::span(S.buf.la_idx).first(T * K);
+      stages::route(std::get<stages::MoeWeights>(h->w.ffn), c, S.buf.x, T, idx, S.buf.la_weight.first(T * K),
+                    S.buf.la_route_sc);
+      predicted_experts.assign(idx.begin(), idx.end());
+      std::sort(predicted_experts.begin(), predicted_experts.end());
+      predicted_experts.erase(std::unique(predicted_experts.begin(), predicted_experts.end()),
+                              predicted_experts.end());
+      for (int e : predicted_experts) {
+        if (batch.items.size() >= plan.lookahead_slots) break;
+        const ExpertCache::Result r = cache->prefetch(next, e);
+        if (r.found == ExpertCache::Found::full) break;
+        if (r.found == ExpertCache::Found::claimed)
+          batch.items.push_back(ReadItem{m.visit, r.slot, next, e, true});
+      }
+    }
+    if (!batch.items.empty()) port<LookaheadOut::prefetch>(out).try_put(std::move(batch));
+  });
+  if (S.moe.piece_done()) port<LookaheadOut::last_piece>(out).try_put(PieceDone{m.visit});
+}
+
+void StreamingModel::Impl::combine_body(const PieceDone& m, Outputs<kCombine>& out) {
+  StepState& S = step(m.visit);
+  bool done = false;
+  run_node(kCombine, true, args(S.cur.layer), [&] {
+    const size_t T = S.T;
+    stages::moe_combine(std::get<stages::MoeWeights>(S.cur.w->ffn), c, S.buf.weight.first(T * K), S.buf.eout,
+                        S.buf.shared, T, S.buf.a, S.buf.combine_sc);
+    stages::layer_ffn_add(S.buf.P, S.buf.a.first(T * E));
+    S.st->watch.after_layer(S.cur.layer, S.buf.P.first(T * E), E, S.st->cached);
+    done = true;
+  });
+  if (done) port<CombineOut::done>(out).try_put(LayerDone{m.visit});  // after the span: see layer_done
+}
+
+// ------------------------------------------------------------------ the layer is done
+
+// Its ring slot goes back to the free list, the next layer may run. (serial reads the next layer
+// from here, so dense_ffn and combine send LayerDone only after their compute span has closed: one
+// read or one compute at a time, to the microsecond.)
+void StreamingModel::Impl::layer_done_body(const LayerDone& m, Outputs<kLayerDone>& out) {
+  StepState& S = step(m.visit);
+  const StepState::Current& cur = S.cur;
+  run_node(kLayerDone, false, args(cur.layer, -1, cur.slot.index), [&] {
+    const int l = cur.layer;
+    if (!cur.slot.pinned()) {
+      trunk.holder(l, cur.slot.index).visit.store(kNoVisit, std::memory_order_release);
+      const int k = l == trunk.spanning_layer() ? trunk.ring_slots() : 1;
+      ring_in_use -= k;
+      for (int s = 0; s < k; ++s) port<LayerDoneOut::free_slot>(out).try_put(k == 1 ? cur.slot : SlotRef{s});
+      counters();
+    }
+    if (S.st->watch.on_layer) S.st->watch.on_layer(l + 1, n, pin_loaded_bytes.load(), pin_total_bytes);
+    if (l + 1 < n) {
+      if (strategy == Strategy::serial)
+        request_layer(
+            m.visit.next(), [&](const TrunkJob& j) { port<LayerDoneOut::schedule>(out).try_put(j); },
+            [&](const TrunkClaim& cl) { port<LayerDoneOut::claim_pin>(out).try_put(cl); },
+            [&](const TrunkReady& r) { port<LayerDoneOut::pin_ready>(out).try_put(r); });
+      port<LayerDoneOut::next_layer>(out).try_put(LayerGo{m.visit.next()});
+    } else {
+      port<LayerDoneOut::head>(out).try_put(HeadGo{m.visit});
+    }
+  });
+}
+
+void StreamingModel::Impl::head_body(const HeadGo& m) {
+  StepState& S = step(m.visit);
+  run_node(kHead, true, args(-1), [&] {
+    const size_t T = S.T;
+    const stages::HeadWeights& hw = head->w;
+    stages::attnres_stage(*S.buf.B, S.buf.P, hw.out_res_norm, hw.out_res_proj, c, T - 1, T, S.buf.h,
+                          S.buf.agg_sc);
+    stages::lm_head(hw, c, S.buf.h, 1, S.logits, S.buf.head_sc);
+  });
+  end_call();  // the logits are written: the driver may sample while reads for the next call run on
+}
+
+}  // namespace k3::pipeline

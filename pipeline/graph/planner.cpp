@@ -1,0 +1,419 @@
+#include "pipeline/graph/planner.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <map>
+#include <numeric>
+
+#include "io/aligned.hpp"
+#include "io/error.hpp"
+#include "io/json_text.hpp"
+#include "io/packed_trunk.hpp"
+#include "io/safetensors_writer.hpp"
+#include "io/uring_reader.hpp"
+#include "pipeline/graph/reader_options.hpp"
+#include "pipeline/support/human_bytes.hpp"
+#include "stages/forward.hpp"
+#include "stages/tensors.hpp"
+
+namespace k3::pipeline {
+
+namespace {
+
+constexpr uint64_t kGiB = uint64_t{1} << 30;
+using io::align_up;
+using io::kDirectAlign;
+
+uint64_t footprint(const LayerFootprint& l) {
+  return align_up(l.read_bytes, kDirectAlign) + align_up(l.widen_bytes, kDirectAlign);
+}
+
+struct Ring {
+  int slots = 0;
+  uint64_t read = 0, widen = 0;
+  int spanning = -1, span = 0;
+  uint64_t bytes() const { return uint64_t(slots) * (read + widen); }
+};
+
+// The ring for the unpinned layers: S uniform slots; one outlier may span up to S adjacent slots.
+Ring ring_for(const std::vector<LayerFootprint>& layers, const std::vector<bool>& pinned, int S) {
+  Ring r;
+  int big = -1;
+  uint64_t a1 = 0, a2 = 0, widen = 0;
+  for (size_t l = 0; l < layers.size(); ++l) {
+    if (pinned[l]) continue;
+    uint64_t b = align_up(layers[l].read_bytes, kDirectAlign);
+    widen = std::max(widen, align_up(layers[l].widen_bytes, kDirectAlign));
+    if (big < 0 || b > a1) {
+      a2 = big < 0 ? 0 : a1;
+      a1 = b;
+      big = int(l);
+    } else {
+      a2 = std::max(a2, b);
+    }
+  }
+  if (big < 0) return r;  // everything pinned: no ring
+  r.slots = S;
+  r.widen = widen;
+  r.read = std::max(a2, align_up((a1 + S - 1) / S, kDirectAlign));
+  if (a1 > r.read) {
+    r.spanning = big;
+    r.span = int((a1 + r.read - 1) / r.read);
+  }
+  return r;
+}
+
+// Among layers of one size, which of them are pinned changes no byte count, but it decides where the
+// streamed layers fall in the token. Pinned lowest-index first, they bunched: on the 16-layer `wide`
+// synthetic at 0.8 GiB (streamed 3, 7, 9..15) the reader filled both ring slots while layers 0..3
+// computed, then sat idle -- no read in flight for 6-7 % of the decode. So within each size class
+// the streamed layers are re-chosen one at a time, each the candidate farthest (cyclically: the
+// token wraps to the next one's layer 0) from every layer already streamed; ties go to the lower
+// index. The same sizes stay unpinned, so the ring and every total are unchanged.
+void spread_pins(const std::vector<LayerFootprint>& layers, std::vector<bool>& pinned) {
+  const int n = int(layers.size());
+  std::map<std::pair<uint64_t, uint64_t>, std::vector<int>> same_size;
+  for (int l = 0; l < n; ++l)
+    same_size[{align_up(layers[size_t(l)].read_bytes, kDirectAlign),
+               align_up(layers[size_t(l)].widen_bytes, kDirectAlign)}]
+        .push_back(l);
+  std::vector<int> streamed;  // fixed so far
+  std::vector<std::vector<int>*> partial;
+  std::vector<size_t> want;
+  for (auto& [size, idx] : same_size) {
+    const size_t s = size_t(std::count_if(idx.begin(), idx.end(), [&](int l) { return !pinned[size_t(l)]; }));
+    if (s == idx.size()) streamed.insert(streamed.end(), idx.begin(), idx.end());
+    if (s == 0 || s == idx.size()) continue;
+    partial.push_back(&idx);
+    want.push_back(s);
+  }
+  auto gap = [&](int l) {
+    int d = n;
+    for (int x : streamed) d = std::min({d, std::abs(l - x), n - std::abs(l - x)});
+    return d;
+  };
+  for (size_t c = 0; c < partial.size(); ++c) {
+    std::vector<int>& idx = *partial[c];
+    for (int l : idx) pinned[size_t(l)] = true;
+    for (size_t k = 0; k < want[c]; ++k) {
+      int best = -1, best_gap = -1;
+      for (int l : idx)
+        if (pinned[size_t(l)] && gap(l) > best_gap) best = l, best_gap = gap(l);
+      pinned[size_t(best)] = false;
+      streamed.push_back(best);
+    }
+  }
+}
+
+uint64_t sum_terms(const std::vector<PlanTerm>& ts) {
+  return std::accumulate(ts.begin(), ts.end(), uint64_t{0},
+                         [](uint64_t s, const PlanTerm& t) { return s + t.bytes; });
+}
+
+uint64_t expert_slot(uint64_t expert_bytes) {
+  // + one page: an expert that does not start on a 4096 boundary is read as its enclosing window.
+  return expert_bytes ? align_up(expert_bytes, kDirectAlign) + kDirectAlign : 0;
+}
+
+}  // namespace
+
+uint64_t MemoryPlan::total() const {
+  return sum_terms(pools);
+}
+
+bool MemoryPlan::holds_model() const {
+  const uint64_t slots = inflight_slots + lookahead_slots + cache_slots;
+  return int(pinned.size()) == n_layers &&
+         (expert_slot_bytes == 0 || (routed_experts && slots >= routed_experts));
+}
+
+uint64_t plan_floor(const PlanInputs& in, int ring_slots) {
+  std::vector<bool> none(in.layers.size(), false);
+  uint64_t all = 0;
+  for (const LayerFootprint& l : in.layers) all += footprint(l);
+  uint64_t ring = std::min(ring_for(in.layers, none, ring_slots).bytes(), all);
+  return sum_terms(in.resident) + uint64_t(in.top_k) * expert_slot(in.expert_bytes) + ring;
+}
+
+MemoryPlan make_plan(const PlanInputs& in, const PlanBudget& want) {
+  if (want.ring_slots < 2)
+    throw io::usage_error(fmt::format("plan: a trunk ring needs at least 2 slots, got {}", want.ring_slots));
+  MemoryPlan p;
+  p.request = want;
+  const uint64_t resident = sum_terms(in.resident);
+  const bool split = want.trunk.has_value();
+  p.budget = split ? resident + *want.trunk + want.experts.value_or(0) : want.total;
+  p.floor = plan_floor(in, want.ring_slots);
+  p.expert_slot_bytes = expert_slot(in.expert_bytes);
+  const uint64_t inflight = p.expert_slot_bytes ? uint64_t(in.top_k) : 0;
+  const uint64_t inflight_bytes = inflight * p.expert_slot_bytes;
+  const uint64_t n = in.layers.size();
+  p.n_layers = int(n);
+  p.routed_experts = p.expert_slot_bytes ? in.routed_experts : 0;
+  for (const LayerFootprint& l : in.layers) p.trunk_bytes += footprint(l);
+
+  if (p.budget < p.floor)
+    throw io::usage_error(
+        fmt::format("plan: budget {} ({} B, {}) is {} B short of the floor {} ({} B: resident {}, "
+                    "{} expert slots, {}-slot trunk ring)",
+                    human_bytes(p.budget), p.budget, want.source, p.floor - p.budget, human_bytes(p.floor),
+                    p.floor, human_bytes(resident), inflight, want.ring_slots));
+  if (split) {
+    uint64_t ring_min = p.floor - resident - inflight_bytes;
+    if (*want.trunk < ring_min)
+      throw io::usage_error(fmt::format("plan: trunk budget {} is {} B short of the {}-slot ring ({} B)",
+                                        human_bytes(*want.trunk), ring_min - *want.trunk, want.ring_slots,
+                                        ring_min));
+    if (want.experts.value_or(0) < inflight_bytes)
+      throw io::usage_error(
+          fmt::format("plan: expert budget {} is {} B short of {} in-flight expert slots ({} B)",
+                      human_bytes(want.experts.value_or(0)), inflight_bytes - want.experts.value_or(0),
+                      inflight, inflight_bytes));
+  }
+
+  // Trunk: what the ring + pins may use, and what is left for the experts after them.
+  uint64_t trunk_avail = split ? *want.trunk : p.budget - resident - inflight_bytes;
+  uint64_t lookahead_bytes = 0;
+  // Lookahead slots only where the cache has room for them beside the in-flight ones.
+  if (want.lookahead && inflight && (!in.routed_experts || 2 * inflight <= in.routed_experts)) {
+    uint64_t ring0 = p.floor - resident - inflight_bytes;
+    uint64_t room = split ? want.experts.value_or(0) - inflight_bytes : trunk_avail - ring0;
+    if (room >= inflight_bytes) {
+      p.lookahead_slots = inflight;
+      lookahead_bytes = inflight_bytes;
+      if (!split) trunk_avail -= lookahead_bytes;
+    }
+  }
+
+  // Largest-first pinning to a fixed point: pins only ever shrink the ring, so every pass stays
+  // within the budget, and a pass that pins nothing ends the loop.
+  std::vector<bool> pinned(n, false);
+  std::vector<int> order(n);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int a, int b) { return footprint(in.layers[a]) > footprint(in.layers[b]); });
+  uint64_t pinned_bytes = 0;
+  Ring ring = ring_for(in.layers, pinned, want.ring_slots);
+  for (bool changed = true; changed;) {
+    changed = false;
+    uint64_t unpinned = p.trunk_bytes - pinned_bytes;
+    if (unpinned && unpinned <= trunk_avail - pinned_bytes) {  // everything fits without a ring
+      std::fill(pinned.begin(), pinned.end(), true);
+      pinned_bytes = p.trunk_bytes;
+      ring = Ring{};
+      break;
+    }
+    uint64_t avail = trunk_avail - pinned_bytes - ring.bytes();
+    for (int l : order) {
+      uint64_t b = footprint(in.layers[l]);
+      if (!pinned[l] && b <= avail) {
+        pinned[l] = true;
+        pinned_bytes += b;
+        avail -= b;
+        changed = true;
+      }
+    }
+    ring = ring_for(in.layers, pinned, want.ring_slots);
+  }
+  spread_pins(in.layers, pinned);
+  ring = ring_for(in.layers, pinned, want.ring_slots);  // the same sizes unpinned: only the indices move
+  for (size_t l = 0; l < n; ++l)
+    if (pinned[l]) p.pinned.push_back(int(l));
+  p.ring_slots = ring.slots;
+  p.slot_read_bytes = ring.read;
+  p.slot_widen_bytes = ring.widen;
+  p.spanning_layer = ring.spanning;
+  p.span_slots = ring.span;
+  p.streamed_bytes = p.trunk_bytes - pinned_bytes;
+
+  // Experts: in-flight, lookahead, then whole cache slots from what is left.
+  p.inflight_slots = inflight;
+  uint64_t used = resident + ring.bytes() + pinned_bytes + inflight_bytes + lookahead_bytes;
+  uint64_t left = split ? (want.experts.value_or(0) - inflight_bytes - lookahead_bytes) : p.budget - used;
+  p.cache_slots = p.expert_slot_bytes ? left / p.expert_slot_bytes : 0;
+  // Never more slots than routed experts: a larger budget stays unassigned, not allocated.
+  if (in.routed_experts) {
+    const uint64_t room = in.routed_experts > inflight + p.lookahead_slots
+                              ? in.routed_experts - inflight - p.lookahead_slots
+                              : 0;
+    p.cache_slots = std::min(p.cache_slots, room);
+  }
+
+  p.pools = in.resident;
+  std::string ring_name = "trunk ring slots";
+  if (ring.spanning >= 0) ring_name += fmt::format(" (layer {} spans {})", ring.spanning, ring.span);
+  p.pools.push_back({ring_name, uint64_t(ring.slots), ring.read + ring.widen, ring.bytes()});
+  p.pools.push_back(
+      {fmt::format("pinned trunk layers ({} of {})", p.pinned.size(), n), p.pinned.size(), 0, pinned_bytes});
+  p.pools.push_back({"expert in-flight slots", inflight, p.expert_slot_bytes, inflight_bytes});
+  p.pools.push_back({"expert lookahead slots", p.lookahead_slots, p.expert_slot_bytes, lookahead_bytes});
+  p.pools.push_back(
+      {"expert cache slots", p.cache_slots, p.expert_slot_bytes, p.cache_slots * p.expert_slot_bytes});
+  return p;
+}
+
+std::vector<std::string> preset_names() {
+  return {"ultra", "laptop", "desktop", "workstation", "server", "max"};
+}
+
+uint64_t preset_budget(std::string_view name, const PlanInputs& in, int ring_slots) {
+  if (name == "ultra") return plan_floor(in, ring_slots);
+  static const std::pair<const char*, uint64_t> presets[] = {
+      {"laptop", 8}, {"desktop", 32}, {"workstation", 96}, {"server", 128}, {"max", 224}};
+  for (const auto& [n, g] : presets)
+    if (name == n) return g * kGiB;
+  throw io::usage_error(fmt::format(
+      "--preset: unknown preset '{}' (known: ultra, laptop, desktop, workstation, server, max)", name));
+}
+
+uint64_t scratch_bytes(const io::ModelConfig& c, uint64_t context) {
+  // An estimate in f32 of what the forward pass holds besides weights and caches: every
+  // position's residual stream and AttnRes block stack (a prefill keeps the whole prompt), one
+  // 64-token chunk's largest per-layer working set, MLA scores over the context, and the logits.
+  const uint64_t E = uint64_t(c.hidden), T = std::max<uint64_t>(context, 1),
+                 chunk = std::min<uint64_t>(T, 64);
+  const uint64_t H = uint64_t(c.kda_heads), D = uint64_t(c.kda_head_dim), P = H * D;
+  const uint64_t MH = uint64_t(c.mla_heads), nope = uint64_t(c.qk_nope), rope = uint64_t(c.qk_rope),
+                 v = uint64_t(c.v_head);
+  const uint64_t kda = 6 * P + D + H + E;
+  const uint64_t mla = uint64_t(c.q_lora_rank) + MH * (nope + rope) + uint64_t(c.kv_lora_rank) + rope +
+                       MH * (nope + v) + 2 * MH * v + E + MH * T;
+  const uint64_t dense = 2 * uint64_t(c.dense_inter) + E;
+  const uint64_t moe = uint64_t(c.n_experts) + 2 * uint64_t(c.latent) +
+                       uint64_t(c.top_k) * (2 * uint64_t(c.moe_inter) + uint64_t(c.latent)) +
+                       2 * uint64_t(c.n_shared) * uint64_t(c.moe_inter) + E;
+  const uint64_t per_layer = std::max({kda, mla, dense, moe});
+  return 4 * (T * E * (uint64_t(c.max_blocks()) + 2) + chunk * per_layer + uint64_t(c.vocab));
+}
+
+PlanInputs plan_inputs(const io::ModelConfig& c, const io::ShardSet& shards, const io::PackedTrunk* trunk,
+                       uint64_t context, int n_bound) {
+  const int n = n_bound <= 0 || n_bound > c.n_layers ? c.n_layers : n_bound;
+  PlanInputs in;
+  if (trunk) {
+    for (const io::TrunkLayer& L : trunk->layers()) in.layers.push_back({L.nbytes, 0});
+  } else {
+    for (const io::TrunkLayer& L : io::layout_trunk(shards, c.n_layers).layers)
+      in.layers.push_back({L.nbytes, 0});
+  }
+  in.layers.resize(size_t(n));
+  for (int l = 0; l < n; ++l)
+    in.layers[size_t(l)].widen_bytes =
+        4 * stages::locate(stages::layer_tensors(c, l).tensors, shards, c).widen_floats;
+
+  stages::Layout head = stages::locate(stages::model_tensors(c), shards, c);
+  const uint64_t head_bytes =
+      align_up(head.buffer_bytes, kDirectAlign) + align_up(4 * head.widen_floats, kDirectAlign);
+  // KDA state for the KDA layers only (the references allocate it for every layer; MLA layers have
+  // none) and the KV cache: what stages::DecodeState allocates, from the same StateSizes.
+  const stages::StateSizes state = stages::StateSizes::of(c, n, context);
+  const uint64_t scratch = scratch_bytes(c, context);
+  const uint64_t index = shards.index_bytes() + (trunk ? trunk->index_bytes() : 0);
+  // The two readers' rings, at the queue depths the graph opens them with (reader_options.hpp); an
+  // adaptive reader's ring is sized for its deepest window.
+  const io::UringReader::Options trunk_opts = trunk_reader_options();
+  const uint64_t trunk_ring =
+      io::UringReader::ring_bytes(std::max(trunk_opts.queue_depth, trunk_opts.max_depth));
+  const uint64_t expert_ring = io::UringReader::ring_bytes(expert_reader_options(0).queue_depth);
+  in.resident = {
+      {"embedding + lm_head + head vectors", 1, head_bytes, head_bytes},
+      {fmt::format("KDA recurrent + conv state ({} KDA layers)", state.n_kda), uint64_t(state.n_kda),
+       state.kda_layer_bytes(), state.kda_bytes()},
+      {fmt::format("MLA KV cache ({} positions, {} MLA layers)", context, state.n_mla), context,
+       state.kv_position_bytes(), state.kv_bytes()},
+      {"activation scratch (estimate)", 1, scratch, scratch},
+      {trunk ? "tensor index (shards + trunk.json)" : "tensor index (shards)", 1, index, index},
+      {"io_uring rings (trunk + experts)", 2, trunk_ring == expert_ring ? trunk_ring : 0,
+       trunk_ring + expert_ring},
+  };
+  if (c.first_dense < c.n_layers && c.n_experts > 0) {
+    in.expert_bytes = stages::locate_expert(shards, c, c.first_dense, 0).buffer_bytes;
+    in.top_k = c.top_k;
+    for (int l = 0; l < n; ++l)
+      if (!c.is_dense(l)) in.routed_experts += uint64_t(c.n_experts);
+  }
+  return in;
+}
+
+std::string format_plan(const MemoryPlan& p) {
+  std::string s = fmt::format("plan: budget {} ({})\n", human_bytes(p.budget), p.request.source);
+  s += fmt::format("  {:<46} {:>6}   {:>11}   {:>11}\n", "pool", "count", "each", "total");
+  for (const PlanTerm& t : p.pools)
+    s += fmt::format("  {:<46} {:>6} x {:>11} = {:>11}\n", t.name, t.count,
+                     t.each    ? human_bytes(t.each)
+                     : t.count ? "varies"
+                               : "-",
+                     human_bytes(t.bytes));
+  s += fmt::format("  {:<46} {:>6}   {:>11}   {:>11}\n", "unassigned", "", "", human_bytes(p.unassigned()));
+  s += fmt::format("  {:<46} {:>6}   {:>11}   {:>11}  of {} budget; floor {}\n", "TOTAL", "", "",
+                   human_bytes(p.total()), human_bytes(p.budget), human_bytes(p.floor));
+  if (p.holds_model() && p.unassigned() > 0)
+    s += fmt::format(
+        "  the model needs only {} of the budget (every layer pinned, every expert cached): the rest is left "
+        "unallocated\n",
+        human_bytes(p.total()));
+  s += fmt::format("  trunk read per token: {} of {} ({} of {} layers streamed); expert slots {}\n",
+                   human_bytes(p.streamed_bytes), human_bytes(p.trunk_bytes),
+                   p.n_layers - int(p.pinned.size()), p.n_layers,
+                   p.inflight_slots + p.lookahead_slots + p.cache_slots);
+  // The readers' windows: every chunk in flight lands in the slot (or pin region) it is read for, so
+  // a deeper window costs no memory beyond the pools above -- only the io_uring rings, counted above.
+  const io::UringReader::Options t = trunk_reader_options();
+  const unsigned deepest = std::max(t.queue_depth, t.max_depth);
+  s += fmt::format(
+      "  trunk reads: {} chunks, {}{} in flight{}, landing in the ring slots and pinned layers\n",
+      human_bytes(double(t.chunk_bytes)), t.queue_depth,
+      deepest > t.queue_depth ? fmt::format("-{} (adaptive)", deepest) : "",
+      t.gated_depth ? fmt::format(", {} while an expert read the layer waits for is out", t.gated_depth)
+                    : "");
+  if (p.expert_slot_bytes) {
+    const io::UringReader::Options e = expert_reader_options(p.expert_slot_bytes);
+    s += fmt::format("  expert reads: {} x {} chunks in flight, landing in the expert slots\n", e.queue_depth,
+                     human_bytes(double(e.chunk_bytes)));
+  }
+  return s;
+}
+
+std::string plan_json(const MemoryPlan& p) {
+  io::JsonWriter w;
+  w.begin_object()
+      .field("budget", p.budget)
+      .field("source", p.request.source)
+      .field("floor", p.floor)
+      .field("total", p.total())
+      .field("unassigned", p.unassigned())
+      .key("pools")
+      .begin_array();
+  for (const PlanTerm& t : p.pools)
+    w.begin_object()
+        .field("name", t.name)
+        .field("count", t.count)
+        .field("each", t.each)
+        .field("bytes", t.bytes)
+        .end_object();
+  w.end_array()
+      .key("trunk")
+      .begin_object()
+      .field("ring_slots", p.ring_slots)
+      .field("slot_read_bytes", p.slot_read_bytes)
+      .field("slot_widen_bytes", p.slot_widen_bytes)
+      .field("spanning_layer", p.spanning_layer)
+      .field("span_slots", p.span_slots)
+      .field("pinned", p.pinned)
+      .field("trunk_bytes", p.trunk_bytes)
+      .field("streamed_bytes", p.streamed_bytes)
+      .end_object()
+      .key("experts")
+      .begin_object()
+      .field("slot_bytes", p.expert_slot_bytes)
+      .field("inflight", p.inflight_slots)
+      .field("lookahead", p.lookahead_slots)
+      .field("cache", p.cache_slots)
+      .end_object()
+      .end_object();
+  return w.str();
+}
+
+}  // namespace k3::pipeline

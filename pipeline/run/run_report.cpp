@@ -1,0 +1,60 @@
+#include "pipeline/run/run_report.hpp"
+
+#include <fmt/format.h>
+#include <sys/resource.h>
+
+#include "io/json_text.hpp"
+
+namespace k3::pipeline {
+
+// Timings are written with fixed decimals (microseconds per token, 0.1 ms for the run's totals).
+std::string to_json(const RunReport& r) {
+  io::JsonWriter w;
+  w.begin_object()
+      .field("prompt_ids", r.prompt_ids)
+      .field("generated_ids", r.generated_ids)
+      .field("full_ids", r.full_ids)
+      .field("layers", r.layers)
+      .field("threads", r.threads)
+      .field("incremental", r.incremental)
+      .field("interrupted", r.interrupted)
+      .field("peak_rss_bytes", r.peak_rss_bytes)
+      .fixed_field("wall_seconds", r.wall_seconds, 4)
+      .fixed_field("seconds_per_token", r.seconds_per_token, 4)
+      .field("strategy", r.strategy)
+      .field("budget_bytes", r.budget_bytes)
+      .field("trunk_bytes_read", r.trunk_bytes_read)
+      .field("expert_bytes_read", r.expert_bytes_read)
+      .field("expert_requests", r.expert_requests)
+      .field("expert_hits", r.expert_hits)
+      .field("lookahead_predicted", r.lookahead_predicted)
+      .field("lookahead_used", r.lookahead_used)
+      .field("uring_bytes", r.uring_bytes)
+      .field("pread_bytes", r.pread_bytes)
+      .fixed_field("io_busy_seconds", r.io_busy_seconds, 6)
+      .fixed_field("compute_busy_seconds", r.compute_busy_seconds, 6)
+      .fixed_field("overlap_efficiency", r.overlap_efficiency, 4)
+      .key("tokens")
+      .begin_array();
+  for (const RunReport::Token& t : r.tokens)
+    w.begin_object()
+        .field("step", t.step)
+        .field("token", t.token)
+        .fixed_field("wall_seconds", t.wall_seconds, 6)
+        .fixed_field("io_wait_seconds", t.io_wait_seconds, 6)
+        .fixed_field("compute_seconds", t.compute_seconds, 6)
+        .field("trunk_bytes", t.trunk_bytes)
+        .field("expert_bytes", t.expert_bytes)
+        .fixed_field("io_busy_seconds", t.io_busy_seconds, 6)
+        .end_object();
+  w.end_array().end_object();
+  return w.str() + "\n";
+}
+
+uint64_t peak_rss_bytes() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<uint64_t>(u.ru_maxrss) * 1024;
+}
+
+}  // namespace k3::pipeline

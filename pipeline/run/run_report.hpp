@@ -1,0 +1,45 @@
+// The run report `k3flow generate --out FILE` writes (the references' k3_run.json fields,
+// docs/engine.md §5.5): one JSON line with those fields plus peak RSS, threads and the decoding
+// mode, then the streamed-decode fields (docs/design.md §5; `k3flow bench` parses them by these
+// exact names). A resident run reports strategy "resident" and zeros for the streaming counters.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace k3::pipeline {
+
+struct RunReport {
+  std::vector<int32_t> prompt_ids;  // the new prompt only
+  std::vector<int32_t> generated_ids;
+  std::vector<int32_t> full_ids;  // restored history + prompt + generated
+  int layers = 0;
+  int threads = 0;  // 0 = oneTBB default
+  bool incremental = false;
+  bool interrupted = false;  // stopped by Ctrl-C / SIGTERM: covers the tokens before it
+  double seconds_per_token = 0, wall_seconds = 0;
+  uint64_t peak_rss_bytes = 0;
+
+  // Streamed decode (pipeline/graph/graph.hpp).
+  std::string strategy = "resident";
+  uint64_t budget_bytes = 0, trunk_bytes_read = 0, expert_bytes_read = 0, expert_requests = 0,
+           expert_hits = 0, lookahead_predicted = 0, lookahead_used = 0, uring_bytes = 0, pread_bytes = 0;
+  double io_busy_seconds = 0;       // wall time with at least one read in flight
+  double compute_busy_seconds = 0;  // wall time with a compute node running
+  double overlap_efficiency = 0;    // max(io_busy, compute_busy) / decode wall, this run's own measure
+  struct Token {
+    int step = 0;
+    int32_t token = 0;
+    double wall_seconds = 0, io_wait_seconds = 0, compute_seconds = 0;
+    uint64_t trunk_bytes = 0, expert_bytes = 0;
+    double io_busy_seconds = 0;  // of wall_seconds, with a read in flight
+  };
+  std::vector<Token> tokens;
+};
+
+std::string to_json(const RunReport&);
+
+// getrusage(RUSAGE_SELF).ru_maxrss in bytes.
+uint64_t peak_rss_bytes();
+
+}  // namespace k3::pipeline
