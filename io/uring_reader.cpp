@@ -195,7 +195,7 @@ struct UringReader::Impl {
   int wake_fd = -1;
   std::thread thread;
 
-  explicit Impl(Options o) : opt(o) {
+  explicit Impl(const Options& o) : opt(o) {
     opt.chunk_bytes = std::clamp(align_up(std::max<size_t>(opt.chunk_bytes, 1), kDirectAlign), kDirectAlign,
                                  kMaxSyscallBytes);
     opt.queue_depth = std::clamp(opt.queue_depth, 1u, 4096u);
@@ -244,7 +244,7 @@ struct UringReader::Impl {
     }
   }
 
-  void enqueue(std::vector<Job*> jobs) {
+  void enqueue(const std::vector<Job*>& jobs) {
     if (opt.raises_gate && opt.gate)
       for (Job* j : jobs)
         if (j->req.urgent) {
@@ -484,10 +484,10 @@ struct UringReader::Impl {
 };
 
 UringReader::UringReader() : UringReader(Options{}) {}
-UringReader::UringReader(Options options) : impl_(std::make_unique<Impl>(options)) {}
+UringReader::UringReader(const Options& options) : impl_(std::make_unique<Impl>(options)) {}
 UringReader::~UringReader() = default;
 
-void UringReader::submit(const ReadRequest& request, Callback on_done) {
+void UringReader::submit(const ReadRequest& request, const Callback& on_done) {
   submit(std::span<const ReadRequest>(&request, 1), on_done);
 }
 
@@ -508,7 +508,7 @@ void UringReader::submit(std::span<const ReadRequest> requests, const Callback& 
     for (Job* j : jobs) delete j;
     throw;
   }
-  impl_->enqueue(std::move(jobs));
+  impl_->enqueue(jobs);
 }
 
 void UringReader::wait_idle() {

@@ -134,7 +134,7 @@ class UringReader {
   using Callback = std::function<void(const ReadCompletion&)>;
 
   UringReader();
-  explicit UringReader(Options options);
+  explicit UringReader(const Options& options);
   // Safe with requests in flight: chunks already in the kernel are waited for (their destination
   // is written until they complete); every request not fully read then completes with ECANCELED.
   // Callbacks run here, on the reader's thread, before the destructor returns.
@@ -143,7 +143,7 @@ class UringReader {
   UringReader& operator=(const UringReader&) = delete;
 
   // Queues one read; `on_done` runs once on the reader's thread. Throws usage Error if file is null.
-  void submit(const ReadRequest& request, Callback on_done);
+  void submit(const ReadRequest& request, const Callback& on_done);
   // Queues several reads under one wake-up; `on_done` runs once per request (distinguish by tag).
   void submit(std::span<const ReadRequest> requests, const Callback& on_done);
 

@@ -15,14 +15,16 @@ namespace {
 
 constexpr uint32_t kUnset = UINT32_MAX;
 
-constexpr std::array<int8_t, 256> base64_table() {
-  std::array<int8_t, 256> t{};
+// int, not int8_t: the -1 sentinel is tested after widening, and a signed char widened to int is
+// what clang-tidy's bugprone-signed-char-misuse asks us not to rely on.
+constexpr std::array<int, 256> base64_table() {
+  std::array<int, 256> t{};
   for (auto& v : t) v = -1;
   constexpr std::string_view alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-  for (size_t i = 0; i < alphabet.size(); ++i) t[uint8_t(alphabet[i])] = int8_t(i);
+  for (size_t i = 0; i < alphabet.size(); ++i) t[uint8_t(alphabet[i])] = int(i);
   return t;
 }
-constexpr std::array<int8_t, 256> kBase64 = base64_table();
+constexpr std::array<int, 256> kBase64 = base64_table();
 
 // Standard padded base64 (what tiktoken writes). Appends the bytes to `out`; false when `in` is not
 // a whole number of 4-character groups over the alphabet with at most two '=' at its very end.
