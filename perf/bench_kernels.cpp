@@ -269,7 +269,11 @@ const ExpertData& expert_data() {
   return data;
 }
 
-constexpr double kExpertBytes = 3.0 * (kInter * kLatent / 2 + kInter * kLatent / 32);
+// Bytes of one MXFP4 expert: 4 bits a weight (two per byte) + one scale byte per 32 weights; the
+// counts are whole (kInter * kLatent is a multiple of 32).
+constexpr size_t kExpertWeights = kInter * kLatent;
+static_assert(kExpertWeights % 32 == 0);
+constexpr double kExpertBytes = 3.0 * (double(kExpertWeights) / 2 + double(kExpertWeights) / 32);
 constexpr double kExpertFlops = 3.0 * 2.0 * kInter * kLatent;
 
 // One routed expert per iteration, cycling through experts so the weights come from DRAM.

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -122,7 +123,7 @@ int main(int argc, char** argv) {
     }
 
     const std::string text = bench_text(corpus_dir);
-    const int calls = std::max(1, int(mb * 1e6 / double(text.size()) + 0.5));
+    const int calls = std::max(1, int(std::lround(mb * 1e6 / double(text.size()))));
     const double total_mb = double(text.size()) * calls / 1e6;
     if (!write_text.empty()) write_file(write_text, text.data(), text.size());
     std::printf("k3flow text_bytes %zu\nk3flow calls %d\n", text.size(), calls);

@@ -14,8 +14,6 @@ namespace k3::perf {
 
 namespace {
 
-using io::DType;
-
 constexpr int kMxfp4Group = 32;  // docs/model.md §4; = quantization_config.group_size
 
 io::ModelConfig base_dims() {
@@ -289,6 +287,7 @@ void validate_dims(const io::ModelConfig& c) {
 CheckpointPlan plan_dense(const io::ModelConfig& c, int shards) {
   validate_dims(c);
   std::vector<std::vector<SynthTensor>> units;
+  units.reserve(size_t(c.n_layers) + 1);
   for (int l = 0; l < c.n_layers; ++l) units.push_back(layer_tensors(c, l));
   units.push_back(model_level_tensors(c));
   const int U = static_cast<int>(units.size());
