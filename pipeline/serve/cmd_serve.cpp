@@ -63,6 +63,7 @@ int run_serve(ServeArgs a) {
   if (a.dec.config) check_input_file(*a.dec.config, "--config");
   if (a.tokenizer) check_input_dir(*a.tokenizer, "--tokenizer");
   if (!a.dec.stream.trunk_dir.empty()) check_trunk_dir(a.dec.stream.trunk_dir);
+  serve::check_host(a.host);
   if (a.api_key && a.api_key->empty()) throw io::usage_error("--api-key: empty");
   if (a.context > kMaxPositions)
     throw io::usage_error(

@@ -77,6 +77,12 @@ int send(tcp::socket& sock, int status, std::string body, bool keep_alive,
 
 }  // namespace
 
+void check_host(const std::string& host) {
+  beast::error_code ec;
+  net::ip::make_address(host, ec);
+  if (ec) throw io::usage_error(fmt::format("--host {}: not an IP address", host));
+}
+
 Server::Server(ServerOptions o, Scheduler& s, const io::text::Tokenizer& t)
     : impl_(std::make_unique<Impl>(std::move(o), s, t)) {
   beast::error_code ec;

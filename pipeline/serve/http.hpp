@@ -34,6 +34,9 @@ struct ServerOptions {
   size_t channel_bytes = 1 << 20;  // a request's text buffered for a slow client before it is cancelled
 };
 
+// Usage Error (exit 2) unless `host` is an IPv4 or IPv6 address (checked before the model loads).
+void check_host(const std::string& host);
+
 class Server {
  public:
   // Binds and listens. Throws usage Error (exit 2) for a --host that is not an address, runtime

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <exception>
 
+#include "io/env.hpp"
 #include "io/safetensors.hpp"
 #include "io/text/text_stream.hpp"
 #include "io/text/xtml.hpp"
@@ -120,6 +121,8 @@ void Scheduler::run() {
     // What /health reports while the weights load: the bytes this process has read since loading
     // began, beside the checkpoint's size (a resident load reads about that much; a streamed one
     // reads its pinned share and is ready sooner).
+    if (const int ms = io::env::integer_or_zero(io::env::kTestLoadDelayMs); ms > 0)
+      std::this_thread::sleep_for(std::chrono::milliseconds(ms));
     g_.load_bytes_total = checkpoint_bytes(io::ShardSet::open(opt_.dec.model_dir));
     const uint64_t base = process_read_bytes();
     std::atomic<bool> loaded{false};
