@@ -20,10 +20,10 @@
 #include "pipeline/cli/commands.hpp"
 #include "pipeline/run/decoder.hpp"
 #include "pipeline/run/model_tokenizer.hpp"
-#include "pipeline/support/output_file.hpp"
+#include "pipeline/run/streaming_run.hpp"
 #include "pipeline/serve/http.hpp"
 #include "pipeline/serve/scheduler.hpp"
-#include "pipeline/run/streaming_run.hpp"
+#include "pipeline/support/output_file.hpp"
 
 namespace k3::pipeline {
 

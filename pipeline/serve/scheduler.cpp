@@ -11,8 +11,8 @@
 #include "io/text/text_stream.hpp"
 #include "io/text/xtml.hpp"
 #include "pipeline/run/batch_engine.hpp"
-#include "pipeline/support/progress.hpp"
 #include "pipeline/run/streaming_run.hpp"
+#include "pipeline/support/progress.hpp"
 
 namespace k3::pipeline::serve {
 
