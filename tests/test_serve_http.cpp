@@ -372,6 +372,21 @@ TEST_CASE("a full queue answers 429 at once; a client that disconnects frees its
   const std::map<std::string, double> m = metric_values(http(s.port(), "GET", "/metrics").body);
   CHECK(m.at("k3flow_generated_tokens_total") < 3000);  // A was cut short
   CHECK(m.at(R"(k3flow_requests_total{endpoint="/v1/completions",status="429"})") == 1);
+  // A non-streamed request writes nothing until its end: its hang-up is noticed all the same.
+  const int d = connect_loopback(s.port());
+  REQUIRE(send_all(d, request_text("POST", "/v1/completions", completion_body("Hello", 3000, false), {})));
+  const auto active = [&] { return int64_t(Json(http(s.port(), "GET", "/health").body).doc["active"]); };
+  for (int i = 0; i < 1000 && active() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  ::close(d);
+  int64_t left = 1;
+  for (int i = 0; i < 1000 && left != 0; ++i) {
+    left = active();
+    if (left) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  CHECK(left == 0);
+  const std::map<std::string, double> m2 = metric_values(http(s.port(), "GET", "/metrics").body);
+  CHECK(m2.at("k3flow_generated_tokens_total") < m.at("k3flow_generated_tokens_total") + 3000);
   CHECK(s.stop(SIGTERM) == 0);
 }
 

@@ -288,14 +288,17 @@ int Server::Impl::generate(tcp::socket& sock, const http::request<http::string_b
   }
   // Drain the channel; a client that has gone is cancelled, and the channel still runs to its outcome
   // (the scheduler frees the slot at its next step).
+  auto checked = std::chrono::steady_clock::now();
   while (!ch->done()) {
     std::optional<Delta> d = ch->next(50ms);
-    if (!d) {
-      if (!gone && client_gone(sock)) gone = true;
-      if (gone) ch->cancel();
-      continue;
+    // Every 50 ms, deltas or not: a non-streamed request never writes until its end, so only the
+    // socket's state tells that its client has gone.
+    if (const auto t = std::chrono::steady_clock::now(); !gone && t - checked >= 50ms) {
+      checked = t;
+      gone = client_gone(sock);
     }
-    if (gone) continue;
+    if (gone) ch->cancel();
+    if (!d || gone) continue;
     if (!ar.stream) {
       rb.add(*d);
       continue;
