@@ -54,6 +54,8 @@ inline constexpr Var kTestStepDelayMs{"K3FLOW_TEST_STEP_DELAY_MS", Kind::test_ho
                                       "N: sleep N ms before every streamed forward call but the first"};
 inline constexpr Var kTestReadDelayMs{"K3FLOW_TEST_READ_DELAY_MS", Kind::test_hook,
                                       "N: every streamed read lands N ms later (a slow disk)"};
+inline constexpr Var kTestLoadDelayMs{"K3FLOW_TEST_LOAD_DELAY_MS", Kind::test_hook,
+                                      "N: serve waits N ms before it opens the model (a slow load)"};
 inline constexpr Var kTestMemAvailable{"K3FLOW_TEST_MEM_AVAILABLE", Kind::test_hook,
                                        "BYTES: the memory the machine has available (instead of "
                                        "MemAvailable capped by the cgroup limit)"};
@@ -66,7 +68,7 @@ inline constexpr Var kAll[] = {
     kIsa,          kNoUring,        kTrunkQd,         kTrunkChunkKb,    kTrunkMaxQd,
     kTrunkGatedQd, kExpertQd,       kExpertChunkKb,   kNoHuge,          kFailAfterBytes,
     kFailMode,     kSynthFailAfter, kTestStepDelayMs, kTestReadDelayMs, kTestMemAvailable,
-    kBenchChild,   kFuzzTmpdir};
+    kBenchChild,   kFuzzTmpdir,     kTestLoadDelayMs};
 
 // The listed variable named `name`; a name that is not listed is a programming error (logic_error).
 const Var& find(std::string_view name);

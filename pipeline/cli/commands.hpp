@@ -21,5 +21,6 @@ Action add_probe(CLI::App& sub);
 Action add_chat(CLI::App& sub);
 Action add_tokenize(CLI::App& sub);
 Action add_detokenize(CLI::App& sub);
+Action add_serve(CLI::App& sub);  // pipeline/serve/cmd_serve.cpp
 
 }  // namespace k3::pipeline

@@ -58,6 +58,8 @@ int main(int argc, char** argv) {
   add("tokenize", "text -> Kimi token ids (or pre-tokenizer pieces), per line with --file",
       k3::pipeline::add_tokenize);
   add("detokenize", "Kimi token ids -> text (raw bytes)", k3::pipeline::add_detokenize);
+  add("serve", "an OpenAI-compatible HTTP server: continuous batching over the engine",
+      k3::pipeline::add_serve);
 
   try {
     app.parse(argc, argv);

@@ -1,0 +1,50 @@
+#!/bin/sh
+# `k3flow serve` under load, on loopback: the embedded tiny model (resident) and a synthetic
+# checkpoint streamed within a budget. Each run starts the server on a free port, waits for
+# /health, runs perf/serve_load.py (bounded: CLIENTS x REQUESTS streamed completions of TOKENS
+# tokens), then stops the server with SIGTERM. Results: OUT/*.json and one summary line per run.
+#
+#   perf/serve_load.sh [BUILD_DIR] [OUT_DIR]      (defaults: build, out/serve_load)
+#   CLIENTS=4 REQUESTS=8 TOKENS=32 MAX_SEQS=4 perf/serve_load.sh
+set -eu
+BUILD=${1:-build}
+OUT=${2:-out/serve_load}
+CLIENTS=${CLIENTS:-4}
+REQUESTS=${REQUESTS:-8}
+TOKENS=${TOKENS:-32}
+MAX_SEQS=${MAX_SEQS:-4}
+HERE=$(dirname "$0")
+mkdir -p "$OUT"
+K3=$BUILD/k3flow
+
+run() {  # NAME MODEL_DIR [serve flags...]
+  name=$1 model=$2
+  shift 2
+  log="$OUT/$name.server.log"
+  "$K3" serve "$model" --port 0 --max-seqs "$MAX_SEQS" --queue 64 --no-progress "$@" >"$OUT/$name.listen" 2>"$log" &
+  pid=$!
+  port=
+  for _ in $(seq 600); do
+    port=$(sed -n 's/^listening on http:\/\/127.0.0.1:\([0-9]*\)$/\1/p' "$OUT/$name.listen")
+    [ -n "$port" ] && break
+    sleep 0.1
+  done
+  [ -n "$port" ] || { echo "serve did not listen: $(cat "$log")"; kill "$pid"; exit 1; }
+  for _ in $(seq 600); do
+    curl -sf "http://127.0.0.1:$port/health" >/dev/null && break
+    sleep 0.1
+  done
+  echo "== $name: $model $* (max-seqs $MAX_SEQS)"
+  status=0
+  timeout 1800 python3 "$HERE/serve_load.py" --port "$port" --pid "$pid" --clients "$CLIENTS" \
+    --requests "$REQUESTS" --max-tokens "$TOKENS" --json "$OUT/$name.json" || status=$?
+  curl -s "http://127.0.0.1:$port/metrics" >"$OUT/$name.metrics.txt"
+  kill -TERM "$pid"
+  wait "$pid" || { echo "serve exited $?"; status=1; }
+  return $status
+}
+
+run tiny fixtures/tiny-k3
+SYNTH=$OUT/synth-small
+[ -f "$SYNTH/config.json" ] || "$K3" synth "$SYNTH" --size tiny --layers 8 --shards 3 --seed 4 >/dev/null
+run synth-streamed "$SYNTH" --mem-gb 0.02 --context 256

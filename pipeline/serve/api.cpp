@@ -1,0 +1,355 @@
+#include "pipeline/serve/api.hpp"
+
+#include <fmt/format.h>
+#include <simdjson.h>
+
+#include <cmath>
+
+#include "io/error.hpp"
+#include "io/json_text.hpp"
+#include "io/text/xtml.hpp"
+
+namespace k3::pipeline::serve {
+
+namespace dom = simdjson::dom;
+namespace text = io::text;
+
+namespace {
+
+ApiError bad(const std::string& message) {
+  return ApiError(400, "invalid_request_error", message);
+}
+
+std::optional<dom::element> member(dom::object o, std::string_view key) {
+  dom::element e;
+  if (o.at_key(key).get(e) != simdjson::SUCCESS || e.is_null()) return std::nullopt;
+  return e;
+}
+
+std::string as_string(dom::element e, std::string_view key) {
+  std::string_view s;
+  if (e.get(s)) throw bad(fmt::format("'{}' must be a string", key));
+  return std::string(s);
+}
+
+bool as_bool(dom::element e, std::string_view key) {
+  bool b = false;
+  if (e.get(b)) throw bad(fmt::format("'{}' must be true or false", key));
+  return b;
+}
+
+double as_number(dom::element e, std::string_view key) {
+  double d = 0;
+  if (!e.is_number() || e.get(d)) throw bad(fmt::format("'{}' must be a number", key));
+  return d;
+}
+
+int64_t as_integer(dom::element e, std::string_view key) {
+  int64_t i = 0;
+  if (e.get(i)) {
+    uint64_t u = 0;
+    if (e.get(u) == simdjson::SUCCESS) return INT64_MAX;  // above int64: out of any range we accept
+    throw bad(fmt::format("'{}' must be an integer", key));
+  }
+  return i;
+}
+
+std::vector<int32_t> encode(const text::Tokenizer& tok, std::span<const text::Segment> segs) {
+  std::vector<int32_t> ids;
+  for (const text::Segment& s : segs) {
+    const std::vector<int32_t> part = tok.encode(s.text, s.control);
+    ids.insert(ids.end(), part.begin(), part.end());
+  }
+  return ids;
+}
+
+std::vector<int32_t> chat_prompt(dom::object o, const ApiContext& ctx, GenRequest& g) {
+  text::ChatOptions opts;
+  if (auto e = member(o, "thinking")) opts.thinking = as_bool(*e, "thinking");
+  if (auto e = member(o, "reasoning_effort")) {
+    opts.effort = as_string(*e, "reasoning_effort");
+    if (opts.effort != "low" && opts.effort != "high" && opts.effort != "max")
+      throw bad(fmt::format("'reasoning_effort' {}: low, high or max", opts.effort));
+  }
+  g.chat = true;
+  g.thinking = opts.thinking;
+  const auto m = member(o, "messages");
+  if (!m) throw bad("'messages' is required");
+  dom::array arr;
+  if (m->get(arr)) throw bad("'messages' must be an array");
+  std::vector<text::ChatMessage> msgs;
+  size_t i = 0;
+  for (dom::element e : arr) {
+    ++i;
+    dom::object mo;
+    if (e.get(mo)) throw bad(fmt::format("messages[{}] must be an object", i - 1));
+    const auto role = member(mo, "role");
+    if (!role) throw bad(fmt::format("messages[{}].role is required", i - 1));
+    const std::string rs = as_string(*role, "role");
+    const std::optional<text::ChatMessage::Role> r = text::parse_role(rs);
+    if (!r) throw bad(fmt::format("messages[{}].role '{}': system, user or assistant", i - 1, rs));
+    text::ChatMessage msg{*r, "", std::nullopt};
+    if (auto c = member(mo, "content")) {
+      if (c->is_string()) {
+        msg.content = as_string(*c, "content");
+      } else {
+        // [{"type":"text","text":...}, ...]: the text parts joined.
+        dom::array parts;
+        if (c->get(parts)) throw bad(fmt::format("messages[{}].content must be a string or an array", i - 1));
+        for (dom::element p : parts) {
+          dom::object po;
+          std::string_view t;
+          if (p.get(po) || po.at_key("text").get(t))
+            throw bad(fmt::format("messages[{}].content: only text parts are supported", i - 1));
+          msg.content += t;
+        }
+      }
+    }
+    if (auto rc = member(mo, "reasoning_content")) msg.reasoning = as_string(*rc, "reasoning_content");
+    msgs.push_back(std::move(msg));
+  }
+  if (msgs.empty()) throw bad("'messages' is empty");
+  if (const auto problem = text::check_conversation(msgs, true))
+    throw bad(fmt::format("messages[{}]: {}", problem->message - 1, problem->reason));
+  try {
+    return encode(ctx.tok, text::render(msgs, true, opts));
+  } catch (const io::Error& err) {
+    throw bad(err.what());
+  }
+}
+
+std::vector<int32_t> completion_prompt(dom::object o, const ApiContext& ctx) {
+  const auto p = member(o, "prompt");
+  if (!p) throw bad("'prompt' is required");
+  std::string prompt;
+  if (p->is_string()) {
+    prompt = as_string(*p, "prompt");
+  } else {
+    dom::array arr;
+    if (p->get(arr) || arr.size() != 1 || !arr.at(0).is_string())
+      throw bad("'prompt' must be a string (or an array of one string)");
+    prompt = as_string(arr.at(0).value(), "prompt");
+  }
+  if (prompt.empty()) throw bad("'prompt' is empty");
+  return ctx.tok.encode(prompt, true);
+}
+
+}  // namespace
+
+std::string error_body(const ApiError& e) {
+  io::JsonWriter w;
+  w.begin_object().key("error").begin_object();
+  w.field("message", std::string_view(e.what())).field("type", e.type);
+  w.key("param").value(nullptr).key("code").value(nullptr);
+  w.end_object().end_object();
+  return w.str();
+}
+
+const char* finish_reason(Finish f) {
+  return f == Finish::length ? "length" : "stop";
+}
+
+ApiRequest parse_request(Endpoint ep, std::string_view body, const ApiContext& ctx) {
+  dom::parser parser;
+  dom::element doc;
+  if (auto err = parser.parse(body.data(), body.size()).get(doc))
+    throw bad(fmt::format("the body is not valid JSON ({})", simdjson::error_message(err)));
+  dom::object o;
+  if (doc.get(o)) throw bad("the body must be a JSON object");
+  ApiRequest r;
+  r.endpoint = ep;
+  GenRequest& g = r.gen;
+  if (auto e = member(o, "model")) {
+    const std::string m = as_string(*e, "model");
+    if (m != ctx.model)
+      throw ApiError(404, "invalid_request_error",
+                     fmt::format("the model '{}' does not exist; this server serves '{}'", m, ctx.model));
+  }
+  if (auto e = member(o, "n"); e && as_integer(*e, "n") != 1) throw bad("'n': only 1 choice is supported");
+  if (auto e = member(o, "stream")) r.stream = as_bool(*e, "stream");
+  if (auto e = member(o, "stream_options")) {
+    dom::object so;
+    if (e->get(so)) throw bad("'stream_options' must be an object");
+    if (auto u = member(so, "include_usage")) r.include_usage = as_bool(*u, "stream_options.include_usage");
+  }
+  if (auto e = member(o, "return_token_ids")) r.token_ids = as_bool(*e, "return_token_ids");
+  if (auto e = member(o, "ignore_eos")) g.ignore_eos = as_bool(*e, "ignore_eos");
+  // Sampling: OpenAI's ranges, then the sampler's own check.
+  if (auto e = member(o, "temperature")) {
+    g.sampling.temperature = as_number(*e, "temperature");
+    if (!(g.sampling.temperature >= 0 && g.sampling.temperature <= 2))
+      throw bad("'temperature' must be in [0, 2]");
+  }
+  if (auto e = member(o, "top_p")) {
+    g.sampling.top_p = as_number(*e, "top_p");
+    if (!(g.sampling.top_p > 0 && g.sampling.top_p <= 1)) throw bad("'top_p' must be in (0, 1]");
+  }
+  if (auto e = member(o, "min_p")) {
+    g.sampling.min_p = as_number(*e, "min_p");
+    if (!(g.sampling.min_p >= 0 && g.sampling.min_p < 1)) throw bad("'min_p' must be in [0, 1)");
+  }
+  if (auto e = member(o, "top_k")) {
+    const int64_t k = as_integer(*e, "top_k");
+    if (k < 0 || k > (1 << 30)) throw bad("'top_k' must be >= 0");
+    g.sampling.top_k = int(k);
+  }
+  if (auto e = member(o, "seed")) {
+    int64_t s = 0;
+    uint64_t u = 0;
+    if (e->get(s) == simdjson::SUCCESS)
+      g.sampling.seed = uint64_t(s);
+    else if (e->get(u) == simdjson::SUCCESS)
+      g.sampling.seed = u;
+    else
+      throw bad("'seed' must be an integer");
+  }
+  try {
+    stages::validate(g.sampling);
+  } catch (const io::Error& err) {
+    throw bad(err.what());
+  }
+  if (auto e = member(o, "stop")) {
+    if (e->is_string()) {
+      g.stop.push_back(as_string(*e, "stop"));
+    } else {
+      dom::array arr;
+      if (e->get(arr)) throw bad("'stop' must be a string or an array of strings");
+      for (dom::element s : arr) g.stop.push_back(as_string(s, "stop"));
+      if (g.stop.size() > 4) throw bad("'stop': at most 4 strings");
+    }
+    for (const std::string& s : g.stop)
+      if (s.empty()) throw bad("'stop': an empty string");
+  }
+
+  g.prompt = ep == Endpoint::chat ? chat_prompt(o, ctx, g) : completion_prompt(o, ctx);
+  if (g.prompt.size() >= ctx.capacity)
+    throw bad(fmt::format("the prompt has {} tokens; this server's context holds {} (--context)",
+                          g.prompt.size(), ctx.capacity));
+  std::optional<dom::element> mt = member(o, "max_tokens");
+  if (!mt) mt = member(o, "max_completion_tokens");
+  if (mt) {
+    const int64_t n = as_integer(*mt, "max_tokens");
+    if (n < 1) throw bad("'max_tokens' must be at least 1");
+    g.max_tokens = int(std::min<int64_t>(n, int64_t(ctx.capacity)));
+  } else {
+    // OpenAI's defaults: 16 for completions; a chat reply runs to the end of its turn or the context.
+    g.max_tokens = ep == Endpoint::chat ? int(ctx.capacity) : 16;
+  }
+  return r;
+}
+
+ResponseBuilder::ResponseBuilder(const ApiRequest& r, std::string model, std::string id, int64_t created)
+    : req_(r), model_(std::move(model)), id_(std::move(id)), created_(created) {}
+
+std::string ResponseBuilder::chunk(const Delta* d, const char* finish, bool role) const {
+  const bool chat = req_.endpoint == Endpoint::chat;
+  io::JsonWriter w;
+  w.begin_object()
+      .field("id", id_)
+      .field("object", chat ? "chat.completion.chunk" : "text_completion")
+      .field("created", created_)
+      .field("model", model_);
+  w.key("choices").begin_array().begin_object().field("index", 0);
+  if (chat) {
+    w.key("delta").begin_object();
+    if (role) w.field("role", "assistant");
+    if (d && !d->reasoning.empty()) w.field("reasoning_content", d->reasoning);
+    if (d && (!d->text.empty() || (d->reasoning.empty() && !role))) w.field("content", d->text);
+    w.end_object();
+  } else {
+    w.field("text", d ? d->text : std::string());
+  }
+  if (req_.token_ids && d) w.field("token_ids", d->ids);
+  w.key("finish_reason");
+  if (finish)
+    w.value(finish);
+  else
+    w.value(nullptr);
+  w.end_object().end_array();
+  if (req_.include_usage) w.key("usage").value(nullptr);  // OpenAI: null on every chunk but the last
+  w.end_object();
+  return "data: " + w.str() + "\n\n";
+}
+
+std::string ResponseBuilder::event(const Delta& d) {
+  if (d.text.empty() && d.reasoning.empty() && !(req_.token_ids && !d.ids.empty())) return {};
+  const bool role = req_.endpoint == Endpoint::chat && !sent_role_;
+  sent_role_ = true;
+  return chunk(&d, nullptr, role);
+}
+
+void ResponseBuilder::usage(io::JsonWriter& w, const Outcome& o) const {
+  w.key("usage")
+      .begin_object()
+      .field("prompt_tokens", o.prompt_tokens)
+      .field("completion_tokens", o.completion_tokens)
+      .field("total_tokens", o.prompt_tokens + o.completion_tokens)
+      .end_object();
+}
+
+std::string ResponseBuilder::final_events(const Outcome& o) {
+  std::string out;
+  const bool role = req_.endpoint == Endpoint::chat && !sent_role_;
+  const Delta empty;
+  out += chunk(req_.endpoint == Endpoint::chat ? &empty : nullptr, finish_reason(o.finish), role);
+  if (req_.include_usage) {
+    io::JsonWriter w;
+    w.begin_object()
+        .field("id", id_)
+        .field("object", req_.endpoint == Endpoint::chat ? "chat.completion.chunk" : "text_completion")
+        .field("created", created_)
+        .field("model", model_);
+    w.key("choices").begin_array().end_array();
+    usage(w, o);
+    w.end_object();
+    out += "data: " + w.str() + "\n\n";
+  }
+  out += "data: [DONE]\n\n";
+  return out;
+}
+
+void ResponseBuilder::add(const Delta& d) {
+  text_ += d.text;
+  reasoning_ += d.reasoning;
+  ids_.insert(ids_.end(), d.ids.begin(), d.ids.end());
+}
+
+std::string ResponseBuilder::body(const Outcome& o) const {
+  const bool chat = req_.endpoint == Endpoint::chat;
+  io::JsonWriter w;
+  w.begin_object()
+      .field("id", id_)
+      .field("object", chat ? "chat.completion" : "text_completion")
+      .field("created", created_)
+      .field("model", model_);
+  w.key("choices").begin_array().begin_object().field("index", 0);
+  if (chat) {
+    w.key("message").begin_object().field("role", "assistant").field("content", text_);
+    if (req_.gen.thinking) w.field("reasoning_content", reasoning_);
+    w.end_object();
+  } else {
+    w.field("text", text_);
+  }
+  if (req_.token_ids) w.field("token_ids", ids_);
+  w.key("logprobs").value(nullptr);
+  w.field("finish_reason", finish_reason(o.finish));
+  w.end_object().end_array();
+  usage(w, o);
+  w.end_object();
+  return w.str();
+}
+
+std::string models_body(const std::string& model, int64_t created) {
+  io::JsonWriter w;
+  w.begin_object().field("object", "list").key("data").begin_array();
+  w.begin_object()
+      .field("id", model)
+      .field("object", "model")
+      .field("created", created)
+      .field("owned_by", "k3flow")
+      .end_object();
+  w.end_array().end_object();
+  return w.str();
+}
+
+}  // namespace k3::pipeline::serve

@@ -1,0 +1,84 @@
+// The OpenAI-compatible request and response bodies of `k3flow serve`: requests parsed with
+// simdjson into the scheduler's GenRequest (or an ApiError naming the field), responses and
+// Server-Sent-Event chunks written with io::JsonWriter in OpenAI's shapes (id, object, created,
+// model, choices[...], usage). No HTTP here: http.cpp moves these strings.
+//
+// Accepted fields: model (must name the served model when given), prompt (completions: a string, or
+// an array of one string), messages (chat: [{role, content[, reasoning_content]}]), max_tokens (or
+// max_completion_tokens), temperature (0..2; 0 = greedy), top_p, top_k, min_p, seed, stop (a string
+// or up to 4), stream, stream_options.include_usage, reasoning_effort (low|high|max) and thinking
+// (false: no think channel) for chat. Extensions: return_token_ids (each choice and chunk also
+// carries the generated ids), ignore_eos. Other fields are ignored, as OpenAI-compatible servers do;
+// n > 1 is refused.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "io/json_text.hpp"
+#include "io/text/tokenizer.hpp"
+#include "pipeline/serve/channel.hpp"
+#include "pipeline/serve/scheduler.hpp"
+
+namespace k3::pipeline::serve {
+
+// An answer other than 200: the status and OpenAI's error object {"error":{"message","type"}}.
+struct ApiError : std::runtime_error {
+  ApiError(int s, std::string t, const std::string& m)
+      : std::runtime_error(m), status(s), type(std::move(t)) {}
+  int status;
+  std::string type;  // invalid_request_error, authentication_error, not_found_error, ...
+};
+std::string error_body(const ApiError&);
+
+enum class Endpoint { completions, chat };
+
+struct ApiRequest {
+  Endpoint endpoint = Endpoint::completions;
+  GenRequest gen;
+  bool stream = false, include_usage = false, token_ids = false;
+};
+
+struct ApiContext {
+  std::string model;  // the served model's name
+  const io::text::Tokenizer& tok;
+  size_t capacity;  // positions per sequence
+};
+
+// Throws ApiError (400; 404 for another model) naming the offending field.
+ApiRequest parse_request(Endpoint, std::string_view body, const ApiContext&);
+
+// One request's response, built as the scheduler's deltas arrive.
+class ResponseBuilder {
+ public:
+  ResponseBuilder(const ApiRequest&, std::string model, std::string id, int64_t created);
+
+  // Streaming: the SSE event(s) for a delta ("data: {...}\n\n"); empty when the delta has nothing to
+  // show. The first chat event also carries role "assistant".
+  std::string event(const Delta&);
+  // Streaming, at the end: the last chunk (finish_reason), the usage chunk if asked, "data: [DONE]".
+  std::string final_events(const Outcome&);
+  // Not streaming: accumulate, then the whole body.
+  void add(const Delta&);
+  std::string body(const Outcome&) const;
+
+ private:
+  std::string chunk(const Delta* d, const char* finish_reason, bool role) const;
+  void usage(io::JsonWriter&, const Outcome&) const;
+
+  const ApiRequest& req_;
+  std::string model_, id_;
+  int64_t created_;
+  bool sent_role_ = false;
+  std::string text_, reasoning_;
+  std::vector<int32_t> ids_;
+};
+
+std::string models_body(const std::string& model, int64_t created);
+const char* finish_reason(Finish);  // stop / length (cancelled and error never reach a client body)
+
+}  // namespace k3::pipeline::serve

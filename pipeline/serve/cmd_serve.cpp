@@ -1,0 +1,167 @@
+// `k3flow serve MODEL_DIR`: an OpenAI-compatible HTTP server (docs/serve.md). It listens first --
+// stdout says `listening on http://HOST:PORT` -- and opens the model on the scheduler thread, so
+// GET /health answers 503 with the load's progress until the weights are in. Diagnostics (the
+// load, the plan) go to stderr; stdout carries only the listening line. SIGINT / SIGTERM stop
+// accepting, let in-flight requests finish within --drain-seconds (then cancel them) and exit 0.
+#include <fmt/format.h>
+#include <signal.h>
+#include <tbb/global_control.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "io/error.hpp"
+#include "pipeline/cli/commands.hpp"
+#include "pipeline/run/decoder.hpp"
+#include "pipeline/run/model_tokenizer.hpp"
+#include "pipeline/run/streaming_run.hpp"
+#include "pipeline/serve/http.hpp"
+#include "pipeline/serve/scheduler.hpp"
+#include "pipeline/support/output_file.hpp"
+
+namespace k3::pipeline {
+
+namespace {
+
+struct ServeArgs {
+  DecoderOptions dec;
+  std::optional<std::string> tokenizer, model_name, api_key;
+  std::string host = "127.0.0.1";
+  int max_seqs = 4, queue = 16, threads = 0, port = 8080, max_connections = 64;
+  size_t context = 4096, max_body_kb = 1024;
+  double drain_seconds = 10;
+};
+
+// The signals that stop the server, blocked in every thread (the scheduler's and the connections'
+// inherit the mask) so no blocking read is interrupted; the accept loop polls for them.
+struct StopSignals {
+  sigset_t set;
+  sigset_t old;
+  StopSignals() {
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &set, &old);
+  }
+  ~StopSignals() { pthread_sigmask(SIG_SETMASK, &old, nullptr); }
+  int pending() const {
+    timespec zero{0, 0};
+    const int sig = sigtimedwait(&set, nullptr, &zero);
+    return sig > 0 ? sig : 0;
+  }
+};
+
+int run_serve(ServeArgs a) {
+  check_stream_flags(a.dec.stream);
+  check_model_dir(a.dec.model_dir, a.dec.config.has_value());
+  if (a.dec.config) check_input_file(*a.dec.config, "--config");
+  if (a.tokenizer) check_input_dir(*a.tokenizer, "--tokenizer");
+  if (!a.dec.stream.trunk_dir.empty()) check_trunk_dir(a.dec.stream.trunk_dir);
+  serve::check_host(a.host);
+  if (a.api_key && a.api_key->empty()) throw io::usage_error("--api-key: empty");
+  if (a.context > kMaxPositions)
+    throw io::usage_error(
+        fmt::format("--context {}: more than the {} positions this build allows", a.context, kMaxPositions));
+
+  // stdout carries only the listening line (a script or test reads it); the load's prints go to
+  // stderr.
+  std::fflush(stdout);
+  FILE* announce = stdout;
+  if (const int fd = dup(STDOUT_FILENO); fd >= 0 && dup2(STDERR_FILENO, STDOUT_FILENO) >= 0)
+    if (FILE* f = fdopen(fd, "w")) announce = f;
+
+  std::optional<tbb::global_control> threads;
+  if (a.threads > 0)
+    threads.emplace(tbb::global_control::max_allowed_parallelism, static_cast<size_t>(a.threads));
+
+  io::ModelConfig cfg = load_model_config(a.dec.model_dir, a.dec.config);
+  std::printf("%s\n", cfg.summary().c_str());
+  const std::optional<io::text::Tokenizer> tok = model_tokenizer(a.dec.model_dir, a.tokenizer, cfg, "serve");
+  a.dec.capacity = a.context;
+
+  StopSignals signals;
+  serve::Scheduler sched(serve::SchedulerOptions{.dec = a.dec, .max_seqs = a.max_seqs, .queue = a.queue}, cfg,
+                         *tok);
+  std::string name =
+      a.model_name.value_or(std::filesystem::path(a.dec.model_dir).lexically_normal().filename());
+  if (name.empty()) name = std::filesystem::path(a.dec.model_dir).lexically_normal().parent_path().filename();
+  serve::Server server(serve::ServerOptions{.host = a.host,
+                                            .port = uint16_t(a.port),
+                                            .api_key = a.api_key,
+                                            .max_body_bytes = a.max_body_kb * 1024,
+                                            .model = name,
+                                            .max_connections = a.max_connections,
+                                            .channel_bytes = 1 << 20},
+                       sched, *tok);
+  const std::string url = a.host.find(':') != std::string::npos
+                              ? fmt::format("http://[{}]:{}", a.host, server.port())
+                              : fmt::format("http://{}:{}", a.host, server.port());
+  std::fprintf(announce, "listening on %s\n", url.c_str());
+  std::fflush(announce);
+  std::fprintf(stderr, "k3flow serve: model '%s' at %s, %d sequences of %zu positions, queue %d; loading\n",
+               name.c_str(), url.c_str(), a.max_seqs, a.context, a.queue);
+
+  int sig = 0;
+  bool announced_ready = false;
+  server.run(
+      [&] {
+        if (!announced_ready && sched.phase() == serve::Phase::ready) {
+          announced_ready = true;
+          std::fprintf(stderr, "k3flow serve: ready\n");
+        }
+        if (sched.phase() == serve::Phase::failed) return true;
+        sig = signals.pending();
+        return sig != 0;
+      },
+      std::chrono::milliseconds(int64_t(a.drain_seconds * 1000)));
+  if (sched.phase() == serve::Phase::failed && sched.failure()) throw *sched.failure();
+  std::fprintf(stderr, "k3flow serve: stopped by %s\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+  return 0;
+}
+
+}  // namespace
+
+Action add_serve(CLI::App& sub) {
+  auto a = std::make_shared<ServeArgs>();
+  sub.add_option("MODEL_DIR", a->dec.model_dir, "checkpoint directory (config.json + *.safetensors)")
+      ->required();
+  sub.add_option("--host", a->host, "address to listen on (loopback by default)")->capture_default_str();
+  sub.add_option("--port", a->port, "TCP port (0: any free port; the listening line names it)")
+      ->check(CLI::Range(0, 65535))
+      ->capture_default_str();
+  sub.add_option("--max-seqs", a->max_seqs, "sequences decoded together (state slots)")
+      ->check(CLI::Range(1, 256))
+      ->capture_default_str();
+  sub.add_option("--queue", a->queue, "requests that may wait for a slot; more get 429")
+      ->check(CLI::Range(0, 65536))
+      ->capture_default_str();
+  sub.add_option("--api-key", a->api_key, "require Authorization: Bearer KEY (all routes but /health)");
+  sub.add_option("--context", a->context, "positions per sequence (prompt + reply)")
+      ->check(CLI::Range(size_t(2), kMaxPositions))
+      ->capture_default_str();
+  sub.add_option("--max-body-kb", a->max_body_kb, "largest request body, KiB (413 beyond)")
+      ->check(CLI::Range(size_t(1), size_t(1) << 20))
+      ->capture_default_str();
+  sub.add_option("--max-connections", a->max_connections, "open connections served at once (503 beyond)")
+      ->check(CLI::Range(1, 100000))
+      ->capture_default_str();
+  sub.add_option("--drain-seconds", a->drain_seconds,
+                 "on SIGINT / SIGTERM: how long in-flight requests may run before they are cancelled")
+      ->check(CLI::Range(0.0, 3600.0))
+      ->capture_default_str();
+  sub.add_option("--model-name", a->model_name, "the model id clients name (default: MODEL_DIR's name)");
+  sub.add_option("--tokenizer", a->tokenizer,
+                 "tokenizer directory (tiktoken.model + tokenizer_config.json; default MODEL_DIR)");
+  sub.add_option("--config", a->dec.config, "config.json to use (default MODEL_DIR/config.json)");
+  sub.add_option("--threads", a->threads, "compute threads (0 = oneTBB default)")->check(CLI::Range(0, 4096));
+  add_stream_flags(sub, a->dec.stream);
+  return [a] { return run_serve(*a); };
+}
+
+}  // namespace k3::pipeline

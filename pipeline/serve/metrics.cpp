@@ -1,0 +1,72 @@
+#include "pipeline/serve/metrics.hpp"
+
+#include <fmt/format.h>
+
+#include "pipeline/run/streaming_run.hpp"
+
+namespace k3::pipeline::serve {
+
+void Metrics::count(std::string_view endpoint, int status) {
+  std::lock_guard lock(m_);
+  ++requests_[{std::string(endpoint), status}];
+}
+
+namespace {
+
+void family(std::string& out, const char* name, const char* type, const char* help) {
+  out += fmt::format("# HELP {} {}\n# TYPE {} {}\n", name, help, name, type);
+}
+
+template <class T>
+void sample(std::string& out, const char* name, T value) {
+  out += fmt::format("{} {}\n", name, value);
+}
+
+}  // namespace
+
+std::string Metrics::render(const Scheduler& s) const {
+  const Gauges& g = s.gauges();
+  std::string out;
+  family(out, "k3flow_requests_total", "counter", "HTTP requests answered, by endpoint and status.");
+  {
+    std::lock_guard lock(m_);
+    for (const auto& [key, n] : requests_)
+      out += fmt::format("k3flow_requests_total{{endpoint=\"{}\",status=\"{}\"}} {}\n", key.first, key.second,
+                         n);
+  }
+  family(out, "k3flow_ready", "gauge", "1 once the model is loaded and requests are served.");
+  sample(out, "k3flow_ready", s.phase() == Phase::ready ? 1 : 0);
+  family(out, "k3flow_prompt_tokens_total", "counter", "Prompt tokens of the sequences admitted.");
+  sample(out, "k3flow_prompt_tokens_total", g.prompt_tokens.load());
+  family(out, "k3flow_generated_tokens_total", "counter", "Tokens sampled, over every sequence.");
+  sample(out, "k3flow_generated_tokens_total", g.completion_tokens.load());
+  family(out, "k3flow_sequences_finished_total", "counter", "Sequences that left the engine.");
+  sample(out, "k3flow_sequences_finished_total", g.requests_done.load());
+  family(out, "k3flow_decode_steps_total", "counter", "BatchEngine steps (every active sequence fed once).");
+  sample(out, "k3flow_decode_steps_total", g.decode_steps.load());
+  const double step_s = double(g.step_micros.load()) * 1e-6;
+  family(out, "k3flow_decode_step_seconds_total", "counter", "Seconds spent in BatchEngine steps.");
+  sample(out, "k3flow_decode_step_seconds_total", fmt::format("{:.6f}", step_s));
+  family(out, "k3flow_seconds_per_token", "gauge",
+         "Step seconds per generated token, over the run (0 before the first token).");
+  const uint64_t toks = g.completion_tokens.load();
+  sample(out, "k3flow_seconds_per_token", fmt::format("{:.6f}", toks ? step_s / double(toks) : 0.0));
+  family(out, "k3flow_queue_depth", "gauge", "Requests waiting for a sequence slot.");
+  sample(out, "k3flow_queue_depth", g.queued.load());
+  family(out, "k3flow_active_sequences", "gauge", "Sequences in the engine.");
+  sample(out, "k3flow_active_sequences", g.active.load());
+  family(out, "k3flow_max_sequences", "gauge", "Sequence slots (--max-seqs).");
+  sample(out, "k3flow_max_sequences", s.max_seqs());
+  if (s.streamed()) {
+    family(out, "k3flow_stream_bytes_read_total", "counter",
+           "Trunk and expert bytes the streamed graph has read (the StreamRun's total).");
+    sample(out, "k3flow_stream_bytes_read_total", g.stream_bytes.load());
+  }
+  family(out, "k3flow_load_bytes_read", "gauge", "Bytes read while the model loaded.");
+  sample(out, "k3flow_load_bytes_read", g.load_bytes_read.load());
+  family(out, "k3flow_resident_memory_bytes", "gauge", "Resident set size of the server (VmRSS).");
+  sample(out, "k3flow_resident_memory_bytes", current_rss_bytes());
+  return out;
+}
+
+}  // namespace k3::pipeline::serve

@@ -1,0 +1,331 @@
+#include "pipeline/serve/scheduler.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <exception>
+
+#include "io/env.hpp"
+#include "io/safetensors.hpp"
+#include "io/text/text_stream.hpp"
+#include "io/text/xtml.hpp"
+#include "pipeline/run/batch_engine.hpp"
+#include "pipeline/run/streaming_run.hpp"
+#include "pipeline/support/progress.hpp"
+
+namespace k3::pipeline::serve {
+
+namespace text = io::text;
+
+const char* finish_name(Finish f) {
+  switch (f) {
+    case Finish::stop:
+      return "stop";
+    case Finish::length:
+      return "length";
+    case Finish::cancelled:
+      return "cancelled";
+    case Finish::error:
+      return "error";
+  }
+  return "?";
+}
+
+const char* phase_name(Phase p) {
+  switch (p) {
+    case Phase::loading:
+      return "loading";
+    case Phase::ready:
+      return "ready";
+    case Phase::failed:
+      return "failed";
+    case Phase::stopped:
+      return "stopped";
+  }
+  return "?";
+}
+
+struct Scheduler::Active {
+  Active(GenRequest r, std::shared_ptr<Channel> c, const text::Tokenizer& tok, std::vector<int32_t> end_ids,
+         int vocab)
+      : req(std::move(r)),
+        ch(std::move(c)),
+        sampler(req.sampling),
+        stream(tok, req.ignore_eos ? std::vector<int32_t>{} : std::move(end_ids), req.stop),
+        logits(size_t(vocab)) {
+    context = req.prompt;
+    pending = req.prompt;
+    if (req.chat) parser.emplace(req.thinking);
+  }
+  int slot = -1;
+  GenRequest req;
+  std::shared_ptr<Channel> ch;
+  stages::Sampler sampler;
+  text::TextStream stream;
+  std::optional<text::ReplyParser> parser;
+  std::vector<float> logits;
+  std::vector<int32_t> context;  // prompt + generated: the sampler's repeat-penalty window
+  std::vector<int32_t> pending;  // what the next step feeds
+  int generated = 0;
+  bool done = false;
+};
+
+Scheduler::Scheduler(SchedulerOptions o, io::ModelConfig cfg, const io::text::Tokenizer& tok)
+    : opt_(std::move(o)), cfg_(std::move(cfg)), tok_(tok), capacity_(run_capacity(opt_.dec)) {
+  end_ids_ = text::end_of_turn_ids(tok_);
+  thread_ = std::thread([this] { run(); });
+}
+
+Scheduler::~Scheduler() {
+  stop(std::chrono::milliseconds(0));
+}
+
+std::optional<io::Error> Scheduler::failure() const {
+  std::lock_guard lock(m_);
+  return failure_;
+}
+
+bool Scheduler::wait_until_settled(std::chrono::milliseconds bound) {
+  std::unique_lock lock(m_);
+  return cv_.wait_for(lock, bound, [&] { return phase_ != Phase::loading; });
+}
+
+Scheduler::Submit Scheduler::submit(GenRequest r, std::shared_ptr<Channel> ch) {
+  std::lock_guard lock(m_);
+  if (stopping_) return Submit::stopping;
+  if (phase_ != Phase::ready) return Submit::not_ready;
+  if (queue_.size() >= size_t(std::max(opt_.queue, 0))) return Submit::queue_full;
+  queue_.emplace_back(std::move(r), std::move(ch));
+  g_.queued = int(queue_.size());
+  cv_.notify_all();
+  return Submit::queued;
+}
+
+void Scheduler::stop(std::chrono::milliseconds bound) {
+  {
+    std::lock_guard lock(m_);
+    if (!stopping_) {
+      stopping_ = true;
+      deadline_ = std::chrono::steady_clock::now() + bound;
+    } else {
+      deadline_ = std::min(deadline_, std::chrono::steady_clock::now() + bound);
+    }
+    cv_.notify_all();
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+void Scheduler::run() {
+  try {
+    // What /health reports while the weights load: the bytes this process has read since loading
+    // began, beside the checkpoint's size (a resident load reads about that much; a streamed one
+    // reads its pinned share and is ready sooner).
+    if (const int ms = io::env::integer_or_zero(io::env::kTestLoadDelayMs); ms > 0)
+      std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+    g_.load_bytes_total = checkpoint_bytes(io::ShardSet::open(opt_.dec.model_dir));
+    const uint64_t base = process_read_bytes();
+    std::atomic<bool> loaded{false};
+    std::thread watch([&] {
+      while (!loaded) {
+        g_.load_bytes_read = process_read_bytes() - base;
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+    });
+    try {
+      engine_ = std::make_unique<BatchEngine>(opt_.dec, cfg_, opt_.max_seqs);
+    } catch (...) {
+      loaded = true;
+      watch.join();
+      throw;
+    }
+    loaded = true;
+    watch.join();
+    g_.load_bytes_read = process_read_bytes() - base;
+    capacity_ = engine_->capacity();
+    streamed_ = engine_->stream() != nullptr;
+    busy_.assign(size_t(engine_->max_seqs()), false);
+    {
+      std::lock_guard lock(m_);
+      phase_ = Phase::ready;
+      cv_.notify_all();
+    }
+  } catch (const io::Error& e) {
+    std::lock_guard lock(m_);
+    failure_ = e;
+    phase_ = Phase::failed;
+    cv_.notify_all();
+    return;
+  } catch (const std::exception& e) {
+    std::lock_guard lock(m_);
+    failure_ = io::runtime_error(e.what());
+    phase_ = Phase::failed;
+    cv_.notify_all();
+    return;
+  }
+  loop();
+  engine_.reset();
+  std::lock_guard lock(m_);
+  phase_ = Phase::stopped;
+  cv_.notify_all();
+}
+
+void Scheduler::loop() {
+  for (;;) {
+    {
+      std::unique_lock lock(m_);
+      const auto can_admit = [&] {
+        return !queue_.empty() && std::find(busy_.begin(), busy_.end(), false) != busy_.end();
+      };
+      cv_.wait(lock, [&] { return stopping_ || !active_.empty() || can_admit(); });
+      if (stopping_ && std::chrono::steady_clock::now() >= deadline_) {
+        // The bound passed: whatever is left is cancelled, queued requests included.
+        for (auto& [r, ch] : queue_)
+          ch->finish(Outcome{.finish = Finish::cancelled,
+                             .error = "the server is shutting down",
+                             .prompt_tokens = int(r.prompt.size()),
+                             .completion_tokens = 0});
+        queue_.clear();
+        g_.queued = 0;
+        lock.unlock();
+        for (auto& a : active_) finish(*a, Finish::cancelled, "the server is shutting down");
+        active_.clear();
+        g_.active = 0;
+        return;
+      }
+      if (stopping_ && queue_.empty() && active_.empty()) return;
+    }
+    // Stopping with requests left: they run on until the deadline (checked above each step).
+    admit();
+    if (!active_.empty()) decode_step();
+  }
+}
+
+void Scheduler::admit() {
+  std::unique_lock lock(m_);
+  while (!queue_.empty()) {
+    const auto free = std::find(busy_.begin(), busy_.end(), false);
+    if (free == busy_.end()) break;
+    auto [req, ch] = std::move(queue_.front());
+    queue_.pop_front();
+    g_.queued = int(queue_.size());
+    if (ch->cancelled()) {
+      ch->finish(Outcome{.finish = Finish::cancelled,
+                         .error = {},
+                         .prompt_tokens = int(req.prompt.size()),
+                         .completion_tokens = 0});
+      continue;
+    }
+    if (req.prompt.empty() || req.prompt.size() > capacity_) {
+      ch->finish(Outcome{.finish = Finish::error,
+                         .error = fmt::format("the prompt has {} tokens; a sequence holds 1 to {}",
+                                              req.prompt.size(), capacity_),
+                         .prompt_tokens = int(req.prompt.size()),
+                         .completion_tokens = 0});
+      continue;
+    }
+    auto a = std::make_unique<Active>(std::move(req), std::move(ch), tok_, end_ids_, cfg_.vocab);
+    a->slot = int(free - busy_.begin());
+    *free = true;
+    engine_->reset(a->slot);
+    g_.prompt_tokens += a->req.prompt.size();
+    active_.push_back(std::move(a));
+  }
+  g_.active = int(active_.size());
+}
+
+void Scheduler::finish(Active& a, Finish f, std::string error) {
+  if (a.done) return;
+  a.done = true;
+  // What the decoders still hold (a cut UTF-8 character, a tail that might have become a stop
+  // string or a marker) is released when the generation ends without a stop.
+  Delta last;
+  if (f != Finish::error) {
+    std::string tail = a.stream.finish();
+    if (a.parser) {
+      text::ReplyText t = a.parser->feed(tail);
+      const text::ReplyText t2 = a.parser->finish();
+      last.text = t.reply + t2.reply;
+      last.reasoning = t.reasoning + t2.reasoning;
+    } else {
+      last.text = std::move(tail);
+    }
+  }
+  if (!last.text.empty() || !last.reasoning.empty()) a.ch->push(std::move(last));
+  busy_[size_t(a.slot)] = false;
+  g_.requests_done += 1;  // before the outcome: a client that sees it also sees the count
+  a.ch->finish(Outcome{.finish = f,
+                       .error = std::move(error),
+                       .prompt_tokens = int(a.req.prompt.size()),
+                       .completion_tokens = a.generated});
+}
+
+void Scheduler::decode_step() {
+  // Sequences whose client went away leave before the step: their slot is free for the next one.
+  for (auto& a : active_)
+    if (a->ch->cancelled()) finish(*a, Finish::cancelled);
+  std::erase_if(active_, [](const auto& a) { return a->done; });
+  g_.active = int(active_.size());
+  if (active_.empty()) return;
+
+  std::vector<BatchEngine::Row> rows;
+  rows.reserve(active_.size());
+  for (auto& a : active_)
+    rows.push_back(BatchEngine::Row{.seq = a->slot, .ids = a->pending, .logits = a->logits});
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    engine_->step(rows);
+  } catch (const std::exception& e) {
+    // A step that failed leaves its sequences unusable: each is ended with the error, and its slot
+    // is reset when the next sequence takes it. The server keeps serving.
+    std::fprintf(stderr, "k3flow serve: a decode step failed: %s\n", e.what());
+    for (auto& a : active_) finish(*a, Finish::error, e.what());
+    active_.clear();
+    g_.active = 0;
+    return;
+  }
+  g_.step_micros += uint64_t(
+      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count());
+  g_.decode_steps += 1;
+  if (engine_->stream()) g_.stream_bytes = engine_->stream()->bytes_read();
+
+  for (auto& ap : active_) {
+    Active& a = *ap;
+    int32_t id = 0;
+    try {
+      id = a.sampler.next(a.logits, a.context);
+    } catch (const std::exception& e) {
+      finish(a, Finish::error, e.what());
+      continue;
+    }
+    a.context.push_back(id);
+    a.pending.assign(1, id);
+    ++a.generated;
+    g_.completion_tokens += 1;
+    const text::TextStream::Out out = a.stream.push(id);
+    Delta d;
+    d.ids.push_back(id);
+    bool stop = out.stop;
+    if (a.parser) {
+      const text::ReplyText t = a.parser->feed(out.text);
+      d.text = t.reply;
+      d.reasoning = t.reasoning;
+      const auto st = a.parser->state();
+      if (st == text::ReplyParser::State::done || st == text::ReplyParser::State::malformed) stop = true;
+    } else {
+      d.text = out.text;
+    }
+    if (!a.ch->push(std::move(d))) {
+      finish(a, Finish::cancelled, "the client fell too far behind");
+      continue;
+    }
+    if (stop)
+      finish(a, Finish::stop);
+    else if (a.generated >= a.req.max_tokens || engine_->cached(a.slot) + 1 > capacity_)
+      finish(a, Finish::length);
+  }
+  std::erase_if(active_, [](const auto& a) { return a->done; });
+  g_.active = int(active_.size());
+}
+
+}  // namespace k3::pipeline::serve

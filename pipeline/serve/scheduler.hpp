@@ -1,0 +1,126 @@
+// `k3flow serve`'s scheduler: one thread owns the BatchEngine and runs continuous batching. At each
+// step boundary it admits queued requests into free sequence slots (up to --max-seqs; a slot is
+// reset before a new sequence uses it), feeds every active sequence in one BatchEngine::step (a
+// joining prompt whole, the others the id they sampled last), samples each row with that request's
+// own stages::Sampler, decodes the text incrementally (io/text/text_stream.hpp; chat replies through
+// io/text/xtml.hpp's ReplyParser) and hands the deltas to the request's Channel. A sequence leaves
+// as soon as it is done (an end id or stop string, max_tokens, a full context, or its client gone);
+// the others never wait for it.
+//
+// Exactness: a request's ids are those `k3flow generate` produces for the same prompt and sampling
+// options, whatever else shares its steps: BatchEngine gives each row the solo run's logits bytes,
+// and the sampler sees the same logits and the same context (prompt + generated).
+//
+// The engine is opened on the scheduler thread, so the server can listen (and answer /health) while
+// the weights load. Nothing here knows HTTP: tests drive it directly.
+#pragma once
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "io/config.hpp"
+#include "io/error.hpp"
+#include "io/text/tokenizer.hpp"
+#include "pipeline/run/decoder.hpp"
+#include "pipeline/serve/channel.hpp"
+#include "stages/sampler.hpp"
+
+namespace k3::pipeline {
+class BatchEngine;
+}
+
+namespace k3::pipeline::serve {
+
+struct GenRequest {
+  std::vector<int32_t> prompt;  // ids, at least one
+  stages::SamplerOptions sampling;
+  int max_tokens = 16;
+  std::vector<std::string> stop;  // stop strings (on the generated text)
+  bool ignore_eos = false;
+  // Chat: the generated text is an assistant message in K3's XTML format, parsed by ReplyParser;
+  // deltas carry the reply channel as text and the think channel as reasoning.
+  bool chat = false;
+  bool thinking = true;
+};
+
+struct SchedulerOptions {
+  DecoderOptions dec;  // the model, budget flags, and dec.capacity: the positions per sequence
+  int max_seqs = 4;
+  int queue = 16;  // requests waiting for a slot; more are refused (HTTP 429)
+};
+
+enum class Phase { loading, ready, failed, stopped };
+const char* phase_name(Phase);
+
+// What /health and /metrics read; every field is written by the scheduler thread only.
+struct Gauges {
+  std::atomic<uint64_t> requests_done{0}, prompt_tokens{0}, completion_tokens{0}, decode_steps{0},
+      step_micros{0}, stream_bytes{0};
+  std::atomic<int> queued{0}, active{0};
+  std::atomic<uint64_t> load_bytes_read{0}, load_bytes_total{0};  // while loading
+};
+
+class Scheduler {
+ public:
+  // Starts the scheduler thread, which opens the engine (phase loading, then ready or failed).
+  Scheduler(SchedulerOptions, io::ModelConfig, const io::text::Tokenizer&);
+  ~Scheduler();  // stop(0) and join
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  enum class Submit { queued, queue_full, not_ready, stopping };
+  // Never blocks on the engine. `ch` receives the deltas and the outcome when queued.
+  Submit submit(GenRequest, std::shared_ptr<Channel> ch);
+
+  Phase phase() const { return phase_; }
+  // Phase failed: the error that ended loading (kind and message as the engine threw it).
+  std::optional<io::Error> failure() const;
+  bool wait_until_settled(std::chrono::milliseconds bound);  // ready / failed / stopped within bound
+  size_t capacity() const { return capacity_; }              // positions per sequence
+  int max_seqs() const { return opt_.max_seqs; }
+  const Gauges& gauges() const { return g_; }
+  bool streamed() const { return streamed_; }
+
+  // Stops admitting (submit says stopping); queued and active requests run on until `bound`
+  // passes, then are cancelled. Returns once the scheduler thread is idle and gone.
+  void stop(std::chrono::milliseconds bound);
+
+ private:
+  struct Active;
+  void run();
+  void loop();
+  void admit();
+  void decode_step();
+  void finish(Active&, Finish, std::string error = {});
+
+  SchedulerOptions opt_;
+  io::ModelConfig cfg_;
+  const io::text::Tokenizer& tok_;
+  std::vector<int32_t> end_ids_;
+  size_t capacity_;
+
+  mutable std::mutex m_;
+  std::condition_variable cv_;
+  std::deque<std::pair<GenRequest, std::shared_ptr<Channel>>> queue_;
+  bool stopping_ = false;
+  std::chrono::steady_clock::time_point deadline_;
+  std::optional<io::Error> failure_;
+
+  std::atomic<Phase> phase_{Phase::loading};
+  std::atomic<bool> streamed_{false};
+  Gauges g_;
+  std::unique_ptr<BatchEngine> engine_;          // scheduler thread only
+  std::vector<std::unique_ptr<Active>> active_;  // scheduler thread only
+  std::vector<bool> busy_;
+  std::thread thread_;
+};
+
+}  // namespace k3::pipeline::serve
