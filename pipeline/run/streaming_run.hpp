@@ -95,8 +95,12 @@ class StreamRun {
   ~StreamRun();
 
   void forward(stages::DecodeState&, std::span<const int32_t> ids, std::span<float> logits);
+  // One step over several sequences: StreamingModel::forward_batch.
+  void forward_batch(std::span<const stages::Segment>, std::span<const int32_t> ids, std::span<float> logits);
   void record_step(int step, int32_t token);  // after forward(): the per-token row of the report
   std::string step_note() const;              // extra STEP-table text for the last step
+  const StepStats& last_step() const;         // the last forward call's reads and times
+  StreamTotals totals() const;                // the run's reads so far
   uint64_t bytes_read() const;                // trunk + expert bytes read so far in this run
 
   // After a successful run: ends the streamed model (forward() may not be called again), writes
