@@ -27,8 +27,11 @@ BatchEngine::BatchEngine(const DecoderOptions& o, io::ModelConfig cfg, int max_s
       shards_(open_model_shards(o.model_dir)) {
   const int n = checked_max_seqs(max_seqs);
   max_rows_ = std::max(capacity_, size_t(n));
-  // A server runs until it is stopped: the graph may always read ahead into the next step.
-  stream_ = StreamRun::open(o.stream, cfg_, shards_, n_layers_, capacity_, 1 << 30);
+  // A server runs until it is stopped: the graph may always read ahead into the next step. The plan
+  // holds every slot's state and a pass of max_step_rows() ids.
+  StreamFlags flags = o.stream;
+  flags.max_seqs = n;
+  stream_ = StreamRun::open(flags, cfg_, shards_, n_layers_, capacity_, 1 << 30);
   if (!stream_) model_ = load_resident(shards_, cfg_, n_layers_, progress_mode(o.stream));
   states_.reserve(size_t(n));
   for (int i = 0; i < n; ++i)

@@ -158,7 +158,7 @@ RunPlan plan_run(const StreamFlags& f, const WeightSources& src, uint64_t contex
   const uint64_t allowance = kProcessAllowance + tokenizer;
   const bool measured_more = process_bytes > allowance;
   const uint64_t process = measured_more ? process_bytes : allowance;
-  const PlanInputs bare = src.plan_inputs(context, {});
+  const PlanInputs bare = src.plan_inputs(context, {}, std::max(f.max_seqs, 1));
   PlanInputs in = bare;
   if (measured_more) {
     in.resident.push_back({"process and tokenizer (measured)", 1, process, process});

@@ -57,12 +57,14 @@ struct StreamFlags {
   double mem_gb = 0, trunk_gb = 0, cache_gb = 0;  // 0: not given
   uint64_t context = 0;                           // --context (0: the run's own positions)
   int ring = 2;                                   // --ring: trunk ring slots
+  int max_seqs = 1;                               // sequences whose state the plan holds (BatchEngine)
   bool progress = false, no_progress = false;     // --progress / --no-progress
   bool requested() const;
   bool budget_given() const { return !preset.empty() || mem_gb > 0 || trunk_gb > 0; }
 };
 
-// Declares --trunk, --mem-gb, --preset, --trunk-gb, --cache-gb, --strategy: what decides the plan.
+// Declares --trunk, --mem-gb, --preset, --trunk-gb, --cache-gb, --strategy: what decides the plan
+// (--max-seqs, the batched run's sequences, is declared by the commands that have it).
 void add_plan_flags(CLI::App& sub, StreamFlags& flags);
 // add_plan_flags; --context and --ring unless the command declared them already (plan and chat
 // declare --context themselves, with the same meaning: the positions the KV cache, the scratch and
