@@ -200,13 +200,15 @@ int run_batch_bench(const BatchBenchArgs& a, const std::vector<int>& batches, st
           throw io::runtime_error(fmt::format("{}: sequence {} emits [{}], alone or in a smaller batch [{}]",
                                               label, q, fmt::join(s.ids[q], ","), fmt::join(ref[q], ",")));
       }
-      std::fprintf(txt,
-                   "  [%d/%d] B=%-3d %.4f s/step, %.2f tokens/s aggregate, read/step: trunk %s + experts %s, "
-                   "peak RSS %s\n",
-                   r + 1, a.repeat, B, s.s_per_step(), s.s_per_step() > 0 ? B / s.s_per_step() : 0.0,
-                   human_bytes(double(s.trunk) / std::max(s.decode_steps, 1)).c_str(),
-                   human_bytes(double(s.experts) / std::max(s.decode_steps, 1)).c_str(),
-                   human_bytes(double(s.peak_rss)).c_str());
+      std::fprintf(
+          txt,
+          "  [%d/%d] B=%-3d %.4f s/step, %.2f tokens/s aggregate (prefill step, %zu ids: %.4f s), read/step: "
+          "trunk %s + experts %s, peak RSS %s\n",
+          r + 1, a.repeat, B, s.s_per_step(), s.s_per_step() > 0 ? B / s.s_per_step() : 0.0,
+          size_t(B) * a.ids.size(), s.prefill_s,
+          human_bytes(double(s.trunk) / std::max(s.decode_steps, 1)).c_str(),
+          human_bytes(double(s.experts) / std::max(s.decode_steps, 1)).c_str(),
+          human_bytes(double(s.peak_rss)).c_str());
       std::fflush(txt);
       samples[i].push_back(std::move(s));
     }
