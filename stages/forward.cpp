@@ -96,39 +96,108 @@ void check_forward_inputs(const io::ModelConfig& c, const DecodeState& st, std::
                                         st.cached + ids.size(), st.capacity()));
 }
 
-void forward(const WeightSource& ws, DecodeState& st, std::span<const int32_t> ids, HeadAt head_at,
-             std::span<float> logits, Scratch& scratch) {
+void check_segments(const io::ModelConfig& c, std::span<const Segment> segs, std::span<const int32_t> ids) {
+  if (segs.empty()) throw io::runtime_error("forward: no sequences to feed");
+  size_t row = 0;
+  for (size_t i = 0; i < segs.size(); ++i) {
+    const Segment& s = segs[i];
+    if (!s.state || s.first_row != row || s.rows == 0 || s.first_row + s.rows > ids.size())
+      throw io::runtime_error(fmt::format(
+          "forward: segment {} (rows {}..+{}) does not follow the previous one in {} ids (internal error)", i,
+          s.first_row, s.rows, ids.size()));
+    for (size_t j = 0; j < i; ++j)
+      if (segs[j].state == s.state)
+        throw io::runtime_error(fmt::format("forward: segments {} and {} feed the same state", j, i));
+    try {
+      check_forward_inputs(c, *s.state, ids.subspan(s.first_row, s.rows));
+    } catch (const io::Error& e) {
+      throw io::Error(e.kind(), fmt::format("segment {}: {}", i, e.what()));
+    }
+    row += s.rows;
+  }
+  if (row != ids.size())
+    throw io::runtime_error(
+        fmt::format("forward: segments cover {} of {} ids (internal error)", row, ids.size()));
+}
+
+std::vector<LayerSegment> layer_segments(std::span<const Segment> segs, int layer) {
+  std::vector<LayerSegment> out;
+  out.reserve(segs.size());
+  for (const Segment& s : segs)
+    out.push_back(LayerSegment{.state = s.state->layer(layer), .first_row = s.first_row, .rows = s.rows});
+  return out;
+}
+
+namespace {
+
+// The pass both entry points share. HeadAt::all (one segment only) gives every row's logits.
+void forward_segments(const WeightSource& ws, std::span<const Segment> segs, std::span<const int32_t> ids,
+                      HeadAt head_at, std::span<float> logits, Scratch& scratch) {
   const io::ModelConfig& c = ws.config();
   const size_t T = ids.size(), E = static_cast<size_t>(c.hidden), V = static_cast<size_t>(c.vocab);
-  check_forward_inputs(c, st, ids);
+  check_segments(c, segs, ids);
 
   const size_t maxb = static_cast<size_t>(c.max_blocks());
-  const size_t n_out = head_at == HeadAt::all ? T : 1, t_out = T - n_out;
-  const size_t layer_sc = decoder_layer_scratch(c, T, st.cached);
+  const bool all = head_at == HeadAt::all;
+  const size_t n_out = all ? T : segs.size();
+  // The scratch of the largest layer: every layer kind at every segment's current position.
+  std::vector<LayerSegment> ls(segs.size());
+  for (size_t i = 0; i < segs.size(); ++i) {
+    ls[i].state.cached = segs[i].state->cached;
+    ls[i].rows = segs[i].rows;
+  }
+  const size_t layer_sc = decoder_layer_scratch(c, ls);
   const size_t total = T * E + maxb * T * E + std::max(layer_sc, 2 * n_out * E + attnres_scratch(c, maxb));
   Carver cut(scratch.get(total));
   std::span<float> P = cut.take(T * E), blocks_mem = cut.take(maxb * T * E);
   std::span<float> rest = cut.take(total - T * E - maxb * T * E);
 
   embed_tokens(ws.head(), c, ids, P);
-  st.watch.after_layer(ForwardWatch::kEmbedding, P, E, st.cached);
+  for (const Segment& s : segs)
+    s.state->watch.after_layer(ForwardWatch::kEmbedding, P.subspan(s.first_row * E, s.rows * E), E,
+                               s.state->cached);
   BlockStack B(blocks_mem, maxb, T, E);  // per call: the stack is per token, never carried
   const int n = ws.bound_layers();
   for (int l = 0; l < n; ++l) {
     const ExpertFn expert = [&ws, l](int e) -> const ExpertWeights& { return ws.expert(l, e); };
-    decoder_layer(ws.layer(l), expert, c, P, T, B, st.layer(l), rest);
-    st.watch.after_layer(l, P, E, st.cached);
-    if (st.watch.on_layer) st.watch.on_layer(l + 1, n, 0, 0);
+    ls = layer_segments(segs, l);
+    decoder_layer(ws.layer(l), expert, c, P, T, B, ls, rest);
+    for (const Segment& s : segs) {
+      s.state->watch.after_layer(l, P.subspan(s.first_row * E, s.rows * E), E, s.state->cached);
+      if (s.state->watch.on_layer) s.state->watch.on_layer(l + 1, n, 0, 0);
+    }
   }
 
-  // Model-level aggregation, then the head, only where logits are wanted.
+  // Model-level aggregation, then the head, only where logits are wanted (row by row: AttnRes is
+  // per token, lm_head's matmul bit-identical per row).
   Carver tail(rest);
   std::span<float> h = tail.take(n_out * E), head_sc = tail.take(n_out * E),
                    agg_sc = tail.take(attnres_scratch(c, maxb));
   const HeadWeights& hw = ws.head();
-  attnres_stage(B, P, hw.out_res_norm, hw.out_res_proj, c, t_out, T, h, agg_sc);
+  if (all) {
+    attnres_stage(B, P, hw.out_res_norm, hw.out_res_proj, c, 0, T, h, agg_sc);
+  } else {
+    for (size_t i = 0; i < segs.size(); ++i) {
+      const size_t t = segs[i].first_row + segs[i].rows - 1;
+      attnres_stage(B, P, hw.out_res_norm, hw.out_res_proj, c, t, t + 1, h.subspan(i * E, E), agg_sc);
+    }
+  }
   lm_head(hw, c, h, n_out, logits.first(n_out * V), head_sc);
-  st.cached += T;
+  for (const Segment& s : segs) s.state->cached += s.rows;
+}
+
+}  // namespace
+
+void forward(const WeightSource& ws, DecodeState& st, std::span<const int32_t> ids, HeadAt head_at,
+             std::span<float> logits, Scratch& scratch) {
+  check_forward_inputs(ws.config(), st, ids);
+  const Segment one{.state = &st, .first_row = 0, .rows = ids.size()};
+  forward_segments(ws, std::span(&one, 1), ids, head_at, logits, scratch);
+}
+
+void forward_batch(const WeightSource& ws, std::span<const Segment> segs, std::span<const int32_t> ids,
+                   std::span<float> logits, Scratch& scratch) {
+  forward_segments(ws, segs, ids, HeadAt::last, logits, scratch);
 }
 
 }  // namespace k3::stages

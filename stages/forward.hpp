@@ -114,8 +114,31 @@ void check_forward_inputs(const io::ModelConfig&, const DecodeState&, std::span<
 
 // Feeds `ids` at positions state.cached.. and advances state.cached. logits: vocab floats for
 // HeadAt::last (the last new position), ids.size() * vocab for HeadAt::all (teacher forcing).
-// Throws io::Error on KV overflow or an out-of-range id.
+// Throws io::Error on KV overflow or an out-of-range id. The one-segment case of forward_batch.
 void forward(const WeightSource&, DecodeState&, std::span<const int32_t> ids, HeadAt, std::span<float> logits,
              Scratch&);
+
+// One sequence's part of a batched pass: ids[first_row, first_row + rows) are fed to `state`.
+struct Segment {
+  DecodeState* state = nullptr;
+  size_t first_row = 0, rows = 0;
+};
+
+// check_forward_inputs for every segment, and that the segments are in row order, cover every id
+// without a gap, have at least one row each and name distinct states. Throws io::Error naming the
+// segment ("segment 2: ...").
+void check_segments(const io::ModelConfig&, std::span<const Segment>, std::span<const int32_t> ids);
+
+// The per-layer views of a pass's segments (their states' layer l at their current positions).
+std::vector<LayerSegment> layer_segments(std::span<const Segment>, int layer);
+
+// One pass over several sequences (a batched decode step): the segments' ids concatenated, every
+// row-wise stage (embedding, norms, AttnRes, every matmul, router, experts over the rows that chose
+// them, combine, head) run once over all of them, only the attention per segment on its own state.
+// logits: segments.size() * vocab floats, segment i's last row's logits at i * vocab. Each
+// segment's logits and state are bit-identical to forward() on that sequence alone. Advances every
+// state's `cached` by its rows; non-finite hidden states are recorded in each state's own watch.
+void forward_batch(const WeightSource&, std::span<const Segment>, std::span<const int32_t> ids,
+                   std::span<float> logits, Scratch&);
 
 }  // namespace k3::stages

@@ -2,31 +2,64 @@
 
 #include <algorithm>
 
+#include "io/error.hpp"
 #include "kernels/activations.hpp"
 #include "kernels/norms.hpp"
 #include "stages/scratch.hpp"
 
 namespace k3::stages {
 
+namespace {
+
+size_t rows_of(std::span<const LayerSegment> segs) {
+  size_t T = 0;
+  for (const LayerSegment& s : segs) T += s.rows;
+  return T;
+}
+
+// The attention's own scratch: the largest any segment needs (each runs alone, one after another).
+size_t attention_inner(const io::ModelConfig& c, std::span<const LayerSegment> segs) {
+  size_t inner = attnres_scratch(c, static_cast<size_t>(c.max_blocks()));
+  for (const LayerSegment& s : segs)
+    inner =
+        std::max({inner, attention_kda_scratch(c, s.rows), attention_mla_scratch(c, s.rows, s.state.cached)});
+  return inner;
+}
+
+}  // namespace
+
+size_t layer_attention_scratch(const io::ModelConfig& c, std::span<const LayerSegment> segs) {
+  return 2 * rows_of(segs) * static_cast<size_t>(c.hidden) + attention_inner(c, segs);
+}
+
 size_t layer_attention_scratch(const io::ModelConfig& c, size_t T, size_t cached) {
-  const size_t E = static_cast<size_t>(c.hidden);
-  const size_t inner = std::max({attnres_scratch(c, static_cast<size_t>(c.max_blocks())),
-                                 attention_kda_scratch(c, T), attention_mla_scratch(c, T, cached)});
-  return 2 * T * E + inner;
+  LayerSegment one;
+  one.state.cached = cached;
+  one.rows = T;
+  return layer_attention_scratch(c, std::span(&one, 1));
+}
+
+size_t decoder_layer_scratch(const io::ModelConfig& c, std::span<const LayerSegment> segs) {
+  const size_t E = static_cast<size_t>(c.hidden), T = rows_of(segs);
+  return 2 * T * E + std::max({layer_attention_scratch(c, segs), moe_scratch(c, T), dense_scratch(c, T)});
 }
 
 size_t decoder_layer_scratch(const io::ModelConfig& c, size_t T, size_t cached) {
-  const size_t E = static_cast<size_t>(c.hidden);
-  return 2 * T * E +
-         std::max({layer_attention_scratch(c, T, cached), moe_scratch(c, T), dense_scratch(c, T)});
+  LayerSegment one;
+  one.state.cached = cached;
+  one.rows = T;
+  return decoder_layer_scratch(c, std::span(&one, 1));
 }
 
 void layer_attention(const LayerWeights& w, const io::ModelConfig& c, std::span<float> P, size_t T,
-                     BlockStack& B, LayerState st, std::span<float> x, std::span<float> scratch) {
+                     BlockStack& B, std::span<const LayerSegment> segs, std::span<float> x,
+                     std::span<float> scratch) {
   const size_t E = static_cast<size_t>(c.hidden);
+  if (rows_of(segs) != T)
+    throw io::runtime_error("layer: segments do not cover the pass's rows (internal error)");
   Carver cut(scratch);
   std::span<float> h = cut.take(T * E), a = cut.take(T * E);
-  std::span<float> inner = cut.take(layer_attention_scratch(c, T, st.cached) - 2 * T * E);
+  std::span<float> inner = cut.take(attention_inner(c, segs));
   P = P.first(T * E);
   x = x.first(T * E);
 
@@ -45,10 +78,15 @@ void layer_attention(const LayerWeights& w, const io::ModelConfig& c, std::span<
 
   for (size_t t = 0; t < T; ++t)
     kernels::rmsnorm(h.subspan(t * E, E), w.input_norm, c.rms_eps, x.subspan(t * E, E));
-  if (const auto* kda = std::get_if<KdaWeights>(&w.attn)) {
-    attention_kda(*kda, c, x, T, st.kda, a, inner);
-  } else {
-    attention_mla(std::get<MlaWeights>(w.attn), c, x, T, st.cached, st.mla, a, inner);
+  // The only step that mixes rows: each sequence attends over its own rows and carried state.
+  for (const LayerSegment& s : segs) {
+    const std::span<const float> xs = x.subspan(s.first_row * E, s.rows * E);
+    const std::span<float> as = a.subspan(s.first_row * E, s.rows * E);
+    if (const auto* kda = std::get_if<KdaWeights>(&w.attn)) {
+      attention_kda(*kda, c, xs, s.rows, s.state.kda, as, inner);
+    } else {
+      attention_mla(std::get<MlaWeights>(w.attn), c, xs, s.rows, s.state.cached, s.state.mla, as, inner);
+    }
   }
   if (prefix_cleared) {
     std::copy(a.begin(), a.end(), P.begin());
@@ -61,25 +99,38 @@ void layer_attention(const LayerWeights& w, const io::ModelConfig& c, std::span<
     kernels::rmsnorm(h.subspan(t * E, E), w.post_attn_norm, c.rms_eps, x.subspan(t * E, E));
 }
 
+void layer_attention(const LayerWeights& w, const io::ModelConfig& c, std::span<float> P, size_t T,
+                     BlockStack& B, LayerState st, std::span<float> x, std::span<float> scratch) {
+  const LayerSegment one{.state = st, .first_row = 0, .rows = T};
+  layer_attention(w, c, P, T, B, std::span(&one, 1), x, scratch);
+}
+
 void layer_ffn_add(std::span<float> P, std::span<const float> ffn_out) {
   kernels::add_inplace(P.first(ffn_out.size()), ffn_out);
 }
 
 void decoder_layer(const LayerWeights& w, const ExpertFn& expert, const io::ModelConfig& c,
-                   std::span<float> P, size_t T, BlockStack& B, LayerState st, std::span<float> scratch) {
+                   std::span<float> P, size_t T, BlockStack& B, std::span<const LayerSegment> segs,
+                   std::span<float> scratch) {
   const size_t E = static_cast<size_t>(c.hidden);
   Carver cut(scratch);
   std::span<float> x = cut.take(T * E), a = cut.take(T * E);
-  std::span<float> inner = cut.take(decoder_layer_scratch(c, T, st.cached) - 2 * T * E);
+  std::span<float> inner = cut.take(decoder_layer_scratch(c, segs) - 2 * T * E);
   P = P.first(T * E);
 
-  layer_attention(w, c, P, T, B, st, x, inner);
+  layer_attention(w, c, P, T, B, segs, x, inner);
   if (const auto* dense = std::get_if<DenseFfnWeights>(&w.ffn)) {
     dense_ffn(*dense, c, x, T, a, inner);
   } else {
     moe_forward(std::get<MoeWeights>(w.ffn), expert, c, x, T, a, inner);
   }
   layer_ffn_add(P, a);
+}
+
+void decoder_layer(const LayerWeights& w, const ExpertFn& expert, const io::ModelConfig& c,
+                   std::span<float> P, size_t T, BlockStack& B, LayerState st, std::span<float> scratch) {
+  const LayerSegment one{.state = st, .first_row = 0, .rows = T};
+  decoder_layer(w, expert, c, P, T, B, std::span(&one, 1), scratch);
 }
 
 }  // namespace k3::stages

@@ -24,11 +24,26 @@ struct LayerState {
   size_t cached = 0;  // positions already in the MLA cache (new tokens start here)
 };
 
+// One sequence's rows in a pass over several (a batched decode step): rows [first_row, first_row +
+// rows) of the concatenated [T][hidden] activations belong to the sequence whose carried state is
+// `state`. Everything in a layer is row-wise except the attention itself, which runs per segment on
+// its own state, so a row's bits never depend on which other segments share the pass. Segments are
+// in row order, cover rows 0..T-1 without a gap, and name distinct states.
+struct LayerSegment {
+  LayerState state;
+  size_t first_row = 0, rows = 0;
+};
+
 size_t decoder_layer_scratch(const io::ModelConfig&, size_t T, size_t cached);
+size_t decoder_layer_scratch(const io::ModelConfig&, std::span<const LayerSegment>);
 
 // prefix: [T][hidden], the layer's input on entry and its output P on return.
 void decoder_layer(const LayerWeights&, const ExpertFn& expert, const io::ModelConfig&,
                    std::span<float> prefix, size_t T, BlockStack& blocks, LayerState state,
+                   std::span<float> scratch);
+// The same over several sequences' rows (T = the segments' rows together).
+void decoder_layer(const LayerWeights&, const ExpertFn& expert, const io::ModelConfig&,
+                   std::span<float> prefix, size_t T, BlockStack& blocks, std::span<const LayerSegment>,
                    std::span<float> scratch);
 
 // decoder_layer in two halves, for a graph that schedules the FFN as nodes of its own:
@@ -37,8 +52,12 @@ void decoder_layer(const LayerWeights&, const ExpertFn& expert, const io::ModelC
 //   FFN(x) -> out (dense_ffn, or route / moe_latent / shared / expert_apply / moe_combine);
 //   layer_ffn_add: P := P + out.
 size_t layer_attention_scratch(const io::ModelConfig&, size_t T, size_t cached);
+size_t layer_attention_scratch(const io::ModelConfig&, std::span<const LayerSegment>);
 void layer_attention(const LayerWeights&, const io::ModelConfig&, std::span<float> prefix, size_t T,
                      BlockStack& blocks, LayerState state, std::span<float> x, std::span<float> scratch);
+void layer_attention(const LayerWeights&, const io::ModelConfig&, std::span<float> prefix, size_t T,
+                     BlockStack& blocks, std::span<const LayerSegment>, std::span<float> x,
+                     std::span<float> scratch);
 void layer_ffn_add(std::span<float> prefix, std::span<const float> ffn_out);
 
 }  // namespace k3::stages

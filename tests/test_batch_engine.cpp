@@ -1,8 +1,18 @@
-// pipeline/run/batch_engine.*: several sequences in one engine, on fixtures/tiny-k3, resident and
-// streamed at the floor. Sequences of different lengths join and leave between steps (a prompt fed
-// whole in the step it joins, then one id per step, greedy), and every step's logits must be the
-// bytes a Decoder produces for that sequence alone; bad rows are refused before any state changes.
+// pipeline/run/batch_engine.*: several sequences in one engine, a step being ONE pass over the model
+// for all of them. Sequences of different lengths join and leave between steps (a prompt fed in the
+// step it joins, then one id per step, greedy), and every step's logits must be the bytes a Decoder
+// produces for that sequence alone:
+//   - fixtures/tiny-k3, resident and streamed at the floor (against the solo run of the same kind);
+//   - a synthetic MoE checkpoint (`k3flow synth`: 32 experts top-4, so a step's union of experts
+//     exceeds the floor's expert slots and runs in waves) streamed at the floor and at a middle
+//     budget, strategies serial / overlap / lookahead / auto, 1 and 2 threads, against the resident
+//     solo run;
+//   - a step whose ids exceed the pass cap is split (chunked prefill), same bytes;
+//   - every trunk layer is read once per step whatever the number of sequences;
+//   - bad rows are refused before any state changes.
 #include <doctest/doctest.h>
+#include <fmt/format.h>
+#include <tbb/global_control.h>
 
 #include <algorithm>
 #include <cstring>
@@ -13,6 +23,7 @@
 #include "kernels/argmax.hpp"
 #include "pipeline/run/batch_engine.hpp"
 #include "pipeline/run/decoder.hpp"
+#include "tests/run_helpers.hpp"
 
 using namespace k3;
 using k3::pipeline::BatchEngine;
@@ -23,29 +34,13 @@ namespace {
 
 const std::string kTiny = std::string(K3_FIXTURES) + "/tiny-k3";
 
-DecoderOptions options(bool streamed) {
+DecoderOptions options(const std::string& model, bool streamed) {
   DecoderOptions o;
-  o.model_dir = kTiny;
+  o.model_dir = model;
   o.capacity = 64;
   o.stream.no_progress = true;
   if (streamed) o.stream.preset = "ultra";  // the floor: every layer through the ring
   return o;
-}
-
-// A sequence alone: the logits of every step (prompt, then `gen` greedy ids), as bytes.
-std::vector<std::string> solo(const io::ModelConfig& cfg, bool streamed, const std::vector<int32_t>& prompt,
-                              int gen) {
-  DecoderOptions o = options(streamed);
-  o.expected_calls = gen + 1;
-  Decoder d(o, cfg);
-  d.push(prompt);
-  std::vector<std::string> out;
-  for (int i = 0; i <= gen; ++i) {
-    std::span<const float> l = d.logits();
-    out.emplace_back(reinterpret_cast<const char*>(l.data()), l.size_bytes());
-    d.push(int32_t(kernels::argmax(l)));
-  }
-  return out;
 }
 
 struct Seq {
@@ -57,16 +52,47 @@ struct Seq {
   std::vector<std::string> got;
 };
 
-void run_batched(bool streamed) {
-  const io::ModelConfig cfg = pipeline::load_model_config(kTiny, std::nullopt);
+// Four sequences over three slots: two join at once, one leaves early and a later one reuses its
+// slot, a long prompt joins while two others decode.
+std::vector<Seq> scenario() {
   std::vector<Seq> seqs(4);
   seqs[0].prompt = {203, 34, 2, 239, 195}, seqs[0].join = 0, seqs[0].gen = 6;
   seqs[1].prompt = {71, 163}, seqs[1].join = 0, seqs[1].gen = 3;  // leaves early: the 4th reuses its slot
-  seqs[2].prompt = {54, 121, 104, 16, 16, 219, 63}, seqs[2].join = 2, seqs[2].gen = 4;
+  seqs[2].prompt = {54, 121, 104, 16, 16, 219, 63, 4, 31, 48, 193, 57}, seqs[2].join = 2, seqs[2].gen = 4;
   seqs[3].prompt = {4, 31, 48}, seqs[3].join = 5, seqs[3].gen = 3;
-  BatchEngine eng(options(streamed), cfg, 3);
+  return seqs;
+}
+
+// A sequence alone: the logits of every step (prompt, then `gen` greedy ids), as bytes.
+std::vector<std::string> solo(const DecoderOptions& base, const io::ModelConfig& cfg, const Seq& s) {
+  DecoderOptions o = base;
+  o.expected_calls = s.gen + 1;
+  Decoder d(o, cfg);
+  d.push(s.prompt);
+  std::vector<std::string> out;
+  for (int i = 0; i <= s.gen; ++i) {
+    std::span<const float> l = d.logits();
+    out.emplace_back(reinterpret_cast<const char*>(l.data()), l.size_bytes());
+    d.push(int32_t(kernels::argmax(l)));
+  }
+  return out;
+}
+
+using Solos = std::vector<std::vector<std::string>>;
+
+Solos solos(const DecoderOptions& o, const io::ModelConfig& cfg) {
+  Solos out;
+  for (const Seq& s : scenario()) out.push_back(solo(o, cfg, s));
+  return out;
+}
+
+// Runs the scenario on `eng`; checks every step's logits against `want`. Returns the passes each
+// step took.
+std::vector<int> run_scenario(BatchEngine& eng, const io::ModelConfig& cfg, const Solos& want) {
+  std::vector<Seq> seqs = scenario();
   REQUIRE(eng.max_seqs() == 3);
   std::vector<bool> busy(3, false);
+  std::vector<int> passes;
   for (int step = 0; step < 12; ++step) {
     std::vector<BatchEngine::Row> rows;
     for (Seq& s : seqs) {
@@ -85,6 +111,7 @@ void run_batched(bool streamed) {
     }
     if (rows.empty()) continue;
     eng.step(rows);
+    passes.push_back(eng.passes_last_step());
     for (Seq& s : seqs) {
       if (s.slot < 0 || s.done > s.gen) continue;
       s.got.emplace_back(reinterpret_cast<const char*>(s.logits.data()), s.logits.size() * 4);
@@ -92,16 +119,45 @@ void run_batched(bool streamed) {
       if (++s.done > s.gen) busy[size_t(s.slot)] = false;  // leaves: the slot is free next step
     }
   }
-  for (const Seq& s : seqs) {
-    CAPTURE(s.join);
+  for (size_t k = 0; k < seqs.size(); ++k) {
+    const Seq& s = seqs[k];
+    CAPTURE(k);
     REQUIRE(s.done == s.gen + 1);
-    const std::vector<std::string> want = solo(cfg, streamed, s.prompt, s.gen);
-    REQUIRE(s.got.size() == want.size());
-    for (size_t i = 0; i < want.size(); ++i) {
+    REQUIRE(s.got.size() == want[k].size());
+    for (size_t i = 0; i < want[k].size(); ++i) {
       CAPTURE(i);
-      CHECK(s.got[i] == want[i]);
+      CHECK(s.got[i] == want[k][i]);
     }
   }
+  return passes;
+}
+
+void run_batched(bool streamed) {
+  const io::ModelConfig cfg = pipeline::load_model_config(kTiny, std::nullopt);
+  const Solos want = solos(options(kTiny, streamed), cfg);
+  BatchEngine eng(options(kTiny, streamed), cfg, 3);
+  const std::vector<int> passes = run_scenario(eng, cfg, want);
+  CHECK(std::all_of(passes.begin(), passes.end(), [](int p) { return p == 1; }));
+}
+
+// 8 layers (dense 0, MoE 1..7), 32 experts top-4, vocab 1024: ~14 MB.
+struct Synth {
+  test::TempDir dir;
+  std::string model;
+  io::ModelConfig cfg;
+  Solos want;  // resident, each sequence alone
+  Synth() {
+    model = dir / "m";
+    const test::Run s = test::k3flow(fmt::format("synth {} --size tiny --layers 8 --seed 4", model));
+    REQUIRE_MESSAGE(s.code == 0, s.err);
+    cfg = pipeline::load_model_config(model, std::nullopt);
+    want = solos(options(model, false), cfg);
+  }
+};
+
+Synth& synth() {
+  static Synth s;
+  return s;
 }
 
 }  // namespace
@@ -115,9 +171,80 @@ TEST_CASE(
   run_batched(true);
 }
 
+TEST_CASE(
+    "synthetic MoE checkpoint: batched steps streamed == solo resident bytes, every strategy, budget, "
+    "thread count") {
+  Synth& s = synth();
+  for (const int threads : {1, 2}) {
+    tbb::global_control gc(tbb::global_control::max_allowed_parallelism, size_t(threads));
+    for (const char* budget : {"ultra", "0.02"})
+      for (const char* strategy : {"serial", "overlap", "lookahead", "auto"}) {
+        CAPTURE(threads);
+        CAPTURE(budget);
+        CAPTURE(strategy);
+        DecoderOptions o = options(s.model, true);
+        if (std::string(budget) == "ultra") {
+          o.stream.preset = budget;
+        } else {
+          o.stream.preset.clear();
+          o.stream.mem_gb = std::stod(budget);
+        }
+        o.stream.strategy = strategy;
+        BatchEngine eng(o, s.cfg, 3);
+        run_scenario(eng, s.cfg, s.want);
+      }
+  }
+}
+
+TEST_CASE("a step over the pass cap is split (chunked prefill): the same bytes, resident and streamed") {
+  Synth& s = synth();
+  for (const bool streamed : {false, true}) {
+    CAPTURE(streamed);
+    BatchEngine eng(options(s.model, streamed), s.cfg, 3);
+    CHECK(eng.max_step_rows() == 64);
+    eng.set_max_step_rows(4);
+    const std::vector<int> passes = run_scenario(eng, s.cfg, s.want);
+    // Step 2 feeds two decoding ids and a 12-id prompt: 14 ids in passes of 4.
+    REQUIRE(passes.size() > 2);
+    CHECK(passes[0] == 2);  // two prompts, 5 + 2 ids
+    CHECK(passes[2] == 4);
+    CHECK(*std::max_element(passes.begin(), passes.end()) == 4);
+    CHECK_THROWS_AS(eng.set_max_step_rows(0), io::Error);
+    CHECK_THROWS_AS(eng.set_max_step_rows(65), io::Error);
+  }
+}
+
+TEST_CASE("a batched step reads every trunk layer once, whatever the number of sequences") {
+  Synth& s = synth();
+  // The floor: no layer pinned, every layer read every step. Reads run ahead into the next step
+  // (as far as free ring slots allow), so totals are compared over several steps: a pass per
+  // sequence would read three times as much.
+  const auto trunk_read = [&](int n_seqs) {
+    BatchEngine eng(options(s.model, true), s.cfg, 3);
+    std::vector<std::vector<float>> logits(3, std::vector<float>(size_t(s.cfg.vocab)));
+    std::vector<int32_t> next(3);
+    for (int step = 0; step < 6; ++step) {
+      std::vector<BatchEngine::Row> rows;
+      for (int q = 0; q < n_seqs; ++q) {
+        next[size_t(q)] = step == 0 ? int32_t(10 + q) : int32_t(kernels::argmax(logits[size_t(q)]));
+        rows.push_back({q, std::span<const int32_t>(&next[size_t(q)], 1), logits[size_t(q)]});
+      }
+      eng.step(rows);
+      CHECK(eng.passes_last_step() == 1);
+    }
+    return eng.stream()->totals().trunk_bytes_read;
+  };
+  const uint64_t one = trunk_read(1), three = trunk_read(3);
+  CAPTURE(one);
+  CAPTURE(three);
+  REQUIRE(one > 0);
+  CHECK(double(three) <= 1.25 * double(one));
+  CHECK(double(three) >= 0.75 * double(one));
+}
+
 TEST_CASE("a bad row is refused, naming its slot, before any state changes") {
   const io::ModelConfig cfg = pipeline::load_model_config(kTiny, std::nullopt);
-  BatchEngine eng(options(false), cfg, 2);
+  BatchEngine eng(options(kTiny, false), cfg, 2);
   std::vector<float> a(size_t(cfg.vocab)), b(size_t(cfg.vocab));
   const std::vector<int32_t> good = {1, 2, 3}, bad = {1, cfg.vocab};
   const std::vector<BatchEngine::Row> rows = {{0, good, a}, {1, bad, b}};
@@ -127,7 +254,7 @@ TEST_CASE("a bad row is refused, naming its slot, before any state changes") {
   CHECK_THROWS_WITH_AS(eng.step(twice), doctest::Contains("twice"), io::Error);
   const std::vector<BatchEngine::Row> outside = {{2, good, a}};
   CHECK_THROWS_WITH_AS(eng.step(outside), doctest::Contains("slot 2"), io::Error);
-  CHECK_THROWS_AS(BatchEngine(options(false), cfg, 0), io::Error);
+  CHECK_THROWS_AS(BatchEngine(options(kTiny, false), cfg, 0), io::Error);
   eng.step(std::vector<BatchEngine::Row>{{0, good, a}});
   CHECK(eng.cached(0) == 3);
   CHECK(eng.cached(1) == 0);

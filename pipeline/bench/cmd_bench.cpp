@@ -1,6 +1,7 @@
 // `k3flow bench MODEL_DIR [--trunk DIR] (--mem-gb X | --preset P) [--strategy LIST] [--gen N]
 //  [--repeat R] [--ids LIST] [--threads N] [--out FILE] [--json] [--trace-dir DIR]`: the overlap
-// strategies compared on one checkpoint and one budget in one run (docs/design.md §5).
+// strategies compared on one checkpoint and one budget in one run (docs/design.md §5). With
+// `--batch 1,2,4,8` it measures batched decode instead (pipeline/bench/bench_batch.hpp).
 //   1. the device's ceiling (pipeline/bench/device_probe.* probe_ceiling: a deep queue of large O_DIRECT
 //      requests, independent of the engine's reader settings), and beside it the engine's own read
 //      pattern with the engine's settings, once at the start of every round; T_io is priced with the
@@ -38,6 +39,7 @@
 #include "io/error.hpp"
 #include "io/packed_trunk.hpp"
 #include "io/safetensors.hpp"
+#include "pipeline/bench/bench_batch.hpp"
 #include "pipeline/bench/bench_child.hpp"
 #include "pipeline/bench/bench_report.hpp"
 #include "pipeline/bench/device_probe.hpp"
@@ -56,16 +58,18 @@ namespace {
 namespace fs = std::filesystem;
 
 const std::vector<std::string> kStrategies = {"serial", "trunk", "overlap", "lookahead", "auto"};
+constexpr const char* kAllStrategiesList = "serial,trunk,overlap,lookahead,auto";
 // The reference engines' benchmark prompt (docs/engine.md §3.8); taken modulo a small synthetic vocab.
 const std::vector<int32_t> kDefaultIds = {1008, 10484, 318, 15383, 387};
 
 struct BenchArgs {
-  std::string model_dir, trunk_dir, preset, strategies = "serial,trunk,overlap,lookahead,auto", ids, out_path,
-                                            trace_dir;
+  std::string model_dir, trunk_dir, preset, strategies = kAllStrategiesList, ids, out_path, trace_dir;
   bool json = false;
   std::optional<double> mem_gb;
   int gen = 8, repeat = 3, threads = 0;
   double probe_seconds = 1.5;
+  std::string batch;    // --batch 1,2,4,8: batched decode instead of the strategies (bench_batch.hpp)
+  int batch_child = 0;  // --batch-child B (hidden): this process is one of --batch's children
 };
 
 std::vector<std::string> parse_strategies(const std::string& text) {
@@ -173,9 +177,42 @@ class Runner {
   std::vector<int32_t> ref_ids_;
 };
 
+// --batch / --batch-child: the batched-decode bench (pipeline/bench/bench_batch.hpp).
+int run_batched(const BenchArgs& a) {
+  if (a.preset.empty() && !a.mem_gb)
+    throw io::usage_error("bench --batch: give a budget: --mem-gb X or --preset NAME");
+  if (a.json || !a.out_path.empty() || !a.trace_dir.empty())
+    throw io::usage_error("bench --batch: --json, --out and --trace-dir are not supported with --batch");
+  BatchBenchArgs b;
+  b.model_dir = a.model_dir;
+  b.trunk_dir = a.trunk_dir;
+  b.preset = a.preset;
+  b.mem_gb = a.mem_gb;
+  b.gen = a.gen;
+  b.repeat = a.repeat;
+  b.threads = a.threads;
+  if (a.strategies != kAllStrategiesList) {
+    const std::vector<std::string> s = parse_strategies(a.strategies);
+    if (s.size() != 1) throw io::usage_error("bench --batch: give one --strategy (default auto)");
+    b.strategy = s.front();
+  }
+  const fs::path dir(a.model_dir);
+  if (!fs::exists(dir / "config.json"))
+    throw io::usage_error(fmt::format("MODEL_DIR: no config.json in {}", a.model_dir));
+  const io::ModelConfig config = io::load_config(dir / "config.json");
+  if (a.ids.empty()) {
+    for (int32_t id : kDefaultIds) b.ids.push_back(id % config.vocab);
+  } else {
+    b.ids = parse_id_list(a.ids, "--ids", config.vocab);
+  }
+  if (a.batch_child > 0) return run_batch_child(b, a.batch_child);
+  return run_batch_bench(b, parse_batch_list(a.batch), stdout);
+}
+
 int run_bench(const BenchArgs& a) {
   // With --json stdout holds the JSON document alone; the progress and the table go to stderr.
   std::FILE* txt = a.json ? stderr : stdout;
+  if (!a.batch.empty() || a.batch_child > 0) return run_batched(a);
   // ---- usage checks ----
   const std::vector<std::string> strategies = parse_strategies(a.strategies);
   if (!a.out_path.empty()) {
@@ -471,6 +508,14 @@ Action add_bench(CLI::App& sub) {
          "time per round spent measuring the device: 2/3 its ceiling, 1/3 the engine's reader settings")
       ->check(CLI::Range(0.05, 600.0))
       ->capture_default_str();
+  sub.add_option(
+      "--batch", a->batch,
+      "batched decode instead of the strategies: for each batch size B (e.g. 1,2,4,8), B sequences "
+      "decoding together in one engine (one --strategy, default auto): aggregate tokens/s, s/token per "
+      "sequence, bytes read per step, peak RSS");
+  sub.add_option("--batch-child", a->batch_child, "(internal) one --batch run, in this process")
+      ->group("")
+      ->check(CLI::Range(1, 256));
   return [a] { return run_bench(*a); };
 }
 

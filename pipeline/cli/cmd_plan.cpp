@@ -1,7 +1,7 @@
 // `k3flow plan MODEL_DIR [--trunk DIR] (--mem-gb X | --preset NAME | --trunk-gb X --cache-gb Y)
-//  [--strategy S] [--context N] [--ring N] [--json]`: how one memory budget splits into pools
-// (pipeline/graph/planner.hpp), from the config and the shard headers only, so it sizes the 1.56 TB model
-// from its sparse replica. It is the plan `k3flow generate` makes with the same flags for a run of
+//  [--strategy S] [--context N] [--ring N] [--max-seqs N] [--json]`: how one memory budget splits into
+// pools (pipeline/graph/planner.hpp), from the config and the shard headers only, so it sizes the 1.56 TB
+// model from its sparse replica. It is the plan `k3flow generate` makes with the same flags for a run of
 // --context positions (prompt + --gen + 1): both come from plan_run (pipeline/run/streaming_run.hpp).
 #include <fmt/format.h>
 
@@ -73,6 +73,11 @@ Action add_plan(CLI::App& sub) {
   sub.add_option("--ring", a->ring, "trunk ring slots, each as large as the largest streamed layer")
       ->capture_default_str()
       ->check(CLI::Range(2, 64));
+  sub.add_option("--max-seqs", a->flags.max_seqs,
+                 "sequences decoded together (a batched server): the plan holds each one's carried state "
+                 "(KDA + conv, KV cache for --context) and activations for a pass of max(--context, N) ids")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 4096));
   sub.add_flag("--json", a->json, "print the plan as one JSON object");
   return [a] { return run_plan(*a); };
 }

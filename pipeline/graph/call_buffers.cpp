@@ -10,7 +10,7 @@
 
 namespace k3::pipeline {
 
-void CallBuffers::prepare(const io::ModelConfig& c, size_t T, size_t cap, bool moe) {
+void CallBuffers::prepare(const io::ModelConfig& c, size_t T, size_t cap, bool moe, size_t heads) {
   const size_t maxb = size_t(c.max_blocks()), E = size_t(c.hidden), L = size_t(c.latent);
   const size_t rows = T * size_t(c.top_k);
   const struct {
@@ -23,8 +23,8 @@ void CallBuffers::prepare(const io::ModelConfig& c, size_t T, size_t cap, bool m
       {&CallBuffers::a, T * E},
       {&CallBuffers::attn_sc, stages::layer_attention_scratch(c, T, cap > T ? cap - T : 0)},
       {&CallBuffers::dense_sc, stages::dense_scratch(c, T)},
-      {&CallBuffers::h, E},                                      // the head's input
-      {&CallBuffers::head_sc, E},                                // the head's scratch
+      {&CallBuffers::h, heads * E},                              // the head's input
+      {&CallBuffers::head_sc, heads * E},                        // the head's scratch
       {&CallBuffers::agg_sc, stages::attnres_scratch(c, maxb)},  // model-level AttnRes
       {&CallBuffers::route_sc, moe ? stages::route_scratch(c) : 0},
       {&CallBuffers::weight, moe ? rows : 0},

@@ -21,9 +21,12 @@ struct CallBuffers {
   std::vector<int32_t> idx, la_idx;  // top-k choices: the router's and the lookahead's
   std::optional<stages::BlockStack> B;
 
-  // Sizes and carves every region for T tokens at a state of `capacity` positions; a dense model
-  // (moe false) gets empty MoE regions.
-  void prepare(const io::ModelConfig& c, size_t T, size_t capacity, bool moe);
+  // Sizes and carves every region for T rows (every sequence's of the step) whose states hold
+  // `capacity` positions each, with logits for `heads` rows (one per sequence); a dense model (moe
+  // false) gets empty MoE regions. The attention scratch is sized for T rows at capacity - T cached
+  // positions, which bounds any split of the T rows into sequences: a segment's MLA scratch grows
+  // with its rows and its cached + new positions, both at most T and capacity.
+  void prepare(const io::ModelConfig& c, size_t T, size_t capacity, bool moe, size_t heads = 1);
 };
 
 }  // namespace k3::pipeline

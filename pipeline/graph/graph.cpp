@@ -115,10 +115,13 @@ void StreamingModel::Impl::build() {
   describe_edges();
 }
 
-void StreamingModel::Impl::prepare_call(stages::DecodeState& st, size_t T, std::span<float> logits) {
+void StreamingModel::Impl::prepare_call(std::span<const stages::Segment> segs, size_t T,
+                                        std::span<float> logits) {
   StepState& S = step_state;
-  S.buf.prepare(c, T, st.capacity(), src.has_experts());
-  S.st = &st;
+  size_t cap = 0;
+  for (const stages::Segment& s : segs) cap = std::max(cap, s.state->capacity());
+  S.buf.prepare(c, T, cap, src.has_experts(), segs.size());
+  S.segs.assign(segs.begin(), segs.end());
   S.T = T;
   S.logits = logits;
 }
@@ -136,10 +139,17 @@ void StreamingModel::expect_calls(int n) {
 }
 
 void StreamingModel::forward(stages::DecodeState& st, std::span<const int32_t> ids, std::span<float> logits) {
+  stages::check_forward_inputs(impl_->c, st, ids);
+  const stages::Segment one{.state = &st, .first_row = 0, .rows = ids.size()};
+  forward_batch(std::span(&one, 1), ids, logits);
+}
+
+void StreamingModel::forward_batch(std::span<const stages::Segment> segs, std::span<const int32_t> ids,
+                                   std::span<float> logits) {
   Impl& m = *impl_;
   const io::ModelConfig& c = m.c;
   const size_t T = ids.size(), V = size_t(c.vocab);
-  stages::check_forward_inputs(c, st, ids);
+  stages::check_segments(c, segs, ids);
   if (m.failed.load()) throw io::runtime_error(m.fail_msg);
   if (m.calls_done.load() > 0 && m.step_delay_ms > 0)  // test hook: time to change files between tokens
     std::this_thread::sleep_for(std::chrono::milliseconds(m.step_delay_ms));
@@ -148,7 +158,7 @@ void StreamingModel::forward(stages::DecodeState& st, std::span<const int32_t> i
   // nothing but this call's nodes touches the activations prepared here.
   if (!m.open_call()) throw io::runtime_error(m.fail_msg);
   m.act.step_begin();
-  m.prepare_call(st, T, logits.first(V));
+  m.prepare_call(segs, T, logits.first(segs.size() * V));
   const int k = m.calls_done.load();
   const Visit v0{uint64_t(k), 0};
   CallBuffers& buf = m.step(v0).buf;
@@ -156,7 +166,7 @@ void StreamingModel::forward(stages::DecodeState& st, std::span<const int32_t> i
     m.act.compute_begin();
     TraceSpan span(m.embed_track, "embed", "compute", m.args(-1));
     stages::embed_tokens(m.head->w, c, ids, buf.P);
-    st.watch.after_layer(stages::ForwardWatch::kEmbedding, buf.P.first(T * m.E), m.E, st.cached);
+    m.step(v0).after_layer(stages::ForwardWatch::kEmbedding, buf.P, m.E);
     m.act.compute_end();
   }
   auto job = [&](const TrunkJob& j) { m.node<kSchedule>().try_put(j); };
@@ -183,7 +193,7 @@ void StreamingModel::forward(stages::DecodeState& st, std::span<const int32_t> i
     m.g.wait_for_all();  // every node has skipped its body or finished; reads have completed
     throw io::runtime_error(m.fail_msg);
   }
-  st.cached += T;
+  for (const stages::Segment& s : segs) s.state->cached += s.rows;
   ++m.calls_done;
 }
 

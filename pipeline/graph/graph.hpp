@@ -4,13 +4,14 @@
 // group), never weights, each edge with a type of its own; every weight byte lives in a slot of a
 // pool the planner sized.
 //
-// Design target (the batching work builds it on this shape): one decode *step* carries B sequences,
-// each with its own KV cache / KDA state and position. A trunk layer is read once per step and
-// applied to all B of them; the routed experts a layer reads are the union over the step's tokens,
-// each computed once over the rows (of every sequence) that chose it. Messages therefore name their
-// step, and the per-step state -- activations (CallBuffers), the layer in progress, its MoE run
-// (MoeLayerRun) -- is a StepState found from the message's Visit, so several steps can be in
-// flight; today the driver runs one step, for one sequence, at a time.
+// Batching: one decode *step* carries B sequences (forward_batch), each with its own KV cache / KDA
+// state and position: their rows concatenated. A trunk layer is read once per step and applied to
+// all B of them; the routed experts a layer reads are the union over the step's tokens, each
+// computed once over the rows (of every sequence) that chose it; only the attention node runs per
+// sequence, the head at each sequence's last row. Messages name their step, and the per-step state
+// -- activations (CallBuffers), the layer in progress, its MoE run (MoeLayerRun) -- is a StepState
+// found from the message's Visit, so several steps could be in flight; today the driver runs one
+// step at a time.
 //
 // Where it is: graph_messages.hpp (Visit, SlotRef, per-edge messages, node ids and names, named
 // ports), graph_wiring.hpp (the edges: one table that make_edge and the DOT dump both read),
@@ -132,6 +133,11 @@ class StreamingModel {
   // sleeps N ms before every call but the first (a test changes files under a running decode).
   // Reader tuning for experiments: K3FLOW_{TRUNK,EXPERT}_{QD,CHUNK_KB}.
   void forward(stages::DecodeState&, std::span<const int32_t> ids, std::span<float> logits);
+  // One step over several sequences (stages::forward_batch with streamed weights): the segments'
+  // ids concatenated; every trunk layer is read once for all of them, a layer's routed experts are
+  // the union of its rows' choices, each computed once over the rows that chose it; the attention
+  // runs per segment on its own state. logits: segments.size() x vocab, each segment's last row.
+  void forward_batch(std::span<const stages::Segment>, std::span<const int32_t> ids, std::span<float> logits);
   // How many forward calls the run will make; reads run ahead into the next call only below it.
   void expect_calls(int n);
 

@@ -88,13 +88,21 @@ struct Owned<std::tuple<T...>> {
 using namespace graph_detail;  // this header is included only by graph*.cpp
 
 // One decode step in flight: its inputs, activations, the layer being computed and its MoE run.
-// Today the driver runs one step at a time (StreamingModel::Impl::step() has one); several steps
-// (or sequences batched into one) in flight are a table of these keyed by step.
+// A step carries one or more sequences (segments of its T rows, each with its own DecodeState);
+// every row-wise node runs once over all T rows, the attention per segment, the head at each
+// segment's last row. Today the driver runs one step at a time (StreamingModel::Impl::step() has
+// one); several steps in flight would be a table of these keyed by step.
 struct StepState {
   explicit StepState(MoeLayerRun::Waves w) : moe(w) {}
-  stages::DecodeState* st = nullptr;
-  size_t T = 0;
-  std::span<float> logits;
+  std::vector<stages::Segment> segs;
+  std::vector<stages::LayerSegment> layer_segs;  // the attention node's per-layer views of segs
+  size_t T = 0;                                  // rows: every segment's together
+  std::span<float> logits;                       // segs.size() x vocab
+  // After layer `layer`'s output is in P: each segment's watch scans its own rows.
+  void after_layer(int layer, std::span<const float> P, size_t E) {
+    for (const stages::Segment& s : segs)
+      s.state->watch.after_layer(layer, P.subspan(s.first_row * E, s.rows * E), E, s.state->cached);
+  }
   CallBuffers buf;
   struct Current {  // the layer being computed (one at a time: each needs the previous one's output)
     int layer = -1;
@@ -359,7 +367,7 @@ struct StreamingModel::Impl {
   void run(Body body);
   void make_edges();      // graph_wiring.cpp
   void describe_edges();  // graph_wiring.cpp: the same table, to the DOT description
-  void prepare_call(stages::DecodeState& st, size_t T, std::span<float> logits);
+  void prepare_call(std::span<const stages::Segment> segs, size_t T, std::span<float> logits);
 
   // The node bodies (graph_nodes_*.cpp), one per node that runs code, in the diagram's order.
   void trunk_read_body(const TrunkClaim&, TrunkReadNode::gateway_type&);

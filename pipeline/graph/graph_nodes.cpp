@@ -55,7 +55,8 @@ void StreamingModel::Impl::attention_body(const GatedLayer& in, Outputs<kAttenti
   const int l = r.visit.layer;
   run_node(kAttention, true, args(l, -1, r.slot.index), [&] {
     S.cur = StepState::Current{l, r.slot, &trunk.holder(l, r.slot.index).w};
-    stages::layer_attention(*S.cur.w, c, S.buf.P, S.T, *S.buf.B, S.st->layer(l), S.buf.x, S.buf.attn_sc);
+    S.layer_segs = stages::layer_segments(S.segs, l);
+    stages::layer_attention(*S.cur.w, c, S.buf.P, S.T, *S.buf.B, S.layer_segs, S.buf.x, S.buf.attn_sc);
     if (std::holds_alternative<stages::MoeWeights>(S.cur.w->ffn))
       port<AttentionOut::moe>(out).try_put(RouteGo{r.visit});
     else
@@ -70,7 +71,7 @@ void StreamingModel::Impl::dense_ffn_body(const DenseGo& m, Outputs<kDenseFfn>& 
     stages::dense_ffn(std::get<stages::DenseFfnWeights>(S.cur.w->ffn), c, S.buf.x, S.T, S.buf.a,
                       S.buf.dense_sc);
     stages::layer_ffn_add(S.buf.P, S.buf.a.first(S.T * E));
-    S.st->watch.after_layer(S.cur.layer, S.buf.P.first(S.T * E), E, S.st->cached);
+    S.after_layer(S.cur.layer, S.buf.P, E);
     done = true;
   });
   if (done) port<DenseOut::done>(out).try_put(LayerDone{m.visit});  // after the span: see layer_done
@@ -223,7 +224,7 @@ void StreamingModel::Impl::combine_body(const PieceDone& m, Outputs<kCombine>& o
     stages::moe_combine(std::get<stages::MoeWeights>(S.cur.w->ffn), c, S.buf.weight.first(T * K), S.buf.eout,
                         S.buf.shared, T, S.buf.a, S.buf.combine_sc);
     stages::layer_ffn_add(S.buf.P, S.buf.a.first(T * E));
-    S.st->watch.after_layer(S.cur.layer, S.buf.P.first(T * E), E, S.st->cached);
+    S.after_layer(S.cur.layer, S.buf.P, E);
     done = true;
   });
   if (done) port<CombineOut::done>(out).try_put(LayerDone{m.visit});  // after the span: see layer_done
@@ -246,7 +247,9 @@ void StreamingModel::Impl::layer_done_body(const LayerDone& m, Outputs<kLayerDon
       for (int s = 0; s < k; ++s) port<LayerDoneOut::free_slot>(out).try_put(k == 1 ? cur.slot : SlotRef{s});
       counters();
     }
-    if (S.st->watch.on_layer) S.st->watch.on_layer(l + 1, n, pin_loaded_bytes.load(), pin_total_bytes);
+    for (const stages::Segment& s : S.segs)
+      if (s.state->watch.on_layer)
+        s.state->watch.on_layer(l + 1, n, pin_loaded_bytes.load(), pin_total_bytes);
     if (l + 1 < n) {
       if (strategy == Strategy::serial)
         request_layer(
@@ -263,11 +266,14 @@ void StreamingModel::Impl::layer_done_body(const LayerDone& m, Outputs<kLayerDon
 void StreamingModel::Impl::head_body(const HeadGo& m) {
   StepState& S = step(m.visit);
   run_node(kHead, true, args(-1), [&] {
-    const size_t T = S.T;
     const stages::HeadWeights& hw = head->w;
-    stages::attnres_stage(*S.buf.B, S.buf.P, hw.out_res_norm, hw.out_res_proj, c, T - 1, T, S.buf.h,
-                          S.buf.agg_sc);
-    stages::lm_head(hw, c, S.buf.h, 1, S.logits, S.buf.head_sc);
+    const size_t n_out = S.segs.size();
+    for (size_t i = 0; i < n_out; ++i) {  // each segment's last row (AttnRes is per token)
+      const size_t t = S.segs[i].first_row + S.segs[i].rows - 1;
+      stages::attnres_stage(*S.buf.B, S.buf.P, hw.out_res_norm, hw.out_res_proj, c, t, t + 1,
+                            S.buf.h.subspan(i * E, E), S.buf.agg_sc);
+    }
+    stages::lm_head(hw, c, S.buf.h, n_out, S.logits, S.buf.head_sc);
   });
   end_call();  // the logits are written: the driver may sample while reads for the next call run on
 }

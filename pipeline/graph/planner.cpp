@@ -152,6 +152,10 @@ MemoryPlan make_plan(const PlanInputs& in, const PlanBudget& want) {
   const uint64_t n = in.layers.size();
   p.n_layers = int(n);
   p.routed_experts = p.expert_slot_bytes ? in.routed_experts : 0;
+  p.seq_kda_bytes = in.seq_kda_bytes;
+  p.seq_kv_bytes = in.seq_kv_bytes;
+  p.context = in.context;
+  p.max_seqs = in.max_seqs;
   for (const LayerFootprint& l : in.layers) p.trunk_bytes += footprint(l);
 
   if (p.budget < p.floor)
@@ -289,7 +293,7 @@ uint64_t scratch_bytes(const io::ModelConfig& c, uint64_t context) {
 }
 
 PlanInputs plan_inputs(const io::ModelConfig& c, const io::ShardSet& shards, const io::PackedTrunk* trunk,
-                       uint64_t context, int n_bound) {
+                       uint64_t context, int n_bound, int max_seqs) {
   const int n = n_bound <= 0 || n_bound > c.n_layers ? c.n_layers : n_bound;
   PlanInputs in;
   if (trunk) {
@@ -309,7 +313,13 @@ PlanInputs plan_inputs(const io::ModelConfig& c, const io::ShardSet& shards, con
   // KDA state for the KDA layers only (the references allocate it for every layer; MLA layers have
   // none) and the KV cache: what stages::DecodeState allocates, from the same StateSizes.
   const stages::StateSizes state = stages::StateSizes::of(c, n, context);
-  const uint64_t scratch = scratch_bytes(c, context);
+  const uint64_t S = uint64_t(std::max(max_seqs, 1));
+  const uint64_t scratch = scratch_bytes(c, std::max(context, S));
+  in.seq_kda_bytes = state.kda_bytes();
+  in.seq_kv_bytes = state.kv_bytes();
+  in.context = context;
+  in.max_seqs = int(S);
+  const std::string seqs = S > 1 ? fmt::format(" x {} sequences", S) : "";
   const uint64_t index = shards.index_bytes() + (trunk ? trunk->index_bytes() : 0);
   // The two readers' rings, at the queue depths the graph opens them with (reader_options.hpp); an
   // adaptive reader's ring is sized for its deepest window.
@@ -319,10 +329,10 @@ PlanInputs plan_inputs(const io::ModelConfig& c, const io::ShardSet& shards, con
   const uint64_t expert_ring = io::UringReader::ring_bytes(expert_reader_options(0).queue_depth);
   in.resident = {
       {"embedding + lm_head + head vectors", 1, head_bytes, head_bytes},
-      {fmt::format("KDA recurrent + conv state ({} KDA layers)", state.n_kda), uint64_t(state.n_kda),
-       state.kda_layer_bytes(), state.kda_bytes()},
-      {fmt::format("MLA KV cache ({} positions, {} MLA layers)", context, state.n_mla), context,
-       state.kv_position_bytes(), state.kv_bytes()},
+      {fmt::format("KDA recurrent + conv state ({} KDA layers{})", state.n_kda, seqs),
+       S * uint64_t(state.n_kda), state.kda_layer_bytes(), S * state.kda_bytes()},
+      {fmt::format("MLA KV cache ({} positions{}, {} MLA layers)", context, seqs, state.n_mla), S * context,
+       state.kv_position_bytes(), S * state.kv_bytes()},
       {"activation scratch (estimate)", 1, scratch, scratch},
       {trunk ? "tensor index (shards + trunk.json)" : "tensor index (shards)", 1, index, index},
       {"io_uring rings (trunk + experts)", 2, trunk_ring == expert_ring ? trunk_ring : 0,
@@ -354,6 +364,13 @@ std::string format_plan(const MemoryPlan& p) {
         "  the model needs only {} of the budget (every layer pinned, every expert cached): the rest is left "
         "unallocated\n",
         human_bytes(p.total()));
+  if (p.seq_kda_bytes + p.seq_kv_bytes > 0)
+    s += fmt::format(
+        "  carried state per sequence: {} (KDA + conv {}, MLA KV cache {} for {} positions) x {} sequence{} "
+        "= {}\n",
+        human_bytes(p.seq_kda_bytes + p.seq_kv_bytes), human_bytes(p.seq_kda_bytes),
+        human_bytes(p.seq_kv_bytes), p.context, p.max_seqs, p.max_seqs == 1 ? "" : "s",
+        human_bytes(uint64_t(p.max_seqs) * (p.seq_kda_bytes + p.seq_kv_bytes)));
   s += fmt::format("  trunk read per token: {} of {} ({} of {} layers streamed); expert slots {}\n",
                    human_bytes(p.streamed_bytes), human_bytes(p.trunk_bytes),
                    p.n_layers - int(p.pinned.size()), p.n_layers,
@@ -411,6 +428,14 @@ std::string plan_json(const MemoryPlan& p) {
       .field("inflight", p.inflight_slots)
       .field("lookahead", p.lookahead_slots)
       .field("cache", p.cache_slots)
+      .end_object()
+      .key("sequences")
+      .begin_object()
+      .field("max_seqs", p.max_seqs)
+      .field("context", p.context)
+      .field("state_bytes_per_sequence", p.seq_kda_bytes + p.seq_kv_bytes)
+      .field("kda_bytes_per_sequence", p.seq_kda_bytes)
+      .field("kv_bytes_per_sequence", p.seq_kv_bytes)
       .end_object()
       .end_object();
   return w.str();

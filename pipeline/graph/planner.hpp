@@ -62,6 +62,10 @@ struct PlanInputs {
   uint64_t expert_bytes = 0;           // one routed expert on disk (0: no routed experts)
   int top_k = 0;
   uint64_t routed_experts = 0;  // routed experts over the planned layers: at most this many slots (0: no cap)
+  // The carried state one sequence holds (KDA + conv state, MLA KV cache for the context) and how
+  // many sequences the resident terms hold it for (a batched run: max_seqs slots); 0: not known.
+  uint64_t seq_kda_bytes = 0, seq_kv_bytes = 0, context = 0;
+  int max_seqs = 1;
 };
 
 struct PlanBudget {
@@ -94,6 +98,10 @@ struct MemoryPlan {
   uint64_t inflight_slots = 0, lookahead_slots = 0, cache_slots = 0;
   uint64_t routed_experts = 0;  // PlanInputs::routed_experts
 
+  // carried state: PlanInputs' per-sequence figures (already among the pools, max_seqs times)
+  uint64_t seq_kda_bytes = 0, seq_kv_bytes = 0, context = 0;
+  int max_seqs = 1;
+
   uint64_t total() const;
   // Every layer pinned and a slot for every routed expert: the whole model is resident.
   bool holds_model() const;
@@ -115,9 +123,12 @@ std::vector<std::string> preset_names();
 // Inputs from a checkpoint: layer footprints from the packed trunk when given, else as pack-trunk
 // would lay the layers out from the shard index; resident terms for `context` positions. The first
 // `n_bound` layers are planned (<= 0: all); the KDA state and MLA KV cache terms are
-// stages::StateSizes, the very sizes stages::DecodeState allocates.
+// stages::StateSizes, the very sizes stages::DecodeState allocates, `max_seqs` times (a batched
+// run holds that many sequences' states: pipeline::BatchEngine); the activation scratch is sized
+// for the largest pass, max(context, max_seqs) rows (BatchEngine::max_step_rows: a step with more
+// ids is split into passes).
 PlanInputs plan_inputs(const io::ModelConfig& config, const io::ShardSet& shards,
-                       const io::PackedTrunk* trunk, uint64_t context, int n_bound = 0);
+                       const io::PackedTrunk* trunk, uint64_t context, int n_bound = 0, int max_seqs = 1);
 
 // Activation scratch for `context` positions (the estimate is documented in planner.cpp).
 uint64_t scratch_bytes(const io::ModelConfig& config, uint64_t context);

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdio>
 
 #include "io/error.hpp"
@@ -25,8 +26,12 @@ BatchEngine::BatchEngine(const DecoderOptions& o, io::ModelConfig cfg, int max_s
       capacity_(run_capacity(o)),
       shards_(open_model_shards(o.model_dir)) {
   const int n = checked_max_seqs(max_seqs);
-  // A server runs until it is stopped: the graph may always read ahead into the next step.
-  stream_ = StreamRun::open(o.stream, cfg_, shards_, n_layers_, capacity_, 1 << 30);
+  max_rows_ = std::max(capacity_, size_t(n));
+  // A server runs until it is stopped: the graph may always read ahead into the next step. The plan
+  // holds every slot's state and a pass of max_step_rows() ids.
+  StreamFlags flags = o.stream;
+  flags.max_seqs = n;
+  stream_ = StreamRun::open(flags, cfg_, shards_, n_layers_, capacity_, 1 << 30);
   if (!stream_) model_ = load_resident(shards_, cfg_, n_layers_, progress_mode(o.stream));
   states_.reserve(size_t(n));
   for (int i = 0; i < n; ++i)
@@ -46,6 +51,14 @@ uint64_t BatchEngine::state_bytes() const {
   uint64_t b = 0;
   for (const auto& s : states_) b += s->sizes().bytes();
   return b;
+}
+
+void BatchEngine::set_max_step_rows(size_t n) {
+  const size_t most = std::max(capacity_, states_.size());
+  if (n < 1 || n > most)
+    throw io::usage_error(
+        fmt::format("batch: {} ids per pass: needs 1..{} (the plan's activations)", n, most));
+  max_rows_ = n;
 }
 
 void BatchEngine::reset(int seq) {
@@ -70,15 +83,44 @@ void BatchEngine::step(std::span<const Row> rows) {
       throw io::Error(e.kind(), fmt::format("sequence {}: {}", r.seq, e.what()));
     }
   }
-  // Until the graph and stages::forward take several sequences per pass, a step is one pass per
-  // row: the same bits, each trunk layer read once per row instead of once per step.
-  for (const Row& r : rows) {
-    stages::DecodeState& st = *states_[size_t(r.seq)];
-    const std::span<float> logits = r.logits.first(size_t(cfg_.vocab));
+  // One pass for every row, unless the rows' ids together exceed max_step_rows(): then passes
+  // that each take the rows with the fewest ids left first and as many ids as fit.
+  const size_t V = size_t(cfg_.vocab);
+  std::vector<size_t> order(rows.size()), fed(rows.size(), 0);
+  for (size_t i = 0; i < rows.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return rows[a].ids.size() < rows[b].ids.size(); });
+  std::vector<stages::Segment> segs;
+  std::vector<size_t> seg_row;
+  passes_ = 0;
+  for (bool more = true; more;) {
+    segs.clear();
+    seg_row.clear();
+    pass_ids_.clear();
+    for (size_t i : order) {
+      const size_t left = rows[i].ids.size() - fed[i], room = max_rows_ - pass_ids_.size();
+      if (left == 0 || room == 0) continue;
+      const size_t n = std::min(left, room);
+      segs.push_back({.state = states_[size_t(rows[i].seq)].get(), .first_row = pass_ids_.size(), .rows = n});
+      seg_row.push_back(i);
+      pass_ids_.insert(pass_ids_.end(), rows[i].ids.begin() + long(fed[i]),
+                       rows[i].ids.begin() + long(fed[i] + n));
+    }
+    if (segs.empty()) break;
+    pass_logits_.resize(segs.size() * V);
     if (stream_)
-      stream_->forward(st, r.ids, logits);
+      stream_->forward_batch(segs, pass_ids_, pass_logits_);
     else
-      stages::forward(*model_, st, r.ids, stages::HeadAt::last, logits, scratch_);
+      stages::forward_batch(*model_, segs, pass_ids_, pass_logits_, scratch_);
+    ++passes_;
+    for (size_t s = 0; s < segs.size(); ++s) {
+      const size_t i = seg_row[s];
+      fed[i] += segs[s].rows;
+      if (fed[i] == rows[i].ids.size())
+        std::copy_n(pass_logits_.begin() + long(s * V), V, rows[i].logits.begin());
+    }
+    more = false;
+    for (size_t i = 0; i < rows.size(); ++i) more = more || fed[i] < rows[i].ids.size();
   }
   for (const Row& r : rows)
     check_logits_finite(cfg_, *states_[size_t(r.seq)], r.logits.first(size_t(cfg_.vocab)),

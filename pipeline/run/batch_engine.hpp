@@ -7,6 +7,14 @@
 // each row's last-position logits. Sequences join and leave at step boundaries: a slot is reset
 // before a new sequence uses it, and a row only names the slots that have something to feed.
 //
+// A step is ONE pass over the model for all its rows (stages::forward_batch resident,
+// StreamingModel::forward_batch streamed): every trunk layer is read once per step whatever the
+// number of sequences, and a layer's routed experts are the union of the step's tokens' choices.
+// A pass carries at most max_step_rows() ids (what the activations and the plan are sized for);
+// a step with more -- a long prompt joining -- is split into passes, each taking the rows with
+// the fewest ids first (the decoding sequences' single ids) and as much of the prompts as fits
+// (chunked prefill: a prompt fed in pieces gives the bits it gives fed whole).
+//
 // Exactness: each row's logits are bit-identical to feeding that sequence alone (Decoder), whatever
 // other rows share the step -- the engine's row-wise arithmetic never depends on how many rows a
 // pass carries (kernels::matmul is bit-identical to matvec per row), and each sequence's attention
@@ -51,6 +59,12 @@ class BatchEngine {
   size_t cached(int seq) const;                  // positions slot `seq` has fed
   StreamRun* stream() { return stream_.get(); }  // null when resident
   uint64_t state_bytes() const;                  // every slot's carried state
+  // Ids one pass carries at most: max(capacity(), max_seqs()). A step feeding more is split.
+  size_t max_step_rows() const { return max_rows_; }
+  // Lowers the cap (1..the default): smaller passes, for a server that bounds a step's latency, and
+  // for tests of the split. Throws usage Error outside that range.
+  void set_max_step_rows(size_t n);
+  int passes_last_step() const { return passes_; }  // passes the last step() took (1 unless split)
 
   void reset(int seq);  // forget slot `seq`'s sequence: zero its state
 
@@ -70,6 +84,10 @@ class BatchEngine {
   std::unique_ptr<stages::ResidentModel> model_;
   std::vector<std::unique_ptr<stages::DecodeState>> states_;
   stages::Scratch scratch_;
+  size_t max_rows_ = 0;
+  int passes_ = 0;
+  std::vector<float> pass_logits_;
+  std::vector<int32_t> pass_ids_;
 };
 
 }  // namespace k3::pipeline

@@ -158,7 +158,7 @@ RunPlan plan_run(const StreamFlags& f, const WeightSources& src, uint64_t contex
   const uint64_t allowance = kProcessAllowance + tokenizer;
   const bool measured_more = process_bytes > allowance;
   const uint64_t process = measured_more ? process_bytes : allowance;
-  const PlanInputs bare = src.plan_inputs(context, {});
+  const PlanInputs bare = src.plan_inputs(context, {}, std::max(f.max_seqs, 1));
   PlanInputs in = bare;
   if (measured_more) {
     in.resident.push_back({"process and tokenizer (measured)", 1, process, process});
@@ -290,6 +290,11 @@ void StreamRun::forward(stages::DecodeState& st, std::span<const int32_t> ids, s
   s_->model->forward(st, ids, logits);
 }
 
+void StreamRun::forward_batch(std::span<const stages::Segment> segs, std::span<const int32_t> ids,
+                              std::span<float> logits) {
+  s_->model->forward_batch(segs, ids, logits);
+}
+
 void StreamRun::record_step(int step, int32_t token) {
   const StepStats& x = s_->model->last_step();
   s_->tokens.push_back(RunReport::Token{step, token, x.wall_seconds, x.io_wait_seconds, x.compute_seconds,
@@ -300,6 +305,14 @@ std::string StreamRun::step_note() const {
   const StepStats& x = s_->model->last_step();
   return fmt::format("read {} trunk + {} experts, io wait {:.3f} s", human_bytes(x.trunk_bytes),
                      human_bytes(x.expert_bytes), x.io_wait_seconds);
+}
+
+const StepStats& StreamRun::last_step() const {
+  return s_->model->last_step();
+}
+
+StreamTotals StreamRun::totals() const {
+  return s_->model->totals();
 }
 
 uint64_t StreamRun::bytes_read() const {

@@ -57,12 +57,14 @@ struct StreamFlags {
   double mem_gb = 0, trunk_gb = 0, cache_gb = 0;  // 0: not given
   uint64_t context = 0;                           // --context (0: the run's own positions)
   int ring = 2;                                   // --ring: trunk ring slots
+  int max_seqs = 1;                               // sequences whose state the plan holds (BatchEngine)
   bool progress = false, no_progress = false;     // --progress / --no-progress
   bool requested() const;
   bool budget_given() const { return !preset.empty() || mem_gb > 0 || trunk_gb > 0; }
 };
 
-// Declares --trunk, --mem-gb, --preset, --trunk-gb, --cache-gb, --strategy: what decides the plan.
+// Declares --trunk, --mem-gb, --preset, --trunk-gb, --cache-gb, --strategy: what decides the plan
+// (--max-seqs, the batched run's sequences, is declared by the commands that have it).
 void add_plan_flags(CLI::App& sub, StreamFlags& flags);
 // add_plan_flags; --context and --ring unless the command declared them already (plan and chat
 // declare --context themselves, with the same meaning: the positions the KV cache, the scratch and
@@ -95,8 +97,12 @@ class StreamRun {
   ~StreamRun();
 
   void forward(stages::DecodeState&, std::span<const int32_t> ids, std::span<float> logits);
+  // One step over several sequences: StreamingModel::forward_batch.
+  void forward_batch(std::span<const stages::Segment>, std::span<const int32_t> ids, std::span<float> logits);
   void record_step(int step, int32_t token);  // after forward(): the per-token row of the report
   std::string step_note() const;              // extra STEP-table text for the last step
+  const StepStats& last_step() const;         // the last forward call's reads and times
+  StreamTotals totals() const;                // the run's reads so far
   uint64_t bytes_read() const;                // trunk + expert bytes read so far in this run
 
   // After a successful run: ends the streamed model (forward() may not be called again), writes

@@ -1,0 +1,42 @@
+// `k3flow bench MODEL --batch 1,2,4,8 …`: B sequences decoding together through one BatchEngine
+// (pipeline/run/batch_engine.hpp), a step being one pass over the trunk for all of them. For every B
+// a child process (the same executable, `bench MODEL --batch-child B …`, so each run's memory and
+// page cache are its own and its peak RSS comes from wait4) prefills B prompts of the same length
+// in one step -- sequence q's prompt is the bench prompt with q * 31 added to every id (mod the
+// vocabulary), so the sequences route to different experts -- then decodes greedily for --gen - 1
+// steps. Rounds alternate every B (--repeat), with the page cache of the model (and trunk) dropped
+// before each run.
+//
+// Reported per B: s per decode step (median and min over repeats), aggregate tokens/s (B / s per
+// step), per-sequence s/token (= s per step), trunk and expert bytes read per decode step, peak RSS
+// against the budget, and aggregate speedup over the smallest B. Every sequence q must emit the
+// same ids for every B it runs in (a step's logits do not depend on the other rows): the bench
+// refuses a run that does not.
+#pragma once
+#include <cstdint>
+#include <cstdio>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace k3::pipeline {
+
+struct BatchBenchArgs {
+  std::string model_dir, trunk_dir, preset, strategy = "auto";
+  std::optional<double> mem_gb;
+  std::vector<int32_t> ids;  // the prompt (sequence 0's)
+  int gen = 8, repeat = 3, threads = 0;
+};
+
+// The child: one BatchEngine with B sequences; prints what the engine prints, then one line
+// "BATCH {json}" with the measurements and every sequence's ids.
+int run_batch_child(const BatchBenchArgs&, int batch);
+
+// The parent: every B in `batches` (ascending, distinct), `repeat` rounds; the table to `txt`.
+// Throws runtime Error when a child fails or a sequence's ids differ between batch sizes.
+int run_batch_bench(const BatchBenchArgs&, const std::vector<int>& batches, std::FILE* txt);
+
+// "1,2,4,8" -> {1, 2, 4, 8}; usage Error (naming --batch) for anything else.
+std::vector<int> parse_batch_list(const std::string& text);
+
+}  // namespace k3::pipeline

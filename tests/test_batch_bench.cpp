@@ -1,0 +1,113 @@
+// Batched decode through the real binary (K3FLOW_BIN): `k3flow plan --max-seqs N` holds N
+// sequences' carried state and says so per sequence; `k3flow bench --batch` runs B sequences in one
+// engine per child, and a child with 4 sequences on a checkpoint over 3x its budget keeps its peak
+// RSS (wait4) under the budget; every sequence emits the ids it emits in a batch of one.
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <string>
+
+#include "tests/run_helpers.hpp"
+
+namespace fs = std::filesystem;
+using k3::test::k3flow;
+using k3::test::Run;
+using k3::test::TempDir;
+
+namespace {
+
+struct Small {
+  TempDir dir;
+  std::string model;
+  uint64_t on_disk = 0;
+  Small() {
+    model = dir / "small";
+    const Run s = k3flow(fmt::format("synth {} --size small --seed 2", model));
+    REQUIRE_MESSAGE(s.code == 0, s.err);
+    for (const auto& e : fs::directory_iterator(model)) on_disk += fs::file_size(e.path());
+  }
+};
+
+Small& small() {
+  static Small s;
+  return s;
+}
+
+// A number after `key=` on the BATCH line.
+std::string batch_field(const std::string& out, const std::string& key) {
+  const size_t line = out.rfind("\nBATCH ");
+  if (line == std::string::npos) return "<no BATCH line>";
+  const size_t at = out.find(" " + key + "=", line);
+  if (at == std::string::npos) return "<no " + key + ">";
+  const size_t b = at + key.size() + 2, e = out.find_first_of(" \n", b);
+  return out.substr(b, e - b);
+}
+
+}  // namespace
+
+TEST_CASE("plan --max-seqs: the carried state of every sequence is planned, and printed per sequence") {
+  Small& s = small();
+  const Run one = k3flow(fmt::format("plan {} --mem-gb 0.2 --context 64", s.model));
+  const Run four = k3flow(fmt::format("plan {} --mem-gb 0.2 --context 64 --max-seqs 4", s.model));
+  REQUIRE_MESSAGE(one.code == 0, one.err);
+  REQUIRE_MESSAGE(four.code == 0, four.err);
+  CHECK(one.out.find("x 1 sequence =") != std::string::npos);
+  CHECK(four.out.find("x 4 sequences =") != std::string::npos);
+  CHECK(four.out.find("MLA KV cache (64 positions x 4 sequences") != std::string::npos);
+  CHECK(one.out.find("sequences") == std::string::npos);
+  const Run j1 = k3flow(fmt::format("plan {} --mem-gb 0.2 --context 64 --json", s.model));
+  const Run j4 = k3flow(fmt::format("plan {} --mem-gb 0.2 --context 64 --max-seqs 4 --json", s.model));
+  REQUIRE(j1.code == 0);
+  REQUIRE(j4.code == 0);
+  const auto num = [](const std::string& json, const std::string& key) {
+    const size_t at = json.find("\"" + key + "\":");
+    REQUIRE(at != std::string::npos);
+    return std::strtoull(json.c_str() + at + key.size() + 3, nullptr, 10);
+  };
+  const uint64_t per = num(j4.out, "state_bytes_per_sequence");
+  CHECK(per == num(j1.out, "state_bytes_per_sequence"));
+  CHECK(num(j4.out, "max_seqs") == 4);
+  // The planned total grows by three more sequences' state (the scratch is sized for 64 rows both
+  // times); the pools shrink by as much, so the total stays within the same budget.
+  CHECK(num(j4.out, "budget") == num(j1.out, "budget"));
+  const Run bad = k3flow(fmt::format("plan {} --mem-gb 0.2 --max-seqs 0", s.model));
+  CHECK(bad.code == 2);
+}
+
+TEST_CASE("bench --batch child: 4 sequences on a checkpoint over 3x the budget stay under it, same ids") {
+  Small& s = small();
+  const double gb = 0.09;
+  const uint64_t budget = uint64_t(std::llround(gb * (1 << 30)));
+  REQUIRE(s.on_disk >= 3 * budget);
+  const std::string common =
+      fmt::format("bench {} --mem-gb {} --gen 4 --ids 7,8,9 --strategy overlap", s.model, gb);
+  const Run b1 = k3flow(common + " --batch-child 1", "", 180);
+  const Run b4 = k3flow(common + " --batch-child 4", "", 180);
+  REQUIRE_MESSAGE(b1.code == 0, b1.err);
+  REQUIRE_MESSAGE(b4.code == 0, b4.err);
+  MESSAGE(fmt::format("small ({} MB on disk) at --mem-gb {} ({} B): peak RSS B=1 {} B, B=4 {} B",
+                      s.on_disk / 1000000, gb, budget, b1.peak_rss, b4.peak_rss));
+  K3_CHECK_UNLESS_SANITIZED(b1.peak_rss <= budget);
+  K3_CHECK_UNLESS_SANITIZED(b4.peak_rss <= budget);
+  const std::string ids1 = batch_field(b1.out, "ids"), ids4 = batch_field(b4.out, "ids");
+  CHECK(ids4.substr(0, ids4.find('/')) == ids1);
+  CHECK(std::count(ids4.begin(), ids4.end(), '/') == 3);
+  // One pass per step: the trunk read per decode step does not grow with the sequences.
+  const double t1 = std::stod(batch_field(b1.out, "trunk")), t4 = std::stod(batch_field(b4.out, "trunk"));
+  CHECK(t4 <= 1.25 * t1);
+}
+
+TEST_CASE("bench --batch: the table, every batch size, the same ids; bad lists refused") {
+  Small& s = small();
+  const Run r = k3flow(
+      fmt::format("bench {} --mem-gb 0.09 --gen 3 --ids 7,8,9 --repeat 1 --batch 1,2", s.model), "", 300);
+  REQUIRE_MESSAGE(r.code == 0, r.err);
+  CHECK(r.out.find("agg tok/s med") != std::string::npos);
+  CHECK(r.out.find("every sequence emitted the same ids at every B") != std::string::npos);
+  CHECK(k3flow(fmt::format("bench {} --mem-gb 0.09 --batch 2,1", s.model)).code == 2);
+  CHECK(k3flow(fmt::format("bench {} --mem-gb 0.09 --batch 0", s.model)).code == 2);
+  CHECK(k3flow(fmt::format("bench {} --batch 1,2", s.model)).code == 2);
+}
