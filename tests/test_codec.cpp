@@ -248,3 +248,19 @@ TEST_CASE("random corruption with valid checks never decodes out of bounds: refu
   MESSAGE(refused << " of 6000 resealed corruptions refused (the rest changed only raw sign/mantissa bytes)");
   CHECK(refused > 0);
 }
+
+TEST_CASE("incompressible data is stored in raw blocks: it grows by the header, index and 4 bytes a block") {
+  std::vector<std::byte> noise(100001);
+  std::mt19937 rng(29);
+  for (auto& b : noise) b = std::byte(rng() & 0xFF);
+  for (Codec c : {Codec::exp4, Codec::huff}) {
+    const auto enc = codec::encode(noise, {.codec = c, .block_values = 4096});
+    const size_t blocks = (noise.size() / 2 + 4095) / 4096;
+    CHECK(enc.size() <= noise.size() + codec::kHeaderBytes + blocks * (codec::kIndexEntryBytes + 4));
+    CHECK(codec::decode(enc) == noise);
+    auto bad = enc;  // a raw block whose header is not zero
+    bad[codec::kHeaderBytes + blocks * codec::kIndexEntryBytes + 2] = std::byte{1};
+    codec::reseal(bad);
+    CHECK(error_of(bad).find("block 0: raw block") != std::string::npos);
+  }
+}

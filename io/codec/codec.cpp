@@ -16,6 +16,11 @@ namespace {
 
 constexpr char kMagic[4] = {'K', '3', 'C', 'Z'};
 constexpr uint8_t kVersion = 1;
+// A block whose second byte is 1 holds its values raw after a 4-byte header (0, 1, 0, 0): what
+// the encoder stores when coding would not shrink the block, so no input grows by more than the
+// header, index and 4 bytes a block.
+constexpr uint8_t kRawBlockKind = 1;
+constexpr size_t kRawBlockHead = 4;
 
 uint64_t rd_u64(const std::byte* p) {
   uint64_t v;
@@ -105,6 +110,12 @@ std::vector<std::byte> encode(std::span<const std::byte> raw, const EncodeOption
       detail::exp4_encode_block(vals.data(), n, out);
     else
       detail::huff_encode_block(vals.data(), n, out);
+    if (out.size() - start >= kRawBlockHead + 2 * n) {  // incompressible (not weights): store raw
+      out.resize(start + kRawBlockHead + 2 * n);
+      std::memset(out.data() + start, 0, kRawBlockHead);
+      out[start + 1] = std::byte{kRawBlockKind};
+      std::memcpy(out.data() + start + kRawBlockHead, raw.data() + first * 2, n * 2);
+    }
     std::byte* entry = out.data() + kHeaderBytes + size_t(b) * kIndexEntryBytes;
     wr_u64(entry, out.size() - data_off);
     wr_u64(entry + 8, check_hash(std::span(out).subspan(start)));
@@ -192,7 +203,14 @@ void Stream::decode_blocks(uint32_t first, uint32_t end, std::span<std::byte> ou
     if (!aligned) tmp.resize(n);
     uint16_t* o = aligned ? reinterpret_cast<uint16_t*>(dst) : tmp.data();
     try {
-      if (codec_ == Codec::exp4)
+      if (size >= 2 && std::to_integer<uint8_t>(blk[1]) == kRawBlockKind) {
+        if (size != kRawBlockHead + 2 * n || blk[0] != std::byte{0} || blk[2] != std::byte{0} ||
+            blk[3] != std::byte{0})
+          throw detail::BlockFault{fmt::format("raw block of {} bytes for {} values (needs {}, zero header)",
+                                               size, n, kRawBlockHead + 2 * n),
+                                   0};
+        std::memcpy(o, blk + kRawBlockHead, n * 2);
+      } else if (codec_ == Codec::exp4)
         detail::exp4_decode_block(blk, size, n, o);
       else
         detail::huff_decode_block(blk, size, n, o);

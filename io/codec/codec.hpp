@@ -11,6 +11,7 @@
 //           block_values u32, n_blocks u32, 0 u32, raw_bytes u64, check u64
 //   [40, 40 + 16 n_blocks)  block index: per block {end u64 (from the data start), check u64}
 //   data: the blocks back to back; block b holds values [b*block_values, ...) of raw_bytes/2.
+// A block that coding would not shrink is stored raw (4-byte header 0,1,0,0 then the values).
 // header.check hashes bytes [0,32) and the index; a block's check hashes its stored bytes, so a
 // flipped bit anywhere is refused naming the block and its byte offset (when checks are verified).
 // Without verification every structural field is still bounds-checked: a malformed stream never
