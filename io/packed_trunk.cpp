@@ -565,10 +565,10 @@ PackedTrunk PackedTrunk::open(const fs::path& dir, int expected_layers, File::Mo
       L.stored_bytes = get_u64(le, "stored_bytes", where);
       L.compressed_bytes = get_u64(le, "compressed_bytes", where);
       if (L.stored_bytes % kTrunkAlign || L.stored_bytes == 0 || L.compressed_bytes > L.stored_bytes ||
-          L.compressed_bytes < codec::kHeaderBytes)
+          L.compressed_bytes < codec::kHeaderBytes || L.nbytes / 2 > L.compressed_bytes)
         throw bad(
             fmt::format("{}: stored_bytes {} / compressed_bytes {}: not a positive 4096-multiple holding "
-                        "a codec stream",
+                        "a codec stream (which decodes to less than twice its size)",
                         where, L.stored_bytes, L.compressed_bytes));
     }
     if (L.file_off > file_size || L.stored_bytes > file_size - L.file_off)  // no wrap-around
