@@ -4,6 +4,8 @@
 #include <fmt/format.h>
 #include <simdjson.h>
 #include <sys/stat.h>
+#include <tbb/blocked_range.h>
+#include <tbb/parallel_for.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -166,6 +168,7 @@ TrunkLayout layout_trunk(const ShardSet& shards, int n_layers) {
       off += info.nbytes;
     }
     L.nbytes = align_up(std::max<uint64_t>(off, 1), kTrunkAlign);
+    L.stored_bytes = L.compressed_bytes = L.nbytes;
     file_off += L.nbytes;
   }
   out.file_bytes = file_off;
@@ -212,11 +215,13 @@ namespace {
 
 constexpr size_t kStageBytes = size_t{64} << 20;
 
-std::string trunk_json(const std::vector<TrunkLayer>& layers, const TrunkSource& src) {
+std::string trunk_json(const std::vector<TrunkLayer>& layers, const TrunkSource& src, codec::Codec codec) {
+  const bool packed = codec != codec::Codec::none;
   std::string s = fmt::format(
-      "{{\"format\":\"k3flow-trunk\",\"version\":1,\"n_layers\":{},\"align\":{},\"tensor_align\":{},"
-      "\"checksum\":\"xxh64\",\n\"source\":{{\"sample_bytes\":{},\"shards\":[",
-      layers.size(), kTrunkAlign, kTrunkTensorAlign, kTrunkSampleBytes);
+      "{{\"format\":\"k3flow-trunk\",\"version\":{},\"n_layers\":{},\"align\":{},\"tensor_align\":{},"
+      "\"checksum\":\"xxh64\",{}\n\"source\":{{\"sample_bytes\":{},\"shards\":[",
+      packed ? 2 : 1, layers.size(), kTrunkAlign, kTrunkTensorAlign,
+      packed ? fmt::format("\"codec\":\"{}\",", codec::codec_name(codec)) : "", kTrunkSampleBytes);
   for (size_t i = 0; i < src.shards.size(); ++i)
     s += fmt::format("{}{{\"file\":{},\"bytes\":{},\"header_xxh64\":\"{:016x}\"}}", i ? "," : "",
                      json_quote(src.shards[i].file), src.shards[i].bytes, src.shards[i].header_xxh64);
@@ -226,8 +231,11 @@ std::string trunk_json(const std::vector<TrunkLayer>& layers, const TrunkSource&
   s += "]},\"layers\":[";
   for (size_t i = 0; i < layers.size(); ++i) {
     const TrunkLayer& L = layers[i];
-    s += fmt::format("{}\n{{\"layer\":{},\"file_off\":{},\"nbytes\":{},\"xxh64\":\"{:016x}\",\"tensors\":{{",
-                     i ? "," : "", L.layer, L.file_off, L.nbytes, L.xxh64);
+    s += fmt::format("{}\n{{\"layer\":{},\"file_off\":{},\"nbytes\":{},\"xxh64\":\"{:016x}\",", i ? "," : "",
+                     L.layer, L.file_off, L.nbytes, L.xxh64);
+    if (packed)
+      s += fmt::format("\"stored_bytes\":{},\"compressed_bytes\":{},", L.stored_bytes, L.compressed_bytes);
+    s += "\"tensors\":{";
     for (size_t j = 0; j < L.tensors.size(); ++j) {
       const TrunkTensor& t = L.tensors[j];
       std::string shape;
@@ -363,7 +371,8 @@ struct PartialGuard {
 }  // namespace
 
 PackStats pack_trunk(const ShardSet& shards, int n_layers, const fs::path& dir,
-                     const std::function<void(uint64_t, uint64_t)>& progress, bool (*cancelled)()) {
+                     const std::function<void(uint64_t, uint64_t)>& progress, bool (*cancelled)(),
+                     codec::Codec codec) {
   auto t0 = std::chrono::steady_clock::now();
   TrunkLayout lay = layout_trunk(shards, n_layers);
   const TrunkSource source = trunk_source(shards, lay.sources);
@@ -379,7 +388,52 @@ PackStats pack_trunk(const ShardSet& shards, int n_layers, const fs::path& dir,
   if (ec) throw runtime_error(fmt::format("pack-trunk: cannot create {}: {}", dir.string(), ec.message()));
 
   PackStats st;
-  {
+  const bool packed = codec != codec::Codec::none;
+  const std::function<void(uint64_t, uint64_t)> no_progress;
+  if (packed) {
+    // Each layer's decoded image is assembled, hashed, encoded and written; progress counts the
+    // decoded bytes done (the stored total is not known in advance).
+    Staged out(bin_tmp, lay.file_bytes, no_progress, cancelled);
+    uint64_t file_off = 0, raw_done = 0;
+    for (size_t l = 0; l < lay.layers.size(); ++l) {
+      TrunkLayer& L = lay.layers[l];
+      out.check_cancelled();
+      AlignedBuffer image(size_t(L.nbytes));
+      std::memset(image.data(), 0, image.size());
+      for (size_t i = 0; i < L.tensors.size(); ++i) {
+        const TrunkTensor& t = L.tensors[i];
+        shards.read_range(lay.sources[l][i].shard, lay.sources[l][i].offset,
+                          image.bytes().subspan(size_t(t.off), size_t(t.nbytes)));
+        st.payload_bytes += t.nbytes;
+      }
+      L.xxh64 = xxh64(image.bytes());
+      const auto e0 = std::chrono::steady_clock::now();
+      const std::vector<std::byte> enc = codec::encode(image.bytes(), {.codec = codec});
+      st.encode_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - e0).count();
+      L.file_off = file_off;
+      L.compressed_bytes = enc.size();
+      L.stored_bytes = align_up(std::max<uint64_t>(enc.size(), 1), kTrunkAlign);
+      for (size_t done = 0; done < enc.size();) {
+        auto r = out.room(enc.size() - done);
+        std::memcpy(r.data(), enc.data() + done, r.size());
+        out.commit(r.size());
+        done += r.size();
+      }
+      for (uint64_t n = L.stored_bytes - enc.size(); n > 0;) {
+        auto r = out.room(size_t(n));
+        std::memset(r.data(), 0, r.size());
+        out.commit(r.size());
+        n -= r.size();
+      }
+      file_off += L.stored_bytes;
+      st.largest_layer = std::max(st.largest_layer, L.nbytes);
+      st.raw_bytes += L.nbytes;
+      if (progress) progress(raw_done += L.nbytes, lay.file_bytes);
+    }
+    out.finish();
+    out.check_cancelled();
+    lay.file_bytes = file_off;
+  } else {
     Staged out(bin_tmp, lay.file_bytes, progress, cancelled);
     for (size_t l = 0; l < lay.layers.size(); ++l) {
       TrunkLayer& L = lay.layers[l];
@@ -415,10 +469,11 @@ PackStats pack_trunk(const ShardSet& shards, int n_layers, const fs::path& dir,
     }
     out.finish();
     out.check_cancelled();
+    st.raw_bytes = lay.file_bytes;
   }
   st.bytes_written = lay.file_bytes;
 
-  std::string text = trunk_json(lay.layers, source);
+  std::string text = trunk_json(lay.layers, source, codec);
   int fd = ::open(json_tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) sys_fail(json_tmp, "cannot create");
   try {
@@ -482,6 +537,12 @@ PackedTrunk PackedTrunk::open(const fs::path& dir, int expected_layers, File::Mo
   };
   if (uint64_t a = get_u64(doc, "align", "top level"); a != kTrunkAlign)
     throw bad(fmt::format("align is {}, this engine reads only {}-aligned trunks", a, kTrunkAlign));
+  if (std::string_view cs; !doc["codec"].get_string().get(cs)) {
+    const auto c = codec::parse_codec(cs);
+    if (!c) throw bad(fmt::format("unknown codec \"{}\" (this build reads none, exp4, huff)", cs));
+    t.codec_ = *c;
+  }
+  const bool packed = t.codec_ != codec::Codec::none;
   simdjson::dom::array layers;
   if (doc["layers"].get_array().get(layers)) throw bad("\"layers\" missing or not an array");
   if (expected_layers >= 0 && layers.size() != size_t(expected_layers))
@@ -499,9 +560,20 @@ PackedTrunk PackedTrunk::open(const fs::path& dir, int expected_layers, File::Mo
     if (L.file_off % kTrunkAlign || L.nbytes % kTrunkAlign || L.nbytes == 0)
       throw bad(fmt::format("{}: file_off {} / nbytes {} not positive 4096-multiples", where, L.file_off,
                             L.nbytes));
-    if (L.file_off > file_size || L.nbytes > file_size - L.file_off)  // no wrap-around
-      throw bad(fmt::format("{}: file_off {} + nbytes {} runs past the end of {} ({} bytes)", where,
-                            L.file_off, L.nbytes, bin.string(), file_size));
+    L.stored_bytes = L.compressed_bytes = L.nbytes;
+    if (packed) {
+      L.stored_bytes = get_u64(le, "stored_bytes", where);
+      L.compressed_bytes = get_u64(le, "compressed_bytes", where);
+      if (L.stored_bytes % kTrunkAlign || L.stored_bytes == 0 || L.compressed_bytes > L.stored_bytes ||
+          L.compressed_bytes < codec::kHeaderBytes || L.nbytes / 2 > L.compressed_bytes)
+        throw bad(
+            fmt::format("{}: stored_bytes {} / compressed_bytes {}: not a positive 4096-multiple holding "
+                        "a codec stream (which decodes to less than twice its size)",
+                        where, L.stored_bytes, L.compressed_bytes));
+    }
+    if (L.file_off > file_size || L.stored_bytes > file_size - L.file_off)  // no wrap-around
+      throw bad(fmt::format("{}: file_off {} + {} {} runs past the end of {} ({} bytes)", where, L.file_off,
+                            packed ? "stored_bytes" : "nbytes", L.stored_bytes, bin.string(), file_size));
     std::string_view hex;
     if (!le["xxh64"].get_string().get(hex)) {
       auto [p, ec] = std::from_chars(hex.data(), hex.data() + hex.size(), L.xxh64, 16);
@@ -583,12 +655,54 @@ PackedTrunk PackedTrunk::open(const fs::path& dir, int expected_layers, File::Mo
   for (const TrunkLayer& L : t.layers_) by_off.push_back(&L);
   std::sort(by_off.begin(), by_off.end(), [](auto* a, auto* b) { return a->file_off < b->file_off; });
   for (size_t i = 1; i < by_off.size(); ++i)  // both ends are <= file_size: no wrap-around
-    if (by_off[i - 1]->file_off + by_off[i - 1]->nbytes > by_off[i]->file_off)
+    if (by_off[i - 1]->file_off + by_off[i - 1]->stored_bytes > by_off[i]->file_off)
       throw bad(fmt::format("layers {} and {} overlap in {}", by_off[i - 1]->layer, by_off[i]->layer,
                             bin.string()));
   t.loaded_ok_ = std::make_unique<std::atomic<bool>[]>(t.layers_.size());
   for (size_t i = 0; i < t.layers_.size(); ++i) t.loaded_ok_[i].store(false);
   return t;
+}
+
+uint64_t PackedTrunk::stored_bytes() const {
+  uint64_t n = 0;
+  for (const TrunkLayer& L : layers_) n += L.stored_bytes;
+  return n;
+}
+
+uint64_t PackedTrunk::raw_bytes() const {
+  uint64_t n = 0;
+  for (const TrunkLayer& L : layers_) n += L.nbytes;
+  return n;
+}
+
+void PackedTrunk::require_raw() const {
+  if (codec_ != codec::Codec::none)
+    throw usage_error(
+        fmt::format("trunk packed with codec {}: streaming it needs the decode stage, not built yet "
+                    "({}; re-pack with --codec none)",
+                    codec::codec_name(codec_), json_path_.parent_path().string()));
+}
+
+void PackedTrunk::decode_layer(int l, std::span<const std::byte> stored, std::span<std::byte> out) const {
+  const TrunkLayer& L = layer(l);
+  if (stored.size() < L.compressed_bytes || out.size() < L.nbytes)
+    throw runtime_error(
+        fmt::format("trunk: {}: layer {}: decode given {} stored / {} output bytes, needs {} / {}",
+                    file_.path().string(), l, stored.size(), out.size(), L.compressed_bytes, L.nbytes));
+  const auto s = codec::Stream::parse(stored.first(size_t(L.compressed_bytes)),
+                                      fmt::format("{} layer {}", file_.path().string(), l), L.file_off);
+  if (s.raw_bytes() != L.nbytes)
+    throw runtime_error(fmt::format("trunk: {}: layer {}: its stream decodes to {} bytes, trunk.json says {}",
+                                    file_.path().string(), l, s.raw_bytes(), L.nbytes));
+  const auto dst = out.first(size_t(L.nbytes));
+  // Chunks of 16 blocks: enough work per task, and a layer spreads over every worker.
+  tbb::parallel_for(
+      tbb::blocked_range<uint32_t>(0, s.n_blocks(), 16),
+      [&](const tbb::blocked_range<uint32_t>& r) { s.decode_blocks(r.begin(), r.end(), dst, true); });
+  if (uint64_t got = xxh64(dst); !L.has_xxh64 || got != L.xxh64)
+    throw runtime_error(fmt::format(
+        "trunk: {}: layer {} decoded checksum mismatch (xxh64 {:016x}, trunk.json says {})",
+        file_.path().string(), l, got, L.has_xxh64 ? fmt::format("{:016x}", L.xxh64) : std::string("none")));
 }
 
 uint64_t PackedTrunk::largest_layer() const {
@@ -612,6 +726,17 @@ void PackedTrunk::verify_layer(int l) const {
   if (!L.has_xxh64)
     throw runtime_error(
         fmt::format("trunk: {}: layer {} has no xxh64 checksum to verify", json_path_.string(), l));
+  if (codec_ != codec::Codec::none) {
+    AlignedBuffer stored(size_t(L.stored_bytes)), out(size_t(L.nbytes));
+    try {
+      file_.read_exact(L.file_off, stored.bytes());
+    } catch (const Error& e) {
+      throw runtime_error(
+          fmt::format("trunk: layer {} of {} unreadable: {}", l, file_.path().string(), e.what()));
+    }
+    decode_layer(l, stored.bytes(), out.bytes());
+    return;
+  }
   AlignedBuffer buf(std::min<uint64_t>(L.nbytes, kStageBytes));
   Xxh64 h;
   try {

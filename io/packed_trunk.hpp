@@ -25,6 +25,12 @@
 //   a fine-tune) is told apart without reading it whole. config.json is not part of it: the
 //   trunk's bytes depend on the shards only (the layer count is checked separately).
 //
+// Compressed trunks (pack-trunk --codec exp4|huff, docs/codec.md): trunk.json has top-level
+// "codec":"<name>" (absent = "none") and per layer "stored_bytes" (the read length at file_off, a
+// 4096-multiple) and "compressed_bytes" (the codec stream's exact length, <= stored_bytes); nbytes
+// and the tensor offsets then describe the DECODED layer image and xxh64 hashes the decoded bytes.
+// The stream carries a block index (a layer decodes in parallel chunks) and per-block checks.
+//
 // A pack writes trunk.bin.partial and trunk.json.partial and renames them only when both are
 // complete (trunk.json last), so an interrupted pack never leaves a file that looks complete.
 #pragma once
@@ -39,6 +45,7 @@
 #include <string_view>
 #include <vector>
 
+#include "io/codec/codec.hpp"
 #include "io/file.hpp"
 #include "io/safetensors.hpp"
 
@@ -58,10 +65,12 @@ struct TrunkTensor {
 
 struct TrunkLayer {
   int layer = 0;
-  uint64_t file_off = 0;   // in trunk.bin, 4096-aligned
-  uint64_t nbytes = 0;     // 4096-multiple: the bytes to read
-  uint64_t xxh64 = 0;      // of those bytes
-  bool has_xxh64 = false;  // false for a trunk.json without checksums (the reference tools' format)
+  uint64_t file_off = 0;          // in trunk.bin, 4096-aligned
+  uint64_t nbytes = 0;            // 4096-multiple: the layer's (decoded) bytes; the read length when raw
+  uint64_t xxh64 = 0;             // of those bytes (decoded)
+  uint64_t stored_bytes = 0;      // bytes at file_off to read (4096-multiple); == nbytes when raw
+  uint64_t compressed_bytes = 0;  // the codec stream's length; == nbytes when raw
+  bool has_xxh64 = false;         // false for a trunk.json without checksums (the reference tools' format)
   std::vector<TrunkTensor> tensors;
   const TrunkTensor* find(std::string_view name) const;  // nullptr when absent
 };
@@ -97,6 +106,8 @@ TrunkSource trunk_source(const ShardSet& shards, const std::vector<std::vector<T
 
 struct PackStats {
   uint64_t bytes_written = 0;  // trunk.bin size
+  uint64_t raw_bytes = 0;      // the layers' decoded bytes (== bytes_written without a codec)
+  double encode_seconds = 0;   // spent in the codec
   uint64_t payload_bytes = 0;  // tensor bytes (without padding)
   uint64_t largest_layer = 0;
   double seconds = 0;
@@ -110,9 +121,11 @@ struct PackStats {
 // `cancelled` returns true (K3FLOW_FAIL_MODE=wait, for signal tests).
 // Throws Error naming the file on any failure; a thrown pack removes its .partial files and the
 // directories it created (when they are then empty).
+// With a codec other than none each layer is assembled in memory (its decoded image and its
+// stream: ~1.8x the largest layer), encoded, and written at the next 4096-aligned offset.
 PackStats pack_trunk(const ShardSet& shards, int n_layers, const std::filesystem::path& dir,
                      const std::function<void(uint64_t done, uint64_t total)>& progress = {},
-                     bool (*cancelled)() = nullptr);
+                     bool (*cancelled)() = nullptr, codec::Codec codec = codec::Codec::none);
 
 // An opened, validated packed trunk. Validation (one-line runtime Error naming the file): JSON
 // shape, align == 4096, layer count == expected, layer i has "layer" i, file_off/nbytes
@@ -127,13 +140,27 @@ class PackedTrunk {
   const std::filesystem::path& json_path() const { return json_path_; }
   uint64_t align() const { return kTrunkAlign; }
   const std::vector<TrunkLayer>& layers() const { return layers_; }
+  codec::Codec codec() const { return codec_; }
+  uint64_t stored_bytes() const;  // sum over layers (the bytes a pass reads)
+  uint64_t raw_bytes() const;     // sum of the decoded layers' nbytes
   const TrunkLayer& layer(int l) const { return layers_.at(size_t(l)); }
   uint64_t largest_layer() const;
   size_t index_bytes() const;  // heap bytes this description holds
 
-  // Reads layer l and compares its XXH64 with trunk.json; throws runtime Error naming trunk.bin and
-  // the layer on a mismatch, a read failure, or when trunk.json records no checksum.
+  // Reads layer l (decoding it when compressed) and compares its XXH64 with trunk.json; throws
+  // runtime Error naming trunk.bin and the layer on a mismatch, a read failure, a corrupted stream
+  // (with the block and the file offset), or when trunk.json records no checksum.
   void verify_layer(int l) const;
+
+  // Compressed trunks: `stored` holds layer l's stored_bytes as read from trunk.bin; decodes them
+  // into `out` (nbytes), blocks in parallel chunks (oneTBB), every block check verified, then the
+  // decoded XXH64 compared with trunk.json. Throws runtime Error "codec: <trunk.bin> layer L: block
+  // B ... (at byte offset O)" with O an offset in trunk.bin.
+  void decode_layer(int l, std::span<const std::byte> stored, std::span<std::byte> out) const;
+
+  // Streaming reads layers raw: a compressed trunk is refused (usage Error, exit 2) until the
+  // graph has a decode stage.
+  void require_raw() const;
 
   // Refuses (runtime Error naming the trunk directory and what differs, asking to re-run
   // pack-trunk) a trunk whose trunk.json "source" does not match `shards`, or that records no
@@ -155,6 +182,7 @@ class PackedTrunk {
   std::vector<TrunkLayer> layers_;
   TrunkSource source_;
   bool has_source_ = false;
+  codec::Codec codec_ = codec::Codec::none;
   std::unique_ptr<std::atomic<bool>[]> loaded_ok_;  // per layer: check_loaded passed
 };
 

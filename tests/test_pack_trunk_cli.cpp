@@ -295,3 +295,43 @@ TEST_CASE("pack-trunk: SIGINT / SIGTERM remove the temporaries and the directory
     CHECK_MESSAGE(r.code == 0, r.err);
   }
 }
+
+TEST_CASE(
+    "pack-trunk --codec exp4|huff: smaller trunk.bin, decoded bytes = the raw pack's, generate refuses it") {
+  TempDir tmp(fs::current_path(), "k3_pack_cli_");  // the build directory: real disk
+  fs::path model = synth(tmp.path / "model", "--size tiny");
+  const fs::path raw = tmp.path / "raw";
+  REQUIRE(k3flow("pack-trunk " + model.string() + " " + raw.string()).code == 0);
+  const k3::io::ModelConfig c = k3::io::load_config(model / "config.json");
+  const k3::io::PackedTrunk plain = k3::io::PackedTrunk::open(raw, c.n_layers);
+  CHECK(plain.codec() == k3::io::codec::Codec::none);
+  for (const std::string codec : {"exp4", "huff"}) {
+    CAPTURE(codec);
+    const fs::path trunk = tmp.path / codec;
+    Run r = k3flow("pack-trunk " + model.string() + " " + trunk.string() + " --codec " + codec + " --verify");
+    REQUIRE_MESSAGE(r.code == 0, r.err);
+    CHECK(r.out.find("codec " + codec + ":") != std::string::npos);
+    CHECK(r.out.find("verified") != std::string::npos);
+    CHECK(slurp(trunk / "trunk.json").find("\"codec\":\"" + codec + "\"") != std::string::npos);
+    const k3::io::PackedTrunk t = k3::io::PackedTrunk::open(trunk, c.n_layers);
+    CHECK(k3::io::codec::codec_name(t.codec()) == codec);
+    CHECK(fs::file_size(trunk / "trunk.bin") < fs::file_size(raw / "trunk.bin") * 4 / 5);
+    for (const auto& L : t.layers()) {
+      CAPTURE(L.layer);
+      const auto& P = plain.layer(L.layer);
+      CHECK(L.nbytes == P.nbytes);
+      CHECK(L.xxh64 == P.xxh64);  // of the decoded bytes: the raw pack's bytes
+      std::vector<std::byte> stored(L.stored_bytes), out(L.nbytes), want(P.nbytes);
+      t.file().read_exact(L.file_off, stored);
+      plain.file().read_exact(P.file_off, want);
+      t.decode_layer(L.layer, stored, out);
+      CHECK(out == want);
+    }
+    Run g = k3flow(gen_with(model, trunk));
+    CHECK(g.code == 2);
+    CHECK(g.err.find("trunk packed with codec " + codec +
+                     ": streaming it needs the decode stage, not built yet") != std::string::npos);
+    CHECK(one_line(g.err));
+  }
+  CHECK(k3flow("pack-trunk " + model.string() + " " + (tmp.path / "x").string() + " --codec zstd").code == 2);
+}

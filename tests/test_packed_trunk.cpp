@@ -461,3 +461,86 @@ TEST_CASE("a source shard without header_xxh64 is refused naming trunk.json and 
   CHECK(m.find("trunk.json") != std::string::npos);
   CHECK(m.find("header_xxh64 is missing or not a string") != std::string::npos);
 }
+
+TEST_CASE(
+    "a compressed pack decodes to the raw pack's bytes; a flipped byte is refused by layer and offset") {
+  TempDir tmp(fs::current_path(), "k3_packed_trunk_");  // the build directory: real disk
+  fs::path model = make_checkpoint(tmp.path / "model");
+  ShardSet shards = ShardSet::open(model);
+  const fs::path raw = tmp.path / "raw";
+  k3::io::pack_trunk(shards, 3, raw);
+  const PackedTrunk plain = PackedTrunk::open(raw, 3);
+  for (auto codec : {k3::io::codec::Codec::exp4, k3::io::codec::Codec::huff}) {
+    CAPTURE(k3::io::codec::codec_name(codec));
+    const fs::path out = tmp.path / k3::io::codec::codec_name(codec);
+    const k3::io::PackStats st = k3::io::pack_trunk(shards, 3, out, {}, nullptr, codec);
+    CHECK(st.raw_bytes == fs::file_size(raw / "trunk.bin"));
+    CHECK(st.bytes_written == fs::file_size(out / "trunk.bin"));
+    {
+      const PackedTrunk t = PackedTrunk::open(out, 3);
+      CHECK(t.codec() == codec);
+      for (const auto& L : t.layers()) {
+        CAPTURE(L.layer);
+        CHECK(L.file_off % 4096 == 0);
+        CHECK(L.stored_bytes % 4096 == 0);
+        CHECK(L.compressed_bytes <= L.stored_bytes);
+        CHECK(L.nbytes == plain.layer(L.layer).nbytes);
+        CHECK(L.tensors.size() == plain.layer(L.layer).tensors.size());
+        CHECK_NOTHROW(t.verify_layer(L.layer));
+        std::vector<std::byte> stored(L.stored_bytes), got(L.nbytes);
+        t.file().read_exact(L.file_off, stored);
+        t.decode_layer(L.layer, stored, got);
+        CHECK(got == read_file_range(raw / "trunk.bin", plain.layer(L.layer).file_off, L.nbytes));
+      }
+    }
+    // One flipped byte in the middle of layer 2's stream.
+    const PackedTrunk t = PackedTrunk::open(out, 3);
+    const uint64_t at = t.layer(2).file_off + t.layer(2).compressed_bytes / 2;
+    {
+      std::fstream f(out / "trunk.bin", std::ios::binary | std::ios::in | std::ios::out);
+      f.seekg(std::streamoff(at));
+      char ch = 0;
+      f.get(ch);
+      f.seekp(std::streamoff(at));
+      f.put(char(ch ^ 0x40));
+    }
+    const PackedTrunk bad = PackedTrunk::open(out, 3);
+    CHECK_NOTHROW(bad.verify_layer(1));
+    std::string m;
+    try {
+      bad.verify_layer(2);
+    } catch (const k3::io::Error& e) {
+      m = e.what();
+    }
+    CAPTURE(m);
+    CHECK(m.find("trunk.bin layer 2: block") != std::string::npos);
+    const size_t p = m.find("(bytes ");
+    REQUIRE(p != std::string::npos);
+    const uint64_t lo = std::stoull(m.substr(p + 7)), hi = std::stoull(m.substr(m.find("..", p) + 2));
+    CHECK(lo <= at);  // the range names trunk.bin offsets
+    CHECK(at < hi);
+  }
+}
+
+TEST_CASE("trunk.json with an unknown codec is refused") {
+  TempDir tmp(fs::current_path(), "k3_packed_trunk_");
+  fs::path model = make_checkpoint(tmp.path / "model");
+  const fs::path out = tmp.path / "t";
+  k3::io::pack_trunk(ShardSet::open(model), 3, out, {}, nullptr, k3::io::codec::Codec::exp4);
+  std::string text;
+  {
+    std::ifstream f(out / "trunk.json", std::ios::binary);
+    text.assign(std::istreambuf_iterator<char>(f), {});
+  }
+  const size_t at = text.find("\"codec\":\"exp4\"");
+  REQUIRE(at != std::string::npos);
+  text.replace(at, 14, "\"codec\":\"zstd\"");
+  std::ofstream(out / "trunk.json", std::ios::binary | std::ios::trunc) << text;
+  std::string m;
+  try {
+    PackedTrunk::open(out, 3);
+  } catch (const k3::io::Error& e) {
+    m = e.what();
+  }
+  CHECK(m.find("unknown codec \"zstd\"") != std::string::npos);
+}

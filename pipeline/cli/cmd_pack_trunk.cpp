@@ -1,6 +1,7 @@
-// `k3flow pack-trunk MODEL_DIR TRUNK_DIR [--verify] [--force] [--progress | --no-progress]`: copy
-// every layer's dense tensors into TRUNK_DIR/trunk.bin (+ trunk.json), one 4096-aligned run per
-// layer, so streaming reads each layer with one O_DIRECT read (io/packed_trunk.hpp).
+// `k3flow pack-trunk MODEL_DIR TRUNK_DIR [--codec none|exp4|huff] [--verify] [--force] [--progress |
+// --no-progress]`: copy every layer's dense tensors into TRUNK_DIR/trunk.bin (+ trunk.json), one
+// 4096-aligned run per layer, so streaming reads each layer with one O_DIRECT read
+// (io/packed_trunk.hpp); with a codec each layer is stored losslessly compressed (docs/codec.md).
 // TRUNK_DIR must not hold a trunk already unless --force. Ctrl-C / SIGTERM: the pack stops at the
 // next chunk, removes its temporaries (and TRUNK_DIR when it created it), says so on one line and
 // exits 130 / 143; a failed pack cleans up the same way (exit 1).
@@ -32,7 +33,7 @@ struct PackArgs;
 int pack_and_verify(const PackArgs& a, bool& packed);
 
 struct PackArgs {
-  std::string model_dir, trunk_dir;
+  std::string model_dir, trunk_dir, codec = "none";
   bool verify = false, force = false, progress = false, no_progress = false;
 };
 
@@ -69,6 +70,8 @@ int run_pack(const PackArgs& a) {
 
 int pack_and_verify(const PackArgs& a, bool& packed) {
   const fs::path dir(a.model_dir);
+  const auto codec = io::codec::parse_codec(a.codec);
+  if (!codec) throw io::usage_error(fmt::format("--codec {}: expected none, exp4 or huff", a.codec));
   io::ModelConfig config = io::load_config(dir / "config.json");
   io::ShardSet shards = io::ShardSet::open(dir);
   io::PackStats st;
@@ -78,7 +81,7 @@ int pack_and_verify(const PackArgs& a, bool& packed) {
                                                : Progress::Mode::automatic);
     st = io::pack_trunk(
         shards, config.n_layers, a.trunk_dir, [&](uint64_t d, uint64_t t) { bar.update(d, t); },
-        &InterruptScope::requested);
+        &InterruptScope::requested, *codec);
   }
   packed = true;
   fmt::print("pack-trunk: {} layers -> {} ({} B, {} of tensors) in {:.1f} s ({}); largest layer {} B ({})\n",
@@ -86,6 +89,14 @@ int pack_and_verify(const PackArgs& a, bool& packed) {
              human_bytes(double(st.payload_bytes)), st.seconds,
              human_rate(st.seconds > 0 ? double(st.bytes_written) / st.seconds : 0), st.largest_layer,
              human_bytes(double(st.largest_layer)));
+  if (*codec != io::codec::Codec::none)
+    fmt::print(
+        "pack-trunk: codec {}: {} B decoded -> {} B stored (ratio {:.3f}, {:.1f}% saved); encode {:.1f} s "
+        "({})\n",
+        io::codec::codec_name(*codec), st.raw_bytes, st.bytes_written,
+        double(st.bytes_written) / double(st.raw_bytes),
+        100.0 * (1.0 - double(st.bytes_written) / double(st.raw_bytes)), st.encode_seconds,
+        human_rate(st.encode_seconds > 0 ? double(st.raw_bytes) / st.encode_seconds : 0));
   if (a.verify) {
     io::PackedTrunk t = io::PackedTrunk::open(a.trunk_dir, config.n_layers);
     Progress bar("verify", a.progress      ? Progress::Mode::always
@@ -95,10 +106,11 @@ int pack_and_verify(const PackArgs& a, bool& packed) {
     for (const io::TrunkLayer& L : t.layers()) {
       if (InterruptScope::requested()) throw io::runtime_error("pack-trunk: interrupted");
       t.verify_layer(L.layer);
-      bar.update(done += L.nbytes, t.file().size());
+      bar.update(done += L.stored_bytes, t.file().size());
     }
     bar.finish();
-    fmt::print("pack-trunk: verified {} layers (xxh64)\n", t.layers().size());
+    fmt::print("pack-trunk: verified {} layers (xxh64{})\n", t.layers().size(),
+               t.codec() == io::codec::Codec::none ? "" : " of the decoded bytes");
   }
   return 0;
 }
@@ -109,6 +121,8 @@ Action add_pack_trunk(CLI::App& sub) {
   auto a = std::make_shared<PackArgs>();
   sub.add_option("MODEL_DIR", a->model_dir, "checkpoint directory (config.json + *.safetensors)")->required();
   sub.add_option("TRUNK_DIR", a->trunk_dir, "output directory for trunk.bin + trunk.json")->required();
+  sub.add_option("--codec", a->codec, "store layers losslessly compressed: none (default), exp4, huff")
+      ->check(CLI::IsMember({"none", "exp4", "huff"}));
   sub.add_flag("--verify", a->verify, "re-read trunk.bin afterwards and check every layer's xxh64");
   sub.add_flag("--force", a->force, "replace the packed trunk already in TRUNK_DIR");
   auto* on =

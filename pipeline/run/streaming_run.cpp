@@ -258,6 +258,7 @@ std::unique_ptr<StreamRun> StreamRun::open(const StreamFlags& f, const io::Model
   s.flags = f;
   s.strategy = f.strategy.empty() ? Strategy::automatic : parse_strategy(f.strategy);
   if (!f.trunk_dir.empty()) s.trunk.emplace(io::PackedTrunk::open(f.trunk_dir, cfg.n_layers));
+  if (s.trunk) s.trunk->require_raw();  // a compressed trunk needs the decode stage (docs/codec.md)
   s.src = WeightSources::open(cfg, shards, s.trunk ? &*s.trunk : nullptr, n_layers);
 
   // What this process holds besides the planned terms (the tensor index is one of them), once the

@@ -7,6 +7,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -134,6 +135,32 @@ int main(int argc, char** argv) {
       put(d / "trunk2.json", trunk_json(2, true, true));
       put(d / "trunk3_nosource.json", trunk_json(3, true, false));
       put(d / "trunk1_reference.json", trunk_json(1, false, false));
+    }
+    {
+      // fuzz_codec: a mode byte (1: verify checks, 3: reseal then verify), then a stream of each
+      // codec over weight-like bf16 with an odd tail byte, and an incompressible (raw-block) one.
+      const fs::path d = target_dir(out, "codec");
+      std::vector<std::byte> w(2 * 3000 + 1);
+      uint64_t x = 1;
+      for (size_t i = 0; i + 1 < w.size(); i += 2) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        const int e = 118 + int((x >> 33) % 6);  // exponents near 2^-9 .. 2^-4, a few escapes
+        const uint16_t v = uint16_t(((x >> 60) & 1) << 15 | (x % 97 == 0 ? 1 : e) << 7 | ((x >> 40) & 0x7F));
+        std::memcpy(w.data() + i, &v, 2);
+      }
+      w.back() = std::byte{0x3C};
+      std::vector<std::byte> noise(700);
+      for (auto& b : noise) b = std::byte((x = x * 6364136223846793005ull + 1) >> 56);
+      auto seed = [&](const char* name, uint8_t mode, const std::vector<std::byte>& raw,
+                      k3::io::codec::Codec c) {
+        const auto enc = k3::io::codec::encode(raw, {.codec = c, .block_values = 1024});
+        std::string bytes(1, char(mode));
+        bytes.append(reinterpret_cast<const char*>(enc.data()), enc.size());
+        put(d / name, bytes);
+      };
+      seed("exp4.bin", 1, w, k3::io::codec::Codec::exp4);
+      seed("huff.bin", 3, w, k3::io::codec::Codec::huff);
+      seed("raw_blocks.bin", 1, noise, k3::io::codec::Codec::exp4);
     }
     {
       const fs::path d = target_dir(out, "state_file");

@@ -1,0 +1,266 @@
+// io/codec: lossless round trips for every bf16 bit pattern and weight-like data, every decode
+// body against scalar, and corrupted streams refused by block and byte offset.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "io/codec/codec.hpp"
+#include "io/error.hpp"
+#include "kernels/dispatch.hpp"
+
+using namespace k3::io;
+using codec::Codec;
+namespace kernels = k3::kernels;
+
+namespace {
+
+std::vector<std::byte> as_bytes(const std::vector<uint16_t>& v) {
+  std::vector<std::byte> b(v.size() * 2);
+  std::memcpy(b.data(), v.data(), b.size());
+  return b;
+}
+
+uint16_t bf16_of(float f) {
+  return uint16_t(std::bit_cast<uint32_t>(f) >> 16);
+}
+
+// Weight-like: N(0, scale) per row of 1024, scale drawn per row, with 1 in 1000 values x 40
+// (outliers) and a few exact zeros.
+std::vector<std::byte> weights(size_t n_bytes, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::uniform_real_distribution<float> ud(0.005f, 0.05f);
+  std::vector<std::byte> out(n_bytes);
+  float scale = ud(rng);
+  for (size_t i = 0; i + 1 < n_bytes; i += 2) {
+    if (i % 2048 == 0) scale = ud(rng);
+    float x = nd(rng) * scale;
+    if (rng() % 1000 == 0) x *= 40;
+    if (rng() % 5000 == 0) x = 0;
+    const uint16_t v = bf16_of(x);
+    std::memcpy(out.data() + i, &v, 2);
+  }
+  if (n_bytes & 1) out.back() = std::byte{0xA5};
+  return out;
+}
+
+void round_trip(const std::vector<std::byte>& raw, Codec c, uint32_t bv = 0) {
+  const auto enc = codec::encode(raw, {.codec = c, .block_values = bv});
+  const auto dec = codec::decode(enc, "test");
+  REQUIRE(dec.size() == raw.size());
+  CHECK(std::memcmp(dec.data(), raw.data(), raw.size()) == 0);
+}
+
+std::string error_of(const std::vector<std::byte>& stream) {
+  try {
+    (void)codec::decode(stream, "s");
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("every bf16 bit pattern round-trips byte for byte, both codecs, several block sizes") {
+  std::vector<uint16_t> all(65536);
+  for (uint32_t i = 0; i < 65536; ++i) all[i] = uint16_t(i);  // NaN, inf, denormals, -0 included
+  std::vector<uint16_t> shuffled = all;
+  std::shuffle(shuffled.begin(), shuffled.end(), std::mt19937(7));
+  for (Codec c : {Codec::exp4, Codec::huff})
+    for (uint32_t bv : {64u, 4096u, codec::max_block_values(c)}) {
+      CAPTURE(codec::codec_name(c));
+      CAPTURE(bv);
+      round_trip(as_bytes(all), c, bv);
+      round_trip(as_bytes(shuffled), c, bv);
+    }
+}
+
+TEST_CASE("weight-like data of odd lengths and tails round-trips; the codecs save what they should") {
+  for (size_t n :
+       {size_t(0), size_t(1), size_t(2), size_t(3), size_t(127), size_t(128), size_t(129), size_t(8191),
+        size_t(8192), size_t(8193), size_t(3 * 8192 + 63), size_t(131072 + 1), size_t(1 << 20)}) {
+    CAPTURE(n);
+    const auto raw = weights(n, uint32_t(n));
+    for (Codec c : {Codec::exp4, Codec::huff}) {
+      CAPTURE(codec::codec_name(c));
+      round_trip(raw, c);
+      round_trip(raw, c, 64);
+    }
+  }
+  const auto raw = weights(size_t(4) << 20, 1);
+  const double r4 = double(codec::encode(raw, {.codec = Codec::exp4}).size()) / double(raw.size());
+  const double rh = double(codec::encode(raw, {.codec = Codec::huff}).size()) / double(raw.size());
+  MESSAGE("weight-like 4 MiB: exp4 ratio " << r4 << ", huff ratio " << rh);
+  CHECK(r4 < 0.78);  // 12 bits + escapes + headers
+  CHECK(rh < r4);
+  // One exponent only: huff codes it in 1 bit.
+  std::vector<uint16_t> same(100000, 0x3F80);
+  round_trip(as_bytes(same), Codec::huff);
+  round_trip(as_bytes(same), Codec::exp4);
+}
+
+TEST_CASE("every exp4 decode body gives the scalar body's bytes") {
+  const auto raw = weights((size_t(1) << 20) + 37, 3);  // tails inside blocks and an odd byte
+  const auto enc = codec::encode(raw, {.codec = Codec::exp4, .block_values = 1024});
+  const kernels::Isa was = kernels::active_isa();
+  kernels::set_active_isa(kernels::Isa::scalar);
+  const auto want = codec::decode(enc);
+  for (kernels::Isa isa : codec::built_exp4_isas()) {
+    if (!kernels::isa_supported(isa)) {
+      MESSAGE("skipped: this CPU has no " << kernels::isa_name(isa));
+      continue;
+    }
+    CAPTURE(kernels::isa_name(isa));
+    kernels::set_active_isa(isa);
+    const uint64_t before = codec::exp4_body_runs(isa);
+    const auto got = codec::decode(enc);
+    CHECK(codec::exp4_body_runs(isa) > before);
+    CHECK(got == want);
+  }
+  kernels::set_active_isa(was);
+  CHECK(want == raw);
+}
+
+TEST_CASE("two threads decoding disjoint block ranges give the one-thread bytes") {
+  const auto raw = weights(size_t(3) << 20, 5);
+  for (Codec c : {Codec::exp4, Codec::huff}) {
+    const auto enc = codec::encode(raw, {.codec = c});
+    const auto s = codec::Stream::parse(enc, "t");
+    std::vector<std::byte> out(raw.size());
+    const uint32_t mid = s.n_blocks() / 2;
+    std::thread t([&] { s.decode_blocks(0, mid, out, true); });
+    s.decode_blocks(mid, s.n_blocks(), out, true);
+    t.join();
+    CHECK(out == raw);
+  }
+}
+
+TEST_CASE("a flipped bit anywhere in the header or the index is refused, naming the header") {
+  const auto raw = weights(20000, 9);
+  for (Codec c : {Codec::exp4, Codec::huff}) {
+    const auto enc = codec::encode(raw, {.codec = c, .block_values = 4096});
+    const size_t head = codec::kHeaderBytes + 3 * codec::kIndexEntryBytes;  // 3 blocks
+    for (size_t bit = 0; bit < head * 8; ++bit) {
+      auto bad = enc;
+      bad[bit / 8] ^= std::byte(1u << (bit % 8));
+      const std::string e = error_of(bad);
+      CAPTURE(bit);
+      REQUIRE_MESSAGE(!e.empty(), "a flipped header bit decoded");
+      CHECK(e.find("header") != std::string::npos);
+      CHECK(e.find("byte offset") != std::string::npos);
+    }
+  }
+}
+
+TEST_CASE("a flipped byte in a block is refused naming that block and its byte range") {
+  const auto raw = weights(20000, 11);
+  for (Codec c : {Codec::exp4, Codec::huff}) {
+    const auto enc = codec::encode(raw, {.codec = c, .block_values = 4096});
+    const size_t data = codec::kHeaderBytes + 3 * codec::kIndexEntryBytes;
+    for (size_t at : {data, data + 1000, enc.size() - 1}) {
+      auto bad = enc;
+      bad[at] ^= std::byte{0x10};
+      const std::string e = error_of(bad);
+      CAPTURE(at);
+      CHECK(e.find("check mismatch") != std::string::npos);
+      // The range the message names contains the flipped byte.
+      const size_t p = e.find("(bytes ");
+      REQUIRE(p != std::string::npos);
+      const size_t lo = std::stoull(e.substr(p + 7)), hi = std::stoull(e.substr(e.find("..", p) + 2));
+      CHECK(lo <= at);
+      CHECK(at < hi);
+    }
+  }
+}
+
+TEST_CASE("truncated streams are refused") {
+  const auto raw = weights(20000, 13);
+  for (Codec c : {Codec::exp4, Codec::huff}) {
+    const auto enc = codec::encode(raw, {.codec = c, .block_values = 4096});
+    for (size_t keep : {size_t(0), size_t(10), codec::kHeaderBytes, codec::kHeaderBytes + 20, enc.size() / 2,
+                        enc.size() - 1}) {
+      std::vector<std::byte> cut(enc.begin(), enc.begin() + ptrdiff_t(keep));
+      CAPTURE(keep);
+      CHECK(!error_of(cut).empty());
+    }
+    auto longer = enc;
+    longer.push_back(std::byte{0});
+    CHECK(error_of(longer).find("the stream at") != std::string::npos);
+  }
+}
+
+TEST_CASE("structurally bad blocks with valid checks are refused by block and offset") {
+  const auto raw = weights(20000, 17);
+  const size_t data = codec::kHeaderBytes + 3 * codec::kIndexEntryBytes;
+  SUBCASE("exp4: escape count") {
+    auto bad = codec::encode(raw, {.codec = Codec::exp4, .block_values = 4096});
+    bad[data + 2] = std::byte{0xFF};
+    codec::reseal(bad);
+    const std::string e = error_of(bad);
+    CHECK(e.find("block 0: escape count") != std::string::npos);
+    CHECK(e.find("byte offset " + std::to_string(data + 2)) != std::string::npos);
+  }
+  SUBCASE("exp4: base exponent out of range") {
+    auto bad = codec::encode(raw, {.codec = Codec::exp4, .block_values = 4096});
+    bad[data] = std::byte{250};
+    codec::reseal(bad);
+    CHECK(error_of(bad).find("base exponent 250") != std::string::npos);
+  }
+  SUBCASE("huff: code table") {
+    auto bad = codec::encode(raw, {.codec = Codec::huff, .block_values = 4096});
+    bad[data + 8 + 1] = std::byte{13};  // first symbol's length
+    codec::reseal(bad);
+    CHECK(error_of(bad).find("block 0: code length 13") != std::string::npos);
+    bad[data + 8 + 1] = std::byte{1};
+    codec::reseal(bad);
+    CHECK(error_of(bad).find("complete prefix code") != std::string::npos);
+  }
+  SUBCASE("huff: code bytes count") {
+    auto bad = codec::encode(raw, {.codec = Codec::huff, .block_values = 4096});
+    bad[data + 4] = std::byte(std::to_integer<uint8_t>(bad[data + 4]) + 1);
+    codec::reseal(bad);
+    CHECK(error_of(bad).find("block 0:") != std::string::npos);
+  }
+}
+
+TEST_CASE("random corruption with valid checks never decodes out of bounds: refused or decoded") {
+  const auto raw = weights(30000, 19);
+  std::mt19937 rng(23);
+  int refused = 0;
+  for (Codec c : {Codec::exp4, Codec::huff}) {
+    const auto enc = codec::encode(raw, {.codec = c, .block_values = 1024});
+    for (int it = 0; it < 3000; ++it) {
+      auto bad = enc;
+      for (int k = 0, n = 1 + int(rng() % 4); k < n; ++k)
+        bad[rng() % bad.size()] ^= std::byte(1u << (rng() % 8));
+      codec::reseal(bad);
+      refused += !error_of(bad).empty();
+    }
+  }
+  MESSAGE(refused << " of 6000 resealed corruptions refused (the rest changed only raw sign/mantissa bytes)");
+  CHECK(refused > 0);
+}
+
+TEST_CASE("incompressible data is stored in raw blocks: it grows by the header, index and 4 bytes a block") {
+  std::vector<std::byte> noise(100001);
+  std::mt19937 rng(29);
+  for (auto& b : noise) b = std::byte(rng() & 0xFF);
+  for (Codec c : {Codec::exp4, Codec::huff}) {
+    const auto enc = codec::encode(noise, {.codec = c, .block_values = 4096});
+    const size_t blocks = (noise.size() / 2 + 4095) / 4096;
+    CHECK(enc.size() <= noise.size() + codec::kHeaderBytes + blocks * (codec::kIndexEntryBytes + 4));
+    CHECK(codec::decode(enc) == noise);
+    auto bad = enc;  // a raw block whose header is not zero
+    bad[codec::kHeaderBytes + blocks * codec::kIndexEntryBytes + 2] = std::byte{1};
+    codec::reseal(bad);
+    CHECK(error_of(bad).find("block 0: raw block") != std::string::npos);
+  }
+}
