@@ -47,7 +47,12 @@ class MoeLayerRun {
   void begin(Visit v, std::span<const int32_t> idx, const io::ModelConfig& c, int other_pieces);
 
   Visit visit() const { return visit_; }
-  int layer() const { return visit_.layer; }
+  // Locked: expert_landed and expert_fetch read it for their trace arguments while the router may
+  // be starting the next layer (a late prefetch landing, a stale retry); .ci/tsan found the race.
+  int layer() const {
+    std::lock_guard lk(mu_);
+    return visit_.layer;
+  }
   size_t unique() const { return groups_.experts.size(); }
   int expert(size_t group) const { return groups_.experts[group]; }
   std::span<const uint32_t> rows(size_t group) const { return groups_.rows_of(group); }
@@ -127,7 +132,7 @@ class MoeLayerRun {
 
  private:
   const Waves waves_;
-  std::mutex mu_;
+  mutable std::mutex mu_;  // mutable: layer() locks it
   Visit visit_{~uint64_t{0}, -1};
   stages::ExpertGroups groups_;
   std::vector<int> slot_;
