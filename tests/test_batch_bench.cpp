@@ -95,9 +95,11 @@ TEST_CASE("bench --batch child: 4 sequences on a checkpoint over 3x the budget s
   const std::string ids1 = batch_field(b1.out, "ids"), ids4 = batch_field(b4.out, "ids");
   CHECK(ids4.substr(0, ids4.find('/')) == ids1);
   CHECK(std::count(ids4.begin(), ids4.end(), '/') == 3);
-  // One pass per step: the trunk read per decode step does not grow with the sequences.
+  // One pass per step: the trunk read over the decode steps does not grow with the sequences (a
+  // pass per row would read it 4x). Not equal: the ring reads ahead into the next step, and how
+  // much of that lands inside the measured steps depends on timing (up to ~1.3x seen at load 14).
   const double t1 = std::stod(batch_field(b1.out, "trunk")), t4 = std::stod(batch_field(b4.out, "trunk"));
-  CHECK(t4 <= 1.25 * t1);
+  CHECK(t4 < 2 * t1);
 }
 
 TEST_CASE("bench --batch: the table, every batch size, the same ids; bad lists refused") {
