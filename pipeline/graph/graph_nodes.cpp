@@ -107,7 +107,7 @@ void StreamingModel::Impl::expert_fetch_body(const FetchGo& m, Outputs<kExpertFe
     for (int gi : hit_groups)
       port<FetchOut::hits>(out).try_put(ExpertLanded{m.visit, moe.slot(size_t(gi)), gi, false, true});
     if (claim.first && lookahead_graph()) port<FetchOut::lookahead>(out).try_put(LookaheadGo{m.visit});
-    if (!batch.items.empty()) port<FetchOut::misses>(out).try_put(std::move(batch));  // last: runs first
+    if (!batch.items.empty()) port<FetchOut::misses>(out).try_put(batch);  // last: runs first
   });
 }
 
@@ -211,7 +211,7 @@ void StreamingModel::Impl::lookahead_body(const LookaheadGo& m, Outputs<kLookahe
           batch.items.push_back(ReadItem{m.visit, r.slot, next, e, true});
       }
     }
-    if (!batch.items.empty()) port<LookaheadOut::prefetch>(out).try_put(std::move(batch));
+    if (!batch.items.empty()) port<LookaheadOut::prefetch>(out).try_put(batch);
   });
   if (S.moe.piece_done()) port<LookaheadOut::last_piece>(out).try_put(PieceDone{m.visit});
 }
