@@ -89,7 +89,7 @@ ParsedTrace traced_run(const std::string& flags, const std::string& dot = "", co
       fmt::format("generate {} --ids 5,900,17,17,3,640,201,88 --gen 4 --incremental {} --trace {} {} "
                   "--out {}",
                   synth().model, flags, d / "t.json", dot.empty() ? "" : "--graph-dot " + dot, d / "r.json"),
-      env, 60);
+      env, k3::test::kSanitized ? 240 : 60);  // a sanitized binary runs 5-15x slower
   INFO(flags);
   INFO(r.out);
   INFO(r.err);
@@ -239,7 +239,10 @@ TEST_CASE("trace: a token starts while the ring reads queued for it are still la
   // A forward call ends when its head has run, not when the graph is idle: with every read
   // held back 40 ms (a slow disk), the next token's embed must start while a read is in flight.
   // Waiting for an idle graph (which also waits for the next call's reads) can never show this.
-  const ParsedTrace t = traced_run("--preset ultra --strategy overlap", "", "K3FLOW_TEST_READ_DELAY_MS=40");
+  // Under a sanitizer (TSan: 5-15x slower compute) the rest of a call outlasted 40 ms reads on a
+  // loaded host, so every read is held back 150 ms there.
+  const char* delay = k3::test::kSanitized ? "K3FLOW_TEST_READ_DELAY_MS=150" : "K3FLOW_TEST_READ_DELAY_MS=40";
+  const ParsedTrace t = traced_run("--preset ultra --strategy overlap", "", delay);
   int embeds = 0, boundary = 0;
   for (const Span& c : t.compute) {
     if (c.name != "embed") continue;
@@ -252,7 +255,7 @@ TEST_CASE("trace: a token starts while the ring reads queued for it are still la
   }
   CHECK(embeds == 4);  // --gen 4: the prompt's call and three more
   // Usually every call after the first (the first has nothing queued yet); on a loaded machine the
-  // rest of a call can outlast a 40 ms read, so at least one. An idle-graph wait gives 0, always:
+  // rest of a call can outlast a held-back read, so at least one. An idle-graph wait gives 0, always:
   // it returns only once every read has landed.
   MESSAGE(fmt::format("{} of {} calls after the first started with a trunk read in flight", boundary,
                       embeds - 1));
