@@ -241,14 +241,14 @@ ApiRequest parse_request(Endpoint ep, std::string_view body, const ApiContext& c
 ResponseBuilder::ResponseBuilder(const ApiRequest& r, std::string model, std::string id, int64_t created)
     : req_(r), model_(std::move(model)), id_(std::move(id)), created_(created) {}
 
+void ResponseBuilder::envelope(io::JsonWriter& w, const char* object) const {
+  w.begin_object().field("id", id_).field("object", object).field("created", created_).field("model", model_);
+}
+
 std::string ResponseBuilder::chunk(const Delta* d, const char* finish, bool role) const {
   const bool chat = req_.endpoint == Endpoint::chat;
   io::JsonWriter w;
-  w.begin_object()
-      .field("id", id_)
-      .field("object", chat ? "chat.completion.chunk" : "text_completion")
-      .field("created", created_)
-      .field("model", model_);
+  envelope(w, chat ? "chat.completion.chunk" : "text_completion");
   w.key("choices").begin_array().begin_object().field("index", 0);
   if (chat) {
     w.key("delta").begin_object();
@@ -294,11 +294,7 @@ std::string ResponseBuilder::final_events(const Outcome& o) {
   out += chunk(req_.endpoint == Endpoint::chat ? &empty : nullptr, finish_reason(o.finish), role);
   if (req_.include_usage) {
     io::JsonWriter w;
-    w.begin_object()
-        .field("id", id_)
-        .field("object", req_.endpoint == Endpoint::chat ? "chat.completion.chunk" : "text_completion")
-        .field("created", created_)
-        .field("model", model_);
+    envelope(w, req_.endpoint == Endpoint::chat ? "chat.completion.chunk" : "text_completion");
     w.key("choices").begin_array().end_array();
     usage(w, o);
     w.end_object();
@@ -317,11 +313,7 @@ void ResponseBuilder::add(const Delta& d) {
 std::string ResponseBuilder::body(const Outcome& o) const {
   const bool chat = req_.endpoint == Endpoint::chat;
   io::JsonWriter w;
-  w.begin_object()
-      .field("id", id_)
-      .field("object", chat ? "chat.completion" : "text_completion")
-      .field("created", created_)
-      .field("model", model_);
+  envelope(w, chat ? "chat.completion" : "text_completion");
   w.key("choices").begin_array().begin_object().field("index", 0);
   if (chat) {
     w.key("message").begin_object().field("role", "assistant").field("content", text_);

@@ -68,6 +68,8 @@ class ResponseBuilder {
 
  private:
   std::string chunk(const Delta* d, const char* finish_reason, bool role) const;
+  // Opens the response object and writes the fields every response and chunk starts with.
+  void envelope(io::JsonWriter&, const char* object) const;
   void usage(io::JsonWriter&, const Outcome&) const;
 
   const ApiRequest& req_;
