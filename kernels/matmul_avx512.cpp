@@ -206,11 +206,23 @@ void bf16_rows(const uint16_t* w, size_t rows, size_t cols, const double* x, siz
     for (; r < rows; ++r) bf16_block<1, 1>(w + r * cols, cols, x, cols, y + r, y_stride);
     return;
   }
-  for (size_t r = 0; r < rows; ++r) {
+  // Several tokens (a batched decode step, a prefill): four rows against two inputs at a time. Each
+  // input's row block is reused from L1/L2 for every input, and the x loads are shared by four rows;
+  // one row against four inputs re-read the whole x from L2 for every weight row and ran no faster
+  // than one matvec per token (5 bf16 4096x4096 matrices, 8 tokens: ~2x faster this way). Every
+  // (row, input) pair keeps its own accumulators, so the bits are the one-row ones.
+  size_t r = 0;
+  for (; r + 4 <= rows; r += 4) {
     size_t t = 0;
-    for (; t + 4 <= tokens; t += 4) {
-      bf16_block<1, 4>(w + r * cols, cols, x + t * cols, cols, y + t * y_stride + r, y_stride);
-    }
+    for (; t + 2 <= tokens; t += 2)
+      bf16_block<4, 2>(w + r * cols, cols, x + t * cols, cols, y + t * y_stride + r, y_stride);
+    for (; t < tokens; ++t)
+      bf16_block<4, 1>(w + r * cols, cols, x + t * cols, cols, y + t * y_stride + r, y_stride);
+  }
+  for (; r < rows; ++r) {
+    size_t t = 0;
+    for (; t + 2 <= tokens; t += 2)
+      bf16_block<1, 2>(w + r * cols, cols, x + t * cols, cols, y + t * y_stride + r, y_stride);
     for (; t < tokens; ++t)
       bf16_block<1, 1>(w + r * cols, cols, x + t * cols, cols, y + t * y_stride + r, y_stride);
   }

@@ -1,6 +1,7 @@
 #include "stages/layer.hpp"
 
 #include <algorithm>
+#include <vector>
 
 #include "io/error.hpp"
 #include "kernels/activations.hpp"
@@ -17,13 +18,16 @@ size_t rows_of(std::span<const LayerSegment> segs) {
   return T;
 }
 
-// The attention's own scratch: the largest any segment needs (each runs alone, one after another).
+// The attention's own scratch. Its row-wise parts cover all T rows of the pass; MLA's attention
+// runs per segment, one after another, so only the longest segment's scores count.
 size_t attention_inner(const io::ModelConfig& c, std::span<const LayerSegment> segs) {
-  size_t inner = attnres_scratch(c, static_cast<size_t>(c.max_blocks()));
-  for (const LayerSegment& s : segs)
-    inner =
-        std::max({inner, attention_kda_scratch(c, s.rows), attention_mla_scratch(c, s.rows, s.state.cached)});
-  return inner;
+  std::vector<MlaSegment> mla(segs.size());
+  for (size_t i = 0; i < segs.size(); ++i) {
+    mla[i].cached = segs[i].state.cached;
+    mla[i].rows = segs[i].rows;
+  }
+  return std::max({attnres_scratch(c, static_cast<size_t>(c.max_blocks())),
+                   attention_kda_scratch(c, rows_of(segs)), attention_mla_scratch(c, mla)});
 }
 
 }  // namespace
@@ -78,15 +82,21 @@ void layer_attention(const LayerWeights& w, const io::ModelConfig& c, std::span<
 
   for (size_t t = 0; t < T; ++t)
     kernels::rmsnorm(h.subspan(t * E, E), w.input_norm, c.rms_eps, x.subspan(t * E, E));
-  // The only step that mixes rows: each sequence attends over its own rows and carried state.
-  for (const LayerSegment& s : segs) {
-    const std::span<const float> xs = x.subspan(s.first_row * E, s.rows * E);
-    const std::span<float> as = a.subspan(s.first_row * E, s.rows * E);
-    if (const auto* kda = std::get_if<KdaWeights>(&w.attn)) {
-      attention_kda(*kda, c, xs, s.rows, s.state.kda, as, inner);
-    } else {
-      attention_mla(std::get<MlaWeights>(w.attn), c, xs, s.rows, s.state.cached, s.state.mla, as, inner);
-    }
+  // Attention over all rows at once: its projections run once for the whole pass; only the
+  // recurrence (KDA) / the attention over the cache (MLA) runs per segment, on its own state.
+  if (const auto* kda = std::get_if<KdaWeights>(&w.attn)) {
+    std::vector<KdaSegment> ks(segs.size());
+    for (size_t i = 0; i < segs.size(); ++i)
+      ks[i] = {.state = segs[i].state.kda, .first_row = segs[i].first_row, .rows = segs[i].rows};
+    attention_kda(*kda, c, x, T, ks, a, inner);
+  } else {
+    std::vector<MlaSegment> ms(segs.size());
+    for (size_t i = 0; i < segs.size(); ++i)
+      ms[i] = {.cache = segs[i].state.mla,
+               .cached = segs[i].state.cached,
+               .first_row = segs[i].first_row,
+               .rows = segs[i].rows};
+    attention_mla(std::get<MlaWeights>(w.attn), c, x, T, ms, a, inner);
   }
   if (prefix_cleared) {
     std::copy(a.begin(), a.end(), P.begin());

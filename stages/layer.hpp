@@ -4,6 +4,16 @@
 //   a := Attention(RMSNorm(h; input_layernorm));  P := P is NONE ? a : P + a
 //   h := AttnRes(B ++ [P]; mlp_res)                 (unconditional)
 //   P := P + FFN(RMSNorm(h; post_attention_layernorm))
+//
+// Batched passes (one decode step over B sequences, or prefill chunks beside decode tokens): the
+// pass's rows are the sequences' rows concatenated, and everything that is row-wise runs ONCE over
+// all of them -- norms, AttnRes, the FFN / MoE, and inside the attention every projection (KDA:
+// q, k, v, g, b, f_a, f_b, o; MLA: q_a, q_b, kv_a, kv_b, g, o), each one kernels::matmul over all
+// rows, so a weight streams from memory once per step instead of once per sequence. Only what
+// carries a sequence's state runs per segment: KDA's ShortConv history and recurrence
+// (kda_recur), MLA's cache writes and the attention over that sequence's cache. matmul gives each
+// row exactly the bits of a one-row matvec, and per-row operations keep their order, so a
+// sequence's bits are those of its solo pass whoever shares the step.
 #pragma once
 #include <cstddef>
 #include <span>
@@ -26,9 +36,9 @@ struct LayerState {
 
 // One sequence's rows in a pass over several (a batched decode step): rows [first_row, first_row +
 // rows) of the concatenated [T][hidden] activations belong to the sequence whose carried state is
-// `state`. Everything in a layer is row-wise except the attention itself, which runs per segment on
-// its own state, so a row's bits never depend on which other segments share the pass. Segments are
-// in row order, cover rows 0..T-1 without a gap, and name distinct states.
+// `state`. Everything in a layer is row-wise except the attention's recurrence / cache part, which
+// runs per segment on its own state, so a row's bits never depend on which other segments share the pass.
+// Segments are in row order, cover rows 0..T-1 without a gap, and name distinct states.
 struct LayerSegment {
   LayerState state;
   size_t first_row = 0, rows = 0;

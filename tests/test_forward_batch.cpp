@@ -2,7 +2,8 @@
 // segment's logits and carried state (KDA + conv state, MLA KV rows) must be the bytes of
 // stages::forward on that sequence alone, whatever the other segments are (prompts and single ids
 // mixed, different positions, one segment alone); a prompt fed in pieces must equal it fed whole
-// (what BatchEngine's chunked prefill relies on); bad segments are refused before anything runs.
+// (what BatchEngine's chunked prefill relies on); batched decode steps of sequences at different
+// lengths are their solo greedy runs; bad segments are refused before anything runs.
 #include <doctest/doctest.h>
 
 #include <cstring>
@@ -106,6 +107,51 @@ TEST_CASE("forward_batch: every segment's logits and state are its solo bytes") 
     REQUIRE(got[i].size() == want[i].size());
     for (size_t k = 0; k < want[i].size(); ++k) CHECK(got[i][k] == want[i][k]);
     CHECK(batched[i]->cached == alone[i]->cached);
+    CHECK(state_bytes(*batched[i]) == state_bytes(*alone[i]));
+  }
+}
+
+TEST_CASE("forward_batch: decode steps of four sequences at different lengths are each its solo greedy run") {
+  // The serving shape: every segment is one row, each at its own cached length (so each MLA
+  // segment attends over a different number of positions and each KDA state differs), and the
+  // projections run once over the four rows.
+  Model& m = model();
+  const std::vector<std::vector<int32_t>> prompts = {
+      {5}, {203, 34, 2, 239, 195, 17, 88}, {71, 163, 9}, {54, 121, 104, 16, 16, 219, 63, 4, 31, 7, 7, 90}};
+  constexpr size_t kSteps = 4;
+  const size_t n = prompts.size();
+  auto argmax = [&](const std::string& b) {
+    std::vector<float> v(m.V());
+    std::memcpy(v.data(), b.data(), b.size());
+    return int32_t(kernels::argmax(v));
+  };
+  std::vector<std::unique_ptr<stages::DecodeState>> batched, alone;
+  std::vector<std::vector<std::string>> want(n), got(n);
+  std::vector<int32_t> next(n);
+  for (size_t i = 0; i < n; ++i) {
+    alone.push_back(std::make_unique<stages::DecodeState>(m.cfg, m.n, kCap));
+    batched.push_back(std::make_unique<stages::DecodeState>(m.cfg, m.n, kCap));
+    int32_t id = argmax(solo(*alone[i], {prompts[i]}).back());
+    for (size_t k = 0; k < kSteps; ++k) {
+      want[i].push_back(solo(*alone[i], {{id}}).back());
+      id = argmax(want[i].back());
+    }
+    next[i] = argmax(solo(*batched[i], {prompts[i]}).back());
+  }
+  stages::Scratch sc;
+  for (size_t k = 0; k < kSteps; ++k) {
+    std::vector<stages::Segment> segs;
+    for (size_t i = 0; i < n; ++i) segs.push_back({.state = batched[i].get(), .first_row = i, .rows = 1});
+    std::vector<float> logits(n * m.V());
+    stages::forward_batch(*m.w, segs, next, logits, sc);
+    for (size_t i = 0; i < n; ++i) {
+      got[i].push_back(bytes(std::span<const float>(logits).subspan(i * m.V(), m.V())));
+      next[i] = argmax(got[i].back());
+    }
+  }
+  for (size_t i = 0; i < n; ++i) {
+    CAPTURE(i);
+    CHECK(got[i] == want[i]);
     CHECK(state_bytes(*batched[i]) == state_bytes(*alone[i]));
   }
 }

@@ -420,6 +420,11 @@ TEST_CASE("/metrics: Prometheus text whose counters move with a request") {
     CHECK_MESSAGE(m0.count(name) == 1, name);
   CHECK(m0.at("k3flow_ready") == 1);
   CHECK(m0.at("k3flow_resident_memory_bytes") > 0);
+  // A resident model reads nothing while serving: the streamed model's read families are absent.
+  for (const char* name :
+       {"k3flow_stream_bytes_read_total", "k3flow_trunk_bytes_read_total", "k3flow_expert_bytes_read_total",
+        "k3flow_expert_hits_total", "k3flow_expert_misses_total", "k3flow_overlap_efficiency"})
+    CHECK_MESSAGE(m0.count(name) == 0, name);
   REQUIRE(http(s.port(), "POST", "/v1/completions", completion_body("Hello", 7, false)).status == 200);
   const std::map<std::string, double> m1 = metric_values(http(s.port(), "GET", "/metrics").body);
   CHECK(m1.at("k3flow_generated_tokens_total") == m0.at("k3flow_generated_tokens_total") + 7);
@@ -488,8 +493,18 @@ TEST_CASE(
   CHECK(got[0].text == want.text);
   CHECK(got[1].ids == want2.ids);
   CHECK(got[1].text == want2.text);
+  // The streamed model's reads, split trunk / experts, the expert cache and the overlap.
   const std::map<std::string, double> m = metric_values(http(s.port(), "GET", "/metrics").body);
   CHECK(m.at("k3flow_stream_bytes_read_total") > 0);
+  CHECK(m.at("k3flow_trunk_bytes_read_total") > 0);
+  CHECK(m.at("k3flow_expert_bytes_read_total") > 0);
+  CHECK(m.at("k3flow_trunk_bytes_read_total") + m.at("k3flow_expert_bytes_read_total") ==
+        m.at("k3flow_stream_bytes_read_total"));
+  CHECK(m.at("k3flow_expert_misses_total") > 0);  // the first uses of an expert are always read
+  CHECK(m.count("k3flow_expert_hits_total") == 1);
+  CHECK(m.at("k3flow_io_busy_seconds_total") > 0);
+  CHECK(m.at("k3flow_compute_busy_seconds_total") > 0);
+  CHECK(m.at("k3flow_overlap_efficiency") > 0);
   CHECK(s.stop(SIGTERM) == 0);
 }
 

@@ -1,4 +1,5 @@
-// stages/kda.*: a whole KDA attention block against fixtures/ops/kda_layer{1,8}.json.
+// stages/kda.*: a whole KDA attention block against fixtures/ops/kda_layer{1,8}.json, and several
+// sequences in one multi-segment pass against each alone.
 #include <doctest/doctest.h>
 
 #include <vector>
@@ -10,6 +11,57 @@ using namespace k3;
 using test::Fixture;
 
 namespace {
+
+// Four sequences (warmed by different solo prefixes, one fresh) fed in ONE multi-segment pass:
+// each segment's output rows and state are the bytes of feeding it alone. Inputs are fixture rows.
+void check_segments(const stages::KdaWeights& w, const io::ModelConfig& c, std::span<const float> in,
+                    size_t T) {
+  const size_t E = static_cast<size_t>(c.hidden);
+  struct Seq {
+    size_t warm_from, warm, from, rows;
+  };
+  const Seq seqs[] = {{0, 3, 3, 1}, {0, 0, 4, 2}, {6, 1, 7, 1}, {1, 5, 0, 3}};
+  auto rows_of = [&](size_t from, size_t n) {
+    std::vector<float> x;
+    for (size_t i = 0; i < n; ++i) {
+      const auto r = in.subspan(((from + i) % T) * E, E);
+      x.insert(x.end(), r.begin(), r.end());
+    }
+    return x;
+  };
+  const size_t n = std::size(seqs);
+  std::vector<std::vector<float>> solo(n), batched(n), want_out(n);
+  std::vector<float> x, out;
+  std::vector<stages::KdaSegment> segs;
+  for (size_t i = 0; i < n; ++i) {
+    const Seq& q = seqs[i];
+    solo[i].assign(stages::kda_state_floats(c), 0.0f);
+    batched[i].assign(stages::kda_state_floats(c), 0.0f);
+    for (std::vector<float>* st : {&solo[i], &batched[i]}) {
+      if (q.warm == 0) continue;
+      const auto wx = rows_of(q.warm_from, q.warm);
+      std::vector<float> wo(q.warm * E), sc(stages::attention_kda_scratch(c, q.warm));
+      stages::attention_kda(w, c, wx, q.warm, stages::kda_state_view(c, *st), wo, sc);
+    }
+    const auto bx = rows_of(q.from, q.rows);
+    want_out[i].resize(q.rows * E);
+    std::vector<float> sc(stages::attention_kda_scratch(c, q.rows));
+    stages::attention_kda(w, c, bx, q.rows, stages::kda_state_view(c, solo[i]), want_out[i], sc);
+    segs.push_back(
+        {.state = stages::kda_state_view(c, batched[i]), .first_row = x.size() / E, .rows = q.rows});
+    x.insert(x.end(), bx.begin(), bx.end());
+  }
+  const size_t rows = x.size() / E;
+  out.resize(rows * E);
+  std::vector<float> sc(stages::attention_kda_scratch(c, rows));
+  stages::attention_kda(w, c, x, rows, segs, out, sc);
+  for (size_t i = 0; i < n; ++i) {
+    CAPTURE(i);
+    const auto got = std::span<const float>(out).subspan(segs[i].first_row * E, segs[i].rows * E);
+    CHECK(std::vector<float>(got.begin(), got.end()) == want_out[i]);
+    CHECK(batched[i] == solo[i]);
+  }
+}
 
 void check_kda_layer(const char* file) {
   const Fixture f(file);
@@ -51,6 +103,8 @@ void check_kda_layer(const char* file) {
                           scratch);
   CHECK(out2 == out);
   CHECK(state2 == state);
+
+  check_segments(w, c, in.data, T);
 }
 
 }  // namespace
@@ -58,6 +112,8 @@ void check_kda_layer(const char* file) {
 TEST_CASE("attention_kda matches kda_layer1.json") {
   check_kda_layer("ops/kda_layer1.json");
 }
-TEST_CASE("attention_kda matches kda_layer8.json, and token-by-token equals one call") {
+TEST_CASE(
+    "attention_kda matches kda_layer8.json, token-by-token equals one call, segments of one pass equal each "
+    "alone") {
   check_kda_layer("ops/kda_layer8.json");
 }

@@ -11,7 +11,8 @@
 using namespace k3;
 using test::Fixture;
 
-TEST_CASE("attention_mla matches mla.json; cached one-token steps give identical bits") {
+TEST_CASE(
+    "attention_mla matches mla.json; cached one-token steps and segments of one pass give identical bits") {
   const Fixture f("ops/mla.json");
   const auto tol = test::manifest_tolerance();
   io::ModelConfig c = test::tiny_config();
@@ -59,6 +60,68 @@ TEST_CASE("attention_mla matches mla.json; cached one-token steps give identical
   CHECK(out2 == out);
   CHECK(kv2 == kv);
   CHECK(rope2 == rope);
+
+  // Several sequences at different cached lengths (one fresh) in ONE multi-segment pass: each
+  // segment's output rows and cache rows are the bytes of feeding it alone.
+  {
+    struct Seq {
+      size_t warm_from, warm, from, rows;
+    };
+    const Seq seqs[] = {{0, 3, 3, 1}, {0, 0, 4, 2}, {2, 1, 1, 1}, {1, 5, 0, 3}};
+    const size_t cap = 12, n = std::size(seqs);
+    auto rows_of = [&](size_t from, size_t k) {
+      std::vector<float> x;
+      for (size_t i = 0; i < k; ++i) {
+        const auto r = std::span<const float>(in.data).subspan(((from + i) % T) * E, E);
+        x.insert(x.end(), r.begin(), r.end());
+      }
+      return x;
+    };
+    std::vector<std::vector<float>> skv(n), srope(n), bkv(n), brope(n), want_out(n);
+    std::vector<float> x;
+    std::vector<stages::MlaSegment> segs;
+    for (size_t i = 0; i < n; ++i) {
+      const Seq& q = seqs[i];
+      skv[i].assign(cap * kvpp, 0.0f);
+      bkv[i].assign(cap * kvpp, 0.0f);
+      srope[i].assign(cap * rpp, 0.0f);
+      brope[i].assign(cap * rpp, 0.0f);
+      if (q.warm > 0) {
+        const auto wx = rows_of(q.warm_from, q.warm);
+        std::vector<float> wo(q.warm * E), sc(stages::attention_mla_scratch(c, q.warm, 0));
+        stages::attention_mla(w, c, wx, q.warm, 0, {skv[i], srope[i], cap}, wo, sc);
+        stages::attention_mla(w, c, wx, q.warm, 0, {bkv[i], brope[i], cap}, wo, sc);
+      }
+      const auto bx = rows_of(q.from, q.rows);
+      want_out[i].resize(q.rows * E);
+      std::vector<float> sc(stages::attention_mla_scratch(c, q.rows, q.warm));
+      stages::attention_mla(w, c, bx, q.rows, q.warm, {skv[i], srope[i], cap}, want_out[i], sc);
+      segs.push_back(
+          {.cache = {bkv[i], brope[i], cap}, .cached = q.warm, .first_row = x.size() / E, .rows = q.rows});
+      x.insert(x.end(), bx.begin(), bx.end());
+    }
+    const size_t rows = x.size() / E;
+    std::vector<float> bout(rows * E), sc(stages::attention_mla_scratch(c, segs));
+    CHECK(sc.size() <= stages::attention_mla_scratch(c, rows, cap - rows));  // the planner's bound
+    stages::attention_mla(w, c, x, rows, segs, bout, sc);
+    for (size_t i = 0; i < n; ++i) {
+      CAPTURE(i);
+      const auto got = std::span<const float>(bout).subspan(segs[i].first_row * E, segs[i].rows * E);
+      CHECK(std::vector<float>(got.begin(), got.end()) == want_out[i]);
+      CHECK(bkv[i] == skv[i]);
+      CHECK(brope[i] == srope[i]);
+    }
+    // One segment past its capacity: refused before any cache is written (segment 0 would write
+    // its position 4, still zero).
+    const std::vector<float> kv_before = bkv[0], rope_before = brope[0];
+    std::vector<stages::MlaSegment> over = segs;
+    over[0].cached = 4;
+    over[3].cached = cap - 1;
+    CHECK_THROWS_WITH_AS(stages::attention_mla(w, c, x, rows, over, bout, sc),
+                         doctest::Contains("KV cache overflow"), k3::io::Error);
+    CHECK(bkv[0] == kv_before);
+    CHECK(brope[0] == rope_before);
+  }
 
   // Overflowing the cache is refused, never written past.
   CHECK_THROWS_WITH_AS(stages::attention_mla(w, c, std::span<const float>(in.data).first(E), 1, T,

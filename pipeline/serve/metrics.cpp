@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "pipeline/run/streaming_run.hpp"
 
 namespace k3::pipeline::serve {
@@ -58,9 +60,32 @@ std::string Metrics::render(const Scheduler& s) const {
   family(out, "k3flow_max_sequences", "gauge", "Sequence slots (--max-seqs).");
   sample(out, "k3flow_max_sequences", s.max_seqs());
   if (s.streamed()) {
+    // The StreamRun's totals after the last step, split the way the run report splits them.
     family(out, "k3flow_stream_bytes_read_total", "counter",
            "Trunk and expert bytes the streamed graph has read (the StreamRun's total).");
     sample(out, "k3flow_stream_bytes_read_total", g.stream_bytes.load());
+    family(out, "k3flow_trunk_bytes_read_total", "counter", "Trunk (dense layer) bytes read from disk.");
+    sample(out, "k3flow_trunk_bytes_read_total", g.trunk_bytes.load());
+    family(out, "k3flow_expert_bytes_read_total", "counter", "Routed expert bytes read from disk.");
+    sample(out, "k3flow_expert_bytes_read_total", g.expert_bytes.load());
+    const uint64_t req = g.expert_requests.load(), hits = g.expert_hits.load();
+    family(out, "k3flow_expert_hits_total", "counter",
+           "Expert uses served from the expert cache (or a prefetch already issued).");
+    sample(out, "k3flow_expert_hits_total", hits);
+    family(out, "k3flow_expert_misses_total", "counter", "Expert uses that had to be read on demand.");
+    sample(out, "k3flow_expert_misses_total", req > hits ? req - hits : 0);
+    const double io_s = double(g.io_busy_micros.load()) * 1e-6,
+                 cpu_s = double(g.compute_busy_micros.load()) * 1e-6;
+    family(out, "k3flow_io_busy_seconds_total", "counter", "Seconds the weight readers were busy.");
+    sample(out, "k3flow_io_busy_seconds_total", fmt::format("{:.6f}", io_s));
+    family(out, "k3flow_compute_busy_seconds_total", "counter",
+           "Seconds the graph's compute nodes were busy.");
+    sample(out, "k3flow_compute_busy_seconds_total", fmt::format("{:.6f}", cpu_s));
+    family(out, "k3flow_overlap_efficiency", "gauge",
+           "max(I/O busy, compute busy) / decode step seconds, over the run (1 = the slower side never "
+           "waited; 0 before the first step).");
+    sample(out, "k3flow_overlap_efficiency",
+           fmt::format("{:.4f}", step_s > 0 ? std::max(io_s, cpu_s) / step_s : 0.0));
   }
   family(out, "k3flow_load_bytes_read", "gauge", "Bytes read while the model loaded.");
   sample(out, "k3flow_load_bytes_read", g.load_bytes_read.load());

@@ -287,7 +287,16 @@ void Scheduler::decode_step() {
   g_.step_micros += uint64_t(
       std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count());
   g_.decode_steps += 1;
-  if (engine_->stream()) g_.stream_bytes = engine_->stream()->bytes_read();
+  if (StreamRun* run = engine_->stream()) {
+    const StreamTotals t = run->totals();
+    g_.stream_bytes = t.trunk_bytes_read + t.expert_bytes_read;
+    g_.trunk_bytes = t.trunk_bytes_read;
+    g_.expert_bytes = t.expert_bytes_read;
+    g_.expert_requests = t.expert_requests;
+    g_.expert_hits = t.expert_hits;
+    g_.io_busy_micros = uint64_t(t.io_busy_seconds * 1e6);
+    g_.compute_busy_micros = uint64_t(t.compute_busy_seconds * 1e6);
+  }
 
   for (auto& ap : active_) {
     Active& a = *ap;

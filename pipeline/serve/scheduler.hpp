@@ -64,6 +64,9 @@ const char* phase_name(Phase);
 struct Gauges {
   std::atomic<uint64_t> requests_done{0}, prompt_tokens{0}, completion_tokens{0}, decode_steps{0},
       step_micros{0}, stream_bytes{0};
+  // A streamed model's reads after the last step (StreamRun::totals()); 0 when resident.
+  std::atomic<uint64_t> trunk_bytes{0}, expert_bytes{0}, expert_requests{0}, expert_hits{0},
+      io_busy_micros{0}, compute_busy_micros{0};
   std::atomic<int> queued{0}, active{0};
   std::atomic<uint64_t> load_bytes_read{0}, load_bytes_total{0};  // while loading
 };
