@@ -589,25 +589,25 @@ uint64_t PackedTrunk::raw_bytes() const {
   return n;
 }
 
-void PackedTrunk::require_raw() const {
-  if (codec_ != codec::Codec::none)
-    throw usage_error(
-        fmt::format("trunk packed with codec {}: streaming it needs the decode stage, not built yet "
-                    "({}; re-pack with --codec none)",
-                    codec::codec_name(codec_), json_path_.parent_path().string()));
+codec::Stream PackedTrunk::layer_stream(int l, std::span<const std::byte> stored) const {
+  const TrunkLayer& L = layer(l);
+  if (stored.size() < L.compressed_bytes)
+    throw runtime_error(fmt::format("trunk: {}: layer {}: decode given {} stored bytes, needs {}",
+                                    file_.path().string(), l, stored.size(), L.compressed_bytes));
+  auto s = codec::Stream::parse(stored.first(size_t(L.compressed_bytes)),
+                                fmt::format("{} layer {}", file_.path().string(), l), L.file_off);
+  if (s.raw_bytes() != L.nbytes)
+    throw runtime_error(fmt::format("trunk: {}: layer {}: its stream decodes to {} bytes, trunk.json says {}",
+                                    file_.path().string(), l, s.raw_bytes(), L.nbytes));
+  return s;
 }
 
 void PackedTrunk::decode_layer(int l, std::span<const std::byte> stored, std::span<std::byte> out) const {
   const TrunkLayer& L = layer(l);
-  if (stored.size() < L.compressed_bytes || out.size() < L.nbytes)
-    throw runtime_error(
-        fmt::format("trunk: {}: layer {}: decode given {} stored / {} output bytes, needs {} / {}",
-                    file_.path().string(), l, stored.size(), out.size(), L.compressed_bytes, L.nbytes));
-  const auto s = codec::Stream::parse(stored.first(size_t(L.compressed_bytes)),
-                                      fmt::format("{} layer {}", file_.path().string(), l), L.file_off);
-  if (s.raw_bytes() != L.nbytes)
-    throw runtime_error(fmt::format("trunk: {}: layer {}: its stream decodes to {} bytes, trunk.json says {}",
-                                    file_.path().string(), l, s.raw_bytes(), L.nbytes));
+  if (out.size() < L.nbytes)
+    throw runtime_error(fmt::format("trunk: {}: layer {}: decode given {} output bytes, needs {}",
+                                    file_.path().string(), l, out.size(), L.nbytes));
+  const auto s = layer_stream(l, stored);
   const auto dst = out.first(size_t(L.nbytes));
   // Chunks of 16 blocks: enough work per task, and a layer spreads over every worker.
   tbb::parallel_for(

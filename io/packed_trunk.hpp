@@ -159,9 +159,11 @@ class PackedTrunk {
   // B ... (at byte offset O)" with O an offset in trunk.bin.
   void decode_layer(int l, std::span<const std::byte> stored, std::span<std::byte> out) const;
 
-  // Streaming reads layers raw: a compressed trunk is refused (usage Error, exit 2) until the
-  // graph has a decode stage.
-  void require_raw() const;
+  // Compressed trunks: layer l's codec stream in `stored` (its stored bytes as read), parsed with
+  // the header check and its decoded length checked against nbytes; every error names trunk.bin,
+  // the layer and a trunk.bin offset. The streaming graph's decode stage decodes its blocks in
+  // parallel (Stream::decode_blocks); `stored` must outlive the stream.
+  codec::Stream layer_stream(int l, std::span<const std::byte> stored) const;
 
   // Refuses (runtime Error naming the trunk directory and what differs, asking to re-run
   // pack-trunk) a trunk whose trunk.json "source" does not match `shards`, or that records no

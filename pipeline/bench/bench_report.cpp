@@ -103,6 +103,10 @@ ChildReport parse_child_report(std::string_view json, const std::string& source)
   r.compute_busy_seconds = num(root, "compute_busy_seconds", source);
   r.wall_seconds = num(root, "wall_seconds", source);
   r.overlap_efficiency = num(root, "overlap_efficiency", source);
+  std::string_view codec;
+  if (root["codec"].get(codec) == simdjson::SUCCESS) r.codec = std::string(codec);
+  r.trunk_decoded_bytes = count(root, "trunk_decoded_bytes", source);
+  r.decode_seconds = num(root, "decode_seconds", source);
   element tokens;
   if (root["tokens"].get(tokens) == simdjson::SUCCESS && !tokens.is_null()) {
     simdjson::dom::array a;
@@ -163,6 +167,11 @@ RunSample summarize_run(const ChildReport& rep, const std::vector<StepRow>& tabl
   s.lookahead_used = rep.lookahead_used;
   s.expert_requests = rep.expert_requests;
   s.expert_hits = rep.expert_hits;
+  s.codec = rep.codec;
+  if (gen > 0) {
+    s.decoded_bytes_per_token = double(rep.trunk_decoded_bytes) / gen;
+    s.decode_seconds_per_token = rep.decode_seconds / gen;
+  }
 
   auto measured = [&](const std::vector<StepRow>& steps) {
     std::vector<StepRow> sel;
@@ -245,7 +254,7 @@ StrategyResult aggregate(const std::string& strategy, const std::vector<RunSampl
   StrategyResult r;
   r.strategy = strategy;
   if (runs.empty()) return r;
-  std::vector<double> bytes, compute, trunk_bytes, expert_bytes, effective, wait, busy;
+  std::vector<double> bytes, compute, trunk_bytes, expert_bytes, effective, wait, busy, decoded, decode_s;
   uint64_t predicted = 0, used = 0, requests = 0, hits = 0;
   for (const RunSample& s : runs) {
     r.s_runs.push_back(s.s_per_token);
@@ -256,6 +265,8 @@ StrategyResult aggregate(const std::string& strategy, const std::vector<RunSampl
     effective.push_back(s.effective_read_gbps);
     wait.push_back(s.io_wait_per_token);
     busy.push_back(s.io_busy_share);
+    decoded.push_back(s.decoded_bytes_per_token);
+    decode_s.push_back(s.decode_seconds_per_token);
     predicted += s.lookahead_predicted;
     used += s.lookahead_used;
     requests += s.expert_requests;
@@ -268,6 +279,9 @@ StrategyResult aggregate(const std::string& strategy, const std::vector<RunSampl
   r.bytes_per_token = mean(bytes);
   r.trunk_bytes_per_token = mean(trunk_bytes);
   r.expert_bytes_per_token = mean(expert_bytes);
+  r.decoded_bytes_per_token = mean(decoded);
+  r.decode_seconds_per_token = mean(decode_s);
+  r.codec = runs.front().codec;
   const double seq = ceiling.sequential_gbps * 1e9;
   const double rnd = (ceiling.random_gbps > 0 ? ceiling.random_gbps : ceiling.sequential_gbps) * 1e9;
   if (seq > 0) {
@@ -382,6 +396,9 @@ std::string bench_json(const BenchSummary& s) {
         .field("over_budget", r.over_budget)
         .field("timing_source", r.timing_source)
         .field("bytes_source", r.bytes_source)
+        .field("codec", r.codec)
+        .field("decoded_bytes_per_token", r.decoded_bytes_per_token)
+        .field("decode_seconds_per_token", r.decode_seconds_per_token)
         .field("ids", r.ids)
         .end_object();
   w.end_array().key("best");

@@ -42,6 +42,10 @@ struct ChildReport {
   double seconds_per_token = 0, io_busy_seconds = 0, compute_busy_seconds = 0, wall_seconds = 0;
   double overlap_efficiency = 0;
   std::vector<StepRow> tokens;
+  // a compressed trunk: trunk_bytes_read are stored bytes; the decode stage's output and time
+  std::string codec;  // empty when the report has none
+  uint64_t trunk_decoded_bytes = 0;
+  double decode_seconds = 0;
 };
 
 // Throws runtime Error naming `source` when the text is not a JSON object or a present field has
@@ -71,6 +75,9 @@ struct RunSample {
   bool skipped_prefill = false;  // step 0 excluded from the time
   std::string timing_source;     // "report tokens", "STEP table" or "seconds_per_token"
   std::string bytes_source;      // "report tokens", "report totals / gen" or "none"
+  // a compressed trunk (report totals / gen: the prefill included): decoded bytes and decode seconds
+  double decoded_bytes_per_token = 0, decode_seconds_per_token = 0;
+  std::string codec;
 };
 
 // `table` is the STEP table of the child's stdout, used only when the report has no tokens.
@@ -101,6 +108,9 @@ struct StrategyResult {
   bool over_budget = false;
   std::vector<int32_t> ids;
   std::string timing_source, bytes_source;
+  // a compressed trunk (0 when raw): the decode stage per token, mean over repeats (report totals / gen)
+  double decoded_bytes_per_token = 0, decode_seconds_per_token = 0;
+  std::string codec;  // the trunk's codec as the child reports it (empty: not reported)
 };
 
 // The device's ceiling in 1e9 B/s: sequential prices trunk bytes, random prices expert bytes (and all

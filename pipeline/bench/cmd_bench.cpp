@@ -1,7 +1,13 @@
-// `k3flow bench MODEL_DIR [--trunk DIR] (--mem-gb X | --preset P) [--strategy LIST] [--gen N]
-//  [--repeat R] [--ids LIST] [--threads N] [--out FILE] [--json] [--trace-dir DIR]`: the overlap
-// strategies compared on one checkpoint and one budget in one run (docs/design.md §5). With
+// `k3flow bench MODEL_DIR [--trunk DIR [--trunk-b DIR]] (--mem-gb X | --preset P) [--strategy LIST]
+//  [--gen N] [--repeat R] [--ids LIST] [--threads N] [--out FILE] [--json] [--trace-dir DIR]`: the
+// overlap strategies compared on one checkpoint and one budget in one run (docs/design.md §5). With
 // `--batch 1,2,4,8` it measures batched decode instead (pipeline/bench/bench_batch.hpp).
+// With --trunk-b (a second pack of the same checkpoint, e.g. `pack-trunk --codec exp4`), every
+// strategy runs from both trunks, the two alternating inside each round (A first in odd rounds, B
+// first in even ones) with the page cache dropped before every run, rows labelled
+// `<strategy>@<codec>`; every run must still give the same ids and logits; a comparison follows the
+// table: s/token median and min, stored and decoded bytes per token, decode seconds per token
+// (docs/codec.md, "The decode stage").
 //   1. the device's ceiling (pipeline/bench/device_probe.* probe_ceiling: a deep queue of large O_DIRECT
 //      requests, independent of the engine's reader settings), and beside it the engine's own read
 //      pattern with the engine's settings, once at the start of every round; T_io is priced with the
@@ -63,7 +69,8 @@ constexpr const char* kAllStrategiesList = "serial,trunk,overlap,lookahead,auto"
 const std::vector<int32_t> kDefaultIds = {1008, 10484, 318, 15383, 387};
 
 struct BenchArgs {
-  std::string model_dir, trunk_dir, preset, strategies = kAllStrategiesList, ids, out_path, trace_dir;
+  std::string model_dir, trunk_dir, trunk_b_dir, preset, strategies = kAllStrategiesList, ids, out_path,
+                                                         trace_dir;
   bool json = false;
   std::optional<double> mem_gb;
   int gen = 8, repeat = 3, threads = 0;
@@ -237,8 +244,11 @@ int run_bench(const BenchArgs& a) {
   const std::string ids_text = fmt::format("{}", fmt::join(ids, ","));
 
   const io::ShardSet shards = io::ShardSet::open(dir);
-  std::optional<io::PackedTrunk> trunk;
+  std::optional<io::PackedTrunk> trunk, trunk_b;
+  if (!a.trunk_b_dir.empty() && a.trunk_dir.empty())
+    throw io::usage_error("--trunk-b: give --trunk too (the trunk it is compared with)");
   if (!a.trunk_dir.empty()) trunk.emplace(io::PackedTrunk::open(a.trunk_dir, config.n_layers));
+  if (!a.trunk_b_dir.empty()) trunk_b.emplace(io::PackedTrunk::open(a.trunk_b_dir, config.n_layers));
   const PlanInputs in =
       plan_inputs(config, shards, trunk ? &*trunk : nullptr, ids.size() + size_t(a.gen) + 1);
   PlanBudget pb;
@@ -250,6 +260,22 @@ int run_bench(const BenchArgs& a) {
     pb.source = fmt::format("--mem-gb {}", *a.mem_gb);
   }
   const MemoryPlan plan = make_plan(in, pb);  // a budget below the floor is refused here (exit 2)
+  if (trunk_b)  // and below trunk B's (a compressed trunk's floor holds a decode slot too)
+    make_plan(plan_inputs(config, shards, &*trunk_b, ids.size() + size_t(a.gen) + 1), pb);
+  // The rows: every strategy, from --trunk and (with --trunk-b) from trunk B, labelled by codec.
+  struct Row {
+    std::string strategy, label, trunk_dir;
+  };
+  std::vector<Row> rows;
+  {
+    std::string la = trunk ? io::codec::codec_name(trunk->codec()) : "",
+                lb = trunk_b ? io::codec::codec_name(trunk_b->codec()) : "";
+    if (trunk_b && la == lb) la = "a", lb = "b";
+    for (const std::string& st : strategies) {
+      rows.push_back(Row{st, trunk_b ? st + "@" + la : st, a.trunk_dir});
+      if (trunk_b) rows.push_back(Row{st, st + "@" + lb, a.trunk_b_dir});
+    }
+  }
 
   // ---- what the child understands ----
   // Test hook: K3FLOW_BENCH_CHILD names a stand-in for `k3flow` (it is run as `<it> generate ...`).
@@ -273,6 +299,7 @@ int run_bench(const BenchArgs& a) {
   if (a.threads > 0) base.insert(base.end(), {"--threads", std::to_string(a.threads)});
   std::vector<fs::path> cache_dirs = {dir};
   if (trunk) cache_dirs.push_back(a.trunk_dir);
+  if (trunk_b) cache_dirs.push_back(a.trunk_b_dir);
 
   std::fprintf(txt,
                "bench: %s, budget %s (%s; plan floor %s), %zu prompt ids, %d tokens%s, %d repeat%s, "
@@ -281,6 +308,10 @@ int run_bench(const BenchArgs& a) {
                human_bytes(double(plan.floor)).c_str(), ids.size(), a.gen,
                has("--incremental") ? " incremental" : "", a.repeat, a.repeat == 1 ? "" : "s",
                fmt::format("{}", fmt::join(strategies, ",")).c_str());
+  if (trunk_b)
+    std::fprintf(txt, "trunks: A %s (codec %s), B %s (codec %s), alternating in every round\n",
+                 a.trunk_dir.c_str(), io::codec::codec_name(trunk->codec()), a.trunk_b_dir.c_str(),
+                 io::codec::codec_name(trunk_b->codec()));
   if (!sum.child_missing_flags.empty())
     std::fprintf(txt,
                  "NOTE: this k3flow generate lacks %s: those flags are not passed, so the rows below do NOT "
@@ -349,7 +380,7 @@ int run_bench(const BenchArgs& a) {
   bool resident = model_bytes + model_bytes / 8 + (uint64_t{256} << 20) <= avail;
   std::vector<double> cpu, cpu_wall;
   if (!a.trace_dir.empty()) fs::create_directories(a.trace_dir);
-  std::vector<std::vector<RunSample>> samples(strategies.size());
+  std::vector<std::vector<RunSample>> samples(rows.size());
   for (int r = 0; r < a.repeat; ++r) {
     probe_round(r);
     if (resident) {
@@ -364,8 +395,11 @@ int run_bench(const BenchArgs& a) {
                      "resident", cpu.back(), human_bytes(double(model_bytes)).c_str());
       }
     }
-    for (size_t i = 0; i < strategies.size(); ++i) {
-      const std::string& st = strategies[i];
+    for (size_t k = 0; k < rows.size(); ++k) {
+      // with trunk B, the pair (A, B) of a strategy runs B first in every other round
+      const size_t i = trunk_b && r % 2 == 1 ? k ^ 1 : k;
+      const std::string& st = rows[i].strategy;
+      const std::string& label = rows[i].label;
       std::vector<std::string> extra;
       if (has("--strategy")) extra.insert(extra.end(), {"--strategy", st});
       if (use_preset)
@@ -374,16 +408,18 @@ int run_bench(const BenchArgs& a) {
         extra.insert(extra.end(),
                      {"--mem-gb", a.mem_gb ? fmt::format("{}", *a.mem_gb)
                                            : fmt::format("{}", double(plan.budget) / double(1 << 30))});
-      if (trunk && has("--trunk")) extra.insert(extra.end(), {"--trunk", a.trunk_dir});
+      if (trunk && has("--trunk")) extra.insert(extra.end(), {"--trunk", rows[i].trunk_dir});
       if (!a.trace_dir.empty())
-        extra.insert(extra.end(),
-                     {"--trace", (fs::path(a.trace_dir) / fmt::format("{}-r{}.json", st, r + 1)).string()});
-      const RunSample s = runner.run(fmt::format("strategy '{}' (repeat {})", st, r + 1), extra, cache_dirs);
+        extra.insert(
+            extra.end(),
+            {"--trace", (fs::path(a.trace_dir) / fmt::format("{}-r{}.json", label, r + 1)).string()});
+      const RunSample s =
+          runner.run(fmt::format("strategy '{}' (repeat {})", label, r + 1), extra, cache_dirs);
       if (has("--strategy") && !s.strategy.empty() && s.strategy != st)
         throw io::runtime_error(
             fmt::format("strategy '{}' (repeat {}): the run reports strategy '{}'", st, r + 1, s.strategy));
       std::fprintf(txt, "  [%d/%d] %-10s %.4f s/token over %d step%s, %s read/token, peak RSS %s\n", r + 1,
-                   a.repeat, st.c_str(), s.s_per_token, s.measured_steps, s.measured_steps == 1 ? "" : "s",
+                   a.repeat, label.c_str(), s.s_per_token, s.measured_steps, s.measured_steps == 1 ? "" : "s",
                    human_bytes(s.bytes_per_token).c_str(), human_bytes(double(s.peak_rss_os)).c_str());
       std::fflush(txt);
       samples[i].push_back(s);
@@ -423,9 +459,9 @@ int run_bench(const BenchArgs& a) {
       sum.ceiling_gbps > 0 ? sum.engine_probe_gbps / sum.ceiling_gbps : 0.0);
 
   // ---- 4. table, JSON, verdict ----
-  for (size_t i = 0; i < strategies.size(); ++i)
+  for (size_t i = 0; i < rows.size(); ++i)
     sum.strategies.push_back(aggregate(
-        strategies[i], samples[i], Ceiling{sum.ceiling_gbps, sum.ceiling_random_gbps}, t_cpu, plan.budget));
+        rows[i].label, samples[i], Ceiling{sum.ceiling_gbps, sum.ceiling_random_gbps}, t_cpu, plan.budget));
   rank(sum);
   const RunSample& any = samples.front().front();
   std::fprintf(txt, "\n%s", bench_table(sum).c_str());
@@ -461,6 +497,28 @@ int run_bench(const BenchArgs& a) {
                    "rate drifted "
                    "during this bench; rerun on a quieter machine or with more --repeat\n",
                    r.strategy.c_str(), r.overlap_efficiency);
+  if (trunk_b) {
+    std::fprintf(txt,
+                 "\ntrunk A (%s) vs trunk B (%s), per strategy: s/token median and min, bytes read per token "
+                 "(stored) and decoded by the decode stage, decode seconds per token (report totals / gen)\n",
+                 a.trunk_dir.c_str(), a.trunk_b_dir.c_str());
+    for (size_t i = 0; i + 1 < sum.strategies.size(); i += 2) {
+      const StrategyResult &ra = sum.strategies[i], &rb = sum.strategies[i + 1];
+      auto change = [](double x, double y) {
+        return x > 0 ? fmt::format("{:+.1f}%", 100.0 * (y / x - 1)) : "-";
+      };
+      std::fprintf(
+          txt,
+          "  %-10s s/token %.4f -> %.4f (%s), min %.4f -> %.4f (%s); read/token %s -> %s; decoded/token "
+          "%s -> %s; decode %.4f -> %.4f s/token\n",
+          rows[i].strategy.c_str(), ra.s_per_token, rb.s_per_token,
+          change(ra.s_per_token, rb.s_per_token).c_str(), ra.s_per_token_min, rb.s_per_token_min,
+          change(ra.s_per_token_min, rb.s_per_token_min).c_str(), human_bytes(ra.bytes_per_token).c_str(),
+          human_bytes(rb.bytes_per_token).c_str(), human_bytes(ra.decoded_bytes_per_token).c_str(),
+          human_bytes(rb.decoded_bytes_per_token).c_str(), ra.decode_seconds_per_token,
+          rb.decode_seconds_per_token);
+    }
+  }
   for (const std::string& n : runner.notes) std::fprintf(txt, "NOTE: %s\n", n.c_str());
   const std::string doc = bench_json(sum);
   if (!a.out_path.empty()) {
@@ -482,6 +540,10 @@ Action add_bench(CLI::App& sub) {
   sub.add_option("MODEL_DIR", a->model_dir, "checkpoint directory (config.json + *.safetensors)")->required();
   sub.add_option("--trunk", a->trunk_dir,
                  "packed trunk directory (trunk.json + trunk.bin) the children stream");
+  sub.add_option(
+      "--trunk-b", a->trunk_b_dir,
+      "a second packed trunk of the same checkpoint (e.g. pack-trunk --codec exp4): every strategy "
+      "also runs from it, alternating with --trunk in every round, and the two are compared");
   auto* mem = sub.add_option("--mem-gb", a->mem_gb, "memory budget in GiB for every strategy run");
   auto* preset = sub.add_option("--preset", a->preset, "named budget (as k3flow plan): laptop, desktop, ...");
   mem->excludes(preset);

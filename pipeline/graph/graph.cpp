@@ -59,6 +59,10 @@ const char* strategy_name(Strategy s) {
 template <Node N, class... Made>
 void StreamingModel::Impl::add(Made&&... made) {
   const NodeInfo& info = kNodes[N];
+  if (info.compressed_only && trunk_graph != kCompressedTrunk) {  // the raw graph is as it was
+    stats[N] = &own_stats[N];
+    return;
+  }
   const int threads = int(tbb::global_control::active_value(tbb::global_control::max_allowed_parallelism));
   tracks[N] = std::make_unique<TraceTrack>(fmt::format("node: {}", info.name),
                                            info.concurrency == 0 ? std::min(2 * threads, 64) : 1);
@@ -85,6 +89,10 @@ void StreamingModel::Impl::build() {
   add<kTrunkFree>();
   add<kTrunkClaim>();
   run<kTrunkRead>(&Impl::trunk_read_body);
+  add<kStoredOrder>([](const TrunkReady& r) { return size_t(r.seq); });
+  add<kDecodeFree>();
+  add<kDecodeClaim>();
+  run<kTrunkDecode>(&Impl::trunk_decode_body);
   run<kTrunkBind>(&Impl::trunk_bind_body);
   add<kLayerGate>([nl](const LayerGo& m) { return visit_key(m.visit, nl); },
                   [nl](const TrunkReady& m) { return visit_key(m.visit, nl); });
@@ -109,6 +117,8 @@ void StreamingModel::Impl::build() {
   make_edges();
   if (!dot) return;
   dot->add_pool("trunk ring", "trunk io", uint64_t(trunk.ring_slots()), trunk.slot_read_bytes());
+  if (trunk.compressed())
+    dot->add_pool("decode slots", "trunk io", uint64_t(trunk.decode_slots()), trunk.decode_slot_bytes());
   dot->add_pool("pinned trunk", "trunk io", plan.pinned.size(),
                 plan.pinned.empty() ? 0 : trunk.pinned_bytes() / plan.pinned.size());
   if (cache) dot->add_pool("expert slots", "moe", cache->slot_count(), cache->slot_bytes());
@@ -214,6 +224,11 @@ StreamTotals StreamingModel::totals() const {
   t.uring_bytes = a.uring_bytes + b.uring_bytes;
   t.pread_bytes = a.pread_bytes + b.pread_bytes;
   t.direct_bytes = a.direct_bytes + b.direct_bytes;
+  if (m.trunk.compressed()) {
+    t.codec = io::codec::codec_name(m.src.trunk()->codec());
+    t.trunk_decoded_bytes = m.stats[kTrunkDecode]->bytes.load();
+    t.decode_seconds = double(m.stats[kTrunkDecode]->busy_us.load()) * 1e-6;
+  }
   t.io_busy_seconds = m.act.io_busy_seconds();
   t.compute_busy_seconds = m.act.compute_busy_seconds();
   t.uring = m.trunk_reader.backend() == io::UringReader::Backend::uring &&
@@ -229,8 +244,8 @@ StreamTotals StreamingModel::totals() const {
 
 uint64_t StreamingModel::allocated_bytes() const {
   const Impl& m = *impl_;
-  return m.head->bytes.size() + 4 * m.head->widen.size() + m.trunk.ring_bytes() + m.trunk.pinned_bytes() +
-         (m.cache ? m.cache->arena_bytes() : 0);
+  return m.head->bytes.size() + 4 * m.head->widen.size() + m.trunk.ring_bytes() + m.trunk.decode_bytes() +
+         m.trunk.pinned_bytes() + (m.cache ? m.cache->arena_bytes() : 0);
 }
 
 }  // namespace k3::pipeline

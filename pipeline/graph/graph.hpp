@@ -35,6 +35,13 @@
 //                                                                 ▼
 //                                  expert_compute (each expert as its bytes land) ─► combine
 //                                                                                     ▼
+//  A compressed trunk (pack-trunk --codec exp4|huff) adds the decode stage, made only then (the raw
+//  graph above is unchanged; graph_wiring.hpp marks the edges kRawTrunk / kCompressedTrunk):
+//   trunk_read ► stored_order (sequencer: read order) ─┐
+//   decode_free (decoded slot ids) ────────────────────┴► decode_claim (join) ► trunk_decode ► trunk_bind
+//  trunk_decode decodes the stored layer (parallel_for over its codec blocks) into the decoded slot
+//  -- a pinned layer into its pin region, once -- and returns the ring slot(s) to trunk_free;
+//  layer_done returns the decoded slot to decode_free.
 //  layer_done: returns the trunk slot to trunk_free, sends layer_go(v + 1) or, after the last
 //  layer, head (model-level AttnRes + lm_head). expert_compute releases expert slots and sends
 //  expert_fetch a retry when a layer needs more experts than slots are free (waves).
@@ -75,6 +82,15 @@
 //    and overtake queued lookahead prefetches; the trunk reader keeps only 4 x 1 MiB in flight, so
 //    an expert read never waits behind a whole layer (reader_options.cpp); and a node that starts
 //    reads spawns them last, so its thread submits them before it computes what hides them.
+//  - A compressed trunk's layers are decoded in READ order (stored_order: a sequencer on the read's
+//    submission number), which is the compute order: reads may land out of order, and a later layer
+//    that took the last decoded slot would wait forever for an earlier one. The ring slot is given
+//    back right after the decode, so the reader runs ahead on stored bytes while the decoded slots
+//    (1 at the floor, 2 when the plan has room: decode of L+1 beside compute of L) gate the compute.
+//    Pinned layers' first reads are staged through the ring (one larger than a slot takes the whole
+//    ring), so every byte is in a pool the planner counted. Block checks are verified on a layer's
+//    first decode in the process (as the raw trunk's xxh64 is checked once: check_loaded, which
+//    trunk_bind also applies to the decoded bytes).
 //  - The graph allocates no weight memory after construction. Activations (T-sized) grow only when a
 //    call feeds more tokens than any before (full recompute), never in incremental decode.
 //
@@ -109,7 +125,11 @@ Strategy parse_strategy(std::string_view name);  // usage Error listing the name
 const char* strategy_name(Strategy);
 
 struct StreamTotals {
-  uint64_t trunk_bytes_read = 0, expert_bytes_read = 0;
+  uint64_t trunk_bytes_read = 0, expert_bytes_read = 0;  // bytes read (a compressed trunk: stored bytes)
+  // a compressed trunk: the decode stage's output (decoded bytes) and its wall time (0 when raw)
+  uint64_t trunk_decoded_bytes = 0;
+  double decode_seconds = 0;
+  std::string codec = "none";
   uint64_t expert_requests = 0, expert_hits = 0;  // hits include experts a prefetch had read / was reading
   uint64_t lookahead_predicted = 0;               // prefetch reads issued
   uint64_t lookahead_used = 0;                    // of those, experts the router then chose

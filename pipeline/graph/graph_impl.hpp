@@ -50,26 +50,30 @@ using TrunkReadNode = flow::async_node<TrunkClaim, TrunkReady>;
 using ExpertReadNode = flow::async_node<ReadBatch, ExpertLanded>;
 using GatedLayer = std::tuple<LayerGo, TrunkReady>;  // layer_gate's output
 using GatedExpert = std::tuple<ExpertGo, LatentGo>;  // expert_join's output
-using NodeTypes =
-    std::tuple<flow::queue_node<TrunkJob>,                                  // kSchedule
-               flow::queue_node<SlotRef>,                                   // kTrunkFree
-               flow::join_node<TrunkClaim, flow::queueing>,                 // kTrunkClaim
-               TrunkReadNode,                                               // kTrunkRead
-               Multi<TrunkReady, TrunkReady>,                               // kTrunkBind
-               flow::join_node<GatedLayer, flow::key_matching<uint64_t>>,   // kLayerGate
-               Multi<GatedLayer, RouteGo, DenseGo>,                         // kAttention
-               Multi<DenseGo, LayerDone>,                                   // kDenseFfn
-               Multi<RouteGo, FetchGo, SharedGo>,                           // kRouter
-               Multi<FetchGo, ReadBatch, ExpertLanded, LookaheadGo>,        // kExpertFetch
-               ExpertReadNode,                                              // kExpertRead
-               Multi<ExpertLanded, ExpertGo, SharedGo, FetchGo>,            // kExpertLanded
-               Multi<SharedGo, LatentGo, FetchGo, PieceDone>,               // kShared
-               flow::join_node<GatedExpert, flow::key_matching<uint64_t>>,  // kExpertJoin
-               Multi<GatedExpert, FetchGo, PieceDone>,                      // kExpertCompute
-               Multi<LookaheadGo, ReadBatch, PieceDone>,                    // kLookahead
-               Multi<PieceDone, LayerDone>,                                 // kCombine
-               Multi<LayerDone, SlotRef, LayerGo, HeadGo, TrunkJob, TrunkClaim, TrunkReady>,  // kLayerDone
-               flow::function_node<HeadGo>>;                                                  // kHead
+using NodeTypes = std::tuple<
+    flow::queue_node<TrunkJob>,                                  // kSchedule
+    flow::queue_node<SlotRef>,                                   // kTrunkFree
+    flow::join_node<TrunkClaim, flow::queueing>,                 // kTrunkClaim
+    TrunkReadNode,                                               // kTrunkRead
+    flow::sequencer_node<TrunkReady>,                            // kStoredOrder
+    flow::queue_node<DecodeSlot>,                                // kDecodeFree
+    flow::join_node<DecodeClaim, flow::queueing>,                // kDecodeClaim
+    Multi<DecodeClaim, TrunkReady, SlotRef, DecodeSlot>,         // kTrunkDecode
+    Multi<TrunkReady, TrunkReady>,                               // kTrunkBind
+    flow::join_node<GatedLayer, flow::key_matching<uint64_t>>,   // kLayerGate
+    Multi<GatedLayer, RouteGo, DenseGo>,                         // kAttention
+    Multi<DenseGo, LayerDone>,                                   // kDenseFfn
+    Multi<RouteGo, FetchGo, SharedGo>,                           // kRouter
+    Multi<FetchGo, ReadBatch, ExpertLanded, LookaheadGo>,        // kExpertFetch
+    ExpertReadNode,                                              // kExpertRead
+    Multi<ExpertLanded, ExpertGo, SharedGo, FetchGo>,            // kExpertLanded
+    Multi<SharedGo, LatentGo, FetchGo, PieceDone>,               // kShared
+    flow::join_node<GatedExpert, flow::key_matching<uint64_t>>,  // kExpertJoin
+    Multi<GatedExpert, FetchGo, PieceDone>,                      // kExpertCompute
+    Multi<LookaheadGo, ReadBatch, PieceDone>,                    // kLookahead
+    Multi<PieceDone, LayerDone>,                                 // kCombine
+    Multi<LayerDone, SlotRef, LayerGo, HeadGo, TrunkJob, TrunkClaim, TrunkReady, DecodeSlot>,  // kLayerDone
+    flow::function_node<HeadGo>>;                                                              // kHead
 static_assert(std::tuple_size_v<NodeTypes> == kNodeCount);
 template <Node N>
 using NodeType = std::tuple_element_t<N, NodeTypes>;
@@ -125,6 +129,7 @@ struct StreamingModel::Impl {
   const int n;  // bound layers
   const size_t E, L, K;
   GraphDescription* dot;
+  const unsigned trunk_graph;  // kRawTrunk, or kCompressedTrunk (the decode stage: graph_wiring.hpp)
 
   // ---- memory, sized once ----
   std::unique_ptr<WeightSources::Head> head;
@@ -147,6 +152,12 @@ struct StreamingModel::Impl {
   ExpertCounters counts;
   std::atomic<uint64_t> read_ids{0};
   std::atomic<int> ring_in_use{0};
+  // Compressed trunk: reads submitted (TrunkReady::seq), decoded slots in use, the decode stage's
+  // output bytes and time, and which layers have been decoded once (their block checks verified).
+  uint64_t read_seq = 0;
+  std::atomic<int> decode_in_use{0};
+  std::atomic<uint64_t> decoded_bytes{0}, decode_us{0};
+  std::vector<char> decoded_once;
   // Pinned trunk bytes loaded so far of their total, for the first step's progress bar.
   std::atomic<uint64_t> pin_loaded_bytes{0};
   uint64_t pin_total_bytes = 0;
@@ -224,6 +235,7 @@ struct StreamingModel::Impl {
         L(size_t(c.latent)),
         K(size_t(c.top_k)),
         dot(d),
+        trunk_graph(p.codec.empty() ? kRawTrunk : kCompressedTrunk),
         trunk(p, s),
         step_state(waves_of(st)),
         graph_owner(graph_in(arena)),
@@ -248,6 +260,10 @@ struct StreamingModel::Impl {
     }
     build();
     for (int slot = 0; slot < trunk.ring_slots(); ++slot) node<kTrunkFree>().try_put(SlotRef{slot});
+    decoded_once.assign(size_t(n), 0);
+    for (int slot = 0; slot < trunk.decode_slots(); ++slot) node<kDecodeFree>().try_put(DecodeSlot{slot});
+    // every layer pinned: no decoded slots, but the pins' first reads still pass the decode join
+    if (trunk.compressed() && trunk.decode_slots() == 0) node<kDecodeFree>().try_put(DecodeSlot{-1});
     g.wait_for_all();
   }
 
@@ -337,11 +353,13 @@ struct StreamingModel::Impl {
     if (trunk.pinned(l)) {
       if (trunk.pin_loaded(l))
         ready(TrunkReady{v, SlotRef::pin()});
-      else
+      else if (!trunk.compressed())
         claim(TrunkClaim{TrunkJob{v, 0}, SlotRef::pin()});
+      else  // compressed: the first read is staged through the ring, then decoded into the pin region
+        for (int p = 0; p < trunk.parts(l); ++p) job(TrunkJob{v, p});
       return;
     }
-    const int parts = l == trunk.spanning_layer() ? trunk.ring_slots() : 1;
+    const int parts = trunk.parts(l);
     for (int p = 0; p < parts; ++p) job(TrunkJob{v, p});
   }
 
@@ -371,6 +389,7 @@ struct StreamingModel::Impl {
 
   // The node bodies (graph_nodes_*.cpp), one per node that runs code, in the diagram's order.
   void trunk_read_body(const TrunkClaim&, TrunkReadNode::gateway_type&);
+  void trunk_decode_body(const DecodeClaim&, Outputs<kTrunkDecode>&);
   void trunk_bind_body(const TrunkReady&, Outputs<kTrunkBind>&);
   void attention_body(const GatedLayer&, Outputs<kAttention>&);
   void dense_ffn_body(const DenseGo&, Outputs<kDenseFfn>&);

@@ -18,9 +18,11 @@ void StreamingModel::Impl::counters() {
   Trace::counter("expert slots in use", experts);
   // The trunk reader's depth as it adapts to the device (reader_options.cpp, io::DepthTuner).
   Trace::counter("trunk reader depth", int64_t(trunk_reader.counters().depth));
-  Trace::counter("resident weight bytes", ring * int64_t(trunk.slot_read_bytes()) +
-                                              int64_t(trunk.pinned_bytes()) +
-                                              experts * int64_t(cache ? cache->slot_bytes() : 0));
+  if (trunk.compressed()) Trace::counter("trunk decode slots in use", int64_t(decode_in_use.load()));
+  Trace::counter("resident weight bytes",
+                 ring * int64_t(trunk.slot_read_bytes()) +
+                     int64_t(decode_in_use.load()) * int64_t(trunk.decode_slot_bytes()) +
+                     int64_t(trunk.pinned_bytes()) + experts * int64_t(cache ? cache->slot_bytes() : 0));
 }
 
 // ------------------------------------------------------------------ trunk reads
@@ -28,8 +30,8 @@ void StreamingModel::Impl::counters() {
 void StreamingModel::Impl::submit_trunk(Visit visit, SlotRef slot_ref, TrunkReadNode::gateway_type& gw) {
   const int layer = visit.layer, slot = slot_ref.index;
   const LayerSource& ls = src.layer(layer);
-  std::span<std::byte> bytes = trunk.bytes(layer, slot);
-  TrunkSlots::Holder& h = trunk.holder(layer, slot);
+  std::span<std::byte> bytes = trunk.read_target(layer, slot);  // compressed: its stored bytes
+  TrunkSlots::Holder& h = trunk.read_holder(layer, slot);
   h.pending_reads.store(int(ls.reads.size()));
   h.read_failed.store(false);
   trunk_reqs.clear();
@@ -37,7 +39,8 @@ void StreamingModel::Impl::submit_trunk(Visit visit, SlotRef slot_ref, TrunkRead
     trunk_reqs.push_back(io::ReadRequest{e.file, e.offset, bytes.subspan(e.dst_offset, e.bytes), 0});
   const uint64_t id = ++read_ids;
   const uint64_t total = ls.read_bytes;
-  if (slot >= 0) ring_in_use += layer == trunk.spanning_layer() ? trunk.ring_slots() : 1;
+  if (slot >= 0) ring_in_use += trunk.parts(layer);
+  const uint64_t seq = read_seq++;  // trunk_read is serial: its submission order
   counters();
   act.read_begin(total, false);
   stats[kTrunkRead]->bytes.fetch_add(total, std::memory_order_relaxed);
@@ -51,20 +54,22 @@ void StreamingModel::Impl::submit_trunk(Visit visit, SlotRef slot_ref, TrunkRead
   // submission itself throws, nothing will complete, so the wait is given back here.
   gw.reserve_wait();
   try {
-    trunk_reader.submit(trunk_reqs, [this, &gw, &h, visit, slot_ref, id, total](const io::ReadCompletion& r) {
-      if (!r.ok()) {
-        h.read_failed.store(true);
-        fail(r.message);
-      }
-      if (h.pending_reads.fetch_sub(1) == 1) {
-        if (read_delay_ms > 0)  // test hook: the layer lands that much later
-          std::this_thread::sleep_for(std::chrono::milliseconds(read_delay_ms));
-        if (Trace::enabled()) Trace::async_end("trunk read", "io", id, trunk_track.tid());
-        act.read_end(total);
-        if (!h.read_failed.load()) gw.try_put(TrunkReady{visit, slot_ref});
-        gw.release_wait();
-      }
-    });
+    trunk_reader.submit(trunk_reqs,
+                        [this, &gw, &h, visit, slot_ref, id, total, seq](const io::ReadCompletion& r) {
+                          if (!r.ok()) {
+                            h.read_failed.store(true);
+                            fail(r.message);
+                          }
+                          if (h.pending_reads.fetch_sub(1) == 1) {
+                            if (read_delay_ms > 0)  // test hook: the layer lands that much later
+                              std::this_thread::sleep_for(std::chrono::milliseconds(read_delay_ms));
+                            if (Trace::enabled()) Trace::async_end("trunk read", "io", id, trunk_track.tid());
+                            act.read_end(total);
+                            if (!h.read_failed.load())
+                              gw.try_put(TrunkReady{.visit = visit, .slot = slot_ref, .seq = seq});
+                            gw.release_wait();
+                          }
+                        });
   } catch (...) {
     act.read_end(total);
     gw.release_wait();
@@ -76,7 +81,7 @@ void StreamingModel::Impl::schedule_ring(int call_index) {
   for (int l = 0; l < n; ++l)
     if (!trunk.pinned(l)) {
       const Visit v{uint64_t(call_index), l};
-      const int parts = l == trunk.spanning_layer() ? trunk.ring_slots() : 1;
+      const int parts = trunk.parts(l);
       for (int p = 0; p < parts; ++p) node<kSchedule>().try_put(TrunkJob{v, p});
     }
   ring_scheduled_through = call_index;

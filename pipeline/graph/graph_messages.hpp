@@ -44,7 +44,14 @@ using TrunkClaim = std::tuple<TrunkJob, SlotRef>;  // a job that met a free slot
 struct TrunkReady {                                // the layer's weights are bound in `slot`
   Visit visit;
   SlotRef slot;
+  // compressed trunk: trunk_read's submission order (0, 1, ...), which stored_order restores so
+  // that layers are decoded in the order they are read, which is the order they are computed
+  uint64_t seq = 0;
 };
+struct DecodeSlot {  // a decoded slot of a compressed trunk (TrunkSlots::decode_slots)
+  int index = 0;
+};
+using DecodeClaim = std::tuple<TrunkReady, DecodeSlot>;  // a stored layer landed, and a free decoded slot
 
 // ---- one message type per meaning: a visit and the tag of the edge it travels ----
 template <class Tag>
@@ -85,6 +92,10 @@ struct LatentGo {  // the latent z the group's rows need is computed
   int group;
 };
 
+// Which trunk graphs have a node or an edge: the raw one, the compressed one (with the decode
+// stage: trunk_read -> stored_order -> decode_claim -> trunk_decode -> trunk_bind), or both.
+inline constexpr unsigned kRawTrunk = 1, kCompressedTrunk = 2, kBothTrunks = 3;
+
 // ---- nodes: ids, and per id its name (DOT node and trace row "node: <name>"), kind, concurrency
 // (0 = unlimited) and DOT cluster ----
 enum Node : int {
@@ -92,6 +103,10 @@ enum Node : int {
   kTrunkFree,
   kTrunkClaim,
   kTrunkRead,
+  kStoredOrder,
+  kDecodeFree,
+  kDecodeClaim,
+  kTrunkDecode,
   kTrunkBind,
   kLayerGate,
   kAttention,
@@ -116,6 +131,7 @@ struct NodeInfo {
   const char* kind;
   int concurrency;
   const char* cluster;
+  bool compressed_only = false;  // made only for a compressed trunk (the decode stage)
 };
 
 inline constexpr NodeInfo kNodes[kNodeCount] = {
@@ -123,6 +139,10 @@ inline constexpr NodeInfo kNodes[kNodeCount] = {
     {kTrunkFree, "trunk_free", "queue_node (free list)", 0, "trunk io"},
     {kTrunkClaim, "trunk_claim", "join_node queueing", 0, "trunk io"},
     {kTrunkRead, "trunk_read", "async_node (io_uring)", 1, "trunk io"},
+    {kStoredOrder, "stored_order", "sequencer_node (read order)", 0, "trunk io", true},
+    {kDecodeFree, "decode_free", "queue_node (free list)", 0, "trunk io", true},
+    {kDecodeClaim, "decode_claim", "join_node queueing", 0, "trunk io", true},
+    {kTrunkDecode, "trunk_decode", "multifunction_node (parallel_for over blocks)", 1, "trunk io", true},
     {kTrunkBind, "trunk_bind", "multifunction_node", 0, "trunk io"},
     {kLayerGate, "layer_gate", "join_node key_matching (visit)", 0, "layer"},
     {kAttention, "attention", "multifunction_node", 1, "layer"},
@@ -156,6 +176,8 @@ inline constexpr Whole whole = Whole::node;
 enum class ClaimIn { job, slot };
 enum class LayerGateIn { go, ready };
 enum class ExpertJoinIn { expert, latent };
+enum class DecodeClaimIn { stored, slot };
+enum class DecodeOut { ready, free_ring, free_decoded };
 enum class TrunkBindOut { ready };
 enum class AttentionOut { moe, dense };
 enum class DenseOut { done };
@@ -166,7 +188,7 @@ enum class SharedOut { latent, fetch, last_piece };
 enum class ComputeOut { retry, last_piece };
 enum class LookaheadOut { prefetch, last_piece };
 enum class CombineOut { done };
-enum class LayerDoneOut { free_slot, next_layer, head, schedule, claim_pin, pin_ready };
+enum class LayerDoneOut { free_slot, next_layer, head, schedule, claim_pin, pin_ready, free_decoded };
 
 // Whose port each is: the wiring table (graph_wiring.hpp) checks a port belongs to its node.
 constexpr Node owner(ClaimIn) {
@@ -177,6 +199,12 @@ constexpr Node owner(LayerGateIn) {
 }
 constexpr Node owner(ExpertJoinIn) {
   return kExpertJoin;
+}
+constexpr Node owner(DecodeClaimIn) {
+  return kDecodeClaim;
+}
+constexpr Node owner(DecodeOut) {
+  return kTrunkDecode;
 }
 constexpr Node owner(TrunkBindOut) {
   return kTrunkBind;

@@ -1,6 +1,9 @@
 // The streaming graph's node bodies (graph.hpp has the diagram, graph_wiring.hpp the edges), one
 // member function per node that runs code, in the diagram's order: trunk, layer, MoE, head. A body
 // reads the step it works for from its message's visit (Impl::step) and names the port it sends on.
+#include <tbb/blocked_range.h>
+#include <tbb/parallel_for.h>
+
 #include <algorithm>
 #include <variant>
 
@@ -19,7 +22,7 @@ void StreamingModel::Impl::trunk_read_body(const TrunkClaim& in, TrunkReadNode::
   const TrunkJob& job = std::get<size_t(ClaimIn::job)>(in);
   SlotRef slot = std::get<size_t(ClaimIn::slot)>(in);
   run_node(kTrunkRead, false, args(job.visit.layer, -1, slot.index), [&] {
-    if (!slot.pinned() && job.visit.layer == trunk.spanning_layer()) {  // takes the whole ring
+    if (!slot.pinned() && trunk.parts(job.visit.layer) > 1) {  // takes the whole ring
       span_held.push_back(slot);
       if (int(span_held.size()) < trunk.ring_slots()) return;
       span_held.clear();
@@ -27,6 +30,41 @@ void StreamingModel::Impl::trunk_read_body(const TrunkClaim& in, TrunkReadNode::
     }
     submit_trunk(job.visit, slot, gw);
   });
+}
+
+// Compressed trunk: decodes the stored layer in its ring slot(s) into the decoded slot it was paired
+// with (a pinned layer: into its pin region, once, and the decoded slot goes straight back), blocks
+// split over the arena by a parallel_for, then gives the ring slot(s) back to the reader and the
+// layer to trunk_bind. Block checks are verified on a layer's first decode in this process -- the raw
+// trunk's policy for its xxh64 (check_loaded), which trunk_bind still applies to the decoded bytes --
+// and skipped afterwards (docs/codec.md, "The decode stage": what verifying always would cost).
+void StreamingModel::Impl::trunk_decode_body(const DecodeClaim& in, Outputs<kTrunkDecode>& out) {
+  const TrunkReady& r = std::get<size_t(DecodeClaimIn::stored)>(in);
+  const DecodeSlot d = std::get<size_t(DecodeClaimIn::slot)>(in);
+  const int l = r.visit.layer;
+  const bool pin = trunk.pinned(l);
+  const SlotRef to = pin ? SlotRef::pin() : SlotRef{d.index};
+  bool done = false;
+  run_node(kTrunkDecode, true, args(l, -1, to.index), [&] {
+    const bool verify = !decoded_once[size_t(l)];
+    const io::codec::Stream st = src.trunk()->layer_stream(l, trunk.read_target(l, r.slot.index));
+    const std::span<std::byte> dst = trunk.bytes(l, to.index).first(size_t(st.raw_bytes()));
+    // 16 blocks (128 KiB decoded for exp4) a task: a layer spreads over every worker
+    tbb::parallel_for(
+        tbb::blocked_range<uint32_t>(0, st.n_blocks(), 16),
+        [&](const tbb::blocked_range<uint32_t>& b) { st.decode_blocks(b.begin(), b.end(), dst, verify); });
+    decoded_once[size_t(l)] = 1;
+    stats[kTrunkDecode]->bytes.fetch_add(st.raw_bytes(), std::memory_order_relaxed);
+    done = true;
+  });
+  if (!done) return;  // the run has failed: the driver reports it
+  const int k = trunk.parts(l);
+  ring_in_use -= k;
+  if (!pin) ++decode_in_use;
+  counters();
+  for (int s = 0; s < k; ++s) port<DecodeOut::free_ring>(out).try_put(k == 1 ? r.slot : SlotRef{s});
+  if (pin) port<DecodeOut::free_decoded>(out).try_put(d);
+  port<DecodeOut::ready>(out).try_put(TrunkReady{.visit = r.visit, .slot = to, .seq = r.seq});
 }
 
 void StreamingModel::Impl::trunk_bind_body(const TrunkReady& m, Outputs<kTrunkBind>& out) {
@@ -242,9 +280,15 @@ void StreamingModel::Impl::layer_done_body(const LayerDone& m, Outputs<kLayerDon
     const int l = cur.layer;
     if (!cur.slot.pinned()) {
       trunk.holder(l, cur.slot.index).visit.store(kNoVisit, std::memory_order_release);
-      const int k = l == trunk.spanning_layer() ? trunk.ring_slots() : 1;
-      ring_in_use -= k;
-      for (int s = 0; s < k; ++s) port<LayerDoneOut::free_slot>(out).try_put(k == 1 ? cur.slot : SlotRef{s});
+      if (trunk.compressed()) {  // its ring slot went back after the decode: now its decoded slot
+        --decode_in_use;
+        port<LayerDoneOut::free_decoded>(out).try_put(DecodeSlot{cur.slot.index});
+      } else {
+        const int k = trunk.parts(l);
+        ring_in_use -= k;
+        for (int s = 0; s < k; ++s)
+          port<LayerDoneOut::free_slot>(out).try_put(k == 1 ? cur.slot : SlotRef{s});
+      }
       counters();
     }
     for (const stages::Segment& s : S.segs)

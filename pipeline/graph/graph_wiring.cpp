@@ -26,20 +26,29 @@ auto& receiver(N& node) {
     return flow::input_port<size_t(P)>(node);
 }
 
-// Every output of every node is wired exactly once (the head's logits leave through the driver):
-// no message is sent where nothing listens, and no port has two listeners.
+// Every output of every node is wired exactly once in the trunk graph that sends on it (the head's
+// logits leave through the driver): no message is sent where nothing listens, and no port has two
+// listeners. A port may be unwired in one trunk graph (raw or compressed) when that graph never sends
+// on it: layer_done's decoded slots, or the raw trunk_read -> trunk_bind edge.
+constexpr bool once(Node n, int out) {
+  const int raw = wires_from(n, out, kRawTrunk), comp = wires_from(n, out, kCompressedTrunk);
+  return raw <= 1 && comp <= 1 && raw + comp >= 1;
+}
 template <Node N>
 constexpr bool outputs_wired_once() {
   if constexpr (N == kHead) {
     return wires_from(N, -1) == 0;
   } else if constexpr (requires { typename NodeType<N>::output_ports_type; }) {
     constexpr int ports = int(std::tuple_size_v<typename NodeType<N>::output_ports_type>);
-    if (ports == 1) return wires_from(N, -1) + wires_from(N, 0) == 1;  // e.g. an async_node
+    if (ports == 1)  // e.g. an async_node
+      return wires_from(N, -1, kRawTrunk) + wires_from(N, 0, kRawTrunk) <= 1 &&
+             wires_from(N, -1, kCompressedTrunk) + wires_from(N, 0, kCompressedTrunk) <= 1 &&
+             wires_from(N, -1) + wires_from(N, 0) >= 1;
     for (int p = 0; p < ports; ++p)
-      if (wires_from(N, p) != 1) return false;
+      if (!once(N, p)) return false;
     return wires_from(N, -1) == 0;
   } else {
-    return wires_from(N, -1) == 1;
+    return once(N, -1);
   }
 }
 template <int... N>
@@ -52,8 +61,8 @@ static_assert(all_outputs_wired_once(std::make_integer_sequence<int, kNodeCount>
 }  // namespace
 
 void StreamingModel::Impl::make_edges() {
-  auto connect = [this]<Node From, auto Out, Node To, auto In>(const Wire<From, Out, To, In>&) {
-    flow::make_edge(sender<Out>(node<From>()), receiver<In>(node<To>()));
+  auto connect = [this]<Node From, auto Out, Node To, auto In>(const Wire<From, Out, To, In>& w) {
+    if (w.trunks & trunk_graph) flow::make_edge(sender<Out>(node<From>()), receiver<In>(node<To>()));
   };
   std::apply(
       [&](const auto&... w) {
@@ -69,7 +78,7 @@ void StreamingModel::Impl::make_edges() {
 void StreamingModel::Impl::describe_edges() {
   const bool waves = strategy == Strategy::serial || strategy == Strategy::trunk;
   auto draw = [&]<Node From, auto Out, Node To, auto In>(const Wire<From, Out, To, In>& w) {
-    if (!(w.drawn & in(strategy))) return;
+    if (!(w.drawn & in(strategy)) || !(w.trunks & trunk_graph)) return;
     dot->add_edge(node_name(From), node_name(To), waves && w.wave_label ? w.wave_label : w.label);
   };
   std::apply(
@@ -77,7 +86,8 @@ void StreamingModel::Impl::describe_edges() {
         (
             [&](const auto& x) {
               if constexpr (std::is_same_v<std::decay_t<decltype(x)>, PoolWire>) {
-                if (!x.experts_only || cache) dot->add_edge(x.pool, node_name(x.to), x.label);
+                if ((!x.experts_only || cache) && (x.trunks & trunk_graph))
+                  dot->add_edge(x.pool, node_name(x.to), x.label);
               } else {
                 draw(x);
               }

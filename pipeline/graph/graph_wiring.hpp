@@ -29,6 +29,7 @@ struct Wire {
   const char* label = "";
   unsigned drawn = kAll;             // the strategies that send messages on it
   const char* wave_label = nullptr;  // its label under trunk / serial, when that differs
+  unsigned trunks = kBothTrunks;     // the trunk graphs that have it
 };
 // An edge of the picture only: a slot pool (GraphDescription::add_pool) feeding a node.
 struct PoolWire {
@@ -36,6 +37,7 @@ struct PoolWire {
   Node to;
   const char* label;
   bool experts_only;  // the pool exists only for an MoE model
+  unsigned trunks = kBothTrunks;
 };
 
 // In the picture's order (a DOT file lists edges as they come).
@@ -45,9 +47,23 @@ inline constexpr auto kWiring = std::tuple{
     Wire<kSchedule, whole, kTrunkClaim, ClaimIn::job>{"job"},
     Wire<kTrunkFree, whole, kTrunkClaim, ClaimIn::slot>{"free slot"},
     PoolWire{"trunk ring", kTrunkFree, "slot ids", false},
-    PoolWire{"pinned trunk", kTrunkRead, "first touch", false},
+    PoolWire{"pinned trunk", kTrunkRead, "first touch", false, kRawTrunk},
     Wire<kTrunkClaim, whole, kTrunkRead, whole>{"(job, slot)"},
-    Wire<kTrunkRead, whole, kTrunkBind, whole>{"landed"},
+    Wire<kTrunkRead, whole, kTrunkBind, whole>{"landed", kAll, nullptr, kRawTrunk},
+    // ---- compressed trunk: the stored layer is decoded into a decoded slot, in read order ----
+    Wire<kTrunkRead, whole, kStoredOrder, whole>{"stored layer landed", kAll, nullptr, kCompressedTrunk},
+    Wire<kStoredOrder, whole, kDecodeClaim, DecodeClaimIn::stored>{"in read order", kAll, nullptr,
+                                                                   kCompressedTrunk},
+    PoolWire{"decode slots", kDecodeFree, "slot ids", false, kCompressedTrunk},
+    Wire<kDecodeFree, whole, kDecodeClaim, DecodeClaimIn::slot>{"free decoded slot", kAll, nullptr,
+                                                                kCompressedTrunk},
+    Wire<kDecodeClaim, whole, kTrunkDecode, whole>{"(stored, decoded slot)", kAll, nullptr, kCompressedTrunk},
+    PoolWire{"pinned trunk", kTrunkDecode, "first touch: decoded into", false, kCompressedTrunk},
+    Wire<kTrunkDecode, DecodeOut::ready, kTrunkBind, whole>{"decoded", kAll, nullptr, kCompressedTrunk},
+    Wire<kTrunkDecode, DecodeOut::free_ring, kTrunkFree, whole>{"ring slot released", kAll, nullptr,
+                                                                kCompressedTrunk},
+    Wire<kTrunkDecode, DecodeOut::free_decoded, kDecodeFree, whole>{"unused (a pin)", kAll, nullptr,
+                                                                    kCompressedTrunk},
     Wire<kTrunkBind, TrunkBindOut::ready, kLayerGate, LayerGateIn::ready>{"weights ready"},
     // ---- a layer runs when its weights and the previous layer's output are both there ----
     Wire<kLayerGate, whole, kAttention, whole>{"visit"},
@@ -75,7 +91,9 @@ inline constexpr auto kWiring = std::tuple{
     Wire<kLookahead, LookaheadOut::last_piece, kCombine, whole>{"last piece", kLookaheadGraph},
     Wire<kCombine, CombineOut::done, kLayerDone, whole>{},
     // ---- the layer is done: its ring slot goes back to the free list, the next layer may run ----
-    Wire<kLayerDone, LayerDoneOut::free_slot, kTrunkFree, whole>{"slot released"},
+    Wire<kLayerDone, LayerDoneOut::free_slot, kTrunkFree, whole>{"slot released", kAll, nullptr, kRawTrunk},
+    Wire<kLayerDone, LayerDoneOut::free_decoded, kDecodeFree, whole>{"decoded slot released", kAll, nullptr,
+                                                                     kCompressedTrunk},
     Wire<kLayerDone, LayerDoneOut::next_layer, kLayerGate, LayerGateIn::go>{"next visit"},
     Wire<kLayerDone, LayerDoneOut::head, kHead, whole>{"last layer"},
     Wire<kLayerDone, LayerDoneOut::schedule, kSchedule, whole>{"next read", in(Strategy::serial)},
@@ -89,15 +107,16 @@ inline constexpr auto kWiring = std::tuple{
 
 namespace k3::pipeline::graph_detail {
 
-// How many wires leave node n's output port `out` (-1: the node's only output).
-constexpr int wires_from(Node n, int out) {
+// How many wires leave node n's output port `out` (-1: the node's only output) in the trunk graphs
+// `trunks` (a wire counts when it is in any of them).
+constexpr int wires_from(Node n, int out, unsigned trunks = kBothTrunks) {
   return std::apply(
       [&](const auto&... w) {
         return (0 + ... + [&](const auto& x) {
           if constexpr (std::is_same_v<std::decay_t<decltype(x)>, PoolWire>)
             return 0;
           else
-            return int(x.from == n && x.out == out);
+            return int(x.from == n && x.out == out && (x.trunks & trunks) != 0);
         }(w));
       },
       kWiring);

@@ -65,6 +65,55 @@ Ring ring_for(const std::vector<LayerFootprint>& layers, const std::vector<bool>
   return r;
 }
 
+// The trunk's pools for a pinning: the ring, and for a compressed trunk the decode slots
+// (planner.hpp, "Compressed trunk"). `D` decode slots (compressed only).
+struct Pools {
+  Ring ring;
+  int dec = 0;
+  uint64_t dec_read = 0, dec_widen = 0;
+  uint64_t bytes() const { return ring.bytes() + uint64_t(dec) * (dec_read + dec_widen); }
+};
+
+Pools pools_for(const std::vector<LayerFootprint>& layers, const std::vector<bool>& pinned, int S, int D,
+                bool compressed) {
+  Pools p;
+  if (!compressed) {
+    p.ring = ring_for(layers, pinned, S);
+    return p;
+  }
+  std::vector<LayerFootprint> stored(layers.size());
+  uint64_t pin_max = 0;
+  bool streamed = false;
+  for (size_t l = 0; l < layers.size(); ++l) {
+    const uint64_t b = align_up(layers[l].stored_bytes, kDirectAlign);
+    stored[l] = LayerFootprint{.read_bytes = b, .widen_bytes = 0, .stored_bytes = b};
+    if (pinned[l]) {
+      pin_max = std::max(pin_max, b);
+    } else {
+      streamed = true;
+      p.dec_read = std::max(p.dec_read, align_up(layers[l].read_bytes, kDirectAlign));
+      p.dec_widen = std::max(p.dec_widen, align_up(layers[l].widen_bytes, kDirectAlign));
+    }
+  }
+  if (!streamed) {  // every layer pinned: one ring slot stages their first reads
+    p.dec_read = p.dec_widen = 0;
+    if (pin_max) p.ring = Ring{.slots = 1, .read = pin_max, .widen = 0, .spanning = -1, .span = 0};
+    return p;
+  }
+  p.ring = ring_for(stored, pinned, S);
+  const uint64_t stage = align_up((pin_max + uint64_t(S) - 1) / uint64_t(S), kDirectAlign);
+  if (stage > p.ring.read) {  // a pinned layer's first read must fit the whole ring
+    p.ring.read = stage;
+    if (p.ring.spanning >= 0) {
+      const uint64_t a1 = stored[size_t(p.ring.spanning)].read_bytes;
+      p.ring.span = int((a1 + p.ring.read - 1) / p.ring.read);
+      if (p.ring.span <= 1) p.ring.spanning = -1, p.ring.span = 0;
+    }
+  }
+  p.dec = D;
+  return p;
+}
+
 // Among layers of one size, which of them are pinned changes no byte count, but it decides where the
 // streamed layers fall in the token. Pinned lowest-index first, they bunched: on the 16-layer `wide`
 // synthetic at 0.8 GiB (streamed 3, 7, 9..15) the reader filled both ring slots while layers 0..3
@@ -74,10 +123,12 @@ Ring ring_for(const std::vector<LayerFootprint>& layers, const std::vector<bool>
 // index. The same sizes stay unpinned, so the ring and every total are unchanged.
 void spread_pins(const std::vector<LayerFootprint>& layers, std::vector<bool>& pinned) {
   const int n = int(layers.size());
-  std::map<std::pair<uint64_t, uint64_t>, std::vector<int>> same_size;
+  // (a compressed layer's stored size is part of its size: the ring holds stored bytes)
+  std::map<std::tuple<uint64_t, uint64_t, uint64_t>, std::vector<int>> same_size;
   for (int l = 0; l < n; ++l)
     same_size[{align_up(layers[size_t(l)].read_bytes, kDirectAlign),
-               align_up(layers[size_t(l)].widen_bytes, kDirectAlign)}]
+               align_up(layers[size_t(l)].widen_bytes, kDirectAlign),
+               align_up(layers[size_t(l)].stored_bytes, kDirectAlign)}]
         .push_back(l);
   std::vector<int> streamed;  // fixed so far
   std::vector<std::vector<int>*> partial;
@@ -133,7 +184,12 @@ uint64_t plan_floor(const PlanInputs& in, int ring_slots) {
   std::vector<bool> none(in.layers.size(), false);
   uint64_t all = 0;
   for (const LayerFootprint& l : in.layers) all += footprint(l);
-  uint64_t ring = std::min(ring_for(in.layers, none, ring_slots).bytes(), all);
+  uint64_t ring = pools_for(in.layers, none, ring_slots, 1, in.compressed()).bytes();
+  if (in.compressed()) {  // everything pinned instead: plus the one staging slot
+    std::vector<bool> every(in.layers.size(), true);
+    all += pools_for(in.layers, every, ring_slots, 1, true).bytes();
+  }
+  ring = std::min(ring, all);
   return sum_terms(in.resident) + uint64_t(in.top_k) * expert_slot(in.expert_bytes) + ring;
 }
 
@@ -191,6 +247,17 @@ MemoryPlan make_plan(const PlanInputs& in, const PlanBudget& want) {
     }
   }
 
+  // Compressed trunk: a second decode slot when the budget has room for it beside the floor's one.
+  const bool compressed = in.compressed();
+  int D = 1;
+  if (compressed) {
+    const std::vector<bool> none(n, false);
+    const Pools one = pools_for(in.layers, none, want.ring_slots, 1, true);
+    const uint64_t ring0 = p.floor - resident - inflight_bytes;
+    const uint64_t extra = one.dec_read + one.dec_widen;
+    if (one.dec && trunk_avail >= ring0 && trunk_avail - ring0 >= extra) D = 2;
+  }
+
   // Largest-first pinning to a fixed point: pins only ever shrink the ring, so every pass stays
   // within the budget, and a pass that pins nothing ends the loop.
   std::vector<bool> pinned(n, false);
@@ -199,17 +266,19 @@ MemoryPlan make_plan(const PlanInputs& in, const PlanBudget& want) {
   std::stable_sort(order.begin(), order.end(),
                    [&](int a, int b) { return footprint(in.layers[a]) > footprint(in.layers[b]); });
   uint64_t pinned_bytes = 0;
-  Ring ring = ring_for(in.layers, pinned, want.ring_slots);
+  Pools pools = pools_for(in.layers, pinned, want.ring_slots, D, compressed);
+  const std::vector<bool> every(n, true);
+  const uint64_t stage_all = pools_for(in.layers, every, want.ring_slots, D, compressed).bytes();
   for (bool changed = true; changed;) {
     changed = false;
     uint64_t unpinned = p.trunk_bytes - pinned_bytes;
-    if (unpinned && unpinned <= trunk_avail - pinned_bytes) {  // everything fits without a ring
+    if (unpinned && unpinned + stage_all <= trunk_avail - pinned_bytes) {  // everything fits without a ring
       std::fill(pinned.begin(), pinned.end(), true);
       pinned_bytes = p.trunk_bytes;
-      ring = Ring{};
+      pools = pools_for(in.layers, pinned, want.ring_slots, D, compressed);
       break;
     }
-    uint64_t avail = trunk_avail - pinned_bytes - ring.bytes();
+    uint64_t avail = trunk_avail - pinned_bytes - pools.bytes();
     for (int l : order) {
       uint64_t b = footprint(in.layers[l]);
       if (!pinned[l] && b <= avail) {
@@ -219,12 +288,24 @@ MemoryPlan make_plan(const PlanInputs& in, const PlanBudget& want) {
         changed = true;
       }
     }
-    ring = ring_for(in.layers, pinned, want.ring_slots);
+    pools = pools_for(in.layers, pinned, want.ring_slots, D, compressed);
   }
   spread_pins(in.layers, pinned);
-  ring = ring_for(in.layers, pinned, want.ring_slots);  // the same sizes unpinned: only the indices move
+  // the same sizes unpinned: only the indices move
+  pools = pools_for(in.layers, pinned, want.ring_slots, D, compressed);
+  const Ring& ring = pools.ring;
   for (size_t l = 0; l < n; ++l)
-    if (pinned[l]) p.pinned.push_back(int(l));
+    if (pinned[l])
+      p.pinned.push_back(int(l));
+    else
+      p.streamed_stored_bytes +=
+          align_up(compressed ? in.layers[l].stored_bytes : in.layers[l].read_bytes, kDirectAlign);
+  if (compressed) {
+    p.codec = in.codec;
+    p.decode_slots = pools.dec;
+    p.decode_slot_bytes = pools.dec_read;
+    p.decode_widen_bytes = pools.dec_widen;
+  }
   p.ring_slots = ring.slots;
   p.slot_read_bytes = ring.read;
   p.slot_widen_bytes = ring.widen;
@@ -234,7 +315,7 @@ MemoryPlan make_plan(const PlanInputs& in, const PlanBudget& want) {
 
   // Experts: in-flight, lookahead, then whole cache slots from what is left.
   p.inflight_slots = inflight;
-  uint64_t used = resident + ring.bytes() + pinned_bytes + inflight_bytes + lookahead_bytes;
+  uint64_t used = resident + pools.bytes() + pinned_bytes + inflight_bytes + lookahead_bytes;
   uint64_t left = split ? (want.experts.value_or(0) - inflight_bytes - lookahead_bytes) : p.budget - used;
   p.cache_slots = p.expert_slot_bytes ? left / p.expert_slot_bytes : 0;
   // Never more slots than routed experts: a larger budget stays unassigned, not allocated.
@@ -246,9 +327,13 @@ MemoryPlan make_plan(const PlanInputs& in, const PlanBudget& want) {
   }
 
   p.pools = in.resident;
-  std::string ring_name = "trunk ring slots";
+  std::string ring_name = compressed ? "trunk ring slots, stored (compressed) bytes" : "trunk ring slots";
   if (ring.spanning >= 0) ring_name += fmt::format(" (layer {} spans {})", ring.spanning, ring.span);
   p.pools.push_back({ring_name, uint64_t(ring.slots), ring.read + ring.widen, ring.bytes()});
+  if (compressed)
+    p.pools.push_back({"trunk decode slots (decoded layers)", uint64_t(pools.dec),
+                       pools.dec_read + pools.dec_widen,
+                       uint64_t(pools.dec) * (pools.dec_read + pools.dec_widen)});
   p.pools.push_back(
       {fmt::format("pinned trunk layers ({} of {})", p.pinned.size(), n), p.pinned.size(), 0, pinned_bytes});
   p.pools.push_back({"expert in-flight slots", inflight, p.expert_slot_bytes, inflight_bytes});
@@ -297,7 +382,11 @@ PlanInputs plan_inputs(const io::ModelConfig& c, const io::ShardSet& shards, con
   const int n = n_bound <= 0 || n_bound > c.n_layers ? c.n_layers : n_bound;
   PlanInputs in;
   if (trunk) {
-    for (const io::TrunkLayer& L : trunk->layers()) in.layers.push_back({L.nbytes, 0});
+    const bool compressed = trunk->codec() != io::codec::Codec::none;
+    for (const io::TrunkLayer& L : trunk->layers())
+      in.layers.push_back(
+          {.read_bytes = L.nbytes, .widen_bytes = 0, .stored_bytes = compressed ? L.stored_bytes : 0});
+    in.codec = io::codec::codec_name(trunk->codec());
   } else {
     for (const io::TrunkLayer& L : io::layout_trunk(shards, c.n_layers).layers)
       in.layers.push_back({L.nbytes, 0});
@@ -375,6 +464,17 @@ std::string format_plan(const MemoryPlan& p) {
                    human_bytes(p.streamed_bytes), human_bytes(p.trunk_bytes),
                    p.n_layers - int(p.pinned.size()), p.n_layers,
                    p.inflight_slots + p.lookahead_slots + p.cache_slots);
+  if (!p.codec.empty()) {
+    const uint64_t decoded = p.streamed_bytes;  // the streamed layers decoded (with their widen areas)
+    s += fmt::format(
+        "  codec {}: a token reads {} stored for {} decoded ({:.1f}% fewer bytes read); {} decode slot{} of "
+        "{} "
+        "(decode of layer L+1 {} compute of L); pinned layers held decoded\n",
+        p.codec, human_bytes(p.streamed_stored_bytes), human_bytes(decoded),
+        decoded ? 100.0 * (1.0 - double(p.streamed_stored_bytes) / double(decoded)) : 0.0, p.decode_slots,
+        p.decode_slots == 1 ? "" : "s", human_bytes(p.decode_slot_bytes + p.decode_widen_bytes),
+        p.decode_slots >= 2 ? "overlaps" : "waits for");
+  }
   // The readers' windows: every chunk in flight lands in the slot (or pin region) it is read for, so
   // a deeper window costs no memory beyond the pools above -- only the io_uring rings, counted above.
   const io::UringReader::Options t = trunk_reader_options();
@@ -421,6 +521,10 @@ std::string plan_json(const MemoryPlan& p) {
       .field("pinned", p.pinned)
       .field("trunk_bytes", p.trunk_bytes)
       .field("streamed_bytes", p.streamed_bytes)
+      .field("streamed_stored_bytes", p.streamed_stored_bytes)
+      .field("codec", p.codec.empty() ? std::string("none") : p.codec)
+      .field("decode_slots", p.decode_slots)
+      .field("decode_slot_bytes", p.decode_slot_bytes + p.decode_widen_bytes)
       .end_object()
       .key("experts")
       .begin_object()

@@ -23,6 +23,18 @@
 // compute. The graph must allocate the ring as one arena of S x slot_read_bytes so that adjacent
 // slots are contiguous; a spanning layer takes slots [0, span).
 //
+// Compressed trunk (PlanInputs::codec, docs/codec.md): the reader reads a layer's STORED bytes, and
+// the graph's decode stage decodes them into a decoded slot, where the layer is bound and computed:
+//   - the ring's slots hold stored bytes (no widen area), sized as above over the stored sizes; a
+//     pinned layer's first read is staged through the ring too (a pinned layer larger than a slot
+//     takes the whole ring, so the ring is at least the largest pinned stored layer / S per slot);
+//     when every layer is pinned the ring is one slot of the largest stored layer, for those reads;
+//   - D decode slots, each the largest streamed layer's decoded bytes + widen area (no spanning
+//     here: a decoded slot holds any streamed layer): D = 1 at the floor, 2 when the budget has room
+//     (decode of layer L+1 then overlaps compute of L);
+//   - pinned layers are held decoded (decoded once, on their first read).
+// Every pin only shrinks both pools, so the pinning loop below keeps its invariant.
+//
 // All byte counts are exact (no guessed constants): they come from the config, the shard index
 // and, when given, the packed trunk. Budgets are in GiB (2^30 B), as RAM and cgroup limits are.
 #pragma once
@@ -42,8 +54,9 @@ class PackedTrunk;
 namespace k3::pipeline {
 
 struct LayerFootprint {
-  uint64_t read_bytes = 0;   // bytes read into a slot (the packed layer, a 4096-multiple)
-  uint64_t widen_bytes = 0;  // f32 area the binder widens vectors into, beside the read bytes
+  uint64_t read_bytes = 0;    // bytes read into a slot (the packed layer, a 4096-multiple); decoded size
+  uint64_t widen_bytes = 0;   // f32 area the binder widens vectors into, beside the read bytes
+  uint64_t stored_bytes = 0;  // a compressed trunk's read length (4096-multiple); 0: raw (read_bytes)
 };
 
 // A named amount of memory: count x each (each == 0 when the items differ in size).
@@ -66,6 +79,8 @@ struct PlanInputs {
   // many sequences the resident terms hold it for (a batched run: max_seqs slots); 0: not known.
   uint64_t seq_kda_bytes = 0, seq_kv_bytes = 0, context = 0;
   int max_seqs = 1;
+  std::string codec;  // the packed trunk's codec ("" or "none": raw); see "Compressed trunk" above
+  bool compressed() const { return !codec.empty() && codec != "none"; }
 };
 
 struct PlanBudget {
@@ -92,6 +107,12 @@ struct MemoryPlan {
   int span_slots = 0;                            // adjacent slots it occupies
   std::vector<int> pinned;                       // ascending
   uint64_t trunk_bytes = 0, streamed_bytes = 0;  // whole trunk; unpinned part read every token
+  // compressed trunk: the ring holds stored bytes, `decode_slots` slots hold decoded layers
+  std::string codec;     // "" when raw
+  int decode_slots = 0;  // 0 when raw (or every layer pinned)
+  uint64_t decode_slot_bytes = 0, decode_widen_bytes = 0;
+  uint64_t streamed_stored_bytes =
+      0;  // bytes a token reads of the streamed layers (stored, or raw read bytes)
 
   // experts
   uint64_t expert_slot_bytes = 0;

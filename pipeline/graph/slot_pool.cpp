@@ -21,6 +21,12 @@ TrunkSlots::TrunkSlots(const MemoryPlan& p, const WeightSources& src) {
   pin_widen_n_.assign(static_cast<size_t>(n), 0);
   pin_index_.assign(static_cast<size_t>(n), -1);
   pin_loaded_ = std::make_unique<std::atomic<bool>[]>(static_cast<size_t>(n));
+  compressed_ = !p.codec.empty();
+  dec_ = p.decode_slots;
+  dec_slot_ = p.decode_slot_bytes;
+  dec_widen_ = p.decode_widen_bytes / 4;
+  stored_.assign(static_cast<size_t>(n), 0);
+  for (int l = 0; l < n; ++l) stored_[size_t(l)] = src.layer(l).stored_bytes;
 
   uint64_t pin_bytes = 0, pin_floats = 0;
   int n_pinned = 0;
@@ -35,7 +41,19 @@ TrunkSlots::TrunkSlots(const MemoryPlan& p, const WeightSources& src) {
     pin_bytes += align_up(L.slot_bytes, kDirectAlign);
     pin_floats += align_up(L.layout.widen_floats, 1024);  // 4096-byte granules, as the planner counts
   }
-  for (int l = 0; l < n; ++l) {
+  for (int l = 0; l < n && compressed_; ++l) {
+    const LayerSource& L = src.layer(l);
+    const bool fits =
+        ring_ >= 1 && L.stored_bytes <= uint64_t(ring_) * slot_ &&
+        (pinned(l) || (L.slot_bytes <= dec_slot_ && L.layout.widen_floats <= dec_widen_ && dec_ >= 1));
+    if (!fits)
+      throw io::runtime_error(fmt::format(
+          "graph: compressed layer {} needs {} stored bytes (ring {} x {}) and {} decoded bytes + {} widen "
+          "floats "
+          "(decode slots {} x {} + {}) (internal sizing error)",
+          l, L.stored_bytes, ring_, slot_, L.slot_bytes, L.layout.widen_floats, dec_, dec_slot_, dec_widen_));
+  }
+  for (int l = 0; l < n && !compressed_; ++l) {
     if (pinned(l)) continue;
     const LayerSource& L = src.layer(l);
     const uint64_t room = l == spanning_ ? uint64_t(ring_) * slot_ : slot_;
@@ -51,6 +69,11 @@ TrunkSlots::TrunkSlots(const MemoryPlan& p, const WeightSources& src) {
     ring_widen_.assign(uint64_t(ring_) * slot_widen_, 0.0f);
     ring_holders_ = std::make_unique<Holder[]>(static_cast<size_t>(ring_));
   }
+  if (dec_ > 0) {
+    dec_mem_ = io::AlignedBuffer(uint64_t(dec_) * dec_slot_);
+    dec_widen_mem_.assign(uint64_t(dec_) * dec_widen_, 0.0f);
+    dec_holders_ = std::make_unique<Holder[]>(static_cast<size_t>(dec_));
+  }
   if (n_pinned > 0) {
     pin_mem_ = io::AlignedBuffer(pin_bytes);
     pin_widen_.assign(pin_floats, 0.0f);
@@ -58,8 +81,20 @@ TrunkSlots::TrunkSlots(const MemoryPlan& p, const WeightSources& src) {
   }
 }
 
+int TrunkSlots::parts(int layer) const {
+  if (compressed_) return stored_.at(size_t(layer)) > slot_ ? ring_ : 1;
+  return layer == spanning_ ? ring_ : 1;
+}
+
+std::span<std::byte> TrunkSlots::read_target(int layer, int slot) {
+  if (!compressed_) return bytes(layer, slot);
+  if (parts(layer) > 1) return ring_mem_.bytes();
+  return ring_mem_.bytes().subspan(uint64_t(slot) * slot_, slot_);
+}
+
 std::span<std::byte> TrunkSlots::bytes(int layer, int slot) {
   if (slot < 0) return pin_mem_.bytes().subspan(pin_off_.at(size_t(layer)), pin_size_[size_t(layer)]);
+  if (compressed_) return dec_mem_.bytes().subspan(uint64_t(slot) * dec_slot_, dec_slot_);
   if (layer == spanning_) return ring_mem_.bytes();
   return ring_mem_.bytes().subspan(uint64_t(slot) * slot_, slot_);
 }
@@ -69,12 +104,19 @@ std::span<float> TrunkSlots::widen(int layer, int slot) {
     const size_t i = size_t(layer);
     return std::span<float>(pin_widen_).subspan(pin_widen_off_[i], pin_widen_n_[i]);
   }
+  if (compressed_) return std::span<float>(dec_widen_mem_).subspan(uint64_t(slot) * dec_widen_, dec_widen_);
   return std::span<float>(ring_widen_).subspan(uint64_t(slot) * slot_widen_, slot_widen_);
 }
 
 TrunkSlots::Holder& TrunkSlots::holder(int layer, int slot) {
   if (slot < 0) return pin_holders_[size_t(pin_index_.at(size_t(layer)))];
+  if (compressed_) return dec_holders_[size_t(slot)];
   return ring_holders_[size_t(slot)];
+}
+
+TrunkSlots::Holder& TrunkSlots::read_holder(int layer, int slot) {
+  if (compressed_) return ring_holders_[size_t(slot)];
+  return holder(layer, slot);
 }
 
 const TrunkSlots::Holder* TrunkSlots::find_bound(int layer, uint64_t visit) const {
@@ -83,9 +125,9 @@ const TrunkSlots::Holder* TrunkSlots::find_bound(int layer, uint64_t visit) cons
     const Holder& h = pin_holders_[size_t(pin_index_[size_t(layer)])];
     return pin_loaded(layer) ? &h : nullptr;
   }
-  for (int s = 0; s < ring_; ++s)
-    if (ring_holders_[size_t(s)].visit.load(std::memory_order_acquire) == visit)
-      return &ring_holders_[size_t(s)];
+  const Holder* hs = compressed_ ? dec_holders_.get() : ring_holders_.get();
+  for (int s = 0; s < (compressed_ ? dec_ : ring_); ++s)
+    if (hs[size_t(s)].visit.load(std::memory_order_acquire) == visit) return &hs[size_t(s)];
   return nullptr;
 }
 

@@ -59,7 +59,9 @@ std::unique_ptr<WeightSources> WeightSources::open(const io::ModelConfig& c, con
         return stages::Placement{info, t->off};
       };
       L.layout = stages::place(std::move(specs), lookup, c, T.nbytes, 0);
-      L.reads.push_back(Extent{&trunk->file(), T.file_off, 0, T.nbytes});
+      const bool compressed = trunk->codec() != io::codec::Codec::none;
+      L.stored_bytes = compressed ? T.stored_bytes : 0;
+      L.reads.push_back(Extent{&trunk->file(), T.file_off, 0, compressed ? T.stored_bytes : T.nbytes});
       L.slot_bytes = align_up(T.nbytes, kDirectAlign);
     } else {
       L.layout = stages::locate(std::move(specs), shards, c);
@@ -158,7 +160,9 @@ std::unique_ptr<WeightSources::Head> WeightSources::load_head() const {
 PlanInputs WeightSources::plan_inputs(uint64_t context, std::vector<PlanTerm> extra, int max_seqs) const {
   PlanInputs in = pipeline::plan_inputs(cfg_, shards_, trunk_, context, int(layers_.size()), max_seqs);
   for (size_t l = 0; l < layers_.size(); ++l)
-    in.layers[l] = {layers_[l].slot_bytes, 4 * layers_[l].layout.widen_floats};
+    in.layers[l] = {.read_bytes = layers_[l].slot_bytes,
+                    .widen_bytes = 4 * layers_[l].layout.widen_floats,
+                    .stored_bytes = layers_[l].stored_bytes};
   if (has_experts()) {
     // The planner's slot is align_up(expert_bytes, 4096) + 4096 (room for the enclosing window);
     // a widen area for dense experts rides on top.

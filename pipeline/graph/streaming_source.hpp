@@ -5,6 +5,8 @@
 // Trunk layer l, in order of preference:
 //   --trunk DIR          one read of trunk.json's [file_off, file_off + nbytes) of trunk.bin into a
 //                        4096-aligned slot: a single O_DIRECT read (the reason pack-trunk exists);
+//                        a compressed trunk: [file_off, file_off + stored_bytes) into a ring slot,
+//                        decoded by the graph's decode stage into a decoded slot (graph.hpp);
 //   contiguous shard run the layer's tensors tile one range of one shard: one read of the enclosing
 //                        4096-aligned window (clipped at end of file), the layout bound at the run's
 //                        offset inside the window, so the interior is O_DIRECT and F32 / BF16 tensors
@@ -51,6 +53,9 @@ struct LayerSource {
   uint64_t slot_bytes = 0;   // slot bytes this layer needs (a 4096-multiple)
   uint64_t read_bytes = 0;   // sum of the extents
   std::vector<Extent> reads;
+  // A compressed trunk's layer: `reads` fetch its stored bytes (this many, a 4096-multiple) into a
+  // ring slot, and the decode stage decodes them into slot_bytes of a decoded slot; 0 when raw.
+  uint64_t stored_bytes = 0;
 };
 
 // A routed expert's read, resolved on demand (nothing per expert is kept but a 16-byte record).

@@ -34,6 +34,9 @@ std::string to_json(const RunReport& r) {
       .fixed_field("io_busy_seconds", r.io_busy_seconds, 6)
       .fixed_field("compute_busy_seconds", r.compute_busy_seconds, 6)
       .fixed_field("overlap_efficiency", r.overlap_efficiency, 4)
+      .field("codec", r.codec)
+      .field("trunk_decoded_bytes", r.trunk_decoded_bytes)
+      .fixed_field("decode_seconds", r.decode_seconds, 6)
       .key("tokens")
       .begin_array();
   for (const RunReport::Token& t : r.tokens)

@@ -27,6 +27,11 @@ struct RunReport {
   double io_busy_seconds = 0;       // wall time with at least one read in flight
   double compute_busy_seconds = 0;  // wall time with a compute node running
   double overlap_efficiency = 0;    // max(io_busy, compute_busy) / decode wall, this run's own measure
+  // The trunk's codec ("none": raw; trunk_bytes_read is then the STORED bytes read) and the decode
+  // stage's output bytes and wall time (pipeline/graph/graph.hpp; 0 for a raw trunk).
+  std::string codec = "none";
+  uint64_t trunk_decoded_bytes = 0;
+  double decode_seconds = 0;
   struct Token {
     int step = 0;
     int32_t token = 0;

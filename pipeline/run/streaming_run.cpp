@@ -258,7 +258,6 @@ std::unique_ptr<StreamRun> StreamRun::open(const StreamFlags& f, const io::Model
   s.flags = f;
   s.strategy = f.strategy.empty() ? Strategy::automatic : parse_strategy(f.strategy);
   if (!f.trunk_dir.empty()) s.trunk.emplace(io::PackedTrunk::open(f.trunk_dir, cfg.n_layers));
-  if (s.trunk) s.trunk->require_raw();  // a compressed trunk needs the decode stage (docs/codec.md)
   s.src = WeightSources::open(cfg, shards, s.trunk ? &*s.trunk : nullptr, n_layers);
 
   // What this process holds besides the planned terms (the tensor index is one of them), once the
@@ -345,6 +344,10 @@ void StreamRun::finish(RunReport& r, double decode_seconds) {
       (unsigned long long)t.expert_hits, (unsigned long long)t.lookahead_predicted,
       (unsigned long long)t.lookahead_used);
   if (!t.automatic.empty()) std::printf("%s\n", t.automatic.c_str());
+  if (t.codec != "none")
+    std::printf("trunk codec %s: %s stored read, %s decoded in %.3f s by the decode stage\n", t.codec.c_str(),
+                human_bytes(t.trunk_bytes_read).c_str(), human_bytes(t.trunk_decoded_bytes).c_str(),
+                t.decode_seconds);
   const double eff =
       decode_seconds > 0 ? std::max(t.io_busy_seconds, t.compute_busy_seconds) / decode_seconds : 0;
   std::printf("I/O busy %.3f s, compute busy %.3f s of %.3f s decoding: overlap efficiency %.2f\n",
@@ -363,6 +366,9 @@ void StreamRun::finish(RunReport& r, double decode_seconds) {
   r.io_busy_seconds = t.io_busy_seconds;
   r.compute_busy_seconds = t.compute_busy_seconds;
   r.overlap_efficiency = eff;
+  r.codec = t.codec;
+  r.trunk_decoded_bytes = t.trunk_decoded_bytes;
+  r.decode_seconds = t.decode_seconds;
   r.tokens = s.tokens;
 }
 

@@ -1,0 +1,262 @@
+// `k3flow generate` streamed from a COMPRESSED packed trunk (pack-trunk --codec exp4|huff) through the
+// graph's decode stage (pipeline/graph/graph.hpp: trunk_read -> stored_order -> decode_claim ->
+// trunk_decode -> trunk_bind), driven as a child process (K3FLOW_BIN):
+//   - identical bits: ids and --dump-logits bytes equal the resident run's and the raw trunk's, for
+//     serial / overlap / lookahead / auto, at the floor and a middle budget (0.024 GiB: 3 of 8 layers pinned,
+//     2 decode slots; pinned layers decoded once, the rest streamed), with 1 and 2 threads; fixtures/tiny-k3
+//     gives its golden logits;
+//   - the report counts stored bytes read, decoded bytes and decode seconds; plan prints the decode
+//     slots and what the codec saves;
+//   - a byte flipped inside a layer's stream: one line naming the codec, trunk.bin, the layer and a
+//     file offset, exit 1, no logits file, never other output;
+//   - the budget holds (peak RSS of the child under it) on a checkpoint over 3x the budget.
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "tests/run_helpers.hpp"
+
+namespace fs = std::filesystem;
+using k3::test::k3flow;
+using k3::test::Run;
+using k3::test::slurp;
+using k3::test::TempDir;
+
+namespace {
+
+const std::string kTinyK3 = std::string(K3_FIXTURES) + "/tiny-k3";
+const std::string kTinyFull =
+    "203,34,2,239,195,71,163,54,121,104,16,16,219,63,4,31,48,193,57,231,219,205,145,117,79,208,18,1,74,125,"
+    "66,121";
+
+std::string field(const std::string& json, const std::string& key) {
+  const size_t at = json.find("\"" + key + "\":");
+  if (at == std::string::npos) return "<missing " + key + ">";
+  size_t b = at + key.size() + 3, e = b;
+  if (json[b] == '[') {
+    e = json.find(']', b);
+    return json.substr(b + 1, e - b - 1);
+  }
+  while (e < json.size() && json[e] != ',' && json[e] != '}') ++e;
+  return json.substr(b, e - b);
+}
+uint64_t num(const std::string& json, const std::string& key) {
+  return std::strtoull(field(json, key).c_str(), nullptr, 10);
+}
+
+struct Output {
+  std::string ids, logits, report, out;
+};
+
+Output generate(const std::string& model, const std::string& ids, const std::string& flags,
+                const TempDir& d) {
+  fs::remove(d / "l.bin");
+  fs::remove(d / "r.json");
+  const Run r = k3flow(fmt::format("generate {} --ids {} --dump-logits {} --out {} {}", model, ids,
+                                   d / "l.bin", d / "r.json", flags));
+  INFO(flags);
+  INFO(r.out);
+  INFO(r.err);
+  REQUIRE(!r.timed_out);
+  REQUIRE(r.code == 0);
+  Output o;
+  o.out = r.out;
+  o.report = slurp(d / "r.json");
+  o.ids = field(o.report, "generated_ids");
+  o.logits = slurp(d / "l.bin");
+  return o;
+}
+
+// 8 layers (dense 0, MoE 1..7), 32 experts, top-4: ~14 MB in 3 shards; packed raw, exp4 and huff.
+struct Synth {
+  TempDir dir;
+  std::string model, raw, exp4, huff;
+  Synth() {
+    model = dir / "m";
+    raw = dir / "raw";
+    exp4 = dir / "exp4";
+    huff = dir / "huff";
+    Run s = k3flow(fmt::format("synth {} --size tiny --layers 8 --shards 3 --seed 4", model));
+    REQUIRE_MESSAGE(s.code == 0, s.err);
+    for (const auto& [dir_, codec] : {std::pair{raw, "none"}, {exp4, "exp4"}, {huff, "huff"}}) {
+      Run p = k3flow(fmt::format("pack-trunk {} {} --codec {} --no-progress", model, dir_, codec));
+      REQUIRE_MESSAGE(p.code == 0, p.err);
+    }
+  }
+};
+
+Synth& synth() {
+  static Synth s;
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "compressed trunk: streamed == raw trunk == resident bits, every strategy, floor and middle budget") {
+  Synth& s = synth();
+  TempDir d;
+  const std::string ids = "5,900,17,17,3,640,201,88";
+  const Output ref = generate(s.model, ids, "--gen 4 --incremental", d);
+  // the floor (no pins, layer 0 spans the stored ring, one decode slot); 0.024 GiB: 3 of 8 layers pinned
+  // (decoded once), 2 decode slots
+  for (const char* budget : {"--preset ultra", "--mem-gb 0.024"})
+    for (const char* strategy : {"serial", "overlap", "lookahead", "auto"}) {
+      const std::string flags = fmt::format("--gen 4 --incremental {} --strategy {}", budget, strategy);
+      CAPTURE(flags);
+      const Output raw = generate(s.model, ids, flags + " --trunk " + s.raw, d);
+      CHECK(raw.ids == ref.ids);
+      CHECK(raw.logits == ref.logits);
+      for (const std::string& trunk : {s.exp4, s.huff}) {
+        if (trunk == s.huff && std::string(budget) != "--preset ultra") continue;  // keep it short
+        CAPTURE(trunk);
+        const Output o = generate(s.model, ids, flags + " --trunk " + trunk, d);
+        CHECK(o.ids == ref.ids);
+        CHECK(o.logits == ref.logits);
+        // stored bytes read, decoded bytes out of the decode stage: the codec reads fewer
+        CHECK(num(o.report, "trunk_bytes_read") > 0);
+        CHECK(num(o.report, "trunk_decoded_bytes") > num(o.report, "trunk_bytes_read"));
+        CHECK(num(o.report, "trunk_bytes_read") < num(raw.report, "trunk_bytes_read"));
+        CHECK(std::atof(field(o.report, "decode_seconds").c_str()) > 0);
+        CHECK(field(o.report, "codec") == (trunk == s.exp4 ? "\"exp4\"" : "\"huff\""));
+      }
+    }
+  CHECK(field(ref.report, "codec") == "\"none\"");
+  // full recompute, and 1 / 2 threads
+  for (const char* threads : {"--threads 1", "--threads 2"}) {
+    CAPTURE(threads);
+    const Output r = generate(s.model, ids, fmt::format("--gen 3 {}", threads), d);
+    for (const char* strategy : {"serial", "auto"}) {
+      const Output o = generate(
+          s.model, ids,
+          fmt::format("--gen 3 --preset ultra --strategy {} {} --trunk {}", strategy, threads, s.exp4), d);
+      CHECK(o.ids == r.ids);
+      CHECK(o.logits == r.logits);
+    }
+  }
+  // the whole trunk pinned (decoded once each, staged through a one-slot ring)
+  const Output all = generate(s.model, ids, "--gen 4 --incremental --mem-gb 1 --trunk " + s.exp4, d);
+  CHECK(all.ids == ref.ids);
+  CHECK(all.logits == ref.logits);
+}
+
+TEST_CASE("fixtures/tiny-k3 from an exp4 trunk at the floor: the golden logits") {
+  TempDir d;
+  REQUIRE(k3flow(fmt::format("pack-trunk {} {} --codec exp4 --no-progress", kTinyK3, d / "trunk")).code == 0);
+  const std::string golden = slurp(std::string(K3_FIXTURES) + "/golden/tiny_c_logits.bin");
+  for (const char* strategy : {"serial", "overlap", "lookahead", "auto"}) {
+    CAPTURE(strategy);
+    const Output o =
+        generate(kTinyK3, kTinyFull,
+                 fmt::format("--gen 1 --preset ultra --strategy {} --trunk {}", strategy, d / "trunk"), d);
+    CHECK(o.logits == golden);
+    CHECK(o.ids == "6");
+  }
+}
+
+TEST_CASE("plan --trunk on a compressed trunk: the decode slots and what the codec saves") {
+  Synth& s = synth();
+  const Run p = k3flow(fmt::format("plan {} --trunk {} --preset ultra", s.model, s.exp4));
+  REQUIRE_MESSAGE(p.code == 0, p.err);
+  CHECK(p.out.find("trunk decode slots") != std::string::npos);
+  CHECK(p.out.find("stored (compressed) bytes") != std::string::npos);
+  CHECK(p.out.find("codec exp4: a token reads") != std::string::npos);
+  CHECK(p.out.find("fewer bytes read") != std::string::npos);
+  const Run raw = k3flow(fmt::format("plan {} --trunk {} --preset ultra", s.model, s.raw));
+  REQUIRE(raw.code == 0);
+  CHECK(raw.out.find("decode slots") == std::string::npos);
+}
+
+TEST_CASE(
+    "--trace gives the decode node its own lane; --graph-dot draws the decode stage, only for a codec") {
+  Synth& s = synth();
+  TempDir d;
+  for (const std::string& trunk : {s.exp4, s.raw}) {
+    CAPTURE(trunk);
+    const bool compressed = trunk == s.exp4;
+    const Output o =
+        generate(s.model, "1,2,3",
+                 fmt::format("--gen 2 --incremental --preset ultra --trunk {} --trace {} --graph-dot {}",
+                             trunk, d / "t.json", d / "g.dot"),
+                 d);
+    const std::string trace = slurp(d / "t.json"), dot = slurp(d / "g.dot");
+    CHECK((trace.find("\"node: trunk_decode\"") != std::string::npos) == compressed);
+    CHECK((dot.find("\"trunk_read\" -> \"stored_order\"") != std::string::npos) == compressed);
+    CHECK((dot.find("\"trunk_decode\" -> \"trunk_bind\"") != std::string::npos) == compressed);
+    CHECK((dot.find("\"trunk_read\" -> \"trunk_bind\"") != std::string::npos) == !compressed);
+    CHECK((o.out.find("trunk codec exp4:") != std::string::npos) == compressed);
+  }
+}
+
+TEST_CASE("a corrupted compressed layer: one line naming trunk.bin, the layer and the offset, exit 1") {
+  Synth& s = synth();
+  TempDir d;
+  const fs::path bad = fs::path(d / "bad");
+  const std::string bad_dir = bad.string();
+  fs::create_directories(bad);
+  fs::copy_file(fs::path(s.exp4) / "trunk.json", bad / "trunk.json");
+  fs::copy_file(fs::path(s.exp4) / "trunk.bin", bad / "trunk.bin");
+  // layer 2's stream: trunk.json's file_off and compressed_bytes
+  const std::string json = slurp(bad / "trunk.json");
+  const size_t at = json.find("\"layer\":2,");
+  REQUIRE(at != std::string::npos);
+  const uint64_t off = std::strtoull(field(json.substr(at), "file_off").c_str(), nullptr, 10);
+  const uint64_t len = std::strtoull(field(json.substr(at), "compressed_bytes").c_str(), nullptr, 10);
+  REQUIRE(len > 4096);
+  {
+    std::fstream f(bad / "trunk.bin", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(std::streamoff(off + len / 2));
+    char c = 0;
+    f.read(&c, 1);
+    c = char(c ^ 0x10);
+    f.seekp(std::streamoff(off + len / 2));
+    f.write(&c, 1);
+  }
+  for (const char* strategy : {"serial", "auto"}) {
+    CAPTURE(strategy);
+    fs::remove(d / "l.bin");
+    const Run r =
+        k3flow(fmt::format("generate {} --ids 1,2,3 --gen 2 --preset ultra --strategy {} --trunk {} "
+                           "--dump-logits {}",
+                           s.model, strategy, bad_dir, d / "l.bin"));
+    INFO(r.err);
+    CHECK(!r.timed_out);
+    CHECK(r.code == 1);
+    CHECK(r.err.find("codec: ") != std::string::npos);
+    CHECK(r.err.find((bad / "trunk.bin").string() + " layer 2") != std::string::npos);
+    CHECK(r.err.find("corrupted") != std::string::npos);
+    CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+    CHECK(!fs::exists(d / "l.bin"));
+  }
+}
+
+TEST_CASE(
+    "the budget holds from an exp4 trunk: a checkpoint over 3x the budget, the child's peak RSS under it") {
+  TempDir d;
+  const std::string model = d / "small", trunk = d / "t";
+  REQUIRE(k3flow(fmt::format("synth {} --size small --seed 2", model)).code == 0);
+  REQUIRE(k3flow(fmt::format("pack-trunk {} {} --codec exp4 --no-progress", model, trunk)).code == 0);
+  uint64_t on_disk = 0;
+  for (const auto& e : fs::directory_iterator(model)) on_disk += fs::file_size(e.path());
+  const double gb = 0.09;
+  const uint64_t budget = uint64_t(std::llround(gb * (1 << 30)));
+  REQUIRE(on_disk >= 3 * budget);
+  const Run r =
+      k3flow(fmt::format("generate {} --ids 7,8,9 --gen 3 --incremental --mem-gb {} --trunk {} --out {}",
+                         model, gb, trunk, d / "r.json"),
+             "", 120);
+  REQUIRE_MESSAGE(r.code == 0, std::string(r.out + r.err));
+  MESSAGE(fmt::format("small ({} MB on disk), exp4 trunk, --mem-gb {} ({} B): child peak RSS {} B",
+                      on_disk / 1000000, gb, budget, r.peak_rss));
+#if defined(__SANITIZE_ADDRESS__) || defined(K3_SANITIZED)
+  MESSAGE("sanitized build (K3_SANITIZED): shadow memory inflates RSS, the budget check is skipped");
+#else
+  CHECK(r.peak_rss <= budget);
+#endif
+  CHECK(num(slurp(d / "r.json"), "trunk_decoded_bytes") > num(slurp(d / "r.json"), "trunk_bytes_read"));
+}
