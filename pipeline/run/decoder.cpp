@@ -156,10 +156,9 @@ std::span<const float> Decoder::logits() {
 }
 
 std::span<const float> Decoder::verify(std::span<const int32_t> drafts) {
-  if (recompute_ || pending() != 1 || drafts.empty() || first_step_)
-    throw io::runtime_error(
-        "verify: needs one pending id, drafts and an incremental run past its first step "
-        "(internal error)");
+  if (recompute_ || pending() != 1 || drafts.empty())
+    throw io::runtime_error("verify: needs one pending id, drafts and an incremental run (internal error)");
+  first_step_ = false;
   const size_t base = state_.cached, rows = 1 + drafts.size();
   push(drafts);
   const std::span<const int32_t> feed = std::span<const int32_t>(seq_).subspan(base);

@@ -24,7 +24,7 @@ std::vector<int32_t> draft_lookup(std::span<const int32_t> seq, size_t n, size_t
 
 int speculative_step(Decoder& dec, stages::Sampler& sampler, int n_draft, int max_tokens, SpecStats& stats,
                      const EmitFn& emit, const DraftFn& drafter) {
-  if (sampler.options().temperature != 0)
+  if (n_draft > 0 && sampler.options().temperature != 0)
     throw io::usage_error("--spec needs greedy decoding (--temperature 0)");
   if (max_tokens < 1) throw io::runtime_error("speculative_step: no token wanted (internal error)");
   const size_t V = size_t(dec.config().vocab);

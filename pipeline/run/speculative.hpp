@@ -50,8 +50,9 @@ using DraftFn = std::function<std::vector<int32_t>(std::span<const int32_t> seq,
 // One decode step of `dec` (it must have a pending id): with n_draft > 0, one pending id and drafts
 // found, a verify pass; otherwise a plain step (Decoder::logits). Emits 1..min(max_tokens, k+1) ids
 // in order (before the decoder has settled: `emit` must not use `dec`), each pushed into `dec` as
-// plain decoding would, and returns how many. `sampler` must be greedy (temperature 0, else a
-// usage error naming --spec; a repeat penalty is allowed: each row is judged with its own context).
+// plain decoding would, and returns how many. With n_draft > 0 `sampler` must be greedy
+// (temperature 0, else a usage error naming --spec; a repeat penalty is allowed: each row is judged
+// with its own context); n_draft = 0 is exactly the plain step, for any sampler.
 int speculative_step(Decoder& dec, stages::Sampler& sampler, int n_draft, int max_tokens, SpecStats& stats,
                      const EmitFn& emit, const DraftFn& drafter = {});
 
