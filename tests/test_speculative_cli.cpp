@@ -70,3 +70,27 @@ TEST_CASE("--spec refusals exit 2 naming the flag") {
   // --spec 0 is plain decoding.
   CHECK(run("generate " + kModel + " --ids 1,2,3 --gen 4 --spec 0").code == 0);
 }
+
+TEST_CASE("chat --spec N: the same replies and the same saved state as plain greedy chat") {
+  TempDir d;
+  const auto chat = [&](const std::string& name, const std::string& extra) {
+    const Run r = k3::test::shell(
+        "printf 'Hello there, hello there\\nAnd again: hello there\\n' | " + std::string(K3FLOW_BIN) +
+        " chat " + kModel + " --no-thinking --max-reply 24 --context 1024 --save-state " + d / name + extra);
+    INFO(r.err);
+    REQUIRE(r.code == 0);
+    return r;
+  };
+  const Run plain = chat("plain.k3st", "");
+  for (const std::string n : {"1", "4"}) {
+    CAPTURE(n);
+    const Run spec = chat("spec.k3st", " --spec " + n);
+    CHECK(spec.out == plain.out);
+    CHECK(slurp(d / "spec.k3st") == slurp(d / "plain.k3st"));
+    CHECK(spec.err.find("speculative so far:") != std::string::npos);
+  }
+  const Run bad = k3::test::shell("printf 'hi\\n' | " + std::string(K3FLOW_BIN) + " chat " + kModel +
+                                  " --spec 3 --temperature 0.5");
+  CHECK(bad.code == 2);
+  CHECK(bad.err.find("--spec") != std::string::npos);
+}
