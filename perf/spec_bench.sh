@@ -1,13 +1,20 @@
 #!/bin/bash
 # Speculative decoding (`generate --spec N`, docs/speculative.md) against plain greedy decoding on the
-# peer checkpoint, alternating plain, spec, plain, spec, ... for ROUNDS rounds on two prompts:
-#   repeat: a 32-id passage said twice -- the model continues the repetition and lookup drafts hit;
-#   plain:  perf/peer_profile.sh's 16 prompt ids -- nothing to look up until the text repeats itself.
+# peer checkpoint, alternating for ROUNDS rounds on two prompts:
+#   repeat: a 32-id passage said twice -- a trained model continues the repetition and lookup
+#           drafts hit;
+#   plain:  perf/peer_profile.sh's 16 prompt ids -- nothing to look up until the text repeats itself;
+# and three modes: plain (--spec 0), spec (--spec N, prompt lookup) and, on the repeat prompt,
+# oracle (--spec N with K3FLOW_TEST_DRAFTS = the ids this round's plain run generated: every draft
+# accepted, the upper bound). The peer checkpoint is synthetic (`k3flow synth`, random weights): it
+# does not copy its context, so on it lookup drafts rarely exist and `spec` measures the overhead;
+# `oracle` measures what a pass of N + 1 rows costs against N + 1 passes of one.
 # The page cache is dropped before every run (as perf/peer_vs_c.sh does). Per run, from the --out
 # report: s/token and bytes read per token over the decode (the prefill pass, which emits the first
 # token, left out), trunk passes per token and the acceptance from the log. Then per prompt the min
 # and median of plain and spec and their ratio. Fails (exit 3) if spec's ids differ from plain's: a
 # speed figure for a different answer is worth nothing.
+# A measured example is in docs/speculative.md.
 #
 #   perf/spec_bench.sh K3FLOW_BINARY [WORK_DIR]          (WORK_DIR default /work/k3peer: model/, trunk/)
 #
@@ -40,10 +47,10 @@ drop_cache() {
   if sync && (echo 3 > /proc/sys/vm/drop_caches) 2>/dev/null; then echo dropped; else echo refused; fi
 }
 
-run() {  # $1 = tag, $2 = ids, $3 = --spec value
+run() {  # $1 = tag, $2 = ids, $3 = --spec value, $4 = K3FLOW_TEST_DRAFTS (or empty)
   local tag=$1
   echo "$(drop_cache) $(cut -d' ' -f1 /proc/loadavg)" > "$OUT/$tag.pre"
-  "$K3FLOW" generate "$MODEL" --trunk "$TRUNK" --mem-gb "$MEM_GB" --threads "$THREADS" --ids "$2" \
+  env ${4:+K3FLOW_TEST_DRAFTS=$4} "$K3FLOW" generate "$MODEL" --trunk "$TRUNK" --mem-gb "$MEM_GB" --threads "$THREADS" --ids "$2" \
       --gen "$GEN" --spec "$3" --no-progress --out "$OUT/$tag.json" > "$OUT/$tag.log" 2>&1 \
     || { echo "spec_bench.sh: k3flow failed, see $OUT/$tag.log" >&2; exit 1; }
   echo "$tag: $(grep -m1 'tokens in' "$OUT/$tag.log")"
@@ -55,8 +62,12 @@ for r in $(seq 1 "$ROUNDS"); do
   for prompt in repeat plain; do
     ids=$PLAIN_IDS
     [ "$prompt" = repeat ] && ids=$REPEAT_IDS
-    run "$prompt-plain-$r" "$ids" 0
-    run "$prompt-spec-$r" "$ids" "$SPEC"
+    run "$prompt-plain-$r" "$ids" 0 ""
+    run "$prompt-spec-$r" "$ids" "$SPEC" ""
+    if [ "$prompt" = repeat ]; then
+      answer=$(grep -m1 '^generated ids:' "$OUT/$prompt-plain-$r.log" | sed 's/^generated ids: *//; s/ /,/g')
+      run "$prompt-oracle-$r" "$ids" "$SPEC" "$answer"
+    fi
   done
 done
 
@@ -82,11 +93,13 @@ bad = False
 print(f"\n{'run':<16} {'load1':>6} {'cache':>8} {'s/token':>8} {'MiB/token':>10} {'passes/token':>13} {'accepted':>9}  ids")
 for prompt in ("repeat", "plain"):
     res = {}
-    for mode in ("plain", "spec"):
+    for mode in ("plain", "spec", "oracle"):
+        if prompt == "plain" and mode == "oracle":
+            continue
         res[mode] = [load(f"{prompt}-{mode}-{r}") for r in range(1, rounds + 1)]
     ref = res["plain"][0]["ids"]
     for r in range(rounds):
-        for mode in ("plain", "spec"):
+        for mode in res:
             x = res[mode][r]
             same = "same" if x["ids"] == ref else "DIFFERENT"
             bad |= x["ids"] != ref
@@ -95,9 +108,12 @@ for prompt in ("repeat", "plain"):
     med = {m: statistics.median(x["s_tok"] for x in res[m]) for m in res}
     mn = {m: min(x["s_tok"] for x in res[m]) for m in res}
     mb = {m: statistics.median(x["mb_tok"] for x in res[m]) for m in res}
-    print(f"  {prompt}: s/token plain {mn['plain']:.3f} min / {med['plain']:.3f} median, spec {mn['spec']:.3f} / "
-          f"{med['spec']:.3f}: spec/plain {med['spec'] / med['plain']:.3f} (medians); MiB/token {mb['plain']:.1f} -> "
-          f"{mb['spec']:.1f}\n")
+    for mode in res:
+        if mode != "plain":
+            print(f"  {prompt}: s/token plain {mn['plain']:.3f} min / {med['plain']:.3f} median, {mode} "
+                  f"{mn[mode]:.3f} / {med[mode]:.3f}: {mode}/plain {med[mode] / med['plain']:.3f} (medians); "
+                  f"MiB/token {mb['plain']:.1f} -> {mb[mode]:.1f}")
+    print()
 if bad:
     print("spec's ids DIFFER from plain's: the timing compares two different answers", file=sys.stderr)
     sys.exit(3)

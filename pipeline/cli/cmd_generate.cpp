@@ -15,6 +15,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -241,6 +242,21 @@ int run_generate(GenerateOptions o) {
   // holds what plain decoding would).
   SpecStats spec;
   bool stopped = false;
+  // Measurement hook: K3FLOW_TEST_DRAFTS=IDS (what a plain run generated) drafts the known answer
+  // instead of looking it up, so every draft is accepted -- the upper bound of --spec on a
+  // checkpoint that never repeats itself (perf/spec_bench.sh; a synthetic one has random weights).
+  DraftFn drafter;
+  if (const char* env = std::getenv("K3FLOW_TEST_DRAFTS"); env && o.spec > 0) {
+    const std::vector<int32_t> answer = parse_id_list(env, "K3FLOW_TEST_DRAFTS", c.vocab);
+    const size_t start = dec.seq().size() - 1;  // where the first generated id will be pushed, less one
+    drafter = [answer, start](std::span<const int32_t> seq, size_t n) {
+      const size_t at = std::min(answer.size(), seq.size() - 1 - start);
+      return std::vector<int32_t>(answer.begin() + std::ptrdiff_t(at),
+                                  answer.begin() + std::ptrdiff_t(std::min(answer.size(), at + n)));
+    };
+    std::printf("NOTE: drafts come from K3FLOW_TEST_DRAFTS (%zu ids), not from prompt lookup\n",
+                answer.size());
+  }
   for (int g = 0; g < o.gen && !stopped;) {
     if (InterruptScope::requested()) {
       ended = "an interrupt";
@@ -249,19 +265,22 @@ int run_generate(GenerateOptions o) {
     const double ts = now();
     const uint64_t drafted = spec.drafted, accepted = spec.accepted;
     std::vector<int32_t> pass;
-    speculative_step(dec, sampler, o.spec, o.gen - g, spec, [&](int32_t next, std::span<const float> logits) {
-      if (g == 0 && pass.empty() && o.dump_logits) step0_logits.assign(logits.begin(), logits.end());
-      pass.push_back(next);
-      generated.push_back(next);
-      if (!text) return true;
-      const io::text::TextStream::Out piece = text->push(next);
-      out.write(piece.text);
-      if (piece.stop) {
-        ended = "the end of the turn or a --stop string";
-        stopped = true;
-      }
-      return !stopped;
-    });
+    speculative_step(
+        dec, sampler, o.spec, o.gen - g, spec,
+        [&](int32_t next, std::span<const float> logits) {
+          if (g == 0 && pass.empty() && o.dump_logits) step0_logits.assign(logits.begin(), logits.end());
+          pass.push_back(next);
+          generated.push_back(next);
+          if (!text) return true;
+          const io::text::TextStream::Out piece = text->push(next);
+          out.write(piece.text);
+          if (piece.stop) {
+            ended = "the end of the turn or a --stop string";
+            stopped = true;
+          }
+          return !stopped;
+        },
+        drafter);
     const double dt = now() - ts;
     t_steps += dt;
     if (g == 0) t_first = dt;
