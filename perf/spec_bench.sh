@@ -5,7 +5,7 @@
 #           drafts hit;
 #   plain:  perf/peer_profile.sh's 16 prompt ids -- nothing to look up until the text repeats itself;
 # and three modes: plain (--spec 0), spec (--spec N, prompt lookup) and, on the repeat prompt,
-# oracle (--spec N with K3FLOW_TEST_DRAFTS = the ids this round's plain run generated: every draft
+# oracle (--spec N --spec-oracle IDS, IDS = what this round's plain run generated: every draft
 # accepted, the upper bound). The peer checkpoint is synthetic (`k3flow synth`, random weights): it
 # does not copy its context, so on it lookup drafts rarely exist and `spec` measures the overhead;
 # `oracle` measures what a pass of N + 1 rows costs against N + 1 passes of one.
@@ -47,11 +47,11 @@ drop_cache() {
   if sync && (echo 3 > /proc/sys/vm/drop_caches) 2>/dev/null; then echo dropped; else echo refused; fi
 }
 
-run() {  # $1 = tag, $2 = ids, $3 = --spec value, $4 = K3FLOW_TEST_DRAFTS (or empty)
+run() {  # $1 = tag, $2 = ids, $3 = --spec value, $4 = --spec-oracle ids (or empty)
   local tag=$1
   echo "$(drop_cache) $(cut -d' ' -f1 /proc/loadavg)" > "$OUT/$tag.pre"
-  env ${4:+K3FLOW_TEST_DRAFTS=$4} "$K3FLOW" generate "$MODEL" --trunk "$TRUNK" --mem-gb "$MEM_GB" --threads "$THREADS" --ids "$2" \
-      --gen "$GEN" --spec "$3" --no-progress --out "$OUT/$tag.json" > "$OUT/$tag.log" 2>&1 \
+  "$K3FLOW" generate "$MODEL" --trunk "$TRUNK" --mem-gb "$MEM_GB" --threads "$THREADS" --ids "$2" \
+      --gen "$GEN" --spec "$3" ${4:+--spec-oracle "$4"} --no-progress --out "$OUT/$tag.json" > "$OUT/$tag.log" 2>&1 \
     || { echo "spec_bench.sh: k3flow failed, see $OUT/$tag.log" >&2; exit 1; }
   echo "$tag: $(grep -m1 'tokens in' "$OUT/$tag.log")"
 }

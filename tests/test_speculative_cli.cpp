@@ -4,6 +4,7 @@
 // greedy run; the run prints what it drafted and accepted; bad --spec values are usage errors.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <string>
 
 #include "tests/run_helpers.hpp"
@@ -52,15 +53,24 @@ TEST_CASE("generate --spec N: the plain run's ids, logits dump and saved state, 
       const std::string s = line_with(out, "speculative:");
       INFO(s);
       CHECK(s.find("30 tokens") != std::string::npos);
-      CHECK(s.find(" 0 drafted") ==
-            std::string::npos);  // the repeats give drafts (the random model rejects them)
+      // The repeats give drafts (the random model rejects them).
+      CHECK(s.find(" 0 drafted") == std::string::npos);
     }
+    // --spec-oracle: the plain run's answer as drafts, every one accepted; 30 tokens in 1 + 6 passes.
+    std::string answer = line_with(plain, "generated ids: ").substr(15);
+    std::replace(answer.begin(), answer.end(), ' ', ',');
+    const std::string out = gen("oracle", " --spec 4 --spec-oracle " + answer);
+    CHECK(line_with(out, "generated ids:") == line_with(plain, "generated ids:"));
+    CHECK(slurp(d / "oracle.logits") == slurp(d / "plain.logits"));
+    CHECK(slurp(d / "oracle.k3st") == slurp(d / "plain.k3st"));
+    CHECK(line_with(out, "speculative:").find("(acceptance 1.00); 7 passes (6 verify) for 30 tokens") !=
+          std::string::npos);
   }
 }
 
 TEST_CASE("--spec refusals exit 2 naming the flag") {
-  for (const std::string bad :
-       {"--spec -1", "--spec 17", "--spec 2 --temperature 0.7", "--spec 2 --recompute"}) {
+  for (const std::string bad : {"--spec -1", "--spec 17", "--spec 2 --temperature 0.7",
+                                "--spec 2 --recompute", "--spec-oracle 1,2"}) {
     CAPTURE(bad);
     const Run r = run("generate " + kModel + " --ids 1,2,3 --gen 4 " + bad);
     INFO(r.out);

@@ -15,7 +15,6 @@
 
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -46,7 +45,7 @@ constexpr int kMaxGen = 4096;
 struct GenerateOptions {
   DecoderOptions dec;
   std::optional<std::string> ids, prompt, prompt_file, tokenizer, out_path, dump_logits, save_state,
-      load_state;
+      load_state, spec_oracle;
   std::vector<std::string> stop;
   int gen = 128;
   bool incremental = false, print_ids = false, ignore_eos = false;
@@ -123,6 +122,7 @@ int run_generate(GenerateOptions o) {
         "--spec needs greedy decoding (--temperature 0): speculative sampling is not implemented");
   if (o.spec > 0 && o.dec.recompute)
     throw io::usage_error("--spec needs incremental decoding: drop --recompute");
+  if (o.spec_oracle && o.spec == 0) throw io::usage_error("--spec-oracle needs --spec N (N >= 1)");
   if (!o.stop.empty() && !text_mode)
     throw io::usage_error("--stop needs a text prompt (--prompt / --prompt-file)");
   // The vocabulary is known only once config.json is read (checked below); --load-state may
@@ -242,20 +242,19 @@ int run_generate(GenerateOptions o) {
   // holds what plain decoding would).
   SpecStats spec;
   bool stopped = false;
-  // Measurement hook: K3FLOW_TEST_DRAFTS=IDS (what a plain run generated) drafts the known answer
-  // instead of looking it up, so every draft is accepted -- the upper bound of --spec on a
-  // checkpoint that never repeats itself (perf/spec_bench.sh; a synthetic one has random weights).
+  // --spec-oracle IDS (a measurement flag): drafts the known answer -- what a plain run generated --
+  // instead of looking it up, so every draft is accepted: the upper bound of --spec on a checkpoint
+  // that never repeats itself (perf/spec_bench.sh; a synthetic one has random weights).
   DraftFn drafter;
-  if (const char* env = std::getenv("K3FLOW_TEST_DRAFTS"); env && o.spec > 0) {
-    const std::vector<int32_t> answer = parse_id_list(env, "K3FLOW_TEST_DRAFTS", c.vocab);
-    const size_t start = dec.seq().size() - 1;  // where the first generated id will be pushed, less one
+  if (o.spec_oracle) {
+    const std::vector<int32_t> answer = parse_id_list(*o.spec_oracle, "--spec-oracle", c.vocab);
+    const size_t start = dec.seq().size() - 1;  // the first generated id lands at start + 1
     drafter = [answer, start](std::span<const int32_t> seq, size_t n) {
       const size_t at = std::min(answer.size(), seq.size() - 1 - start);
       return std::vector<int32_t>(answer.begin() + std::ptrdiff_t(at),
                                   answer.begin() + std::ptrdiff_t(std::min(answer.size(), at + n)));
     };
-    std::printf("NOTE: drafts come from K3FLOW_TEST_DRAFTS (%zu ids), not from prompt lookup\n",
-                answer.size());
+    std::printf("NOTE: drafts come from --spec-oracle (%zu ids), not from prompt lookup\n", answer.size());
   }
   for (int g = 0; g < o.gen && !stopped;) {
     if (InterruptScope::requested()) {
@@ -404,6 +403,9 @@ Action add_generate(CLI::App& sub) {
          "speculative decoding: verify up to N prompt-lookup drafts per pass (0..16, greedy only; the "
          "same ids and logits, fewer passes when the text repeats itself)")
       ->capture_default_str();
+  sub.add_option("--spec-oracle", o->spec_oracle,
+                 "measurement: draft these ids (what a plain run generated) instead of looking drafts up -- "
+                 "the all-accepted upper bound of --spec");
   sub.add_option("--threads", o->threads, "compute threads (0 = oneTBB default)")->check(CLI::Range(0, 4096));
   add_stream_flags(sub, o->dec.stream);
   return [o] { return run_generate(*o); };
