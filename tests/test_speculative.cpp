@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -130,13 +131,16 @@ pipeline::DraftFn oracle(const Ids& prompt, const Ids& answer, int wrong, int vo
 const Ids kRepetitive = {17, 203, 34, 2, 239, 195, 88, 61, 17, 203, 34, 2, 239, 195, 88, 61, 17, 203};
 const Ids kPlain = {54, 121, 104, 16, 219, 63, 4, 31, 48, 193, 57};
 
-void exact_for(const std::string& model, const std::string& budget, int gen, bool both_prompts = true) {
+// both_prompts false: only kPlain; ns: the draft counts (the streamed runs take fewer, to keep the
+// test fast under the sanitizers).
+void exact_for(const std::string& model, const std::string& budget, int gen, bool both_prompts = true,
+               std::initializer_list<int> ns = {1, 3, 8}) {
   const io::ModelConfig cfg = pipeline::load_model_config(model, std::nullopt);
   for (const Ids* prompt : {&kRepetitive, &kPlain}) {
     if (!both_prompts && prompt == &kRepetitive) continue;
     const DecoderOptions o = options(model, budget, gen, prompt->size());
     const Out want = plain(o, cfg, *prompt, gen);
-    for (const int n : {1, 3, 8}) {
+    for (const int n : ns) {
       CAPTURE(n);
       CAPTURE(prompt->size());
       const Out got = spec(o, cfg, *prompt, gen, n);
@@ -241,14 +245,14 @@ TEST_CASE("speculative greedy == plain greedy, ids and every emitted token's log
 }
 
 TEST_CASE("speculative greedy == plain greedy: tiny-k3 streamed at the floor") {
-  exact_for(kTiny, "ultra", 16);
+  exact_for(kTiny, "ultra", 16, false);
 }
 
 TEST_CASE("speculative greedy == plain greedy: synthetic MoE checkpoint, resident and streamed") {
   Synth& s = synth();
-  exact_for(s.model, "", 16);
-  exact_for(s.model, "ultra", 12);
-  exact_for(s.model, "0.02", 12, false);  // a middle budget: some layers pinned, experts cached
+  exact_for(s.model, "", 12);
+  exact_for(s.model, "ultra", 10, false);
+  exact_for(s.model, "0.02", 10, false, {3});  // a middle budget: some layers pinned, experts cached
 }
 
 TEST_CASE("a caller that stops mid-pass leaves the decoder where plain decoding would be") {
