@@ -67,6 +67,43 @@ void DecodeState::reset() {
   std::fill(kda_.begin(), kda_.end(), 0.0f);
   watch.clear();
   cached = 0;  // cache rows past `cached` are never read, so they need no clearing
+  journaling_ = false;
+}
+
+uint64_t DecodeState::journal_bytes(size_t rows) const {
+  return 4 * uint64_t(sizes_.n_kda) * (uint64_t(kper()) + uint64_t(rows) * kda_journal_row_floats(*cfg_));
+}
+
+void DecodeState::begin_journal(size_t rows) {
+  const size_t rf = kda_journal_row_floats(*cfg_), per = kper() + rows * rf;
+  const size_t n = size_t(sizes_.n_kda);
+  if (journals_.size() != n || journals_.empty() || journals_[0].capacity_rows < rows) {
+    journal_mem_.assign(n * per, 0.0f);
+    journals_.assign(n, KdaJournal{});
+    for (size_t k = 0; k < n; ++k) {
+      std::span<float> m = std::span(journal_mem_).subspan(k * per, per);
+      journals_[k] = KdaJournal{
+          .before = m.first(kper()), .rows = m.subspan(kper()), .capacity_rows = rows, .used_rows = 0};
+    }
+  }
+  for (KdaJournal& j : journals_) j.used_rows = 0;
+  journaling_ = true;
+  journal_start_ = cached;
+}
+
+void DecodeState::keep(size_t rows) {
+  if (!journaling_ || cached < journal_start_ || rows > cached - journal_start_)
+    throw io::runtime_error(
+        fmt::format("DecodeState::keep({}): no journaled pass covers those rows (internal error)", rows));
+  const size_t fed = cached - journal_start_;
+  if (rows < fed)
+    for (int l = 0; l < n_bound(); ++l) {
+      const int k = kda_ordinal_[size_t(l)];
+      if (k >= 0) kda_rollback(*cfg_, kda_state_view(*cfg_, kda_layer(l)), journals_[size_t(k)], rows);
+    }
+  cached = journal_start_ + rows;  // MLA rows past it are never read again, only overwritten
+  if (watch.nonfinite_layer != ForwardWatch::kNone && watch.nonfinite_position >= cached) watch.clear();
+  journaling_ = false;
 }
 
 std::span<float> DecodeState::kda_layer(int l) {
@@ -77,7 +114,10 @@ std::span<float> DecodeState::kda_layer(int l) {
 LayerState DecodeState::layer(int l) {
   LayerState s;
   s.cached = cached;
-  if (kda_ordinal_[l] >= 0) s.kda = kda_state_view(*cfg_, kda_layer(l));
+  if (kda_ordinal_[l] >= 0) {
+    s.kda = kda_state_view(*cfg_, kda_layer(l));
+    if (journaling_) s.kda.journal = &journals_[size_t(kda_ordinal_[l])];
+  }
   if (mla_ordinal_[l] >= 0) {
     const size_t m = static_cast<size_t>(mla_ordinal_[l]), cap = capacity();
     s.mla = {std::span(kv_).subspan(m * cap * kvpp(), cap * kvpp()),

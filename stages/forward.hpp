@@ -99,11 +99,26 @@ class DecodeState {
     return std::span(rope_).subspan(mla_ordinal * capacity() * ropepp(), n * ropepp());
   }
 
+  // A speculative verify pass (docs/speculative.md): begin_journal(rows) makes the next pass (of at
+  // most `rows` rows, starting at `cached`) record each KDA layer's state on entry and its rows'
+  // recurrence inputs (stages/kda.hpp KdaJournal); keep(n) then leaves the state as if only the
+  // pass's first n rows had been fed -- the MLA cache simply forgets the rows past them, the KDA
+  // layers are restored and their recurrence replayed -- and ends the journal. The journal's memory
+  // (journal_bytes) is allocated on the first use and kept.
+  void begin_journal(size_t rows);
+  void keep(size_t rows);
+  bool journaling() const { return journaling_; }
+  uint64_t journal_bytes(size_t rows) const;
+
  private:
   const io::ModelConfig* cfg_;
   StateSizes sizes_;
   std::vector<int> kda_ordinal_, mla_ordinal_;  // per bound layer; -1 where the layer is the other kind
   std::vector<float> kda_, kv_, rope_;
+  std::vector<float> journal_mem_;
+  std::vector<KdaJournal> journals_;  // per KDA layer, views of journal_mem_
+  bool journaling_ = false;
+  size_t journal_start_ = 0;  // `cached` when the journal began
 };
 
 enum class HeadAt { last, all };

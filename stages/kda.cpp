@@ -2,6 +2,9 @@
 
 #include <tbb/parallel_for.h>
 
+#include <algorithm>
+#include <vector>
+
 #include "io/error.hpp"
 #include "kernels/activations.hpp"
 #include "kernels/kda.hpp"
@@ -27,7 +30,59 @@ size_t kda_state_floats(const io::ModelConfig& c) {
 
 KdaState kda_state_view(const io::ModelConfig& c, std::span<float> s) {
   const Dims d(c);
-  return {s.first(d.H * d.D * d.D), s.subspan(d.H * d.D * d.D, 3 * d.P * (d.K - 1))};
+  return {.S = s.first(d.H * d.D * d.D),
+          .conv = s.subspan(d.H * d.D * d.D, 3 * d.P * (d.K - 1)),
+          .journal = nullptr};
+}
+
+size_t kda_journal_row_floats(const io::ModelConfig& c) {
+  const Dims d(c);
+  return 7 * d.P + d.H;
+}
+
+namespace {
+
+// A journal's blocks: raw q, k, v | q, k, v, alpha ([capacity][P] each) | beta ([capacity][H]).
+struct JournalBlocks {
+  std::span<float> raw[3], q, k, v, alpha, beta;
+  JournalBlocks(const Dims& d, const KdaJournal& j) {
+    const size_t n = j.capacity_rows * d.P;
+    Carver cut(j.rows);
+    for (std::span<float>& r : raw) r = cut.take(n);
+    q = cut.take(n), k = cut.take(n), v = cut.take(n), alpha = cut.take(n);
+    beta = cut.take(j.capacity_rows * d.H);
+  }
+};
+
+// A ShortConv history ([P][K-1], oldest first) after `n` more raw inputs ([n][P]): per channel the
+// last K-1 of old ++ new. Pure data movement, shortconv_step's own shift.
+void advance_history(std::span<float> hist, size_t P, size_t K, std::span<const float> raw, size_t n) {
+  const size_t W = K - 1;
+  if (W == 0) return;
+  for (size_t ch = 0; ch < P; ++ch) {
+    float* h = hist.data() + ch * W;
+    for (size_t t = 0; t < n; ++t) {
+      for (size_t j = 0; j + 1 < W; ++j) h[j] = h[j + 1];
+      h[W - 1] = raw[t * P + ch];
+    }
+  }
+}
+
+}  // namespace
+
+void kda_rollback(const io::ModelConfig& c, KdaState st, const KdaJournal& jr, size_t keep) {
+  const Dims d(c);
+  if (keep > jr.used_rows || jr.before.size() != st.S.size() + st.conv.size())
+    throw io::runtime_error("kda_rollback: the journal does not cover the rows kept (internal error)");
+  std::copy(jr.before.begin(), jr.before.begin() + std::ptrdiff_t(st.S.size()), st.S.begin());
+  std::copy(jr.before.begin() + std::ptrdiff_t(st.S.size()), jr.before.end(), st.conv.begin());
+  if (keep == 0) return;
+  const JournalBlocks j(d, jr);
+  const size_t hist = d.P * (d.K - 1), n = keep * d.P;
+  for (size_t i = 0; i < 3; ++i) advance_history(st.conv.subspan(i * hist, hist), d.P, d.K, j.raw[i], keep);
+  std::vector<float> o(n);  // the output is not wanted: the pass produced it
+  kda_recur(c, st.S, j.alpha.first(n), j.k.first(n), j.v.first(n), j.beta.first(keep * d.H), j.q.first(n), o,
+            keep);
 }
 
 size_t attention_kda_scratch(const io::ModelConfig& c, size_t T) {
@@ -77,6 +132,15 @@ void attention_kda(const KdaWeights& w, const io::ModelConfig& c, std::span<cons
   const size_t hist = d.P * (d.K - 1);
   const float q_scale = kernels::kda_q_scale(d.D);
   for (const KdaSegment& s : segs) {
+    KdaJournal* jr = s.state.journal;
+    if (jr) {  // a verify pass: the state on entry (kda_rollback)
+      if (s.rows > jr->capacity_rows || jr->before.size() != s.state.S.size() + s.state.conv.size())
+        throw io::runtime_error("KDA: the journal is smaller than the pass (internal error)");
+      std::copy(s.state.S.begin(), s.state.S.end(), jr->before.begin());
+      std::copy(s.state.conv.begin(), s.state.conv.end(),
+                jr->before.begin() + std::ptrdiff_t(s.state.S.size()));
+      jr->used_rows = s.rows;
+    }
     std::span<float> hq = s.state.conv.first(hist), hk = s.state.conv.subspan(hist, hist),
                      hv = s.state.conv.subspan(2 * hist, hist);
     for (size_t t = s.first_row; t < s.first_row + s.rows; ++t) {
@@ -97,6 +161,15 @@ void attention_kda(const KdaWeights& w, const io::ModelConfig& c, std::span<cons
         b[t * d.H + h] = kernels::sigmoid(b[t * d.H + h]);  // one beta per head
     }
     auto rows = [&](std::span<float> a) { return a.subspan(s.first_row * d.P, s.rows * d.P); };
+    if (jr) {  // ... and the rows' recurrence inputs (copies: no computed bit changes)
+      const JournalBlocks j(d, *jr);
+      const size_t n = s.rows * d.P;
+      const std::span<float> from[] = {rows(q_raw), rows(k_raw), rows(v_raw), rows(q),
+                                       rows(k),     rows(v),     rows(alpha)};
+      const std::span<float> to[] = {j.raw[0], j.raw[1], j.raw[2], j.q, j.k, j.v, j.alpha};
+      for (size_t i = 0; i < 7; ++i) std::copy_n(from[i].begin(), n, to[i].begin());
+      std::copy_n(b.begin() + std::ptrdiff_t(s.first_row * d.H), s.rows * d.H, j.beta.begin());
+    }
     kda_recur(c, s.state.S, rows(alpha), rows(k), rows(v), b.subspan(s.first_row * d.H, s.rows * d.H),
               rows(q), rows(o), s.rows);
   }

@@ -14,15 +14,36 @@
 
 namespace k3::stages {
 
+// What a speculative verify pass keeps of one KDA layer so that its rejected rows can be undone
+// without reading a weight again (docs/speculative.md): the layer's state as the pass found it, and
+// the recurrence's inputs of each row -- the raw ShortConv inputs of q, k, v, the post-conv q
+// (scaled), k, v, the decay alpha ([rows][P] each) and beta ([rows][H]): capacity_rows x
+// kda_journal_row_floats in `rows`, one block per quantity. kda_rollback replays them.
+struct KdaJournal {
+  std::span<float> before;  // kper floats: S then the conv histories, on entry to the pass
+  std::span<float> rows;
+  size_t capacity_rows = 0;
+  size_t used_rows = 0;  // rows the pass recorded
+};
+
 // Carried per-layer state: S[h][i][j] (H*D*D, row = key channel) then the ShortConv histories of
-// q, k, v, each [P][K-1] raw inputs, oldest first. Zero = fresh sequence.
+// q, k, v, each [P][K-1] raw inputs, oldest first. Zero = fresh sequence. `journal`, when set, is
+// filled by the next attention_kda over this state (one pass per journal).
 struct KdaState {
   std::span<float> S;
   std::span<float> conv;
+  KdaJournal* journal = nullptr;
 };
 
 size_t kda_state_floats(const io::ModelConfig&);  // H*D*D + 3*P*(K-1): the K3ST `kper`
 KdaState kda_state_view(const io::ModelConfig&, std::span<float> layer_state);
+
+size_t kda_journal_row_floats(const io::ModelConfig&);  // 7*P + H
+// Sets the layer's state to what the journaled pass would have left after only its first
+// `keep_rows` rows: the state before the pass, then those rows' ShortConv histories (data movement)
+// and recurrence (kda_recur on the recorded inputs: the pass's own calls, so the same bits). No
+// weights are read.
+void kda_rollback(const io::ModelConfig&, KdaState, const KdaJournal&, size_t keep_rows);
 
 // One sequence's rows [first_row, first_row + rows) of a pass over several, with its own state.
 struct KdaSegment {

@@ -28,6 +28,7 @@
 #include "pipeline/run/decoder.hpp"
 #include "pipeline/run/model_tokenizer.hpp"
 #include "pipeline/run/sampler_flags.hpp"
+#include "pipeline/run/speculative.hpp"
 #include "pipeline/support/human_bytes.hpp"
 #include "pipeline/support/interrupt.hpp"
 #include "pipeline/support/output_file.hpp"
@@ -47,6 +48,7 @@ struct ChatArgs {
   int max_reply = 1024;
   size_t context = 4096;
   int threads = 0;
+  int spec = 0;  // --spec: drafts per verify pass (0: off)
   stages::SamplerOptions sampling;
 };
 
@@ -211,7 +213,10 @@ class ChatSession {
     bool in_thinking_block = false;
     const char* ended = "the --max-reply cap";
     InterruptScope::clear();
-    for (; n < a_.max_reply; ++n) {
+    // One pass per iteration: one token, or with --spec a verify pass of up to N + 1 (a reply's
+    // end mid-pass keeps only the rows before it, as plain decoding would have fed).
+    bool over = false;
+    while (n < a_.max_reply && !over) {
       if (InterruptScope::requested()) {
         ended = terminated() ? "SIGTERM" : "Ctrl-C";
         break;
@@ -220,14 +225,16 @@ class ChatSession {
         ended = "a full context";
         break;
       }
-      const std::span<const float> logits = dec_.logits();
-      if (n == 0) t_first = now() - t0;
-      const int32_t id = sampler_.next(logits, dec_.seq());
-      dec_.push(id);
-      show(parser.feed(decoder.push(id)), in_thinking_block);
-      const auto st = parser.state();
-      if (st == text::ReplyParser::State::done || st == text::ReplyParser::State::malformed) break;
-      if (std::find(end_ids_.begin(), end_ids_.end(), id) != end_ids_.end()) break;
+      const int most = int(std::min<size_t>(size_t(a_.max_reply - n), dec_.room()));
+      speculative_step(dec_, sampler_, a_.spec, most, spec_, [&](int32_t id, std::span<const float>) {
+        if (n == 0) t_first = now() - t0;
+        show(parser.feed(decoder.push(id)), in_thinking_block);
+        const auto st = parser.state();
+        over = st == text::ReplyParser::State::done || st == text::ReplyParser::State::malformed ||
+               std::find(end_ids_.begin(), end_ids_.end(), id) != end_ids_.end();
+        if (!over) ++n;  // as before: the token that ends the reply is not counted
+        return !over;
+      });
     }
     show(parser.feed(decoder.finish()), in_thinking_block);
     show(parser.finish(), in_thinking_block);
@@ -251,6 +258,10 @@ class ChatSession {
         "[%d tokens in %.2f s, %.2f tokens/s after a %.2f s first step (%zu prompt ids)%s; stopped by %s]\n",
         n, dt, n > 1 && dt > t_first ? (n - 1) / (dt - t_first) : 0.0, t_first, prompt_ids,
         dec_.stream() ? fmt::format(", read {}", human_bytes(double(bytes))).c_str() : "", ended);
+    if (a_.spec > 0)
+      std::fprintf(stderr, "[speculative so far: %llu drafted, %llu accepted; %.3f trunk passes per token]\n",
+                   (unsigned long long)spec_.drafted, (unsigned long long)spec_.accepted,
+                   spec_.passes_per_token());
   }
 
   void show(const text::ReplyText& t, bool& in_thinking_block) {
@@ -281,6 +292,7 @@ class ChatSession {
   Decoder& dec_;
   const text::Tokenizer& tok_;
   stages::Sampler sampler_;
+  SpecStats spec_;
   bool interactive_;
   text::ChatOptions opts_;
   std::vector<int32_t> end_ids_;
@@ -291,6 +303,13 @@ int run_chat(ChatArgs& a) {
   text::ChatOptions opts{!a.no_thinking, a.effort};
   text::validate(opts);
   stages::validate(a.sampling);
+  if (a.spec < 0 || a.spec > kMaxSpec)
+    throw io::usage_error(fmt::format("--spec {}: drafts per pass must be 0..{}", a.spec, kMaxSpec));
+  if (a.spec > 0 && a.sampling.temperature != 0)
+    throw io::usage_error(
+        "--spec needs greedy decoding (--temperature 0): speculative sampling is not implemented");
+  if (a.spec > 0 && a.dec.recompute)
+    throw io::usage_error("--spec needs incremental decoding: drop --recompute");
   check_stream_flags(a.dec.stream);
   check_model_dir(a.dec.model_dir, a.dec.config.has_value());
   if (a.dec.config) check_input_file(*a.dec.config, "--config");
@@ -364,6 +383,11 @@ Action add_chat(CLI::App& sub) {
   sub.add_flag("--recompute", a->dec.recompute,
                "recompute the whole conversation every token (slow; checks)");
   sub.add_option("--config", a->dec.config, "config.json to use (default MODEL_DIR/config.json)");
+  sub.add_option(
+         "--spec", a->spec,
+         "speculative decoding: verify up to N prompt-lookup drafts per pass (0..16, greedy only; the "
+         "same reply)")
+      ->capture_default_str();
   sub.add_option("--threads", a->threads, "compute threads (0 = oneTBB default)")->check(CLI::Range(0, 4096));
   add_stream_flags(sub, a->dec.stream);
   return [a] { return run_chat(*a); };

@@ -7,6 +7,8 @@
 // Decoding is incremental (KV cache + carried KDA state) unless --recompute; greedy unless
 // --temperature > 0 (pipeline/run/decoder.hpp, stages/sampler.hpp). Text runs stop at the end of the
 // model's turn ([EOS] / <|end_of_msg|>) or at a --stop string; --gen caps every run.
+// --spec N (greedy only): up to N prompt-lookup drafts verified per pass, the same ids and logits
+// (pipeline/run/speculative.hpp, docs/speculative.md).
 #include <fmt/format.h>
 #include <tbb/global_control.h>
 #include <unistd.h>
@@ -28,6 +30,7 @@
 #include "pipeline/run/model_tokenizer.hpp"
 #include "pipeline/run/run_report.hpp"
 #include "pipeline/run/sampler_flags.hpp"
+#include "pipeline/run/speculative.hpp"
 #include "pipeline/support/human_bytes.hpp"
 #include "pipeline/support/id_list.hpp"
 #include "pipeline/support/interrupt.hpp"
@@ -42,11 +45,12 @@ constexpr int kMaxGen = 4096;
 struct GenerateOptions {
   DecoderOptions dec;
   std::optional<std::string> ids, prompt, prompt_file, tokenizer, out_path, dump_logits, save_state,
-      load_state;
+      load_state, spec_oracle;
   std::vector<std::string> stop;
   int gen = 128;
   bool incremental = false, print_ids = false, ignore_eos = false;
   int threads = 0;
+  int spec = 0;  // --spec: drafts per verify pass (0: off)
   stages::SamplerOptions sampling;
 };
 
@@ -111,6 +115,14 @@ int run_generate(GenerateOptions o) {
   if (o.dump_logits && o.gen == 0) throw io::usage_error("--dump-logits needs --gen >= 1 (it dumps step 0)");
   if (o.incremental && o.dec.recompute)
     throw io::usage_error("--incremental and --recompute exclude each other");
+  if (o.spec < 0 || o.spec > kMaxSpec)
+    throw io::usage_error(fmt::format("--spec {}: drafts per pass must be 0..{}", o.spec, kMaxSpec));
+  if (o.spec > 0 && o.sampling.temperature != 0)
+    throw io::usage_error(
+        "--spec needs greedy decoding (--temperature 0): speculative sampling is not implemented");
+  if (o.spec > 0 && o.dec.recompute)
+    throw io::usage_error("--spec needs incremental decoding: drop --recompute");
+  if (o.spec_oracle && o.spec == 0) throw io::usage_error("--spec-oracle needs --spec N (N >= 1)");
   if (!o.stop.empty() && !text_mode)
     throw io::usage_error("--stop needs a text prompt (--prompt / --prompt-file)");
   // The vocabulary is known only once config.json is read (checked below); --load-state may
@@ -185,6 +197,9 @@ int run_generate(GenerateOptions o) {
   std::printf("  decode  : %s, %s, up to %d tokens, threads %s\n", describe_sampling(o.sampling).c_str(),
               o.dec.recompute ? "full recompute" : "incremental (KV cache + carried KDA state)", o.gen,
               o.threads > 0 ? std::to_string(o.threads).c_str() : "default");
+  if (o.spec > 0)
+    std::printf("  spec    : up to %d prompt-lookup drafts verified per pass (greedy, same ids and logits)\n",
+                o.spec);
   if (o.dec.layers > 0 && o.dec.layers < cfg.n_layers)
     std::printf(
         "  NOTE    : --layers %d runs only the first %d of %d layers; the output is not the model's\n",
@@ -192,6 +207,11 @@ int run_generate(GenerateOptions o) {
 
   Decoder dec(o.dec, std::move(cfg));
   const io::ModelConfig& c = dec.config();
+  if (o.spec > 0)
+    std::printf(
+        "speculative journal: %s for a pass of %d rows (KDA state on entry + each row's recurrence "
+        "inputs)\n",
+        human_bytes(double(dec.journal_bytes(size_t(o.spec) + 1))).c_str(), o.spec + 1);
   if (saved) {
     const double t0 = now();
     dec.load(*o.load_state);
@@ -217,33 +237,67 @@ int run_generate(GenerateOptions o) {
   std::vector<int32_t> generated;
   double t_steps = 0, t_first = 0;
   const char* ended = "the --gen cap";
-  for (int g = 0; g < o.gen; ++g) {
+  // One pass per iteration: a plain step (one token) or, with --spec, a verify pass (1..N+1
+  // tokens). Each token is handled as it is emitted; a stop ends the pass there (the decoder then
+  // holds what plain decoding would).
+  SpecStats spec;
+  bool stopped = false;
+  // --spec-oracle IDS (a measurement flag): drafts the known answer -- what a plain run generated --
+  // instead of looking it up, so every draft is accepted: the upper bound of --spec on a checkpoint
+  // that never repeats itself (perf/spec_bench.sh; a synthetic one has random weights).
+  DraftFn drafter;
+  if (o.spec_oracle) {
+    const std::vector<int32_t> answer = parse_id_list(*o.spec_oracle, "--spec-oracle", c.vocab);
+    const size_t start = dec.seq().size() - 1;  // the first generated id lands at start + 1
+    drafter = [answer, start](std::span<const int32_t> seq, size_t n) {
+      const size_t at = std::min(answer.size(), seq.size() - 1 - start);
+      return std::vector<int32_t>(answer.begin() + std::ptrdiff_t(at),
+                                  answer.begin() + std::ptrdiff_t(std::min(answer.size(), at + n)));
+    };
+    std::printf("NOTE: drafts come from --spec-oracle (%zu ids), not from prompt lookup\n", answer.size());
+  }
+  for (int g = 0; g < o.gen && !stopped;) {
     if (InterruptScope::requested()) {
       ended = "an interrupt";
       break;
     }
     const double ts = now();
-    const std::span<const float> logits = dec.logits();
-    const int32_t next = sampler.next(logits, dec.seq());
+    const uint64_t drafted = spec.drafted, accepted = spec.accepted;
+    std::vector<int32_t> pass;
+    speculative_step(
+        dec, sampler, o.spec, o.gen - g, spec,
+        [&](int32_t next, std::span<const float> logits) {
+          if (g == 0 && pass.empty() && o.dump_logits) step0_logits.assign(logits.begin(), logits.end());
+          pass.push_back(next);
+          generated.push_back(next);
+          if (!text) return true;
+          const io::text::TextStream::Out piece = text->push(next);
+          out.write(piece.text);
+          if (piece.stop) {
+            ended = "the end of the turn or a --stop string";
+            stopped = true;
+          }
+          return !stopped;
+        },
+        drafter);
     const double dt = now() - ts;
     t_steps += dt;
     if (g == 0) t_first = dt;
-    if (dec.stream()) dec.stream()->record_step(g, next);
-    if (g == 0 && o.dump_logits) step0_logits.assign(logits.begin(), logits.end());
-    dec.push(next);
-    generated.push_back(next);
-    if (text) {
-      const io::text::TextStream::Out piece = text->push(next);
-      out.write(piece.text);
-      if (piece.stop) {
-        ended = "the end of the turn or a --stop string";
-        break;
+    // The report's per-token rows are per pass: a verify pass's reads belong to all its tokens.
+    if (dec.stream()) dec.stream()->record_step(g, pass.front());
+    if (!text) {
+      const double per = dt / double(pass.size());
+      for (size_t i = 0; i < pass.size(); ++i) {
+        std::string note = i == 0 && dec.stream() ? "   " + dec.stream()->step_note() : "";
+        if (i == 0 && spec.drafted > drafted)
+          note += fmt::format("   verify: {} drafted, {} accepted, {} tokens this pass",
+                              spec.drafted - drafted, spec.accepted - accepted, pass.size());
+        std::printf("%-6d %-10d %-12.4f %.2f%s\n", g + int(i), pass[i], per, per > 0 ? 1.0 / per : 0.0,
+                    note.c_str());
       }
-    } else {
-      std::printf("%-6d %-10d %-12.4f %.2f%s\n", g, next, dt, dt > 0 ? 1.0 / dt : 0.0,
-                  dec.stream() ? ("   " + dec.stream()->step_note()).c_str() : "");
       std::fflush(stdout);
     }
+    g += int(pass.size());
   }
   const bool interrupted = InterruptScope::requested();
   if (text) {
@@ -276,6 +330,13 @@ int run_generate(GenerateOptions o) {
     else
       std::printf("generated ids:%s\n", ids.c_str());
   }
+  if (o.spec > 0)
+    std::printf(
+        "speculative: %llu drafted, %llu accepted (acceptance %.2f); %llu passes (%llu verify) for %llu "
+        "tokens: %.3f trunk passes per token\n",
+        (unsigned long long)spec.drafted, (unsigned long long)spec.accepted, spec.acceptance(),
+        (unsigned long long)spec.passes, (unsigned long long)spec.verifies, (unsigned long long)spec.emitted,
+        spec.passes_per_token());
   const uint64_t rss = peak_rss_bytes();
   std::printf("PEAK RSS %s (quote this, not the plan)\n", human_bytes(static_cast<double>(rss)).c_str());
 
@@ -337,6 +398,14 @@ Action add_generate(CLI::App& sub) {
   sub.add_option("--save-state", o->save_state, "write the carried state to this K3ST file after the run");
   sub.add_option("--load-state", o->load_state, "resume from a K3ST state file; the prompt continues it");
   sub.add_option("--config", o->dec.config, "config.json to use (default MODEL_DIR/config.json)");
+  sub.add_option(
+         "--spec", o->spec,
+         "speculative decoding: verify up to N prompt-lookup drafts per pass (0..16, greedy only; the "
+         "same ids and logits, fewer passes when the text repeats itself)")
+      ->capture_default_str();
+  sub.add_option("--spec-oracle", o->spec_oracle,
+                 "measurement: draft these ids (what a plain run generated) instead of looking drafts up -- "
+                 "the all-accepted upper bound of --spec");
   sub.add_option("--threads", o->threads, "compute threads (0 = oneTBB default)")->check(CLI::Range(0, 4096));
   add_stream_flags(sub, o->dec.stream);
   return [o] { return run_generate(*o); };

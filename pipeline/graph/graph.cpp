@@ -126,11 +126,12 @@ void StreamingModel::Impl::build() {
 }
 
 void StreamingModel::Impl::prepare_call(std::span<const stages::Segment> segs, size_t T,
-                                        std::span<float> logits) {
+                                        std::span<float> logits, bool head_all) {
   StepState& S = step_state;
   size_t cap = 0;
   for (const stages::Segment& s : segs) cap = std::max(cap, s.state->capacity());
-  S.buf.prepare(c, T, cap, src.has_experts(), segs.size());
+  S.buf.prepare(c, T, cap, src.has_experts(), head_all ? T : segs.size());
+  S.head_all = head_all;
   S.segs.assign(segs.begin(), segs.end());
   S.T = T;
   S.logits = logits;
@@ -148,18 +149,22 @@ void StreamingModel::expect_calls(int n) {
   impl_->expected_calls = std::max(n, 1);
 }
 
-void StreamingModel::forward(stages::DecodeState& st, std::span<const int32_t> ids, std::span<float> logits) {
+void StreamingModel::forward(stages::DecodeState& st, std::span<const int32_t> ids, std::span<float> logits,
+                             stages::HeadAt head_at) {
   stages::check_forward_inputs(impl_->c, st, ids);
   const stages::Segment one{.state = &st, .first_row = 0, .rows = ids.size()};
-  forward_batch(std::span(&one, 1), ids, logits);
+  forward_batch(std::span(&one, 1), ids, logits, head_at);
 }
 
 void StreamingModel::forward_batch(std::span<const stages::Segment> segs, std::span<const int32_t> ids,
-                                   std::span<float> logits) {
+                                   std::span<float> logits, stages::HeadAt head_at) {
   Impl& m = *impl_;
   const io::ModelConfig& c = m.c;
   const size_t T = ids.size(), V = size_t(c.vocab);
   stages::check_segments(c, segs, ids);
+  const bool head_all = head_at == stages::HeadAt::all;
+  if (head_all && segs.size() != 1)
+    throw io::runtime_error("forward: logits at every row need one segment (internal error)");
   if (m.failed.load()) throw io::runtime_error(m.fail_msg);
   if (m.calls_done.load() > 0 && m.step_delay_ms > 0)  // test hook: time to change files between tokens
     std::this_thread::sleep_for(std::chrono::milliseconds(m.step_delay_ms));
@@ -168,7 +173,7 @@ void StreamingModel::forward_batch(std::span<const stages::Segment> segs, std::s
   // nothing but this call's nodes touches the activations prepared here.
   if (!m.open_call()) throw io::runtime_error(m.fail_msg);
   m.act.step_begin();
-  m.prepare_call(segs, T, logits.first(segs.size() * V));
+  m.prepare_call(segs, T, logits.first((head_all ? T : segs.size()) * V), head_all);
   const int k = m.calls_done.load();
   const Visit v0{uint64_t(k), 0};
   CallBuffers& buf = m.step(v0).buf;

@@ -152,12 +152,16 @@ class StreamingModel {
   // file on a read failure (the engine is then unusable). Test hook: K3FLOW_TEST_STEP_DELAY_MS=N
   // sleeps N ms before every call but the first (a test changes files under a running decode).
   // Reader tuning for experiments: K3FLOW_{TRUNK,EXPERT}_{QD,CHUNK_KB}.
-  void forward(stages::DecodeState&, std::span<const int32_t> ids, std::span<float> logits);
+  // HeadAt::all: every row's logits (ids.size() x vocab), a speculative verify pass.
+  void forward(stages::DecodeState&, std::span<const int32_t> ids, std::span<float> logits,
+               stages::HeadAt head_at = stages::HeadAt::last);
   // One step over several sequences (stages::forward_batch with streamed weights): the segments'
   // ids concatenated; every trunk layer is read once for all of them, a layer's routed experts are
   // the union of its rows' choices, each computed once over the rows that chose it; the attention
   // runs per segment on its own state. logits: segments.size() x vocab, each segment's last row.
-  void forward_batch(std::span<const stages::Segment>, std::span<const int32_t> ids, std::span<float> logits);
+  // HeadAt::all (one segment only): every row's logits, T x vocab.
+  void forward_batch(std::span<const stages::Segment>, std::span<const int32_t> ids, std::span<float> logits,
+                     stages::HeadAt head_at = stages::HeadAt::last);
   // How many forward calls the run will make; reads run ahead into the next call only below it.
   void expect_calls(int n);
 

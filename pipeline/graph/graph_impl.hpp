@@ -101,7 +101,8 @@ struct StepState {
   std::vector<stages::Segment> segs;
   std::vector<stages::LayerSegment> layer_segs;  // the attention node's per-layer views of segs
   size_t T = 0;                                  // rows: every segment's together
-  std::span<float> logits;                       // segs.size() x vocab
+  std::span<float> logits;                       // segs.size() x vocab (head_all: T x vocab)
+  bool head_all = false;                         // the head at every row (one segment: a verify pass)
   // After layer `layer`'s output is in P: each segment's watch scans its own rows.
   void after_layer(int layer, std::span<const float> P, size_t E) {
     for (const stages::Segment& s : segs)
@@ -385,7 +386,7 @@ struct StreamingModel::Impl {
   void run(Body body);
   void make_edges();      // graph_wiring.cpp
   void describe_edges();  // graph_wiring.cpp: the same table, to the DOT description
-  void prepare_call(std::span<const stages::Segment> segs, size_t T, std::span<float> logits);
+  void prepare_call(std::span<const stages::Segment> segs, size_t T, std::span<float> logits, bool head_all);
 
   // The node bodies (graph_nodes_*.cpp), one per node that runs code, in the diagram's order.
   void trunk_read_body(const TrunkClaim&, TrunkReadNode::gateway_type&);

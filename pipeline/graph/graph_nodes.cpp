@@ -311,11 +311,16 @@ void StreamingModel::Impl::head_body(const HeadGo& m) {
   StepState& S = step(m.visit);
   run_node(kHead, true, args(-1), [&] {
     const stages::HeadWeights& hw = head->w;
-    const size_t n_out = S.segs.size();
-    for (size_t i = 0; i < n_out; ++i) {  // each segment's last row (AttnRes is per token)
-      const size_t t = S.segs[i].first_row + S.segs[i].rows - 1;
-      stages::attnres_stage(*S.buf.B, S.buf.P, hw.out_res_norm, hw.out_res_proj, c, t, t + 1,
-                            S.buf.h.subspan(i * E, E), S.buf.agg_sc);
+    const size_t n_out = S.head_all ? S.T : S.segs.size();
+    if (S.head_all) {  // every row, as stages::forward's HeadAt::all
+      stages::attnres_stage(*S.buf.B, S.buf.P, hw.out_res_norm, hw.out_res_proj, c, 0, S.T, S.buf.h,
+                            S.buf.agg_sc);
+    } else {
+      for (size_t i = 0; i < n_out; ++i) {  // each segment's last row (AttnRes is per token)
+        const size_t t = S.segs[i].first_row + S.segs[i].rows - 1;
+        stages::attnres_stage(*S.buf.B, S.buf.P, hw.out_res_norm, hw.out_res_proj, c, t, t + 1,
+                              S.buf.h.subspan(i * E, E), S.buf.agg_sc);
+      }
     }
     stages::lm_head(hw, c, S.buf.h, n_out, S.logits, S.buf.head_sc);
   });

@@ -150,8 +150,42 @@ std::span<const float> Decoder::logits() {
     else
       stages::forward(*model_, state_, feed, stages::HeadAt::last, logits_, scratch_);
   }
-  check_logits_finite(cfg_, state_, logits_, "");
-  return logits_;
+  const std::span<const float> out = std::span<const float>(logits_).first(size_t(cfg_.vocab));
+  check_logits_finite(cfg_, state_, out, "");
+  return out;
+}
+
+std::span<const float> Decoder::verify(std::span<const int32_t> drafts) {
+  if (recompute_ || pending() != 1 || drafts.empty())
+    throw io::runtime_error("verify: needs one pending id, drafts and an incremental run (internal error)");
+  first_step_ = false;
+  const size_t base = state_.cached, rows = 1 + drafts.size();
+  push(drafts);
+  const std::span<const int32_t> feed = std::span<const int32_t>(seq_).subspan(base);
+  if (logits_.size() < rows * size_t(cfg_.vocab)) logits_.resize(rows * size_t(cfg_.vocab));
+  const std::span<float> out = std::span<float>(logits_).first(rows * size_t(cfg_.vocab));
+  state_.begin_journal(rows);
+  try {
+    if (stream_)
+      stream_->forward(state_, feed, out, stages::HeadAt::all);
+    else
+      stages::forward(*model_, state_, feed, stages::HeadAt::all, out, scratch_);
+  } catch (...) {
+    // Refused inputs leave the state as it was; a pass that failed later ends the run anyway.
+    seq_.resize(base + 1);
+    if (state_.cached == base + rows)
+      state_.keep(1);
+    else if (state_.journaling())
+      state_.keep(0);
+    throw;
+  }
+  check_logits_finite(cfg_, state_, out, "");
+  return out;
+}
+
+void Decoder::keep(size_t rows) {
+  state_.keep(rows);
+  seq_.resize(state_.cached);
 }
 
 void check_logits_finite(const io::ModelConfig& cfg, const stages::DecodeState& st,

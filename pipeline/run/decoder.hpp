@@ -84,6 +84,15 @@ class Decoder {
   // run_invalid (exit 4) when the logits are not finite, naming the first layer whose output was not.
   std::span<const float> logits();
 
+  // A speculative verify pass (pipeline/run/speculative.hpp): needs exactly one pending id and
+  // incremental decoding. Pushes `drafts`, feeds the pending id and them as one pass of
+  // 1 + drafts.size() rows with the KDA layers journaled, and returns every row's logits (row i at
+  // i * vocab), valid until the next call. keep(n) must follow: it keeps the pass's first n rows
+  // (1..rows) in the state and the sequence, as if only they had been fed, and drops the others.
+  std::span<const float> verify(std::span<const int32_t> drafts);
+  void keep(size_t rows);
+  uint64_t journal_bytes(size_t rows) const { return state_.journal_bytes(rows); }
+
   void reset();  // forget the sequence and zero the state
   // K3ST files, compatible with the reference engines (pipeline/run/state_file.hpp).
   uint64_t save(const std::filesystem::path&);

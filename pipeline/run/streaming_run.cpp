@@ -286,8 +286,9 @@ std::unique_ptr<StreamRun> StreamRun::open(const StreamFlags& f, const io::Model
   return run;
 }
 
-void StreamRun::forward(stages::DecodeState& st, std::span<const int32_t> ids, std::span<float> logits) {
-  s_->model->forward(st, ids, logits);
+void StreamRun::forward(stages::DecodeState& st, std::span<const int32_t> ids, std::span<float> logits,
+                        stages::HeadAt head_at) {
+  s_->model->forward(st, ids, logits, head_at);
 }
 
 void StreamRun::forward_batch(std::span<const stages::Segment> segs, std::span<const int32_t> ids,

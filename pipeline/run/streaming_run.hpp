@@ -96,7 +96,8 @@ class StreamRun {
                                          int n_layers, uint64_t context, int gen);
   ~StreamRun();
 
-  void forward(stages::DecodeState&, std::span<const int32_t> ids, std::span<float> logits);
+  void forward(stages::DecodeState&, std::span<const int32_t> ids, std::span<float> logits,
+               stages::HeadAt head_at = stages::HeadAt::last);
   // One step over several sequences: StreamingModel::forward_batch.
   void forward_batch(std::span<const stages::Segment>, std::span<const int32_t> ids, std::span<float> logits);
   void record_step(int step, int32_t token);  // after forward(): the per-token row of the report

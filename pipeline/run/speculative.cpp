@@ -1,0 +1,74 @@
+#include "pipeline/run/speculative.hpp"
+
+#include <algorithm>
+
+#include "io/error.hpp"
+#include "pipeline/run/decoder.hpp"
+
+namespace k3::pipeline {
+
+std::vector<int32_t> draft_lookup(std::span<const int32_t> seq, size_t n, size_t max_ngram) {
+  const size_t L = seq.size();
+  if (n == 0) return {};
+  for (size_t m = std::min(max_ngram, L > 0 ? L - 1 : 0); m >= 1; --m) {
+    const std::span<const int32_t> tail = seq.last(m);
+    // Occurrences starting at i, the most recent first; i + m < L so at least one id follows.
+    for (size_t i = L - m; i-- > 0;) {
+      if (!std::equal(tail.begin(), tail.end(), seq.begin() + std::ptrdiff_t(i))) continue;
+      const size_t from = i + m, to = std::min(L, from + n);
+      return std::vector<int32_t>(seq.begin() + std::ptrdiff_t(from), seq.begin() + std::ptrdiff_t(to));
+    }
+  }
+  return {};
+}
+
+int speculative_step(Decoder& dec, stages::Sampler& sampler, int n_draft, int max_tokens, SpecStats& stats,
+                     const EmitFn& emit, const DraftFn& drafter) {
+  if (n_draft > 0 && sampler.options().temperature != 0)
+    throw io::usage_error("--spec needs greedy decoding (--temperature 0)");
+  if (max_tokens < 1) throw io::runtime_error("speculative_step: no token wanted (internal error)");
+  const size_t V = size_t(dec.config().vocab);
+  std::vector<int32_t> drafts;
+  if (n_draft > 0 && dec.pending() == 1 && !dec.recompute()) {
+    const size_t n = size_t(std::min(n_draft, max_tokens - 1));
+    drafts = drafter ? drafter(dec.seq(), n) : draft_lookup(dec.seq(), n);
+    if (drafts.size() > n) drafts.resize(n);
+  }
+  ++stats.passes;
+  if (drafts.empty()) {
+    const std::span<const float> logits = dec.logits();
+    const int32_t next = sampler.next(logits, dec.seq());
+    dec.push(next);
+    ++stats.emitted;
+    emit(next, logits);
+    return 1;
+  }
+
+  const size_t base = dec.seq().size() - 1;  // position of the pending id: row 0
+  const std::span<const float> logits = dec.verify(drafts);
+  ++stats.verifies;
+  stats.drafted += drafts.size();
+  // Row i's greedy choice with row i's own context (the sequence through row i's id), as the plain
+  // step at that position would make it.
+  std::vector<int32_t> toks;
+  for (size_t i = 0; i <= drafts.size(); ++i) {
+    const std::span<const int32_t> ctx = std::span<const int32_t>(dec.seq()).first(base + 1 + i);
+    toks.push_back(sampler.next(logits.subspan(i * V, V), ctx));
+    if (i == drafts.size() || toks.back() != drafts[i]) break;
+  }
+  stats.accepted += toks.size() - 1;
+  // Emit in order; the decoder keeps the rows whose ids were emitted before the last one (that one
+  // is pending, as after a plain step).
+  size_t e = 0;
+  bool go = true;
+  while (go && e < toks.size()) {
+    go = emit(toks[e], logits.subspan(e * V, V));
+    ++e;
+  }
+  dec.keep(e);
+  dec.push(toks[e - 1]);
+  stats.emitted += e;
+  return int(e);
+}
+
+}  // namespace k3::pipeline
