@@ -24,6 +24,7 @@
 #include "io/error.hpp"
 #include "io/text/text_stream.hpp"
 #include "pipeline/cli/commands.hpp"
+#include "pipeline/dist/rank_experts.hpp"
 #include "pipeline/run/decoder.hpp"
 #include "pipeline/run/model_tokenizer.hpp"
 #include "pipeline/run/run_report.hpp"
@@ -190,7 +191,23 @@ int run_generate(GenerateOptions o) {
         "  NOTE    : --layers %d runs only the first %d of %d layers; the output is not the model's\n",
         o.dec.layers, o.dec.layers, cfg.n_layers);
 
-  Decoder dec(o.dec, std::move(cfg));
+  // Several ranks under mpirun (docs/distributed.md): each loads and computes only its own experts;
+  // every rank decodes the same ids, rank 0 alone prints and writes the files.
+  dist::Comm& ranks = dist::world();
+  std::optional<dist::RankExperts> experts;
+  if (ranks.size() > 1) {
+    if (o.dec.stream.requested())
+      throw dist::CollectiveError(
+          io::ErrorKind::usage,
+          "under mpirun every rank holds its slice resident: streaming flags (--mem-gb, "
+          "--preset, --trunk-gb, --trunk) are not supported yet (docs/distributed.md §6)");
+    experts.emplace(ranks);
+    o.dec.experts = &*experts;
+    if (ranks.rank() != 0) o.out_path = o.dump_logits = o.save_state = std::nullopt;
+  }
+  std::optional<Decoder> decoder;
+  dist::on_every_rank(ranks, "could not load its slice", [&] { decoder.emplace(o.dec, std::move(cfg)); });
+  Decoder& dec = *decoder;
   const io::ModelConfig& c = dec.config();
   if (saved) {
     const double t0 = now();
