@@ -192,3 +192,23 @@ TEST_CASE("the per-rank split: every expert on exactly one rank, bytes adding up
     CHECK(s.gather_bytes == uint64_t(m.cfg.top_k) * uint64_t(m.cfg.latent) * 4);
   }
 }
+
+TEST_CASE("k3flow plan --ranks N prints each rank's share; with a budget it is refused as usage") {
+  const std::string tiny = test::fixture_path("tiny-k3");
+  const Model m(tiny);
+  const dist::RankSplit s = dist::split_ranks(m.shards, m.cfg, 3);
+  const test::Run json = test::k3flow(fmt::format("plan {} --ranks 3 --json", tiny));
+  REQUIRE_MESSAGE(json.code == 0, json.err);
+  CHECK(json.out.find("\"ranks\":3,") != std::string::npos);
+  CHECK(json.out.find(fmt::format("\"trunk_bytes\":{},", s.trunk_bytes)) != std::string::npos);
+  for (const dist::RankShare& r : s.per_rank)
+    CHECK(json.out.find(fmt::format("{{\"rank\":{},\"experts_per_layer\":{},\"expert_bytes\":{}}}", r.rank,
+                                    r.experts_per_layer, r.expert_bytes)) != std::string::npos);
+  const test::Run text = test::k3flow(fmt::format("plan {} --ranks 3", tiny));
+  REQUIRE_MESSAGE(text.code == 0, text.err);
+  CHECK(text.out.find("split over 3 ranks") != std::string::npos);
+  CHECK(text.out.find(fmt::format("{} allgathers", s.moe_layers)) != std::string::npos);
+  const test::Run budget = test::k3flow(fmt::format("plan {} --ranks 2 --mem-gb 1", tiny));
+  CHECK(budget.code == 2);
+  CHECK(budget.err.find("--ranks") != std::string::npos);
+}
