@@ -155,7 +155,7 @@ TEST_CASE("faults under mpirun end every rank's run with one clear error, never 
     CHECK(r.err.find("no reply from the other ranks within 2 s during the expert exchange") !=
           std::string::npos);
   }
-  SUBCASE("streaming flags under mpirun are refused once, as usage") {
+  SUBCASE("streaming flags, and commands other than generate, are refused under mpirun once, as usage") {
     const test::Run r = test::shell(
         mpirun(fmt::format("-np 2 {} {} --mem-gb 1", K3FLOW_BIN, fmt::format(fmt::runtime(gen), s.model))),
         60);
@@ -163,5 +163,9 @@ TEST_CASE("faults under mpirun end every rank's run with one clear error, never 
     CHECK(r.code == 2);
     CHECK(count(r.err, "k3flow: ") == 1);
     CHECK(r.err.find("streaming flags") != std::string::npos);
+    const test::Run chat = test::shell(mpirun(fmt::format("-np 2 {} inspect {}", K3FLOW_BIN, s.model)), 60);
+    CHECK(chat.code == 2);
+    CHECK(count(chat.err, "k3flow: ") == 1);
+    CHECK(chat.err.find("only `generate` runs over several ranks") != std::string::npos);
   }
 }

@@ -1,6 +1,8 @@
 // k3flow: Kimi K3 on one CPU, weights streamed from NVMe. Every refusal is one line on stderr
 // starting "k3flow: "; the exit code comes from pipeline/support/exit_codes.hpp (0 success, 1 runtime,
 // 2 usage, 4 invalid run, 130/143 interrupted).
+#include <fmt/format.h>
+
 #include <cstdio>
 #include <exception>
 #include <map>
@@ -83,6 +85,13 @@ int main(int argc, char** argv) {
     for (CLI::App* sub : app.get_subcommands()) where += " " + sub->get_name();
     return fail(std::string(e.what()) + " (" + where + " --help lists the flags)", pl::kExitUsage, true);
   }
+  for (CLI::App* sub : app.get_subcommands())
+    if (session.size() > 1 && sub->get_name() != "generate")
+      return fail(
+          fmt::format("only `generate` runs over several ranks (docs/distributed.md §6): run `k3flow {}` "
+                      "without mpirun",
+                      sub->get_name()),
+          pl::kExitUsage, true);
   try {
     for (CLI::App* sub : app.get_subcommands()) return actions.at(sub)();
   } catch (const k3::io::Error& e) {

@@ -12,31 +12,33 @@
 #include <thread>
 #include <vector>
 
+#include "io/env.hpp"
+
 namespace k3::pipeline::dist {
 
 namespace {
 
-double env_seconds(const char* name, double fallback) {
-  const char* v = std::getenv(name);
-  if (!v || !*v) return fallback;
+double env_seconds(const io::env::Var& v, double fallback) {
+  const auto text = io::env::text(v);
+  if (!text) return fallback;
   char* end = nullptr;
-  const double s = std::strtod(v, &end);
+  const double s = std::strtod(text->data(), &end);
   return (end && *end == '\0' && s > 0) ? s : fallback;
 }
 
 }  // namespace
 
 MpiComm::MpiComm()
-    : exchange_timeout_(env_seconds("K3FLOW_DIST_TIMEOUT", 300)),
-      load_timeout_(env_seconds("K3FLOW_DIST_LOAD_TIMEOUT", 7200)) {
+    : exchange_timeout_(env_seconds(io::env::kDistTimeout, 300)),
+      load_timeout_(env_seconds(io::env::kDistLoadTimeout, 7200)) {
   MPI_Comm_dup(MPI_COMM_WORLD, &comm_);
   MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
   MPI_Comm_rank(comm_, &rank_);
   MPI_Comm_size(comm_, &size_);
-  if (const char* f = std::getenv("K3FLOW_DIST_FAULT")) {
+  if (const auto f = io::env::text(io::env::kDistFault)) {
     int r = -1;
     char kind[16] = {};
-    if (std::sscanf(f, "%d:%15s", &r, kind) == 2) {
+    if (std::sscanf(f->data(), "%d:%15s", &r, kind) == 2) {
       fault_rank_ = r;
       fault_ = kind;
     }

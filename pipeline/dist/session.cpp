@@ -4,25 +4,13 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
-#include <cstdlib>
-
+#include "io/env.hpp"
 #include "pipeline/dist/comm.hpp"
 #ifdef K3_HAVE_MPI
 #include "pipeline/dist/mpi_comm.hpp"
 #endif
 
 namespace k3::pipeline::dist {
-
-namespace {
-
-// The size mpirun (Open MPI, or a PMI launcher) gave this process's job; 0 when not launched by one.
-int launched_size() {
-  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"})
-    if (const char* v = std::getenv(name)) return std::atoi(v);
-  return std::getenv("PMIX_RANK") ? 1 : 0;
-}
-
-}  // namespace
 
 struct Session::Impl {
 #ifdef K3_HAVE_MPI
@@ -40,7 +28,7 @@ bool Session::built_with_mpi() {
 
 Session::Session([[maybe_unused]] int& argc, [[maybe_unused]] char**& argv)
     : impl_(std::make_unique<Impl>()) {
-  const int launched = launched_size();
+  const int launched = io::env::launcher_ranks();
   if (launched == 0) return;
 #ifdef K3_HAVE_MPI
   int provided = 0;
