@@ -72,12 +72,14 @@ int run(int argc, char** argv) {
   const double load_s = now() - t_load;
 
   std::vector<int32_t> ids;
+  ids.reserve(size_t(std::max(prompt_len, 0)));
   for (int i = 0; i < prompt_len; ++i) ids.push_back(int32_t((i * 7919 + 13) % cfg.vocab));
   stages::DecodeState st(cfg, model->bound_layers(), size_t(prompt_len + gen + 1));
   stages::Scratch scratch;
   std::vector<float> logits(size_t(cfg.vocab));
   stages::forward(*model, st, ids, stages::HeadAt::last, logits, scratch);  // prefill, not timed
   std::vector<Step> steps;
+  steps.reserve(size_t(std::max(gen, 0)));
   for (int s = 0; s < gen; ++s) {
     const int32_t next = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
     const dist::RankExperts::Stats before = experts.stats();
@@ -91,17 +93,14 @@ int run(int argc, char** argv) {
                          .received = double(after.bytes_received - before.bytes_received)});
   }
   // Rank 0 gathers every rank's medians.
-  const double mine[5] = {median([&] {
-                            std::vector<double> v;
-                            for (const Step& s : steps) v.push_back(s.wall);
-                            return v;
-                          }()),
-                          median([&] {
-                            std::vector<double> v;
-                            for (const Step& s : steps) v.push_back(s.comm);
-                            return v;
-                          }()),
-                          steps.empty() ? 0 : steps.back().messages,
+  std::vector<double> walls, comms;
+  walls.reserve(steps.size());
+  comms.reserve(steps.size());
+  for (const Step& st_ : steps) {
+    walls.push_back(st_.wall);
+    comms.push_back(st_.comm);
+  }
+  const double mine[5] = {median(walls), median(comms), steps.empty() ? 0 : steps.back().messages,
                           steps.empty() ? 0 : steps.back().received, double(model->weight_bytes())};
   std::vector<double> all(size_t(5 * comm.size()));
   MPI_Gather(mine, 5, MPI_DOUBLE, all.data(), 5, MPI_DOUBLE, 0, MPI_COMM_WORLD);
@@ -112,11 +111,11 @@ int run(int argc, char** argv) {
   for (int l = 0; l < cfg.n_layers; ++l) moe_layers += !cfg.is_dense(l);
   const double slots = double(cfg.top_k) * double(cfg.latent) * 4;
   double wall = 0, comm_s = 0, received = 0, weights = 0;
-  for (int r = 0; r < n; ++r) {
-    wall = std::max(wall, all[size_t(5 * r)]);
-    comm_s += all[size_t(5 * r + 1)] / n;
-    received += all[size_t(5 * r + 3)] / n;
-    weights = std::max(weights, all[size_t(5 * r + 4)]);
+  for (size_t r = 0; r < size_t(n); ++r) {
+    wall = std::max(wall, all[5 * r]);
+    comm_s += all[5 * r + 1] / n;
+    received += all[5 * r + 3] / n;
+    weights = std::max(weights, all[5 * r + 4]);
   }
   fmt::print(
       "ranks {}: {:.4f} s/token (median step, slowest rank), of which exchange {:.4f} s ({:.0f} %), compute "
