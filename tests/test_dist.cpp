@@ -212,3 +212,15 @@ TEST_CASE("k3flow plan --ranks N prints each rank's share; with a budget it is r
   CHECK(budget.code == 2);
   CHECK(budget.err.find("--ranks") != std::string::npos);
 }
+
+TEST_CASE("the prompt rank 0 read reaches every rank, whatever the others passed") {
+  dist::ThreadGroup group(3);
+  std::vector<std::string> got(3);
+  group.run([&](dist::Comm& comm) {
+    got[size_t(comm.rank())] =
+        dist::from_rank0(comm, comm.rank() == 0 ? "Write a haiku about disks. 世界" : "x");
+  });
+  for (const std::string& g : got) CHECK(g == "Write a haiku about disks. 世界");
+  dist::SingleComm one;
+  CHECK(dist::from_rank0(one, "alone") == "alone");
+}

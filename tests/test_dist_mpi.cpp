@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 #include <string>
 
 #include "tests/fixture_json.hpp"
@@ -102,6 +103,24 @@ TEST_CASE(
     "mpirun -np 2, 4 on a synthetic bf16 + MXFP4 checkpoint: the single process's ids and logits bytes") {
   if (!have_mpi()) return;
   check_same_as_one_process(synth().model, "3,1,4,1,5,9", {2, 4});  // and 3: test_dist, every step
+}
+
+TEST_CASE(
+    "mpirun: rank 0 reads the prompt file (the other rank's path does not exist) and alone prints the text") {
+  if (!have_mpi()) return;
+  test::TempDir dir;
+  const std::string prompt = dir / "prompt.txt";
+  { std::ofstream(prompt) << "Write a haiku about disks."; }
+  const std::string tiny = test::fixture_path("tiny-k3");
+  const std::string args = fmt::format("generate {} --gen 8 --no-progress --prompt-file", tiny);
+  const test::Run one = test::k3flow(args + " " + prompt);
+  REQUIRE_MESSAGE(one.code == 0, one.err);
+  REQUIRE(!one.out.empty());
+  const test::Run r = test::shell(mpirun(fmt::format("-np 1 {} {} {} : -np 1 {} {} {}", K3FLOW_BIN, args,
+                                                     prompt, K3FLOW_BIN, args, dir / "none")),
+                                  60);
+  REQUIRE_MESSAGE(r.code == 0, r.err);
+  CHECK(r.out == one.out);  // the continuation, once, byte for byte
 }
 
 TEST_CASE("faults under mpirun end every rank's run with one clear error, never a hang") {

@@ -118,9 +118,14 @@ int run_generate(GenerateOptions o) {
   // resume with no new ids.
   const std::vector<int32_t> given_ids =
       text_mode ? std::vector<int32_t>{} : parse_id_list(*o.ids, "--ids", 0, o.load_state.has_value());
-  const std::string prompt_text = o.prompt        ? *o.prompt
-                                  : o.prompt_file ? read_prompt_file(*o.prompt_file)
-                                                  : "";
+  // Under mpirun rank 0 reads the prompt and sends it to the others (docs/distributed.md).
+  dist::Comm& ranks = dist::world();
+  std::string prompt_text;
+  dist::on_every_rank(ranks, "could not read the prompt", [&] {
+    if (ranks.rank() == 0)
+      prompt_text = o.prompt ? *o.prompt : o.prompt_file ? read_prompt_file(*o.prompt_file) : "";
+  });
+  prompt_text = dist::from_rank0(ranks, prompt_text);
   if (!o.load_state && text_mode && prompt_text.empty()) throw io::usage_error("the prompt is empty");
   for (const auto& [flag, value] :
        {std::pair{"--trace", o.dec.stream.trace}, {"--graph-dot", o.dec.stream.graph_dot}})
@@ -193,7 +198,6 @@ int run_generate(GenerateOptions o) {
 
   // Several ranks under mpirun (docs/distributed.md): each loads and computes only its own experts;
   // every rank decodes the same ids, rank 0 alone prints and writes the files.
-  dist::Comm& ranks = dist::world();
   std::optional<dist::RankExperts> experts;
   if (ranks.size() > 1) {
     if (o.dec.stream.requested())

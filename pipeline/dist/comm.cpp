@@ -70,6 +70,23 @@ void on_every_rank(Comm& comm, const char* doing, const std::function<void()>& f
   check_all(comm, f, doing);
 }
 
+std::string from_rank0(Comm& comm, const std::string& text) {
+  const size_t n = static_cast<size_t>(comm.size());
+  if (n == 1) return text;
+  std::vector<size_t> word(n, sizeof(uint64_t));
+  const uint64_t mine = text.size();
+  std::vector<uint64_t> sizes(n);
+  comm.allgatherv(std::as_bytes(std::span(&mine, 1)), word, std::as_writable_bytes(std::span(sizes)),
+                  "prompt from rank 0");
+  std::vector<size_t> counts(n, 0);
+  counts[0] = size_t(sizes[0]);
+  std::string out(counts[0], '\0');
+  const std::span<const char> posted = comm.rank() == 0 ? std::span(text) : std::span<const char>();
+  comm.allgatherv(std::as_bytes(posted), counts, std::as_writable_bytes(std::span(out)),
+                  "prompt from rank 0");
+  return out;
+}
+
 void SingleComm::allgatherv(std::span<const std::byte> mine, std::span<const size_t> counts,
                             std::span<std::byte> all, const char* what) {
   check_counts(0, mine, counts, all, what);

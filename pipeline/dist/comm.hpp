@@ -51,6 +51,10 @@ void check_all(Comm&, const Failure& mine, const char* doing);
 // first exchange. With one rank fn's exception passes through untouched.
 void on_every_rank(Comm&, const char* doing, const std::function<void()>& fn);
 
+// Rank 0's `text` on every rank (what rank 0 read: the prompt; rank 0 owns the console and its
+// files, the other ranks pass anything, e.g. ""). With one rank, `text` itself.
+std::string from_rank0(Comm&, const std::string& text);
+
 class SingleComm final : public Comm {
  public:
   int rank() const override { return 0; }
