@@ -40,4 +40,10 @@ std::optional<uint64_t> u64(const Var& v) {
   return std::strtoull(s->data(), nullptr, 10);
 }
 
+int launcher_ranks() {
+  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"})
+    if (const char* v = std::getenv(name); v && *v) return std::atoi(v);
+  return std::getenv("PMIX_RANK") ? 1 : 0;
+}
+
 }  // namespace k3::io::env

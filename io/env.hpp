@@ -41,6 +41,12 @@ inline constexpr Var kExpertChunkKb{"K3FLOW_EXPERT_CHUNK_KB", Kind::setting,
 inline constexpr Var kNoHuge{"K3_NOHUGE", Kind::setting,
                              "any value but 0: 4 KiB instead of 2 MiB alignment and no huge-page advice "
                              "for large buffers"};
+inline constexpr Var kDistTimeout{"K3FLOW_DIST_TIMEOUT", Kind::setting,
+                                  "seconds an MPI rank waits in an expert exchange before it aborts the "
+                                  "run (default 300; docs/distributed.md §5)"};
+inline constexpr Var kDistLoadTimeout{"K3FLOW_DIST_LOAD_TIMEOUT", Kind::setting,
+                                      "seconds an MPI rank waits for the other ranks to load their slices "
+                                      "(default 7200)"};
 
 // ---- test hooks ----
 inline constexpr Var kFailAfterBytes{"K3FLOW_FAIL_AFTER_BYTES", Kind::test_hook,
@@ -61,14 +67,17 @@ inline constexpr Var kTestMemAvailable{"K3FLOW_TEST_MEM_AVAILABLE", Kind::test_h
                                        "MemAvailable capped by the cgroup limit)"};
 inline constexpr Var kBenchChild{"K3FLOW_BENCH_CHILD", Kind::test_hook,
                                  "PATH: bench runs `PATH generate ...` instead of this executable"};
+inline constexpr Var kDistFault{"K3FLOW_DIST_FAULT", Kind::test_hook,
+                                "R:exit|R:stall: MPI rank R kills itself or stops answering at its first "
+                                "expert exchange"};
 inline constexpr Var kFuzzTmpdir{"K3_FUZZ_TMPDIR", Kind::test_hook,
                                  "DIR: the fuzz targets' scratch directory (tests/fuzz, not k3flow)"};
 
 inline constexpr Var kAll[] = {
-    kIsa,          kNoUring,        kTrunkQd,         kTrunkChunkKb,    kTrunkMaxQd,
-    kTrunkGatedQd, kExpertQd,       kExpertChunkKb,   kNoHuge,          kFailAfterBytes,
-    kFailMode,     kSynthFailAfter, kTestStepDelayMs, kTestReadDelayMs, kTestMemAvailable,
-    kBenchChild,   kFuzzTmpdir,     kTestLoadDelayMs};
+    kIsa,        kNoUring,         kTrunkQd,         kTrunkChunkKb,    kTrunkMaxQd,       kTrunkGatedQd,
+    kExpertQd,   kExpertChunkKb,   kNoHuge,          kDistTimeout,     kDistLoadTimeout,  kFailAfterBytes,
+    kFailMode,   kSynthFailAfter,  kTestStepDelayMs, kTestReadDelayMs, kTestMemAvailable, kBenchChild,
+    kFuzzTmpdir, kTestLoadDelayMs, kDistFault};
 
 // The listed variable named `name`; a name that is not listed is a programming error (logic_error).
 const Var& find(std::string_view name);
@@ -79,5 +88,10 @@ bool flag(const Var& v);                             // set and not "0"
 std::optional<int> integer(const Var& v);            // atoi of the text; unset: none ("0" is a value)
 int integer_or_zero(const Var& v);                   // atoi of the text; unset: 0
 std::optional<uint64_t> u64(const Var& v);           // strtoull of the text; unset: none
+
+// The number of ranks an MPI launcher started this process's job with (Open MPI's
+// OMPI_COMM_WORLD_SIZE, else PMI_SIZE / PMIX_SIZE; 1 for PMIX_RANK alone); 0 when no launcher started
+// it. The launcher's variables, not k3flow's settings: read here so nothing else calls getenv.
+int launcher_ranks();
 
 }  // namespace k3::io::env

@@ -6,6 +6,7 @@
 
 #include "io/error.hpp"
 #include "io/widen.hpp"
+#include "stages/moe.hpp"
 
 namespace k3::stages {
 
@@ -195,8 +196,16 @@ std::span<const std::byte> read_piece(Piece& piece, const Layout& lay, const io:
 
 }  // namespace
 
+const ExpertWeights& ResidentModel::expert(int l, int e) const {
+  const Expert& x = layers_[l].experts[e];
+  if (!x.held)
+    throw io::runtime_error(
+        fmt::format("layer {} expert {} is held by another process (expert parallel)", l, e));
+  return x.w;
+}
+
 std::unique_ptr<ResidentModel> ResidentModel::load(const io::ShardSet& shards, const io::ModelConfig& c,
-                                                   int n_layers) {
+                                                   int n_layers, ExpertExchange* experts) {
   auto m = std::unique_ptr<ResidentModel>(new ResidentModel());
   m->cfg_ = c;
   const int n = (n_layers <= 0 || n_layers >= c.n_layers) ? c.n_layers : n_layers;
@@ -204,11 +213,13 @@ std::unique_ptr<ResidentModel> ResidentModel::load(const io::ShardSet& shards, c
   // Locate everything before reading anything, so a missing tensor fails fast.
   Layout head_lay = locate(model_tensors(c), shards, c);
   std::vector<Layout> layer_lays;
-  std::vector<std::vector<Layout>> expert_lays(n);
+  std::vector<std::vector<std::optional<Layout>>> expert_lays(n);
   for (int l = 0; l < n; ++l) {
     layer_lays.push_back(locate(layer_tensors(c, l).tensors, shards, c));
     if (!c.is_dense(l))
-      for (int e = 0; e < c.n_experts; ++e) expert_lays[l].push_back(locate_expert(shards, c, l, e));
+      for (int e = 0; e < c.n_experts; ++e)
+        expert_lays[l].push_back(
+            experts && !experts->owns(e) ? std::nullopt : std::optional(locate_expert(shards, c, l, e)));
   }
 
   std::span<const std::byte> hb = read_piece(m->head_.mem, head_lay, shards);
@@ -219,13 +230,17 @@ std::unique_ptr<ResidentModel> ResidentModel::load(const io::ShardSet& shards, c
     Layer& L = m->layers_[l];
     std::span<const std::byte> lb = read_piece(L.mem, layer_lays[l], shards);
     L.w = bind_layer(c, l, layer_lays[l], lb, L.mem.widen);
+    if (auto* moe = std::get_if<MoeWeights>(&L.w.ffn)) moe->exchange = experts;
     m->bytes_ += layer_lays[l].buffer_bytes;
     L.experts.resize(expert_lays[l].size());
     for (size_t e = 0; e < expert_lays[l].size(); ++e) {
+      if (!expert_lays[l][e]) continue;  // another process's expert
+      const Layout& lay = *expert_lays[l][e];
       Expert& X = L.experts[e];
-      std::span<const std::byte> xb = read_piece(X.mem, expert_lays[l][e], shards);
-      X.w = bind_expert(c, expert_lays[l][e], xb, X.mem.widen);
-      m->bytes_ += expert_lays[l][e].buffer_bytes;
+      std::span<const std::byte> xb = read_piece(X.mem, lay, shards);
+      X.w = bind_expert(c, lay, xb, X.mem.widen);
+      X.held = true;
+      m->bytes_ += lay.buffer_bytes;
     }
   }
   return m;

@@ -26,6 +26,8 @@
 
 namespace k3::stages {
 
+class ExpertExchange;  // stages/moe.hpp: expert parallel over several processes
+
 using Vec = std::span<const float>;
 using kernels::DenseMatrix;
 using kernels::Matrix;
@@ -52,6 +54,9 @@ struct MoeWeights {
   Vec bias, norm;
   Matrix down, up;  // latent projections W_down [L][E], W_up [E][L]
   Matrix shared_gate, shared_up, shared_down;
+  // Set when this process holds only some of the layer's routed experts (docs/distributed.md §2):
+  // moe_forward computes the ones it owns and gets the others' outputs through it.
+  ExpertExchange* exchange = nullptr;
 };
 
 struct ExpertWeights {
@@ -97,13 +102,16 @@ class WeightSource {
 class ResidentModel final : public WeightSource {
  public:
   // n_layers <= 0 or >= config n_layers binds all. Throws io::Error naming the tensor on failure.
-  static std::unique_ptr<ResidentModel> load(const io::ShardSet&, const io::ModelConfig&, int n_layers = 0);
+  // With `experts` (expert parallel, docs/distributed.md §2) only the routed experts it owns are
+  // located and read, and every MoE layer's weights carry it; expert() of another is an error.
+  static std::unique_ptr<ResidentModel> load(const io::ShardSet&, const io::ModelConfig&, int n_layers = 0,
+                                             ExpertExchange* experts = nullptr);
 
   const io::ModelConfig& config() const override { return cfg_; }
   int bound_layers() const override { return static_cast<int>(layers_.size()); }
   const HeadWeights& head() const override { return head_.w; }
   const LayerWeights& layer(int l) const override { return layers_[l].w; }
-  const ExpertWeights& expert(int l, int e) const override { return layers_[l].experts[e].w; }
+  const ExpertWeights& expert(int l, int e) const override;
   size_t weight_bytes() const { return bytes_; }
 
  private:
@@ -114,6 +122,7 @@ class ResidentModel final : public WeightSource {
   struct Expert {
     Piece mem;
     ExpertWeights w;
+    bool held = false;  // false: another process owns it (expert parallel)
   };
   struct Layer {
     Piece mem;

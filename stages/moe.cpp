@@ -139,7 +139,9 @@ void moe_forward(const MoeWeights& w, const ExpertFn& expert, const io::ModelCon
   ExpertGroups groups;
   group_by_expert(idx, groups);
   for (size_t i = 0; i < groups.experts.size(); ++i)
-    expert_apply(expert(groups.experts[i]), c, z, groups.rows_of(i), eout, apply_sc);
+    if (!w.exchange || w.exchange->owns(groups.experts[i]))
+      expert_apply(expert(groups.experts[i]), c, z, groups.rows_of(i), eout, apply_sc);
+  if (w.exchange) w.exchange->exchange(groups, c, eout);  // the other processes' experts' rows
   moe_combine(w, c, weight, eout, shared, T, out, combine_sc);
 }
 

@@ -62,6 +62,18 @@ size_t expert_apply_scratch(const io::ModelConfig&, size_t n);
 
 using ExpertFn = std::function<const ExpertWeights&(int expert)>;
 
+// Expert parallel (docs/distributed.md §2): this process computes only the routed experts it owns,
+// each whole over every row that chose it; exchange() then fills every other expert's rows of
+// eout ([T * top_k][latent]) with the bytes its owner computed. Every process derives the same
+// groups from the same routing, so nothing but those bytes moves, and the combine that follows sums
+// in top-k order as in one process: the same bits. Set in MoeWeights::exchange.
+class ExpertExchange {
+ public:
+  virtual ~ExpertExchange() = default;
+  virtual bool owns(int expert) const = 0;
+  virtual void exchange(const ExpertGroups&, const io::ModelConfig&, std::span<float> eout) = 0;
+};
+
 // The whole MoE block over T tokens with experts fetched through `expert` (expert-major: each
 // selected expert runs once over all the rows that chose it).
 void moe_forward(const MoeWeights&, const ExpertFn& expert, const io::ModelConfig&, std::span<const float> x,

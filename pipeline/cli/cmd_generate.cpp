@@ -26,6 +26,7 @@
 #include "io/error.hpp"
 #include "io/text/text_stream.hpp"
 #include "pipeline/cli/commands.hpp"
+#include "pipeline/dist/rank_experts.hpp"
 #include "pipeline/run/decoder.hpp"
 #include "pipeline/run/model_tokenizer.hpp"
 #include "pipeline/run/run_report.hpp"
@@ -129,9 +130,14 @@ int run_generate(GenerateOptions o) {
   // resume with no new ids.
   const std::vector<int32_t> given_ids =
       text_mode ? std::vector<int32_t>{} : parse_id_list(*o.ids, "--ids", 0, o.load_state.has_value());
-  const std::string prompt_text = o.prompt        ? *o.prompt
-                                  : o.prompt_file ? read_prompt_file(*o.prompt_file)
-                                                  : "";
+  // Under mpirun rank 0 reads the prompt and sends it to the others (docs/distributed.md).
+  dist::Comm& ranks = dist::world();
+  std::string prompt_text;
+  dist::on_every_rank(ranks, "could not read the prompt", [&] {
+    if (ranks.rank() == 0)
+      prompt_text = o.prompt ? *o.prompt : o.prompt_file ? read_prompt_file(*o.prompt_file) : "";
+  });
+  prompt_text = dist::from_rank0(ranks, prompt_text);
   if (!o.load_state && text_mode && prompt_text.empty()) throw io::usage_error("the prompt is empty");
   for (const auto& [flag, value] :
        {std::pair{"--trace", o.dec.stream.trace}, {"--graph-dot", o.dec.stream.graph_dot}})
@@ -205,7 +211,22 @@ int run_generate(GenerateOptions o) {
         "  NOTE    : --layers %d runs only the first %d of %d layers; the output is not the model's\n",
         o.dec.layers, o.dec.layers, cfg.n_layers);
 
-  Decoder dec(o.dec, std::move(cfg));
+  // Several ranks under mpirun (docs/distributed.md): each loads and computes only its own experts;
+  // every rank decodes the same ids, rank 0 alone prints and writes the files.
+  std::optional<dist::RankExperts> experts;
+  if (ranks.size() > 1) {
+    if (o.dec.stream.requested())
+      throw dist::CollectiveError(
+          io::ErrorKind::usage,
+          "under mpirun every rank holds its slice resident: streaming flags (--mem-gb, "
+          "--preset, --trunk-gb, --trunk) are not supported yet (docs/distributed.md §6)");
+    experts.emplace(ranks);
+    o.dec.experts = &*experts;
+    if (ranks.rank() != 0) o.out_path = o.dump_logits = o.save_state = std::nullopt;
+  }
+  std::optional<Decoder> decoder;
+  dist::on_every_rank(ranks, "could not load its slice", [&] { decoder.emplace(o.dec, std::move(cfg)); });
+  Decoder& dec = *decoder;
   const io::ModelConfig& c = dec.config();
   if (o.spec > 0)
     std::printf(

@@ -3,6 +3,8 @@
 // pools (pipeline/graph/planner.hpp), from the config and the shard headers only, so it sizes the 1.56 TB
 // model from its sparse replica. It is the plan `k3flow generate` makes with the same flags for a run of
 // --context positions (prompt + --gen + 1): both come from plan_run (pipeline/run/streaming_run.hpp).
+// `k3flow plan MODEL_DIR --ranks N [--json]`: what each of N MPI ranks holds and exchanges under
+// `mpirun -np N k3flow generate` (pipeline/dist/split.hpp, docs/distributed.md §3).
 #include <fmt/format.h>
 
 #include <filesystem>
@@ -15,6 +17,7 @@
 #include "io/packed_trunk.hpp"
 #include "io/safetensors.hpp"
 #include "pipeline/cli/commands.hpp"
+#include "pipeline/dist/split.hpp"
 #include "pipeline/graph/planner.hpp"
 #include "pipeline/graph/streaming_source.hpp"
 #include "pipeline/run/streaming_run.hpp"
@@ -31,10 +34,42 @@ struct PlanArgs {
   StreamFlags flags;
   uint64_t context = 128;
   int ring = 2;
+  int ranks = 0;
   bool json = false;
 };
 
+std::string split_json(const dist::RankSplit& s) {
+  std::string ranks;
+  for (const dist::RankShare& r : s.per_rank)
+    ranks += fmt::format("{}{{\"rank\":{},\"experts_per_layer\":{},\"expert_bytes\":{}}}",
+                         ranks.empty() ? "" : ",", r.rank, r.experts_per_layer, r.expert_bytes);
+  return fmt::format(
+      "{{\"ranks\":{},\"layers\":{},\"moe_layers\":{},\"head_bytes\":{},\"trunk_bytes\":{},"
+      "\"expert_bytes\":{},\"gather_bytes_per_layer_position\":{},\"gathers_per_token\":{},\"per_rank\":[{}]}"
+      "}",
+      s.ranks, s.bound_layers, s.moe_layers, s.head_bytes, s.trunk_bytes, s.all_expert_bytes, s.gather_bytes,
+      s.moe_layers, ranks);
+}
+
+int run_rank_split(const PlanArgs& a) {
+  if (a.flags.budget_given() || !a.flags.trunk_dir.empty())
+    throw io::usage_error(
+        "--ranks prints the resident split over ranks; a per-rank streaming budget is not built yet "
+        "(docs/distributed.md §6): drop --mem-gb / --preset / --trunk-gb / --trunk");
+  const fs::path dir(a.model_dir);
+  check_model_dir(dir);
+  const io::ModelConfig config = io::load_config(dir / "config.json");
+  const io::ShardSet shards = io::ShardSet::open(dir);
+  const dist::RankSplit split = dist::split_ranks(shards, config, a.ranks);
+  if (a.json)
+    fmt::print("{}\n", split_json(split));
+  else
+    fmt::print("{}", dist::format_split(split, config));
+  return 0;
+}
+
 int run_plan(const PlanArgs& a) {
+  if (a.ranks > 0) return run_rank_split(a);
   if (!a.flags.budget_given() && a.flags.trunk_dir.empty())
     throw io::usage_error(
         "plan: give a budget: --mem-gb X, --preset NAME, or --trunk-gb X with --cache-gb Y (or --trunk DIR "
@@ -78,6 +113,10 @@ Action add_plan(CLI::App& sub) {
                  "(KDA + conv, KV cache for --context) and activations for a pass of max(--context, N) ids")
       ->capture_default_str()
       ->check(CLI::Range(1, 4096));
+  sub.add_option("--ranks", a->ranks,
+                 "the split over N MPI ranks instead (mpirun -np N k3flow generate): bytes each rank holds, "
+                 "messages and bytes exchanged per token")
+      ->check(CLI::Range(1, 65536));
   sub.add_flag("--json", a->json, "print the plan as one JSON object");
   return [a] { return run_plan(*a); };
 }

@@ -1,6 +1,8 @@
 // k3flow: Kimi K3 on one CPU, weights streamed from NVMe. Every refusal is one line on stderr
 // starting "k3flow: "; the exit code comes from pipeline/support/exit_codes.hpp (0 success, 1 runtime,
 // 2 usage, 4 invalid run, 130/143 interrupted).
+#include <fmt/format.h>
+
 #include <cstdio>
 #include <exception>
 #include <map>
@@ -9,6 +11,8 @@
 
 #include "io/error.hpp"
 #include "pipeline/cli/commands.hpp"
+#include "pipeline/dist/comm.hpp"
+#include "pipeline/dist/session.hpp"
 #include "pipeline/support/exit_codes.hpp"
 
 namespace {
@@ -27,6 +31,16 @@ int refuse(std::string message, int code) {
 
 int main(int argc, char** argv) {
   namespace pl = k3::pipeline;
+  // Under mpirun: MPI's world, rank 0 owns the console (docs/distributed.md); otherwise nothing.
+  pl::dist::Session session(argc, argv);
+  if (!session.refusal().empty()) return refuse(session.refusal(), pl::kExitUsage);
+  // Every rank parses the same command line, so a parse error is the same on all (printed once);
+  // an error one rank raised alone ends every rank's run (Session::after_error).
+  auto fail = [&session](const std::string& message, int code, bool collective) {
+    if (session.prints_error(collective)) refuse(session.error_prefix(collective) + message, code);
+    session.after_error(code, collective);
+    return code;
+  };
   CLI::App app{"k3flow: Kimi K3 streamed from NVMe through a oneTBB flow graph", "k3flow"};
   app.set_version_flag("--version", "k3flow 0.1.0");
   app.require_subcommand(1);
@@ -69,16 +83,24 @@ int main(int argc, char** argv) {
     // CLI11's own message, as one line, naming the command whose --help lists the flags.
     std::string where = "k3flow";
     for (CLI::App* sub : app.get_subcommands()) where += " " + sub->get_name();
-    return refuse(std::string(e.what()) + " (" + where + " --help lists the flags)", pl::kExitUsage);
+    return fail(std::string(e.what()) + " (" + where + " --help lists the flags)", pl::kExitUsage, true);
   }
+  for (CLI::App* sub : app.get_subcommands())
+    if (session.size() > 1 && sub->get_name() != "generate")
+      return fail(
+          fmt::format("only `generate` runs over several ranks (docs/distributed.md §6): run `k3flow {}` "
+                      "without mpirun",
+                      sub->get_name()),
+          pl::kExitUsage, true);
   try {
     for (CLI::App* sub : app.get_subcommands()) return actions.at(sub)();
   } catch (const k3::io::Error& e) {
-    return refuse(e.what(), pl::exit_code(e.kind()));
+    return fail(e.what(), pl::exit_code(e.kind()),
+                dynamic_cast<const pl::dist::CollectiveError*>(&e) != nullptr);
   } catch (const std::bad_alloc&) {
-    return refuse("out of memory", pl::kExitRuntime);
+    return fail("out of memory", pl::kExitRuntime, false);
   } catch (const std::exception& e) {
-    return refuse(e.what(), pl::kExitRuntime);
+    return fail(e.what(), pl::kExitRuntime, false);
   }
   return pl::kExitUsage;
 }

@@ -11,6 +11,7 @@
 #include "pipeline/run/run_report.hpp"
 #include "pipeline/support/human_bytes.hpp"
 #include "stages/head.hpp"
+#include "stages/moe.hpp"
 #include "stages/tensors.hpp"
 
 namespace k3::pipeline {
@@ -48,12 +49,14 @@ Progress::Mode progress_mode(const StreamFlags& f) {
 namespace {
 
 // The bytes ResidentModel::load reads: the head's, every bound layer's and its experts' buffers.
-uint64_t resident_bytes(const io::ShardSet& shards, const io::ModelConfig& c, int n) {
+uint64_t resident_bytes(const io::ShardSet& shards, const io::ModelConfig& c, int n,
+                        const stages::ExpertExchange* experts) {
   uint64_t b = stages::locate(stages::model_tensors(c), shards, c).buffer_bytes;
   for (int l = 0; l < n; ++l) {
     b += stages::locate(stages::layer_tensors(c, l).tensors, shards, c).buffer_bytes;
     if (!c.is_dense(l))
-      for (int e = 0; e < c.n_experts; ++e) b += stages::locate_expert(shards, c, l, e).buffer_bytes;
+      for (int e = 0; e < c.n_experts; ++e)
+        if (!experts || experts->owns(e)) b += stages::locate_expert(shards, c, l, e).buffer_bytes;
   }
   return b;
 }
@@ -69,11 +72,12 @@ io::ShardSet open_model_shards(const std::string& dir) {
 }
 
 std::unique_ptr<stages::ResidentModel> load_resident(const io::ShardSet& shards, const io::ModelConfig& cfg,
-                                                     int n_layers, Progress::Mode mode) {
+                                                     int n_layers, Progress::Mode mode,
+                                                     stages::ExpertExchange* experts) {
   const double t0 = now();
   ReadProgress bar("load", mode);
-  if (bar.enabled()) bar.start(resident_bytes(shards, cfg, n_layers));
-  std::unique_ptr<stages::ResidentModel> model = stages::ResidentModel::load(shards, cfg, n_layers);
+  if (bar.enabled()) bar.start(resident_bytes(shards, cfg, n_layers, experts));
+  std::unique_ptr<stages::ResidentModel> model = stages::ResidentModel::load(shards, cfg, n_layers, experts);
   bar.done();
   std::printf("resident weights: %s bound for %d layers in %.2f s\n",
               human_bytes(double(model->weight_bytes())).c_str(), n_layers, now() - t0);
@@ -97,10 +101,12 @@ Decoder::Decoder(const DecoderOptions& o, io::ModelConfig cfg)
       progress_(progress_mode(o.stream)),
       capacity_(run_capacity(o)),
       shards_(open_model_shards(o.model_dir)),
-      stream_(StreamRun::open(o.stream, cfg_, shards_, n_layers_, capacity_, o.expected_calls)),
+      // Expert parallel is resident only for now (docs/distributed.md §6).
+      stream_(o.experts ? nullptr
+                        : StreamRun::open(o.stream, cfg_, shards_, n_layers_, capacity_, o.expected_calls)),
       state_(cfg_, n_layers_, capacity_),
       logits_(size_t(cfg_.vocab)) {
-  if (!stream_) model_ = load_resident(shards_, cfg_, n_layers_, progress_);
+  if (!stream_) model_ = load_resident(shards_, cfg_, n_layers_, progress_, o.experts);
   std::printf("peak RSS after loading weights: %s\n", human_bytes(double(peak_rss_bytes())).c_str());
   std::printf(
       "recurrent state for %d layers: %s; KV cache %s for %d MLA layers at %zu positions\n", n_layers_,

@@ -35,6 +35,8 @@ struct DecoderOptions {
                            // larger stream.context (--context) replaces it, a smaller one is refused
   int expected_calls = 1;  // forward calls the streamed graph may read ahead for
   StreamFlags stream;
+  // Expert parallel (docs/distributed.md §2): resident, holding only the experts this owns.
+  stages::ExpertExchange* experts = nullptr;
 };
 
 // MODEL_DIR/config.json (or --config), refused as a usage error (exit 2) when missing; a
@@ -53,7 +55,8 @@ size_t run_capacity(const DecoderOptions& o);
 int bound_layers(const io::ModelConfig&, int layers);
 io::ShardSet open_model_shards(const std::string& dir);
 std::unique_ptr<stages::ResidentModel> load_resident(const io::ShardSet&, const io::ModelConfig&,
-                                                     int n_layers, Progress::Mode);
+                                                     int n_layers, Progress::Mode,
+                                                     stages::ExpertExchange* experts = nullptr);
 Progress::Mode progress_mode(const StreamFlags&);
 void check_logits_finite(const io::ModelConfig&, const stages::DecodeState&, std::span<const float> logits,
                          const std::string& whose);

@@ -1,0 +1,190 @@
+// `mpirun -np N k3flow generate` (docs/distributed.md) on this machine, N ranks over loopback: the
+// generated ids and the dumped logits are the single process's bytes at N = 1..4 on the tiny oracle
+// model and at N = 2 and 4 on a synthetic bf16 + MXFP4 checkpoint (every step at N = 1..4: test_dist);
+// and the faults end the run on every rank with one clear error, never a hang: a rank whose shard
+// is truncated, a rank killed, a rank that stops answering. Skipped, saying why, when the build has
+// no MPI or mpirun is missing.
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "tests/fixture_json.hpp"
+#include "tests/run_helpers.hpp"
+
+using namespace k3;
+namespace fs = std::filesystem;
+
+namespace {
+
+#ifdef K3_MPIEXEC
+const char* const kMpiexec = K3_MPIEXEC;
+#else
+const char* const kMpiexec = nullptr;
+#endif
+
+bool have_mpi() {
+  if (!kMpiexec) {
+    MESSAGE(
+        "skipped: this build has no MPI (CMake did not find it, or a sanitizer build): docs/distributed.md");
+    return false;
+  }
+  if (::access(kMpiexec, X_OK) != 0) {
+    MESSAGE("skipped: " << kMpiexec << " is not executable (apt-get install openmpi-bin)");
+    return false;
+  }
+  return true;
+}
+
+// mpirun as root needs both variables; oversubscribe: more ranks than this machine's cores.
+std::string mpirun(const std::string& ranks_and_env) {
+  return fmt::format("OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 {} --oversubscribe {}",
+                     kMpiexec, ranks_and_env);
+}
+
+std::string line_with(const std::string& text, const std::string& prefix) {
+  const size_t at = text.find(prefix);
+  return at == std::string::npos ? std::string() : text.substr(at, text.find('\n', at) - at);
+}
+
+int count(const std::string& text, const std::string& what) {
+  int n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+// The single process, then N ranks: the same generated ids and the same step-0 logits bytes.
+void check_same_as_one_process(const std::string& model, const std::string& ids,
+                               std::initializer_list<int> ns) {
+  test::TempDir dir;
+  const std::string args = fmt::format("generate {} --ids {} --gen 6 --no-progress", model, ids);
+  const test::Run one = test::k3flow(args + " --dump-logits " + (dir / "one.bin"));
+  REQUIRE_MESSAGE(one.code == 0, one.err);
+  const std::string want = line_with(one.out, "generated ids:");
+  REQUIRE(!want.empty());
+  for (int n : ns) {
+    CAPTURE(n);
+    const std::string dump = dir / fmt::format("n{}.bin", n);
+    const test::Run r =
+        test::shell(mpirun(fmt::format("-np {} {} {} --dump-logits {}", n, K3FLOW_BIN, args, dump)), 60);
+    REQUIRE_MESSAGE(r.code == 0, r.err);
+    CHECK(line_with(r.out, "generated ids:") == want);
+    CHECK(count(r.out, "generated ids:") == 1);  // rank 0 alone prints
+    CHECK(test::slurp(dump) == test::slurp(dir / "one.bin"));
+  }
+}
+
+struct Synth {
+  test::TempDir dir;
+  std::string model;
+  Synth() : model(dir / "m") {
+    const test::Run s =
+        test::k3flow(fmt::format("synth {} --size tiny --layers 6 --shards 2 --seed 11", model));
+    REQUIRE_MESSAGE(s.code == 0, s.err);
+  }
+};
+
+Synth& synth() {  // one checkpoint for every case and subcase
+  static Synth s;
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("mpirun -np 1..4 on the tiny oracle model: the single process's ids and logits bytes") {
+  if (!have_mpi()) return;
+  check_same_as_one_process(test::fixture_path("tiny-k3"), "1,17,200,3,42", {1, 2, 3, 4});
+}
+
+TEST_CASE(
+    "mpirun -np 2, 4 on a synthetic bf16 + MXFP4 checkpoint: the single process's ids and logits bytes") {
+  if (!have_mpi()) return;
+  check_same_as_one_process(synth().model, "3,1,4,1,5,9", {2, 4});  // and 3: test_dist, every step
+}
+
+TEST_CASE(
+    "mpirun: rank 0 reads the prompt file (the other rank's path does not exist) and alone prints the text") {
+  if (!have_mpi()) return;
+  test::TempDir dir;
+  const std::string prompt = dir / "prompt.txt";
+  { std::ofstream(prompt) << "Write a haiku about disks."; }
+  const std::string tiny = test::fixture_path("tiny-k3");
+  const std::string args = fmt::format("generate {} --gen 8 --no-progress --prompt-file", tiny);
+  const test::Run one = test::k3flow(args + " " + prompt);
+  REQUIRE_MESSAGE(one.code == 0, one.err);
+  REQUIRE(!one.out.empty());
+  const test::Run r = test::shell(mpirun(fmt::format("-np 1 {} {} {} : -np 1 {} {} {}", K3FLOW_BIN, args,
+                                                     prompt, K3FLOW_BIN, args, dir / "none")),
+                                  60);
+  REQUIRE_MESSAGE(r.code == 0, r.err);
+  CHECK(r.out == one.out);  // the continuation, once, byte for byte
+}
+
+TEST_CASE("faults under mpirun end every rank's run with one clear error, never a hang") {
+  if (!have_mpi()) return;
+  Synth& s = synth();
+  const std::string gen = "generate {} --ids 1,2,3 --gen 3 --no-progress";
+
+  SUBCASE("a rank whose shard is truncated: every rank exits 1, one line names the rank and the file") {
+    // Rank 1 sees the checkpoint through a directory where one shard is cut short.
+    const std::string bad = s.dir / "bad";
+    fs::remove_all(bad);
+    fs::create_directory(bad);
+    std::string cut;
+    for (const fs::directory_entry& e : fs::directory_iterator(s.model)) {
+      const fs::path to = fs::path(bad) / e.path().filename();
+      if (cut.empty() && e.path().filename().string().find("model-00002") == 0) {
+        cut = to.string();
+        fs::copy_file(e.path(), to);
+        fs::resize_file(to, fs::file_size(to) / 2);
+      } else {
+        fs::create_symlink(e.path(), to);
+      }
+    }
+    REQUIRE(!cut.empty());
+    const test::Run r = test::shell(
+        mpirun(fmt::format("-np 1 {} {} : -np 1 {} {}", K3FLOW_BIN, fmt::format(fmt::runtime(gen), s.model),
+                           K3FLOW_BIN, fmt::format(fmt::runtime(gen), bad))),
+        60);
+    CHECK_FALSE(r.timed_out);
+    CHECK(r.code == 1);
+    CHECK(count(r.err, "k3flow: ") == 1);
+    const std::string line = line_with(r.err, "k3flow: ");
+    CHECK(line.find("rank 1 of 2 could not load its slice") != std::string::npos);
+    CHECK(line.find(fs::path(cut).filename().string()) != std::string::npos);
+  }
+  SUBCASE("a rank killed at its first expert exchange: the job ends, naming the rank") {
+    const test::Run r = test::shell(mpirun(fmt::format("-x K3FLOW_DIST_FAULT=1:exit -np 3 {} {}", K3FLOW_BIN,
+                                                       fmt::format(fmt::runtime(gen), s.model))),
+                                    60);
+    CHECK_FALSE(r.timed_out);
+    CHECK(r.code != 0);
+    CHECK(r.err.find("rank 1") != std::string::npos);
+  }
+  SUBCASE("a rank that stops answering: the others give up after K3FLOW_DIST_TIMEOUT and abort the job") {
+    const test::Run r =
+        test::shell(mpirun(fmt::format("-x K3FLOW_DIST_FAULT=2:stall -x K3FLOW_DIST_TIMEOUT=2 -np 3 {} {}",
+                                       K3FLOW_BIN, fmt::format(fmt::runtime(gen), s.model))),
+                    60);
+    CHECK_FALSE(r.timed_out);
+    CHECK(r.code != 0);
+    CHECK(r.err.find("no reply from the other ranks within 2 s during the expert exchange") !=
+          std::string::npos);
+  }
+  SUBCASE("streaming flags, and commands other than generate, are refused under mpirun once, as usage") {
+    const test::Run r = test::shell(
+        mpirun(fmt::format("-np 2 {} {} --mem-gb 1", K3FLOW_BIN, fmt::format(fmt::runtime(gen), s.model))),
+        60);
+    CHECK_FALSE(r.timed_out);
+    CHECK(r.code == 2);
+    CHECK(count(r.err, "k3flow: ") == 1);
+    CHECK(r.err.find("streaming flags") != std::string::npos);
+    const test::Run chat = test::shell(mpirun(fmt::format("-np 2 {} inspect {}", K3FLOW_BIN, s.model)), 60);
+    CHECK(chat.code == 2);
+    CHECK(count(chat.err, "k3flow: ") == 1);
+    CHECK(chat.err.find("only `generate` runs over several ranks") != std::string::npos);
+  }
+}
