@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <optional>
@@ -200,15 +201,22 @@ int run_batch_bench(const BatchBenchArgs& a, const std::vector<int>& batches, st
           throw io::runtime_error(fmt::format("{}: sequence {} emits [{}], alone or in a smaller batch [{}]",
                                               label, q, fmt::join(s.ids[q], ","), fmt::join(ref[q], ",")));
       }
+      // The peak RSS against --mem-gb (a --preset's bytes are the child's to know): said, not hidden.
+      const uint64_t budget_bytes =
+          a.mem_gb ? uint64_t(std::llround(*a.mem_gb * double(uint64_t{1} << 30))) : 0;
+      const std::string over =
+          budget_bytes && s.peak_rss > budget_bytes
+              ? fmt::format("  OVER BUDGET by {}", human_bytes(double(s.peak_rss - budget_bytes)))
+              : std::string();
       std::fprintf(
           txt,
           "  [%d/%d] B=%-3d %.4f s/step, %.2f tokens/s aggregate (prefill step, %zu ids: %.4f s), read/step: "
-          "trunk %s + experts %s, peak RSS %s\n",
+          "trunk %s + experts %s, peak RSS %s%s\n",
           r + 1, a.repeat, B, s.s_per_step(), s.s_per_step() > 0 ? B / s.s_per_step() : 0.0,
           size_t(B) * a.ids.size(), s.prefill_s,
           human_bytes(double(s.trunk) / std::max(s.decode_steps, 1)).c_str(),
           human_bytes(double(s.experts) / std::max(s.decode_steps, 1)).c_str(),
-          human_bytes(double(s.peak_rss)).c_str());
+          human_bytes(double(s.peak_rss)).c_str(), over.c_str());
       std::fflush(txt);
       samples[i].push_back(std::move(s));
     }
