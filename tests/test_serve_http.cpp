@@ -344,11 +344,15 @@ TEST_CASE("a full queue answers 429 at once; a client that disconnects frees its
   const int b = connect_loopback(s.port());
   REQUIRE(b >= 0);
   REQUIRE(send_all(b, request_text("POST", "/v1/completions", completion_body("Hi", 4, false), {})));
-  for (int i = 0; i < 500; ++i) {
+  // The waits below are bounded at 30 s: under a loaded full suite (or a sanitizer) a request can
+  // take seconds to reach the queue, and a missed wait shows up later as a wrong status.
+  bool queued = false;
+  for (int i = 0; i < 3000 && !queued; ++i) {
     Json h(http(s.port(), "GET", "/health").body);
-    if (int64_t(h.doc["queued"]) == 1) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    queued = int64_t(h.doc["queued"]) == 1;
+    if (!queued) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
+  REQUIRE(queued);
   const auto t0 = std::chrono::steady_clock::now();
   const HttpResponse c = http(s.port(), "POST", "/v1/completions", completion_body("Hey", 4, false));
   CHECK(c.status == 429);
@@ -376,11 +380,11 @@ TEST_CASE("a full queue answers 429 at once; a client that disconnects frees its
   const int d = connect_loopback(s.port());
   REQUIRE(send_all(d, request_text("POST", "/v1/completions", completion_body("Hello", 3000, false), {})));
   const auto active = [&] { return int64_t(Json(http(s.port(), "GET", "/health").body).doc["active"]); };
-  for (int i = 0; i < 1000 && active() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  for (int i = 0; i < 3000 && active() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
   ::close(d);
   int64_t left = 1;
-  for (int i = 0; i < 1000 && left != 0; ++i) {
+  for (int i = 0; i < 3000 && left != 0; ++i) {
     left = active();
     if (left) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
