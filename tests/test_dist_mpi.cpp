@@ -39,10 +39,15 @@ bool have_mpi() {
   return true;
 }
 
-// mpirun as root needs both variables; oversubscribe: more ranks than this machine's cores.
+// mpirun as root needs both variables; oversubscribe: more ranks than this machine's cores. The
+// shared-memory transport copies through a buffer instead of cross-memory attach (CMA), which
+// containers often forbid (ptrace scope): the ranks all run on this one host.
 std::string mpirun(const std::string& ranks_and_env) {
-  return fmt::format("OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 {} --oversubscribe {}",
-                     kMpiexec, ranks_and_env);
+  return fmt::format(
+      "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
+      "OMPI_MCA_btl_vader_single_copy_mechanism=none "
+      "{} --oversubscribe {}",
+      kMpiexec, ranks_and_env);
 }
 
 std::string line_with(const std::string& text, const std::string& prefix) {
