@@ -23,61 +23,22 @@
 #include <fstream>
 #include <string>
 
+#include "tests/generate_helpers.hpp"
 #include "tests/run_helpers.hpp"
 
 namespace fs = std::filesystem;
+using k3::test::field;
+using k3::test::generate;
 using k3::test::k3flow;
+using k3::test::kTinyFull;
+using k3::test::kTinyK3;
+using k3::test::num;
+using k3::test::Output;
 using k3::test::Run;
 using k3::test::slurp;
 using k3::test::TempDir;
 
 namespace {
-
-const std::string kTinyK3 = std::string(K3_FIXTURES) + "/tiny-k3";
-const std::string kTinyFull =
-    "203,34,2,239,195,71,163,54,121,104,16,16,219,63,4,31,48,193,57,231,219,205,145,117,79,208,18,1,74,125,"
-    "66,121";
-
-// A field of the one-line run report.
-std::string field(const std::string& json, const std::string& key) {
-  const size_t at = json.find("\"" + key + "\":");
-  if (at == std::string::npos) return "<missing " + key + ">";
-  size_t b = at + key.size() + 3, e = b;
-  if (json[b] == '[') {
-    e = json.find(']', b);
-    return json.substr(b + 1, e - b - 1);
-  }
-  while (e < json.size() && json[e] != ',' && json[e] != '}') ++e;
-  return json.substr(b, e - b);
-}
-uint64_t num(const std::string& json, const std::string& key) {
-  return std::strtoull(field(json, key).c_str(), nullptr, 10);
-}
-
-struct Output {
-  std::string ids, logits, report, out;
-};
-
-// One generate; REQUIREs success and returns ids, logits bytes and the report.
-Output generate(const std::string& model, const std::string& ids, const std::string& flags, const TempDir& d,
-                const std::string& env = "") {
-  fs::remove(d / "l.bin");
-  fs::remove(d / "r.json");
-  const Run r = k3flow(fmt::format("generate {} --ids {} --dump-logits {} --out {} {}", model, ids,
-                                   d / "l.bin", d / "r.json", flags),
-                       env);
-  INFO(flags);
-  INFO(r.out);
-  INFO(r.err);
-  REQUIRE(!r.timed_out);
-  REQUIRE(r.code == 0);
-  Output o;
-  o.out = r.out;
-  o.report = slurp(d / "r.json");
-  o.ids = field(o.report, "generated_ids");
-  o.logits = slurp(d / "l.bin");
-  return o;
-}
 
 // 8 layers (dense 0, MoE 1..7, MLA 3 and 7), 32 experts, top-4: ~14 MB in 3 shards.
 struct Synth {
