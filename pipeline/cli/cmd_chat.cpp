@@ -303,13 +303,7 @@ int run_chat(ChatArgs& a) {
   text::ChatOptions opts{!a.no_thinking, a.effort};
   text::validate(opts);
   stages::validate(a.sampling);
-  if (a.spec < 0 || a.spec > kMaxSpec)
-    throw io::usage_error(fmt::format("--spec {}: drafts per pass must be 0..{}", a.spec, kMaxSpec));
-  if (a.spec > 0 && a.sampling.temperature != 0)
-    throw io::usage_error(
-        "--spec needs greedy decoding (--temperature 0): speculative sampling is not implemented");
-  if (a.spec > 0 && a.dec.recompute)
-    throw io::usage_error("--spec needs incremental decoding: drop --recompute");
+  check_spec_flag(a.spec, a.sampling, a.dec.recompute);
   check_stream_flags(a.dec.stream);
   check_model_dir(a.dec.model_dir, a.dec.config.has_value());
   if (a.dec.config) check_input_file(*a.dec.config, "--config");

@@ -116,13 +116,7 @@ int run_generate(GenerateOptions o) {
   if (o.dump_logits && o.gen == 0) throw io::usage_error("--dump-logits needs --gen >= 1 (it dumps step 0)");
   if (o.incremental && o.dec.recompute)
     throw io::usage_error("--incremental and --recompute exclude each other");
-  if (o.spec < 0 || o.spec > kMaxSpec)
-    throw io::usage_error(fmt::format("--spec {}: drafts per pass must be 0..{}", o.spec, kMaxSpec));
-  if (o.spec > 0 && o.sampling.temperature != 0)
-    throw io::usage_error(
-        "--spec needs greedy decoding (--temperature 0): speculative sampling is not implemented");
-  if (o.spec > 0 && o.dec.recompute)
-    throw io::usage_error("--spec needs incremental decoding: drop --recompute");
+  check_spec_flag(o.spec, o.sampling, o.dec.recompute);
   if (o.spec_oracle && o.spec == 0) throw io::usage_error("--spec-oracle needs --spec N (N >= 1)");
   if (!o.stop.empty() && !text_mode)
     throw io::usage_error("--stop needs a text prompt (--prompt / --prompt-file)");

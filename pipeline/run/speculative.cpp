@@ -1,11 +1,22 @@
 #include "pipeline/run/speculative.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 
 #include "io/error.hpp"
 #include "pipeline/run/decoder.hpp"
 
 namespace k3::pipeline {
+
+void check_spec_flag(int spec, const stages::SamplerOptions& sampling, bool recompute) {
+  if (spec < 0 || spec > kMaxSpec)
+    throw io::usage_error(fmt::format("--spec {}: drafts per pass must be 0..{}", spec, kMaxSpec));
+  if (spec > 0 && sampling.temperature != 0)
+    throw io::usage_error(
+        "--spec needs greedy decoding (--temperature 0): speculative sampling is not implemented");
+  if (spec > 0 && recompute) throw io::usage_error("--spec needs incremental decoding: drop --recompute");
+}
 
 std::vector<int32_t> draft_lookup(std::span<const int32_t> seq, size_t n, size_t max_ngram) {
   const size_t L = seq.size();

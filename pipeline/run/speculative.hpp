@@ -22,6 +22,10 @@ class Decoder;
 // Most drafts a verify pass may carry (--spec 0..kMaxSpec): 17 rows stay far below the 64-row pass
 // the activations are sized for, and the logits of a pass grow with the rows.
 inline constexpr int kMaxSpec = 16;
+
+// The --spec flag's rules, one place for generate and chat: 0..kMaxSpec drafts, greedy sampling
+// only, incremental decoding only. Throws usage Error (exit 2) naming --spec.
+void check_spec_flag(int spec, const stages::SamplerOptions& sampling, bool recompute);
 // The longest n-gram the drafter looks up.
 inline constexpr size_t kDraftMaxNgram = 3;
 
