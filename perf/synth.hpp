@@ -39,16 +39,16 @@ struct SynthTensor {
   int valid = 0;    // a_log: how many leading values are used (the KDA head count)
 };
 
-struct ShardPlan {
+struct SynthShard {
   std::string file;  // model-NNNNN-of-NNNNNN.safetensors
   std::vector<SynthTensor> tensors;
   uint64_t data_bytes() const;
 };
 
-struct CheckpointPlan {
+struct SynthCheckpoint {
   io::ModelConfig config;
   std::string config_text;  // config.json as written; empty = config_json(config)
-  std::vector<ShardPlan> shards;
+  std::vector<SynthShard> shards;
   bool sparse = false;
   // tiktoken.model + tokenizer_config.json written beside the shards; empty = none.
   std::string tiktoken_model, tokenizer_config;
@@ -71,9 +71,9 @@ void validate_dims(const io::ModelConfig& c);
 // Within a layer, data order is the released one (F32, then BF16, then U8, each by name), so each
 // layer's trunk is contiguous and each expert's six MXFP4 tensors are contiguous in the order
 // w1.packed, w1.scale, w2.packed, w2.scale, w3.packed, w3.scale. Dtypes follow io/k3_names.
-CheckpointPlan plan_dense(const io::ModelConfig& c, int shards);
+SynthCheckpoint layout_dense(const io::ModelConfig& c, int shards);
 // The full-scale replica of the released checkpoint, from io/k3_names.
-CheckpointPlan plan_sparse();
+SynthCheckpoint layout_sparse();
 
 std::string shard_file_name(int index, int count);  // index is zero-based
 
@@ -85,7 +85,7 @@ constexpr uint64_t kFillChunk = uint64_t{1} << 20;
 
 // Text of config.json (nested, as the released file spells it) and of the index.
 std::string config_json(const io::ModelConfig& c);
-std::string index_json(const CheckpointPlan& plan);
+std::string index_json(const SynthCheckpoint& plan);
 
 // A tokenizer for a synthetic checkpoint whose vocabulary has `vocab` ids, laid out like K3's
 // (ordinary ranks first, then a block of 256 specials whose names and offsets are K3's: [BOS],
@@ -96,7 +96,7 @@ std::string index_json(const CheckpointPlan& plan);
 //   < 256:        none (a byte-level vocabulary needs 256 ids): returns false.
 // Ranks beyond what `ranks_file` holds, or with no ranks file, stay byte-level; the ids between
 // the ranks and the special block are reserved specials. `description` says which was chosen.
-bool synth_tokenizer(int vocab, const std::filesystem::path& ranks_file, CheckpointPlan& plan,
+bool synth_tokenizer(int vocab, const std::filesystem::path& ranks_file, SynthCheckpoint& plan,
                      std::string& description);
 
 struct SynthOptions {
@@ -124,7 +124,7 @@ std::string free_space_refusal(const std::filesystem::path& out_dir, uint64_t av
 // written as .partial and renamed only after every shard is complete; the config and index come
 // last. On any failure everything this call created is removed and the error rethrown.
 // K3_SYNTH_FAIL_AFTER=N (environment) forces a failure after N data bytes, for tests.
-SynthReport write_checkpoint(const CheckpointPlan& plan, const std::filesystem::path& out_dir,
+SynthReport write_checkpoint(const SynthCheckpoint& plan, const std::filesystem::path& out_dir,
                              const SynthOptions& options);
 
 }  // namespace k3::perf

@@ -82,10 +82,10 @@ std::string config_json(const io::ModelConfig& c) {
   return s;
 }
 
-std::string index_json(const CheckpointPlan& plan) {
+std::string index_json(const SynthCheckpoint& plan) {
   std::vector<std::pair<std::string_view, std::string_view>> map;
   map.reserve(plan.tensor_count());
-  for (const ShardPlan& s : plan.shards)
+  for (const SynthShard& s : plan.shards)
     for (const SynthTensor& t : s.tensors) map.emplace_back(t.entry.name, s.file);
   std::sort(map.begin(), map.end());
   std::string out;

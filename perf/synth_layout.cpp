@@ -159,19 +159,19 @@ uint64_t bytes_of(const std::vector<SynthTensor>& v) {
 
 }  // namespace
 
-uint64_t ShardPlan::data_bytes() const {
+uint64_t SynthShard::data_bytes() const {
   return bytes_of(tensors);
 }
 
-size_t CheckpointPlan::tensor_count() const {
+size_t SynthCheckpoint::tensor_count() const {
   size_t n = 0;
-  for (const ShardPlan& s : shards) n += s.tensors.size();
+  for (const SynthShard& s : shards) n += s.tensors.size();
   return n;
 }
 
-uint64_t CheckpointPlan::data_bytes() const {
+uint64_t SynthCheckpoint::data_bytes() const {
   uint64_t n = 0;
-  for (const ShardPlan& s : shards) n += s.data_bytes();
+  for (const SynthShard& s : shards) n += s.data_bytes();
   return n;
 }
 
@@ -284,7 +284,7 @@ void validate_dims(const io::ModelConfig& c) {
     refuse("--full-attn", fmt::format("marks all {} layers as MLA, leaving no KDA layer", c.n_layers));
 }
 
-CheckpointPlan plan_dense(const io::ModelConfig& c, int shards) {
+SynthCheckpoint layout_dense(const io::ModelConfig& c, int shards) {
   validate_dims(c);
   std::vector<std::vector<SynthTensor>> units;
   units.reserve(size_t(c.n_layers) + 1);
@@ -310,7 +310,7 @@ CheckpointPlan plan_dense(const io::ModelConfig& c, int shards) {
     before += bytes_of(units[i]);
   }
 
-  CheckpointPlan plan;
+  SynthCheckpoint plan;
   plan.config = c;
   plan.shards.resize(N);
   for (int s = 0; s < N; ++s) plan.shards[s].file = shard_file_name(s, N);

@@ -5,14 +5,14 @@
 
 namespace k3::perf {
 
-CheckpointPlan plan_sparse() {
-  CheckpointPlan plan;
+SynthCheckpoint layout_sparse() {
+  SynthCheckpoint plan;
   plan.config = real_dims();
   plan.config_text = io::k3_config_json();
   plan.sparse = true;
   plan.shards.resize(io::kK3Shards);
   for (uint32_t s = 0; s < io::kK3Shards; ++s) {
-    ShardPlan& shard = plan.shards[s];
+    SynthShard& shard = plan.shards[s];
     shard.file = io::k3_shard_file_name(s);
     std::vector<io::TensorEntry> entries = io::k3_shard_tensors(s);
     shard.tensors.reserve(entries.size());

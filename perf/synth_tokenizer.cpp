@@ -60,7 +60,7 @@ std::string rank_lines(const std::filesystem::path& file, int n, int& got) {
 
 }  // namespace
 
-bool synth_tokenizer(int vocab, const std::filesystem::path& ranks_file, CheckpointPlan& plan,
+bool synth_tokenizer(int vocab, const std::filesystem::path& ranks_file, SynthCheckpoint& plan,
                      std::string& description) {
   if (vocab < 256) {
     description = fmt::format("no tokenizer: a vocabulary of {} ids cannot hold the 256 bytes", vocab);

@@ -138,7 +138,7 @@ uint64_t forced_failure_after() {
   return io::env::u64(io::env::kSynthFailAfter).value_or(UINT64_MAX);
 }
 
-std::vector<io::TensorEntry> entries_of(const ShardPlan& s) {
+std::vector<io::TensorEntry> entries_of(const SynthShard& s) {
   std::vector<io::TensorEntry> v;
   v.reserve(s.tensors.size());
   for (const SynthTensor& t : s.tensors) v.push_back(t.entry);
@@ -158,7 +158,7 @@ struct Block {
 // the pipeline's (aligned) buffers straight to the disk with O_DIRECT.
 class BlockCursor {
  public:
-  BlockCursor(const CheckpointPlan& plan, const std::vector<io::ShardLayout>& layouts)
+  BlockCursor(const SynthCheckpoint& plan, const std::vector<io::ShardLayout>& layouts)
       : plan_(plan), layouts_(layouts) {}
   bool next(Block& b) {
     if (shard_ >= static_cast<int>(plan_.shards.size())) return false;
@@ -175,7 +175,7 @@ class BlockCursor {
   }
 
  private:
-  const CheckpointPlan& plan_;
+  const SynthCheckpoint& plan_;
   const std::vector<io::ShardLayout>& layouts_;
   int shard_ = 0;
   uint64_t offset_ = 0;
@@ -184,8 +184,8 @@ class BlockCursor {
 // Tensor data offsets of every shard, so a block finds the tensors it overlaps.
 struct ShardOffsets {
   std::vector<std::vector<uint64_t>> begin;
-  explicit ShardOffsets(const CheckpointPlan& plan) {
-    for (const ShardPlan& s : plan.shards) {
+  explicit ShardOffsets(const SynthCheckpoint& plan) {
+    for (const SynthShard& s : plan.shards) {
       auto& v = begin.emplace_back();
       uint64_t off = 0;
       for (const SynthTensor& t : s.tensors) v.push_back(std::exchange(off, off + t.entry.nbytes()));
@@ -193,7 +193,7 @@ struct ShardOffsets {
   }
 };
 
-void generate(const CheckpointPlan& plan, const ShardOffsets& offs, uint64_t seed, const Block& b) {
+void generate(const SynthCheckpoint& plan, const ShardOffsets& offs, uint64_t seed, const Block& b) {
   const auto& tensors = plan.shards[b.shard].tensors;
   const auto& begin = offs.begin[b.shard];
   const uint64_t end = b.offset + b.size;
@@ -214,7 +214,7 @@ std::string free_space_refusal(const fs::path& out_dir, uint64_t avail, uint64_t
                      out_dir.string(), avail, binary_units(avail), need, binary_units(need));
 }
 
-SynthReport write_checkpoint(const CheckpointPlan& plan, const fs::path& out_dir,
+SynthReport write_checkpoint(const SynthCheckpoint& plan, const fs::path& out_dir,
                              const SynthOptions& options) {
   const auto t0 = std::chrono::steady_clock::now();
   Rollback rb;
@@ -237,7 +237,7 @@ SynthReport write_checkpoint(const CheckpointPlan& plan, const fs::path& out_dir
 
   uint64_t logical = 0, header_bytes = 0;
   std::vector<io::ShardLayout> layouts;
-  for (const ShardPlan& s : plan.shards) {
+  for (const SynthShard& s : plan.shards) {
     layouts.push_back(io::layout_shard(entries_of(s), {}));
     logical += layouts.back().file_size();
     header_bytes += layouts.back().data_start();

@@ -50,7 +50,7 @@ struct Checkpoint {
     trunk = dir.path / "t";
     perf::SynthOptions o;
     o.seed = 21;
-    perf::write_checkpoint(perf::plan_dense(test_dims(), 3), model, o);
+    perf::write_checkpoint(perf::layout_dense(test_dims(), 3), model, o);
     const io::ShardSet shards = io::ShardSet::open(model);
     io::pack_trunk(shards, test_dims().n_layers, trunk);
   }

@@ -129,7 +129,7 @@ TEST_CASE("synth -> ShardSet round trip: dims, names, dtypes, shapes, layout, va
   CHECK_FALSE(got.is_mla(0));
 
   // One shard per layer plus the head, named like the released ones.
-  const auto plan = k3::perf::plan_dense(want, 0);
+  const auto plan = k3::perf::layout_dense(want, 0);
   REQUIRE(plan.shards.size() == 7);
   CHECK(fs::exists(out / "model-00001-of-000007.safetensors"));
   CHECK(fs::exists(out / "model-00007-of-000007.safetensors"));
@@ -258,7 +258,7 @@ TEST_CASE("synth -> ShardSet round trip: dims, names, dtypes, shapes, layout, va
 }
 
 TEST_CASE("fill_bytes: any split of a tensor gives the same bytes") {
-  k3::perf::CheckpointPlan p = k3::perf::plan_dense(k3::perf::preset_dims("tiny"), 0);
+  k3::perf::SynthCheckpoint p = k3::perf::layout_dense(k3::perf::preset_dims("tiny"), 0);
   for (const auto& t : p.shards[1].tensors) {
     const uint64_t n = t.entry.nbytes();
     std::vector<std::byte> whole(n), parts(n);
@@ -428,7 +428,7 @@ TEST_CASE("presets have the advertised sizes and pass validation") {
   const std::pair<const char*, double> sizes[] = {
       {"tiny", 4e6}, {"small", 0.3e9}, {"medium", 3e9}, {"large", 12e9}};
   for (const auto& [name, bytes] : sizes) {
-    const auto plan = k3::perf::plan_dense(k3::perf::preset_dims(name), 0);
+    const auto plan = k3::perf::layout_dense(k3::perf::preset_dims(name), 0);
     CHECK_MESSAGE(double(plan.data_bytes()) > bytes / 2, name);
     CHECK_MESSAGE(double(plan.data_bytes()) < bytes * 2, name);
     const auto& c = plan.config;

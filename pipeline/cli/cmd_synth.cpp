@@ -88,9 +88,9 @@ int run_synth(SynthArgs& a) {
       std::filesystem::exists(a.out_dir, ec) && !std::filesystem::is_directory(a.out_dir, ec))
     throw io::usage_error(fmt::format("OUT_DIR {}: is not a directory", a.out_dir));
   if (a.ranks_opt->count()) check_input_file(a.ranks, "--ranks");
-  perf::CheckpointPlan plan;
+  perf::SynthCheckpoint plan;
   if (a.sparse) {
-    plan = perf::plan_sparse();
+    plan = perf::layout_sparse();
   } else {
     io::ModelConfig c = perf::preset_dims(a.size);
     for (size_t i = 0; i < std::size(kDimFlags); ++i)
@@ -99,7 +99,7 @@ int run_synth(SynthArgs& a) {
       c.full_attn_layers = parse_layer_list(a.full_attn);
     else
       c.full_attn_layers = perf::default_full_attn(c.n_layers);
-    plan = perf::plan_dense(c, a.shards);
+    plan = perf::layout_dense(c, a.shards);
   }
 
   std::string tokenizer_note;
