@@ -161,7 +161,7 @@ int run_batch_bench(const BatchBenchArgs& a, const std::vector<int>& batches, st
   const fs::path exe = self_exe();
   ScratchDir tmp("k3batch");
   std::vector<fs::path> cache_dirs = {a.model_dir};
-  if (!a.trunk_dir.empty()) cache_dirs.push_back(a.trunk_dir);
+  if (!a.trunk_dir.empty()) cache_dirs.emplace_back(a.trunk_dir);
   const std::string budget =
       a.mem_gb ? fmt::format("--mem-gb {}", *a.mem_gb) : fmt::format("--preset {}", a.preset);
   std::fprintf(

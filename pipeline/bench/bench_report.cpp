@@ -183,6 +183,7 @@ RunSample summarize_run(const ChildReport& rep, const std::vector<StepRow>& tabl
   const std::vector<StepRow> sel = measured(from_report ? rep.tokens : table);
   if (!sel.empty()) {
     std::vector<double> wall;
+    wall.reserve(sel.size());
     for (const StepRow& r : sel) wall.push_back(r.wall_seconds);
     s.s_per_token = mean(wall);
     s.measured_steps = int(sel.size());

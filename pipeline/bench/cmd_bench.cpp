@@ -272,8 +272,8 @@ int run_bench(const BenchArgs& a) {
                 lb = trunk_b ? io::codec::codec_name(trunk_b->codec()) : "";
     if (trunk_b && la == lb) la = "a", lb = "b";
     for (const std::string& st : strategies) {
-      rows.push_back(Row{st, trunk_b ? st + "@" + la : st, a.trunk_dir});
-      if (trunk_b) rows.push_back(Row{st, st + "@" + lb, a.trunk_b_dir});
+      rows.push_back(Row{st, trunk_b ? fmt::format("{}@{}", st, la) : st, a.trunk_dir});
+      if (trunk_b) rows.push_back(Row{st, fmt::format("{}@{}", st, lb), a.trunk_b_dir});
     }
   }
 
@@ -290,16 +290,16 @@ int run_bench(const BenchArgs& a) {
   BenchSummary sum;
   const bool use_preset = !a.preset.empty() && has("--preset");
   for (const char* f : {"--strategy", "--mem-gb", "--incremental"})
-    if (!has(f) && !(std::string(f) == "--mem-gb" && use_preset)) sum.child_missing_flags.push_back(f);
-  if (trunk && !has("--trunk")) sum.child_missing_flags.push_back("--trunk");
+    if (!has(f) && !(std::string(f) == "--mem-gb" && use_preset)) sum.child_missing_flags.emplace_back(f);
+  if (trunk && !has("--trunk")) sum.child_missing_flags.emplace_back("--trunk");
 
   std::vector<std::string> base = {exe.string(), "generate", a.model_dir,          "--ids",
                                    ids_text,     "--gen",    std::to_string(a.gen)};
-  if (has("--incremental")) base.push_back("--incremental");
+  if (has("--incremental")) base.emplace_back("--incremental");
   if (a.threads > 0) base.insert(base.end(), {"--threads", std::to_string(a.threads)});
   std::vector<fs::path> cache_dirs = {dir};
-  if (trunk) cache_dirs.push_back(a.trunk_dir);
-  if (trunk_b) cache_dirs.push_back(a.trunk_b_dir);
+  if (trunk) cache_dirs.emplace_back(a.trunk_dir);
+  if (trunk_b) cache_dirs.emplace_back(a.trunk_b_dir);
 
   std::fprintf(txt,
                "bench: %s, budget %s (%s; plan floor %s), %zu prompt ids, %d tokens%s, %d repeat%s, "

@@ -173,9 +173,9 @@ Census take_census(const fs::path& dir) {
       c.problems.push_back(fmt::format("embed_tokens is [{}, {}], config says [{}, {}]", e->shape[0],
                                        e->shape[1], c.cfg.vocab, c.cfg.hidden));
   } else {
-    c.problems.push_back("no language_model.model.embed_tokens.weight");
+    c.problems.emplace_back("no language_model.model.embed_tokens.weight");
   }
-  if (!set.find("language_model.lm_head.weight")) c.problems.push_back("no language_model.lm_head.weight");
+  if (!set.find("language_model.lm_head.weight")) c.problems.emplace_back("no language_model.lm_head.weight");
   return c;
 }
 

@@ -275,11 +275,12 @@ std::unique_ptr<StreamRun> StreamRun::open(const StreamFlags& f, const io::Model
   s.plan = std::move(rp.plan);
   for (const std::string& note : rp.notes) std::printf("%s\n", note.c_str());
   std::printf("%s", format_plan(s.plan).c_str());
-  std::printf("streaming: strategy %s, trunk %s, %d of %d layers pinned, ring %d x %s, %llu expert slots\n",
-              strategy_name(s.strategy), s.trunk ? "packed (trunk.bin)" : "from the shards",
-              int(s.plan.pinned.size()), s.plan.n_layers, s.plan.ring_slots,
-              human_bytes(s.plan.slot_read_bytes).c_str(),
-              (unsigned long long)(s.plan.inflight_slots + s.plan.lookahead_slots + s.plan.cache_slots));
+  std::printf(
+      "streaming: strategy %s, trunk %s, %d of %d layers pinned, ring %d x %s, %llu expert slots\n",
+      strategy_name(s.strategy), s.trunk ? "packed (trunk.bin)" : "from the shards",
+      int(s.plan.pinned.size()), s.plan.n_layers, s.plan.ring_slots,
+      human_bytes(s.plan.slot_read_bytes).c_str(),
+      static_cast<unsigned long long>(s.plan.inflight_slots) + s.plan.lookahead_slots + s.plan.cache_slots);
 
   if (!f.trace.empty()) {
     Trace::clear();
