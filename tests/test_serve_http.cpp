@@ -3,7 +3,8 @@
 // checkpoint streamed within a budget. Greedy text and ids equal `k3flow generate`'s for the same
 // prompt, streamed or not, alone or beside other requests; the error statuses; 429 from a full queue;
 // a disconnect frees the slot; /health 503 while loading; /metrics parses and moves; SIGTERM and
-// SIGINT exit 0; flag errors exit 2; curl -N reads a stream.
+// SIGINT exit 0, a request in flight finishing inside the drain bound; 503 beyond --max-connections;
+// flag errors exit 2; curl -N reads a stream.
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 #include <simdjson.h>
@@ -461,10 +462,45 @@ TEST_CASE("SIGTERM during a stream: the request ends within the drain bound and 
   CHECK(ev[ev.size() - 2].find("\"error\"") != std::string::npos);
 }
 
+TEST_CASE("SIGTERM drains: a request in flight finishes and serve exits 0; --max-connections answers 503") {
+  ServeChild s(kTiny + " --preset ultra --max-connections 2 --drain-seconds 60",
+               "K3FLOW_TEST_STEP_DELAY_MS=20");
+  const int idle = connect_loopback(s.port());
+  REQUIRE(idle >= 0);
+  const int a = connect_loopback(s.port());
+  REQUIRE(a >= 0);
+  REQUIRE(send_all(a, request_text("POST", "/v1/completions", completion_body("Hello", 40, true), {})));
+  char buf[4096];
+  std::string raw;
+  const ssize_t n0 = ::recv(a, buf, sizeof buf, 0);
+  REQUIRE(n0 > 0);
+  raw.append(buf, size_t(n0));
+  // Two connections are open (accepted in order, so `idle` too): a third is answered 503 at once,
+  // before it sends anything.
+  const int c = connect_loopback(s.port());
+  REQUIRE(c >= 0);
+  std::string refused;
+  for (ssize_t n; (n = ::recv(c, buf, sizeof buf, 0)) > 0;) refused.append(buf, size_t(n));
+  ::close(c);
+  const HttpResponse busy = parse_response(refused);
+  CHECK(busy.status == 503);
+  CHECK(std::string_view(Json(busy.body).doc["error"]["type"]) == "server_error");
+  ::close(idle);
+  // SIGTERM while A streams: A runs to its max_tokens inside the drain bound, then serve exits 0.
+  CHECK(s.stop(SIGTERM) == 0);
+  for (ssize_t n; (n = ::recv(a, buf, sizeof buf, 0)) > 0;) raw.append(buf, size_t(n));
+  ::close(a);
+  const Completion got = parse_stream(parse_response(raw));
+  CHECK(got.status == 200);
+  CHECK(got.finish == "length");
+  CHECK(got.ids.size() == 40);
+}
+
 TEST_CASE("flag errors exit 2 with one line") {
   for (const char* args :
        {"serve fixtures-that-do-not-exist", "serve FIX --port 70000", "serve FIX --max-seqs 0",
-        "serve FIX --host not-an-address --port 0", "serve FIX --strategy serial", "serve FIX --bogus"}) {
+        "serve FIX --host not-an-address --port 0", "serve FIX --strategy serial", "serve FIX --bogus",
+        "serve FIX --prefill both", "serve FIX --prefill-chunk -1"}) {
     std::string a = args;
     if (const size_t at = a.find("FIX"); at != std::string::npos) a.replace(at, 3, kTiny);
     CAPTURE(a);
@@ -476,14 +512,16 @@ TEST_CASE("flag errors exit 2 with one line") {
 }
 
 TEST_CASE(
-    "a synthetic checkpoint streamed within a budget: greedy ids equal generate's with the same budget") {
+    "a synthetic checkpoint streamed within a budget (prefill separate, chunked): greedy ids equal "
+    "generate's") {
   TempDir d;
   const std::string model = d / "m";
   const Run sy = k3flow(fmt::format("synth {} --size tiny --layers 8 --shards 3 --seed 4", model));
   REQUIRE_MESSAGE(sy.code == 0, sy.err);
   const Gen want = generate(model, "Hello world", 6, "--mem-gb 0.02");
   const Gen want2 = generate(model, "Streaming serves", 6, "--mem-gb 0.02");
-  ServeChild s(model + " --mem-gb 0.02 --context 64 --max-seqs 2");
+  // A joining prompt in a step of its own, 3 ids a step: the same ids (inline is the other tests').
+  ServeChild s(model + " --mem-gb 0.02 --context 64 --max-seqs 2 --prefill separate --prefill-chunk 3");
   Completion got[2];
   std::thread t([&] {
     got[1] = parse_stream(

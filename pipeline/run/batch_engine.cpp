@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 
 #include "io/error.hpp"
@@ -19,6 +20,16 @@ int checked_max_seqs(int n) {
 }
 
 }  // namespace
+
+PrefillPolicy::Mode parse_prefill_mode(const std::string& text, const char* flag) {
+  if (text == "inline") return PrefillPolicy::Mode::inline_decode;
+  if (text == "separate") return PrefillPolicy::Mode::separate;
+  throw io::usage_error(fmt::format("{} '{}': inline or separate", flag, text));
+}
+
+const char* prefill_mode_name(PrefillPolicy::Mode m) {
+  return m == PrefillPolicy::Mode::separate ? "separate" : "inline";
+}
 
 BatchEngine::BatchEngine(const DecoderOptions& o, io::ModelConfig cfg, int max_seqs)
     : cfg_(std::move(cfg)),
@@ -63,6 +74,22 @@ void BatchEngine::set_max_step_rows(size_t n) {
 
 void BatchEngine::reset(int seq) {
   states_.at(size_t(seq))->reset();
+}
+
+std::vector<size_t> BatchEngine::plan_step(std::span<const Pending> seqs) const {
+  const size_t chunk = prefill_.chunk ? prefill_.chunk : SIZE_MAX;
+  const bool prompts_only =
+      prefill_.mode == PrefillPolicy::Mode::separate &&
+      std::any_of(seqs.begin(), seqs.end(), [](const Pending& p) { return p.prompt && p.ids > 0; });
+  std::vector<size_t> feed(seqs.size(), 0);
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const Pending& p = seqs[i];
+    if (p.prompt)
+      feed[i] = std::min(p.ids, chunk);
+    else if (!prompts_only)
+      feed[i] = p.ids;
+  }
+  return feed;
 }
 
 void BatchEngine::step(std::span<const Row> rows) {

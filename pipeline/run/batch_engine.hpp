@@ -15,6 +15,12 @@
 // the fewest ids first (the decoding sequences' single ids) and as much of the prompts as fits
 // (chunked prefill: a prompt fed in pieces gives the bits it gives fed whole).
 //
+// How a joining prompt shares steps with the decoding sequences is the caller's choice, made with
+// plan_step() under the engine's PrefillPolicy: inline (the prompt rides in the decode step, beside
+// the others' single ids) or separate (a step of prompts only; the decoding sequences skip it), and
+// optionally at most `chunk` prompt ids per step (the rest in later steps). docs/serve.md, "Prefill",
+// has the measured trade-off.
+//
 // Exactness: each row's logits are bit-identical to feeding that sequence alone (Decoder), whatever
 // other rows share the step -- the engine's row-wise arithmetic never depends on how many rows a
 // pass carries (kernels::matmul is bit-identical to matvec per row), and each sequence's attention
@@ -23,6 +29,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "io/config.hpp"
@@ -34,6 +41,19 @@
 #include "stages/scratch.hpp"
 
 namespace k3::pipeline {
+
+// How a joining prompt is fed (serve / bench --prefill, --prefill-chunk).
+struct PrefillPolicy {
+  enum class Mode {
+    inline_decode,  // in the decode step, beside the decoding sequences' ids ("inline")
+    separate,       // in a step of its own: the decoding sequences skip it ("separate")
+  };
+  Mode mode = Mode::inline_decode;
+  size_t chunk = 0;  // prompt ids a sequence feeds per step at most; 0: the whole prompt at once
+};
+// "inline" / "separate"; usage Error naming `flag` for anything else.
+PrefillPolicy::Mode parse_prefill_mode(const std::string& text, const char* flag);
+const char* prefill_mode_name(PrefillPolicy::Mode);
 
 class BatchEngine {
  public:
@@ -68,6 +88,19 @@ class BatchEngine {
 
   void reset(int seq);  // forget slot `seq`'s sequence: zero its state
 
+  // What a sequence has pending before a step: a prompt's ids not yet fed, or the one id it sampled.
+  struct Pending {
+    int seq = 0;
+    size_t ids = 0;       // ids pending (>= 1)
+    bool prompt = false;  // still feeding its prompt (it samples once all of it is fed)
+  };
+  void set_prefill(PrefillPolicy p) { prefill_ = p; }
+  const PrefillPolicy& prefill() const { return prefill_; }
+  // How many of its pending ids each sequence feeds in the next step under prefill(); 0: it skips
+  // the step. Inline: every sequence feeds, a prompt up to `chunk` ids. Separate: while any prompt is
+  // pending, only prompts feed (up to `chunk` ids each); otherwise every decoding sequence.
+  std::vector<size_t> plan_step(std::span<const Pending>) const;
+
   // Feeds every row. Rows name distinct slots in [0, max_seqs). Before anything is computed the
   // rows are checked (ids in the vocabulary, room in each slot's KV cache, distinct slots): a bad
   // row throws io::Error naming its slot and no state changes. Non-finite logits in a row throw
@@ -86,6 +119,7 @@ class BatchEngine {
   stages::Scratch scratch_;
   size_t max_rows_ = 0;
   int passes_ = 0;
+  PrefillPolicy prefill_;
   std::vector<float> pass_logits_;
   std::vector<int32_t> pass_ids_;
 };
