@@ -519,7 +519,7 @@ int run_join_bench(const BatchBenchArgs& a, int B, std::FILE* txt) {
       txt,
       "TTFT: from the join to the joiner's first id; s/tok before: the running sequences' median gap "
       "between two ids before the join; gap: their longest gap from the join on (the stall); agg "
-      "tok/s: every sequence's ids from the join to the joiner's %d-th, over that time; trunk read: "
+      "tok/s: every sequence's ids from the join until the joiner has %d, over that time; trunk read: "
       "in that window, per run; medians over %d repeat%s; every sequence emitted the same ids in "
       "every mode\n",
       a.gen, a.repeat, a.repeat == 1 ? "" : "s");
