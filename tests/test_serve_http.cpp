@@ -342,6 +342,15 @@ TEST_CASE("a full queue answers 429 at once; a client that disconnects frees its
   REQUIRE(send_all(a, request_text("POST", "/v1/completions", completion_body("Hello", 3000, true), {})));
   char buf[4096];
   REQUIRE(::recv(a, buf, sizeof buf, 0) > 0);
+  // The stream's headers go out when A is queued, not when it is admitted: wait until A holds the
+  // slot (else B could find A still in the one-place queue and be the one refused).
+  bool admitted = false;
+  for (int i = 0; i < 3000 && !admitted; ++i) {
+    Json h(http(s.port(), "GET", "/health").body);
+    admitted = int64_t(h.doc["active"]) == 1 && int64_t(h.doc["queued"]) == 0;
+    if (!admitted) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  REQUIRE(admitted);
   // B waits in the queue (its response is read later); C finds the queue full.
   const int b = connect_loopback(s.port());
   REQUIRE(b >= 0);

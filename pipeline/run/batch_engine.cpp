@@ -14,6 +14,15 @@ namespace k3::pipeline {
 
 namespace {
 
+// The plan's activation scratch holds one 64-row chunk's per-layer working set (scratch_bytes in
+// pipeline/graph/planner.cpp); a pass of more prompt ids outgrows it (measured: a 128-id prompt
+// peaked 9 MiB over a 0.12 GiB budget on the `small` synthetic, 64 at a time stayed under).
+constexpr size_t kPassRows = 64;
+
+size_t default_pass_rows(size_t capacity, size_t n_seqs) {
+  return std::max(std::min(capacity, kPassRows), n_seqs);
+}
+
 int checked_max_seqs(int n) {
   if (n < 1) throw io::usage_error(fmt::format("--max-seqs {}: needs at least 1 sequence", n));
   return n;
@@ -37,7 +46,7 @@ BatchEngine::BatchEngine(const DecoderOptions& o, io::ModelConfig cfg, int max_s
       capacity_(run_capacity(o)),
       shards_(open_model_shards(o.model_dir)) {
   const int n = checked_max_seqs(max_seqs);
-  max_rows_ = std::max(capacity_, size_t(n));
+  max_rows_ = default_pass_rows(capacity_, size_t(n));
   // A server runs until it is stopped: the graph may always read ahead into the next step. The plan
   // holds every slot's state and a pass of max_step_rows() ids.
   StreamFlags flags = o.stream;
@@ -65,7 +74,7 @@ uint64_t BatchEngine::state_bytes() const {
 }
 
 void BatchEngine::set_max_step_rows(size_t n) {
-  const size_t most = std::max(capacity_, states_.size());
+  const size_t most = default_pass_rows(capacity_, states_.size());
   if (n < 1 || n > most)
     throw io::usage_error(
         fmt::format("batch: {} ids per pass: needs 1..{} (the plan's activations)", n, most));
