@@ -5,7 +5,7 @@
 # tokens), then stops the server with SIGTERM. Results: OUT/*.json and one summary line per run.
 #
 #   perf/serve_load.sh [BUILD_DIR] [OUT_DIR]      (defaults: build, out/serve_load)
-#   CLIENTS=4 REQUESTS=8 TOKENS=32 MAX_SEQS=4 perf/serve_load.sh
+#   CLIENTS=4 REQUESTS=8 TOKENS=32 MAX_SEQS=4 SERVE_FLAGS="--prefill separate" perf/serve_load.sh
 set -eu
 BUILD=${1:-build}
 OUT=${2:-out/serve_load}
@@ -13,6 +13,7 @@ CLIENTS=${CLIENTS:-4}
 REQUESTS=${REQUESTS:-8}
 TOKENS=${TOKENS:-32}
 MAX_SEQS=${MAX_SEQS:-4}
+SERVE_FLAGS=${SERVE_FLAGS:-}  # more serve flags for both runs (e.g. --prefill, --prefill-chunk)
 HERE=$(dirname "$0")
 mkdir -p "$OUT"
 K3=$BUILD/k3flow
@@ -21,7 +22,8 @@ run() {  # NAME MODEL_DIR [serve flags...]
   name=$1 model=$2
   shift 2
   log="$OUT/$name.server.log"
-  "$K3" serve "$model" --port 0 --max-seqs "$MAX_SEQS" --queue 64 --no-progress "$@" >"$OUT/$name.listen" 2>"$log" &
+  # shellcheck disable=SC2086 # SERVE_FLAGS is a list of words
+  "$K3" serve "$model" --port 0 --max-seqs "$MAX_SEQS" --queue 64 --no-progress "$@" $SERVE_FLAGS >"$OUT/$name.listen" 2>"$log" &
   pid=$!
   port=
   for _ in $(seq 600); do
@@ -34,7 +36,7 @@ run() {  # NAME MODEL_DIR [serve flags...]
     curl -sf "http://127.0.0.1:$port/health" >/dev/null && break
     sleep 0.1
   done
-  echo "== $name: $model $* (max-seqs $MAX_SEQS)"
+  echo "== $name: $model $* $SERVE_FLAGS (max-seqs $MAX_SEQS; $(date -u +%FT%TZ), load $(cut -d' ' -f1-3 /proc/loadavg))"
   status=0
   timeout 1800 python3 "$HERE/serve_load.py" --port "$port" --pid "$pid" --clients "$CLIENTS" \
     --requests "$REQUESTS" --max-tokens "$TOKENS" --json "$OUT/$name.json" || status=$?

@@ -1,7 +1,9 @@
 // Batched decode through the real binary (K3FLOW_BIN): `k3flow plan --max-seqs N` holds N
 // sequences' carried state and says so per sequence; `k3flow bench --batch` runs B sequences in one
 // engine per child, and a child with 4 sequences on a checkpoint over 3x its budget keeps its peak
-// RSS (wait4) under the budget; every sequence emits the ids it emits in a batch of one.
+// RSS (wait4) under the budget; every sequence emits the ids it emits in a batch of one. `bench
+// --batch B --join N` compares the prefill modes for a prompt joining B - 1 decoding sequences, with
+// the same ids in every mode.
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
@@ -36,10 +38,10 @@ Small& small() {
   return s;
 }
 
-// A number after `key=` on the BATCH line.
-std::string batch_field(const std::string& out, const std::string& key) {
-  const size_t line = out.rfind("\nBATCH ");
-  if (line == std::string::npos) return "<no BATCH line>";
+// The value after `key=` on the BATCH (or JOIN) line.
+std::string batch_field(const std::string& out, const std::string& key, const std::string& tag = "BATCH") {
+  const size_t line = out.rfind("\n" + tag + " ");
+  if (line == std::string::npos) return "<no " + tag + " line>";
   const size_t at = out.find(" " + key + "=", line);
   if (at == std::string::npos) return "<no " + key + ">";
   const size_t b = at + key.size() + 2, e = out.find_first_of(" \n", b);
@@ -112,4 +114,38 @@ TEST_CASE("bench --batch: the table, every batch size, the same ids; bad lists r
   CHECK(k3flow(fmt::format("bench {} --mem-gb 0.09 --batch 2,1", s.model)).code == 2);
   CHECK(k3flow(fmt::format("bench {} --mem-gb 0.09 --batch 0", s.model)).code == 2);
   CHECK(k3flow(fmt::format("bench {} --batch 1,2", s.model)).code == 2);
+}
+
+TEST_CASE(
+    "bench --batch 3 --join N: a prompt joining two decoding sequences, inline and separate, same ids") {
+  Small& s = small();
+  const Run r = k3flow(
+      fmt::format("bench {} --mem-gb 0.09 --gen 3 --ids 7,8,9 --repeat 1 --batch 3 --join 12", s.model), "",
+      300);
+  REQUIRE_MESSAGE(r.code == 0, r.err);
+  CHECK(r.out.find("TTFT med") != std::string::npos);
+  CHECK(r.out.find("\ninline ") != std::string::npos);
+  CHECK(r.out.find("\nseparate ") != std::string::npos);
+  CHECK(r.out.find("every sequence emitted the same ids in every mode") != std::string::npos);
+  // The child: in a separate prefill the joiner's prompt has a step of its own (12 ids fed alone),
+  // inline it rides with the two decoding ids (14).
+  const std::string child = fmt::format(
+      "bench {} --mem-gb 0.09 --gen 3 --ids 7,8,9 --batch-child 3 --join 12 --prefill-chunk 0", s.model);
+  const Run sep = k3flow(child + " --prefill separate", "", 180),
+            inl = k3flow(child + " --prefill inline", "", 180);
+  REQUIRE_MESSAGE(sep.code == 0, sep.err);
+  REQUIRE_MESSAGE(inl.code == 0, inl.err);
+  const std::string tsep = batch_field(sep.out, "timeline", "JOIN"),
+                    tinl = batch_field(inl.out, "timeline", "JOIN");
+  CHECK(tsep.find(":12,") != std::string::npos);
+  CHECK(tinl.find(":14,") != std::string::npos);
+  // The same ids: the joiner's all of them; a running sequence skipped a step in the separate run,
+  // so its ids there are the inline run's but the last.
+  const std::string isep = batch_field(sep.out, "ids", "JOIN"), iinl = batch_field(inl.out, "ids", "JOIN");
+  CHECK(isep.substr(isep.rfind('/')) == iinl.substr(iinl.rfind('/')));
+  const std::string run_sep = isep.substr(0, isep.find('/')), run_inl = iinl.substr(0, iinl.find('/'));
+  CHECK(run_inl.rfind(run_sep + ",", 0) == 0);
+  CHECK(k3flow(fmt::format("bench {} --mem-gb 0.09 --batch 1,2 --join 8", s.model)).code == 2);
+  CHECK(k3flow(fmt::format("bench {} --mem-gb 0.09 --batch 1 --join 8", s.model)).code == 2);
+  CHECK(k3flow(fmt::format("bench {} --mem-gb 0.09 --batch 2 --join 8 --prefill both", s.model)).code == 2);
 }

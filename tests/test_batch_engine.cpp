@@ -8,6 +8,8 @@
 //     budget, strategies serial / overlap / lookahead / auto, 1 and 2 threads, against the resident
 //     solo run;
 //   - a step whose ids exceed the pass cap is split (chunked prefill), same bytes;
+//   - the prefill policy (plan_step): a joining prompt inline in the decode step or in a step of its
+//     own, whole or chunked across steps, same bytes;
 //   - every trunk layer is read once per step whatever the number of sequences;
 //   - bad rows are refused before any state changes.
 #include <doctest/doctest.h>
@@ -45,9 +47,11 @@ DecoderOptions options(const std::string& model, bool streamed) {
 
 struct Seq {
   std::vector<int32_t> prompt;
-  int join = 0, gen = 0;  // the step it joins at; ids it generates after the prompt
+  int join = 0, gen = 0;  // the step it joins at (or the first after with a free slot); ids it generates
   int slot = -1, done = 0;
-  int32_t next = -1;
+  bool left = false;
+  std::vector<int32_t> pending;  // the prompt's ids not yet fed, or the id sampled last
+  bool prompting = true;
   std::vector<float> logits;
   std::vector<std::string> got;
 };
@@ -86,37 +90,70 @@ Solos solos(const DecoderOptions& o, const io::ModelConfig& cfg) {
   return out;
 }
 
-// Runs the scenario on `eng`; checks every step's logits against `want`. Returns the passes each
-// step took.
-std::vector<int> run_scenario(BatchEngine& eng, const io::ModelConfig& cfg, const Solos& want) {
+struct ScenarioRun {
+  std::vector<int> passes;  // per step
+  int mixed_steps = 0;      // steps that fed a prompt beside a decoding sequence's id
+  int skips = 0;            // a decoding sequence left out of a step (separate prefill)
+  int partial = 0;          // a prompt fed in part (chunked across steps)
+};
+
+// Runs the scenario on `eng`, each step's rows chosen by eng.plan_step() (the engine's prefill
+// policy); checks every sampled position's logits against `want`.
+ScenarioRun run_scenario(BatchEngine& eng, const io::ModelConfig& cfg, const Solos& want) {
   std::vector<Seq> seqs = scenario();
   REQUIRE(eng.max_seqs() == 3);
   std::vector<bool> busy(3, false);
-  std::vector<int> passes;
-  for (int step = 0; step < 12; ++step) {
-    std::vector<BatchEngine::Row> rows;
+  ScenarioRun run;
+  for (int step = 0; step < 64; ++step) {
+    std::vector<BatchEngine::Pending> pending;
+    std::vector<Seq*> who;
     for (Seq& s : seqs) {
-      if (s.join == step && s.slot < 0) {
+      if (s.join <= step && s.slot < 0 && !s.left) {
         const auto free = std::find(busy.begin(), busy.end(), false);
-        REQUIRE(free != busy.end());
+        if (free == busy.end()) continue;  // waits for a slot
         s.slot = int(free - busy.begin());
         busy[size_t(s.slot)] = true;
         eng.reset(s.slot);
         s.logits.resize(size_t(cfg.vocab));
+        s.pending = s.prompt;
       }
-      if (s.slot < 0 || s.done > s.gen) continue;
-      const std::span<const int32_t> ids =
-          s.done == 0 ? std::span<const int32_t>(s.prompt) : std::span<const int32_t>(&s.next, 1);
-      rows.push_back({s.slot, ids, s.logits});
+      if (s.slot < 0 || s.left) continue;
+      pending.push_back({.seq = s.slot, .ids = s.pending.size(), .prompt = s.prompting});
+      who.push_back(&s);
     }
-    if (rows.empty()) continue;
+    if (who.empty()) continue;
+    const std::vector<size_t> feed = eng.plan_step(pending);
+    REQUIRE(feed.size() == who.size());
+    std::vector<BatchEngine::Row> rows;
+    bool prompt_fed = false, decode_fed = false;
+    for (size_t i = 0; i < who.size(); ++i) {
+      REQUIRE(feed[i] <= who[i]->pending.size());
+      if (feed[i] == 0) {
+        CHECK(!who[i]->prompting);  // only a decoding sequence skips a step
+        ++run.skips;
+        continue;
+      }
+      (who[i]->prompting ? prompt_fed : decode_fed) = true;
+      if (feed[i] < who[i]->pending.size()) ++run.partial;
+      rows.push_back(
+          {who[i]->slot, std::span<const int32_t>(who[i]->pending).first(feed[i]), who[i]->logits});
+    }
+    REQUIRE(!rows.empty());
+    run.mixed_steps += prompt_fed && decode_fed;
     eng.step(rows);
-    passes.push_back(eng.passes_last_step());
-    for (Seq& s : seqs) {
-      if (s.slot < 0 || s.done > s.gen) continue;
+    run.passes.push_back(eng.passes_last_step());
+    for (size_t i = 0; i < who.size(); ++i) {
+      Seq& s = *who[i];
+      if (feed[i] == 0) continue;
+      s.pending.erase(s.pending.begin(), s.pending.begin() + long(feed[i]));
+      if (!s.pending.empty()) continue;  // the prompt's rest comes in a later step
+      s.prompting = false;
       s.got.emplace_back(reinterpret_cast<const char*>(s.logits.data()), s.logits.size() * 4);
-      s.next = int32_t(kernels::argmax(s.logits));
-      if (++s.done > s.gen) busy[size_t(s.slot)] = false;  // leaves: the slot is free next step
+      s.pending.assign(1, int32_t(kernels::argmax(s.logits)));
+      if (++s.done > s.gen) {  // leaves: the slot is free next step
+        busy[size_t(s.slot)] = false;
+        s.left = true;
+      }
     }
   }
   for (size_t k = 0; k < seqs.size(); ++k) {
@@ -129,15 +166,17 @@ std::vector<int> run_scenario(BatchEngine& eng, const io::ModelConfig& cfg, cons
       CHECK(s.got[i] == want[k][i]);
     }
   }
-  return passes;
+  return run;
 }
 
 void run_batched(bool streamed) {
   const io::ModelConfig cfg = pipeline::load_model_config(kTiny, std::nullopt);
   const Solos want = solos(options(kTiny, streamed), cfg);
   BatchEngine eng(options(kTiny, streamed), cfg, 3);
-  const std::vector<int> passes = run_scenario(eng, cfg, want);
-  CHECK(std::all_of(passes.begin(), passes.end(), [](int p) { return p == 1; }));
+  const ScenarioRun run = run_scenario(eng, cfg, want);
+  CHECK(std::all_of(run.passes.begin(), run.passes.end(), [](int p) { return p == 1; }));
+  CHECK(run.mixed_steps > 0);  // inline by default: the long prompt joins beside two decoding ids
+  CHECK(run.skips == 0);
 }
 
 // 8 layers (dense 0, MoE 1..7), 32 experts top-4, vocab 1024: ~14 MB.
@@ -203,7 +242,7 @@ TEST_CASE("a step over the pass cap is split (chunked prefill): the same bytes, 
     BatchEngine eng(options(s.model, streamed), s.cfg, 3);
     CHECK(eng.max_step_rows() == 64);
     eng.set_max_step_rows(4);
-    const std::vector<int> passes = run_scenario(eng, s.cfg, s.want);
+    const std::vector<int> passes = run_scenario(eng, s.cfg, s.want).passes;
     // Step 2 feeds two decoding ids and a 12-id prompt: 14 ids in passes of 4.
     REQUIRE(passes.size() > 2);
     CHECK(passes[0] == 2);  // two prompts, 5 + 2 ids
@@ -211,6 +250,72 @@ TEST_CASE("a step over the pass cap is split (chunked prefill): the same bytes, 
     CHECK(*std::max_element(passes.begin(), passes.end()) == 4);
     CHECK_THROWS_AS(eng.set_max_step_rows(0), io::Error);
     CHECK_THROWS_AS(eng.set_max_step_rows(65), io::Error);
+  }
+}
+
+TEST_CASE(
+    "plan_step: inline feeds everyone, separate gives the prompts a step of their own, chunk caps them") {
+  const io::ModelConfig cfg = pipeline::load_model_config(kTiny, std::nullopt);
+  BatchEngine eng(options(kTiny, false), cfg, 3);
+  using Mode = pipeline::PrefillPolicy::Mode;
+  CHECK(eng.prefill().mode == Mode::inline_decode);
+  CHECK(eng.prefill().chunk == 0);
+  const std::vector<BatchEngine::Pending> mixed = {{.seq = 0, .ids = 1, .prompt = false},
+                                                   {.seq = 1, .ids = 12, .prompt = true},
+                                                   {.seq = 2, .ids = 1, .prompt = false}};
+  const std::vector<BatchEngine::Pending> decoding = {{.seq = 0, .ids = 1, .prompt = false},
+                                                      {.seq = 2, .ids = 1, .prompt = false}};
+  CHECK(eng.plan_step(mixed) == std::vector<size_t>{1, 12, 1});
+  eng.set_prefill({.mode = Mode::inline_decode, .chunk = 5});
+  CHECK(eng.plan_step(mixed) == std::vector<size_t>{1, 5, 1});
+  eng.set_prefill({.mode = Mode::separate, .chunk = 0});
+  CHECK(eng.plan_step(mixed) == std::vector<size_t>{0, 12, 0});
+  CHECK(eng.plan_step(decoding) == std::vector<size_t>{1, 1});
+  eng.set_prefill({.mode = Mode::separate, .chunk = 5});
+  CHECK(eng.plan_step(mixed) == std::vector<size_t>{0, 5, 0});
+  CHECK(pipeline::parse_prefill_mode("separate", "--prefill") == Mode::separate);
+  CHECK(std::string(pipeline::prefill_mode_name(Mode::inline_decode)) == "inline");
+  CHECK_THROWS_WITH_AS(pipeline::parse_prefill_mode("both", "--prefill"), doctest::Contains("--prefill"),
+                       io::Error);
+}
+
+TEST_CASE("a joining prompt inline or in a step of its own, whole or chunked across steps: the solo bytes") {
+  using Mode = pipeline::PrefillPolicy::Mode;
+  const std::vector<pipeline::PrefillPolicy> policies = {{.mode = Mode::separate, .chunk = 0},
+                                                         {.mode = Mode::inline_decode, .chunk = 4},
+                                                         {.mode = Mode::separate, .chunk = 5},
+                                                         {.mode = Mode::inline_decode, .chunk = 1}};
+  const auto check_policies = [&](const std::string& model, const DecoderOptions& o, const Solos& want) {
+    const io::ModelConfig cfg = pipeline::load_model_config(model, std::nullopt);
+    for (const pipeline::PrefillPolicy& p : policies) {
+      CAPTURE(pipeline::prefill_mode_name(p.mode));
+      CAPTURE(p.chunk);
+      BatchEngine eng(o, cfg, 3);
+      eng.set_prefill(p);
+      const ScenarioRun run = run_scenario(eng, cfg, want);
+      if (p.mode == Mode::separate) {
+        CHECK(run.mixed_steps == 0);
+        CHECK(run.skips > 0);
+      } else {
+        CHECK(run.mixed_steps > 0);
+        CHECK(run.skips == 0);
+      }
+      if (p.chunk > 0)
+        CHECK(run.partial > 0);  // the 12-id prompt (and the 5-id one) fed over several steps
+      else
+        CHECK(run.partial == 0);
+    }
+  };
+  SUBCASE("tiny-k3 resident") {
+    const io::ModelConfig cfg = pipeline::load_model_config(kTiny, std::nullopt);
+    check_policies(kTiny, options(kTiny, false), solos(options(kTiny, false), cfg));
+  }
+  SUBCASE("synthetic MoE checkpoint streamed at 0.02 GiB against the resident solo run") {
+    Synth& s = synth();
+    DecoderOptions o = options(s.model, true);
+    o.stream.preset.clear();
+    o.stream.mem_gb = 0.02;
+    check_policies(s.model, o, s.want);
   }
 }
 

@@ -3,11 +3,13 @@
 // checkpoint streamed within a budget. Greedy text and ids equal `k3flow generate`'s for the same
 // prompt, streamed or not, alone or beside other requests; the error statuses; 429 from a full queue;
 // a disconnect frees the slot; /health 503 while loading; /metrics parses and moves; SIGTERM and
-// SIGINT exit 0; flag errors exit 2; curl -N reads a stream.
+// SIGINT exit 0, a request in flight finishing inside the drain bound; 503 beyond --max-connections;
+// flag errors exit 2; curl -N reads a stream.
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 #include <simdjson.h>
 
+#include <algorithm>
 #include <atomic>
 #include <map>
 #include <set>
@@ -340,6 +342,15 @@ TEST_CASE("a full queue answers 429 at once; a client that disconnects frees its
   REQUIRE(send_all(a, request_text("POST", "/v1/completions", completion_body("Hello", 3000, true), {})));
   char buf[4096];
   REQUIRE(::recv(a, buf, sizeof buf, 0) > 0);
+  // The stream's headers go out when A is queued, not when it is admitted: wait until A holds the
+  // slot (else B could find A still in the one-place queue and be the one refused).
+  bool admitted = false;
+  for (int i = 0; i < 3000 && !admitted; ++i) {
+    Json h(http(s.port(), "GET", "/health").body);
+    admitted = int64_t(h.doc["active"]) == 1 && int64_t(h.doc["queued"]) == 0;
+    if (!admitted) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  REQUIRE(admitted);
   // B waits in the queue (its response is read later); C finds the queue full.
   const int b = connect_loopback(s.port());
   REQUIRE(b >= 0);
@@ -461,10 +472,57 @@ TEST_CASE("SIGTERM during a stream: the request ends within the drain bound and 
   CHECK(ev[ev.size() - 2].find("\"error\"") != std::string::npos);
 }
 
+TEST_CASE("SIGTERM drains: a request in flight finishes and serve exits 0; --max-connections answers 503") {
+  ServeChild s(kTiny + " --preset ultra --max-connections 2 --drain-seconds 60",
+               "K3FLOW_TEST_STEP_DELAY_MS=20");
+  const int idle = connect_loopback(s.port());
+  REQUIRE(idle >= 0);
+  // A: a streamed request, read until its first bytes. The session of the readiness poll's last
+  // /health may not have counted itself out yet (it closes the socket first): A is then refused
+  // with 503 and tried again.
+  char buf[4096];
+  std::string raw;
+  int a = -1;
+  for (int attempt = 0; attempt < 100 && a < 0; ++attempt) {
+    a = connect_loopback(s.port());
+    REQUIRE(a >= 0);
+    REQUIRE(send_all(a, request_text("POST", "/v1/completions", completion_body("Hello", 40, true), {})));
+    const ssize_t n0 = ::recv(a, buf, sizeof buf, 0);
+    raw.assign(buf, size_t(std::max<ssize_t>(n0, 0)));
+    // (refused before it read the request, the connection may end in a reset instead)
+    if (n0 <= 0 || raw.rfind("HTTP/1.1 503", 0) == 0) {
+      ::close(a);
+      a = -1;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  }
+  REQUIRE(a >= 0);
+  // Two connections are open (accepted in order, so `idle` too): a third is answered 503 at once,
+  // before it sends anything.
+  const int c = connect_loopback(s.port());
+  REQUIRE(c >= 0);
+  std::string refused;
+  for (ssize_t n; (n = ::recv(c, buf, sizeof buf, 0)) > 0;) refused.append(buf, size_t(n));
+  ::close(c);
+  const HttpResponse busy = parse_response(refused);
+  CHECK(busy.status == 503);
+  CHECK(std::string_view(Json(busy.body).doc["error"]["type"]) == "server_error");
+  ::close(idle);
+  // SIGTERM while A streams: A runs to its max_tokens inside the drain bound, then serve exits 0.
+  CHECK(s.stop(SIGTERM) == 0);
+  for (ssize_t n; (n = ::recv(a, buf, sizeof buf, 0)) > 0;) raw.append(buf, size_t(n));
+  ::close(a);
+  const Completion got = parse_stream(parse_response(raw));
+  CHECK(got.status == 200);
+  CHECK(got.finish == "length");
+  CHECK(got.ids.size() == 40);
+}
+
 TEST_CASE("flag errors exit 2 with one line") {
   for (const char* args :
        {"serve fixtures-that-do-not-exist", "serve FIX --port 70000", "serve FIX --max-seqs 0",
-        "serve FIX --host not-an-address --port 0", "serve FIX --strategy serial", "serve FIX --bogus"}) {
+        "serve FIX --host not-an-address --port 0", "serve FIX --strategy serial", "serve FIX --bogus",
+        "serve FIX --prefill both", "serve FIX --prefill-chunk -1"}) {
     std::string a = args;
     if (const size_t at = a.find("FIX"); at != std::string::npos) a.replace(at, 3, kTiny);
     CAPTURE(a);
@@ -476,14 +534,16 @@ TEST_CASE("flag errors exit 2 with one line") {
 }
 
 TEST_CASE(
-    "a synthetic checkpoint streamed within a budget: greedy ids equal generate's with the same budget") {
+    "a synthetic checkpoint streamed within a budget (prefill separate, chunked): greedy ids equal "
+    "generate's") {
   TempDir d;
   const std::string model = d / "m";
   const Run sy = k3flow(fmt::format("synth {} --size tiny --layers 8 --shards 3 --seed 4", model));
   REQUIRE_MESSAGE(sy.code == 0, sy.err);
   const Gen want = generate(model, "Hello world", 6, "--mem-gb 0.02");
   const Gen want2 = generate(model, "Streaming serves", 6, "--mem-gb 0.02");
-  ServeChild s(model + " --mem-gb 0.02 --context 64 --max-seqs 2");
+  // A joining prompt in a step of its own, 3 ids a step: the same ids (inline is the other tests').
+  ServeChild s(model + " --mem-gb 0.02 --context 64 --max-seqs 2 --prefill separate --prefill-chunk 3");
   Completion got[2];
   std::thread t([&] {
     got[1] = parse_stream(

@@ -2,7 +2,8 @@
 // HTTP. Requests that share steps (joining and leaving at different steps, more requests than
 // slots) get exactly the ids a lone Decoder + Sampler run gives for the same prompt and options, and
 // their text deltas join to the decoded text; a full queue refuses at once; a cancelled sequence
-// frees its slot at the next step.
+// frees its slot at the next step. The same ids whatever the prefill policy (inline or separate,
+// whole or chunked).
 #include <doctest/doctest.h>
 
 #include <chrono>
@@ -84,9 +85,11 @@ struct Fixture {
 
 }  // namespace
 
-TEST_CASE("concurrent requests get the ids and text a lone run gives, greedy and seeded") {
+namespace {
+
+void concurrent_requests(const pipeline::PrefillPolicy& prefill) {
   Fixture f;
-  SchedulerOptions so{.dec = dec_options(128), .max_seqs = 2, .queue = 8};
+  SchedulerOptions so{.dec = dec_options(128), .max_seqs = 2, .queue = 8, .prefill = prefill};
   Scheduler sched(so, f.cfg, f.tok);
   REQUIRE(sched.wait_until_settled(60s));
   REQUIRE(sched.phase() == Phase::ready);
@@ -131,9 +134,27 @@ TEST_CASE("concurrent requests get the ids and text a lone run gives, greedy and
   CHECK(sched.gauges().decode_steps.load() >= 12);
 }
 
+}  // namespace
+
+TEST_CASE("concurrent requests get the ids and text a lone run gives, greedy and seeded") {
+  concurrent_requests({});
+}
+
+TEST_CASE("the same ids with the joining prompt in a step of its own, or chunked across steps") {
+  using Mode = pipeline::PrefillPolicy::Mode;
+  for (const pipeline::PrefillPolicy p : {pipeline::PrefillPolicy{.mode = Mode::separate, .chunk = 0},
+                                          pipeline::PrefillPolicy{.mode = Mode::inline_decode, .chunk = 2},
+                                          pipeline::PrefillPolicy{.mode = Mode::separate, .chunk = 3}}) {
+    CAPTURE(pipeline::prefill_mode_name(p.mode));
+    CAPTURE(p.chunk);
+    concurrent_requests(p);
+  }
+}
+
 TEST_CASE("stop strings end a request with finish stop, before the stop text") {
   Fixture f;
-  Scheduler sched(SchedulerOptions{.dec = dec_options(64), .max_seqs = 1, .queue = 2}, f.cfg, f.tok);
+  Scheduler sched(SchedulerOptions{.dec = dec_options(64), .max_seqs = 1, .queue = 2, .prefill = {}}, f.cfg,
+                  f.tok);
   REQUIRE(sched.wait_until_settled(60s));
   const std::vector<int32_t> prompt = f.tok.encode("Hello", true);
   const std::vector<int32_t> want = solo(f.cfg, prompt, {}, 12);
@@ -163,7 +184,8 @@ TEST_CASE("stop strings end a request with finish stop, before the stop text") {
 
 TEST_CASE("a full queue refuses at once; a cancelled sequence frees its slot") {
   Fixture f;
-  Scheduler sched(SchedulerOptions{.dec = dec_options(4096), .max_seqs = 1, .queue = 1}, f.cfg, f.tok);
+  Scheduler sched(SchedulerOptions{.dec = dec_options(4096), .max_seqs = 1, .queue = 1, .prefill = {}}, f.cfg,
+                  f.tok);
   REQUIRE(sched.wait_until_settled(60s));
   const GenRequest longr = request(f.tok.encode("Hello", true), 4000);
   auto a = std::make_shared<Channel>(), b = std::make_shared<Channel>(), c = std::make_shared<Channel>();
@@ -188,7 +210,8 @@ TEST_CASE("a full queue refuses at once; a cancelled sequence frees its slot") {
 
 TEST_CASE("stop: requests in flight run on within the bound, then are cancelled") {
   Fixture f;
-  Scheduler sched(SchedulerOptions{.dec = dec_options(4096), .max_seqs = 1, .queue = 2}, f.cfg, f.tok);
+  Scheduler sched(SchedulerOptions{.dec = dec_options(4096), .max_seqs = 1, .queue = 2, .prefill = {}}, f.cfg,
+                  f.tok);
   REQUIRE(sched.wait_until_settled(60s));
   auto a = std::make_shared<Channel>();
   REQUIRE(sched.submit(request(f.tok.encode("Hi", true), 4000), a) == Scheduler::Submit::queued);
@@ -204,7 +227,7 @@ TEST_CASE("a model directory that cannot load settles as failed with the engine'
   Fixture f;
   pipeline::DecoderOptions o = dec_options(64);
   o.stream.mem_gb = 0.00001;  // below any floor: refused as usage
-  Scheduler sched(SchedulerOptions{.dec = o, .max_seqs = 1, .queue = 1}, f.cfg, f.tok);
+  Scheduler sched(SchedulerOptions{.dec = o, .max_seqs = 1, .queue = 1, .prefill = {}}, f.cfg, f.tok);
   REQUIRE(sched.wait_until_settled(60s));
   CHECK(sched.phase() == Phase::failed);
   REQUIRE(sched.failure());

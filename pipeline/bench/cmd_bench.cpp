@@ -1,7 +1,8 @@
 // `k3flow bench MODEL_DIR [--trunk DIR [--trunk-b DIR]] (--mem-gb X | --preset P) [--strategy LIST]
 //  [--gen N] [--repeat R] [--ids LIST] [--threads N] [--out FILE] [--json] [--trace-dir DIR]`: the
 // overlap strategies compared on one checkpoint and one budget in one run (docs/design.md §5). With
-// `--batch 1,2,4,8` it measures batched decode instead (pipeline/bench/bench_batch.hpp).
+// `--batch 1,2,4,8` it measures batched decode instead, and with `--batch B --join N` a prompt
+// joining B - 1 decoding sequences under each `--prefill` mode (pipeline/bench/bench_batch.hpp).
 // With --trunk-b (a second pack of the same checkpoint, e.g. `pack-trunk --codec exp4`), every
 // strategy runs from both trunks, the two alternating inside each round (A first in odd rounds, B
 // first in even ones) with the page cache dropped before every run, rows labelled
@@ -77,6 +78,8 @@ struct BenchArgs {
   double probe_seconds = 1.5;
   std::string batch;    // --batch 1,2,4,8: batched decode instead of the strategies (bench_batch.hpp)
   int batch_child = 0;  // --batch-child B (hidden): this process is one of --batch's children
+  size_t join = 0, prefill_chunk = 0;  // --join N, --prefill-chunk C: a prompt joining (bench_batch.hpp)
+  std::string prefill = "inline,separate";
 };
 
 std::vector<std::string> parse_strategies(const std::string& text) {
@@ -211,6 +214,19 @@ int run_batched(const BenchArgs& a) {
     for (int32_t id : kDefaultIds) b.ids.push_back(id % config.vocab);
   } else {
     b.ids = parse_id_list(a.ids, "--ids", config.vocab);
+  }
+  if (a.join > 0) {
+    b.join = a.join;
+    b.chunk = a.prefill_chunk;
+    b.modes = parse_prefill_modes(a.prefill);
+    if (a.batch_child > 0) {
+      if (b.modes.size() != 1) throw io::usage_error("--batch-child --join: give one --prefill mode");
+      return run_join_child(b, a.batch_child, b.modes.front());
+    }
+    const std::vector<int> batches = parse_batch_list(a.batch);
+    if (batches.size() != 1 || batches.front() < 2)
+      throw io::usage_error(fmt::format("--join: give one batch size of at least 2 (--batch {})", a.batch));
+    return run_join_bench(b, batches.front(), stdout);
   }
   if (a.batch_child > 0) return run_batch_child(b, a.batch_child);
   return run_batch_bench(b, parse_batch_list(a.batch), stdout);
@@ -575,6 +591,16 @@ Action add_bench(CLI::App& sub) {
       "batched decode instead of the strategies: for each batch size B (e.g. 1,2,4,8), B sequences "
       "decoding together in one engine (one --strategy, default auto): aggregate tokens/s, s/token per "
       "sequence, bytes read per step, peak RSS");
+  sub.add_option("--join", a->join,
+                 "with --batch B: B-1 sequences decode, then one with an N-id prompt joins; each --prefill "
+                 "mode's time to first token, the others' stall and aggregate tokens/s")
+      ->check(CLI::Range(size_t(1), size_t(65536)));
+  sub.add_option("--prefill", a->prefill, "with --join: the prefill modes compared (inline, separate)")
+      ->capture_default_str();
+  sub.add_option("--prefill-chunk", a->prefill_chunk,
+                 "with --join: prompt ids fed per step at most (0: the whole prompt)")
+      ->check(CLI::Range(size_t(0), size_t(65536)))
+      ->capture_default_str();
   sub.add_option("--batch-child", a->batch_child, "(internal) one --batch run, in this process")
       ->group("")
       ->check(CLI::Range(1, 256));

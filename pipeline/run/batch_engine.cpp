@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 
 #include "io/error.hpp"
@@ -13,6 +14,15 @@ namespace k3::pipeline {
 
 namespace {
 
+// The plan's activation scratch holds one 64-row chunk's per-layer working set (scratch_bytes in
+// pipeline/graph/planner.cpp); a pass of more prompt ids outgrows it (measured: a 128-id prompt
+// peaked 9 MiB over a 0.12 GiB budget on the `small` synthetic, 64 at a time stayed under).
+constexpr size_t kPassRows = 64;
+
+size_t default_pass_rows(size_t capacity, size_t n_seqs) {
+  return std::max(std::min(capacity, kPassRows), n_seqs);
+}
+
 int checked_max_seqs(int n) {
   if (n < 1) throw io::usage_error(fmt::format("--max-seqs {}: needs at least 1 sequence", n));
   return n;
@@ -20,13 +30,23 @@ int checked_max_seqs(int n) {
 
 }  // namespace
 
+PrefillPolicy::Mode parse_prefill_mode(const std::string& text, const char* flag) {
+  if (text == "inline") return PrefillPolicy::Mode::inline_decode;
+  if (text == "separate") return PrefillPolicy::Mode::separate;
+  throw io::usage_error(fmt::format("{} '{}': inline or separate", flag, text));
+}
+
+const char* prefill_mode_name(PrefillPolicy::Mode m) {
+  return m == PrefillPolicy::Mode::separate ? "separate" : "inline";
+}
+
 BatchEngine::BatchEngine(const DecoderOptions& o, io::ModelConfig cfg, int max_seqs)
     : cfg_(std::move(cfg)),
       n_layers_(bound_layers(cfg_, o.layers)),
       capacity_(run_capacity(o)),
       shards_(open_model_shards(o.model_dir)) {
   const int n = checked_max_seqs(max_seqs);
-  max_rows_ = std::max(capacity_, size_t(n));
+  max_rows_ = default_pass_rows(capacity_, size_t(n));
   // A server runs until it is stopped: the graph may always read ahead into the next step. The plan
   // holds every slot's state and a pass of max_step_rows() ids.
   StreamFlags flags = o.stream;
@@ -54,7 +74,7 @@ uint64_t BatchEngine::state_bytes() const {
 }
 
 void BatchEngine::set_max_step_rows(size_t n) {
-  const size_t most = std::max(capacity_, states_.size());
+  const size_t most = default_pass_rows(capacity_, states_.size());
   if (n < 1 || n > most)
     throw io::usage_error(
         fmt::format("batch: {} ids per pass: needs 1..{} (the plan's activations)", n, most));
@@ -63,6 +83,22 @@ void BatchEngine::set_max_step_rows(size_t n) {
 
 void BatchEngine::reset(int seq) {
   states_.at(size_t(seq))->reset();
+}
+
+std::vector<size_t> BatchEngine::plan_step(std::span<const Pending> seqs) const {
+  const size_t chunk = prefill_.chunk ? prefill_.chunk : SIZE_MAX;
+  const bool prompts_only =
+      prefill_.mode == PrefillPolicy::Mode::separate &&
+      std::any_of(seqs.begin(), seqs.end(), [](const Pending& p) { return p.prompt && p.ids > 0; });
+  std::vector<size_t> feed(seqs.size(), 0);
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const Pending& p = seqs[i];
+    if (p.prompt)
+      feed[i] = std::min(p.ids, chunk);
+    else if (!prompts_only)
+      feed[i] = p.ids;
+  }
+  return feed;
 }
 
 void BatchEngine::step(std::span<const Row> rows) {

@@ -10,10 +10,17 @@
 // A step is ONE pass over the model for all its rows (stages::forward_batch resident,
 // StreamingModel::forward_batch streamed): every trunk layer is read once per step whatever the
 // number of sequences, and a layer's routed experts are the union of the step's tokens' choices.
-// A pass carries at most max_step_rows() ids (what the activations and the plan are sized for);
+// A pass carries at most max_step_rows() ids (what the activations and the plan are sized for:
+// max(min(context, 64), max_seqs));
 // a step with more -- a long prompt joining -- is split into passes, each taking the rows with
 // the fewest ids first (the decoding sequences' single ids) and as much of the prompts as fits
 // (chunked prefill: a prompt fed in pieces gives the bits it gives fed whole).
+//
+// How a joining prompt shares steps with the decoding sequences is the caller's choice, made with
+// plan_step() under the engine's PrefillPolicy: inline (the prompt rides in the decode step, beside
+// the others' single ids) or separate (a step of prompts only; the decoding sequences skip it), and
+// optionally at most `chunk` prompt ids per step (the rest in later steps). docs/serve.md, "Prefill",
+// has the measured trade-off.
 //
 // Exactness: each row's logits are bit-identical to feeding that sequence alone (Decoder), whatever
 // other rows share the step -- the engine's row-wise arithmetic never depends on how many rows a
@@ -23,6 +30,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "io/config.hpp"
@@ -34,6 +42,19 @@
 #include "stages/scratch.hpp"
 
 namespace k3::pipeline {
+
+// How a joining prompt is fed (serve / bench --prefill, --prefill-chunk).
+struct PrefillPolicy {
+  enum class Mode {
+    inline_decode,  // in the decode step, beside the decoding sequences' ids ("inline")
+    separate,       // in a step of its own: the decoding sequences skip it ("separate")
+  };
+  Mode mode = Mode::inline_decode;
+  size_t chunk = 0;  // prompt ids a sequence feeds per step at most; 0: the whole prompt at once
+};
+// "inline" / "separate"; usage Error naming `flag` for anything else.
+PrefillPolicy::Mode parse_prefill_mode(const std::string& text, const char* flag);
+const char* prefill_mode_name(PrefillPolicy::Mode);
 
 class BatchEngine {
  public:
@@ -59,7 +80,8 @@ class BatchEngine {
   size_t cached(int seq) const;                  // positions slot `seq` has fed
   StreamRun* stream() { return stream_.get(); }  // null when resident
   uint64_t state_bytes() const;                  // every slot's carried state
-  // Ids one pass carries at most: max(capacity(), max_seqs()). A step feeding more is split.
+  // Ids one pass carries at most: max(min(capacity(), 64), max_seqs()) -- the plan's activation
+  // scratch holds a 64-row working set. A step feeding more is split into passes.
   size_t max_step_rows() const { return max_rows_; }
   // Lowers the cap (1..the default): smaller passes, for a server that bounds a step's latency, and
   // for tests of the split. Throws usage Error outside that range.
@@ -67,6 +89,19 @@ class BatchEngine {
   int passes_last_step() const { return passes_; }  // passes the last step() took (1 unless split)
 
   void reset(int seq);  // forget slot `seq`'s sequence: zero its state
+
+  // What a sequence has pending before a step: a prompt's ids not yet fed, or the one id it sampled.
+  struct Pending {
+    int seq = 0;
+    size_t ids = 0;       // ids pending (>= 1)
+    bool prompt = false;  // still feeding its prompt (it samples once all of it is fed)
+  };
+  void set_prefill(PrefillPolicy p) { prefill_ = p; }
+  const PrefillPolicy& prefill() const { return prefill_; }
+  // How many of its pending ids each sequence feeds in the next step under prefill(); 0: it skips
+  // the step. Inline: every sequence feeds, a prompt up to `chunk` ids. Separate: while any prompt is
+  // pending, only prompts feed (up to `chunk` ids each); otherwise every decoding sequence.
+  std::vector<size_t> plan_step(std::span<const Pending>) const;
 
   // Feeds every row. Rows name distinct slots in [0, max_seqs). Before anything is computed the
   // rows are checked (ids in the vocabulary, room in each slot's KV cache, distinct slots): a bad
@@ -86,6 +121,7 @@ class BatchEngine {
   stages::Scratch scratch_;
   size_t max_rows_ = 0;
   int passes_ = 0;
+  PrefillPolicy prefill_;
   std::vector<float> pass_logits_;
   std::vector<int32_t> pass_ids_;
 };

@@ -32,7 +32,8 @@ namespace {
 struct ServeArgs {
   DecoderOptions dec;
   std::optional<std::string> tokenizer, model_name, api_key;
-  std::string host = "127.0.0.1";
+  std::string host = "127.0.0.1", prefill = "inline";
+  size_t prefill_chunk = 0;
   int max_seqs = 4, queue = 16, threads = 0, port = 8080, max_connections = 64;
   size_t context = 4096, max_body_kb = 1024;
   double drain_seconds = 10;
@@ -64,6 +65,7 @@ int run_serve(ServeArgs a) {
   if (a.tokenizer) check_input_dir(*a.tokenizer, "--tokenizer");
   if (!a.dec.stream.trunk_dir.empty()) check_trunk_dir(a.dec.stream.trunk_dir);
   serve::check_host(a.host);
+  const PrefillPolicy prefill{.mode = parse_prefill_mode(a.prefill, "--prefill"), .chunk = a.prefill_chunk};
   if (a.api_key && a.api_key->empty()) throw io::usage_error("--api-key: empty");
   if (a.context > kMaxPositions)
     throw io::usage_error(
@@ -86,8 +88,9 @@ int run_serve(ServeArgs a) {
   a.dec.capacity = a.context;
 
   StopSignals signals;
-  serve::Scheduler sched(serve::SchedulerOptions{.dec = a.dec, .max_seqs = a.max_seqs, .queue = a.queue}, cfg,
-                         *tok);
+  serve::Scheduler sched(
+      serve::SchedulerOptions{.dec = a.dec, .max_seqs = a.max_seqs, .queue = a.queue, .prefill = prefill},
+      cfg, *tok);
   std::string name =
       a.model_name.value_or(std::filesystem::path(a.dec.model_dir).lexically_normal().filename());
   if (name.empty()) name = std::filesystem::path(a.dec.model_dir).lexically_normal().parent_path().filename();
@@ -140,6 +143,14 @@ Action add_serve(CLI::App& sub) {
       ->capture_default_str();
   sub.add_option("--queue", a->queue, "requests that may wait for a slot; more get 429")
       ->check(CLI::Range(0, 65536))
+      ->capture_default_str();
+  sub.add_option("--prefill", a->prefill,
+                 "a joining prompt: inline (in the decode step, beside the others' ids) or separate "
+                 "(a step of its own; the decoding sequences skip it)")
+      ->capture_default_str();
+  sub.add_option("--prefill-chunk", a->prefill_chunk,
+                 "prompt ids a sequence feeds per step at most (0: the whole prompt in one step)")
+      ->check(CLI::Range(size_t(0), kMaxPositions))
       ->capture_default_str();
   sub.add_option("--api-key", a->api_key, "require Authorization: Bearer KEY (all routes but /health)");
   sub.add_option("--context", a->context, "positions per sequence (prompt + reply)")

@@ -66,7 +66,8 @@ struct Scheduler::Active {
   std::optional<text::ReplyParser> parser;
   std::vector<float> logits;
   std::vector<int32_t> context;  // prompt + generated: the sampler's repeat-penalty window
-  std::vector<int32_t> pending;  // what the next step feeds
+  std::vector<int32_t> pending;  // what is left to feed: the prompt's ids not yet fed, or the id sampled last
+  bool prompting = true;         // pending is (the rest of) the prompt
   int generated = 0;
   bool done = false;
 };
@@ -144,6 +145,7 @@ void Scheduler::run() {
     g_.load_bytes_read = process_read_bytes() - base;
     capacity_ = engine_->capacity();
     streamed_ = engine_->stream() != nullptr;
+    engine_->set_prefill(opt_.prefill);
     busy_.assign(size_t(engine_->max_seqs()), false);
     {
       std::lock_guard lock(m_);
@@ -268,10 +270,19 @@ void Scheduler::decode_step() {
   g_.active = int(active_.size());
   if (active_.empty()) return;
 
+  // Which sequences feed this step, and how much of a prompt: the engine's prefill policy.
+  std::vector<BatchEngine::Pending> pending;
+  pending.reserve(active_.size());
+  for (auto& a : active_)
+    pending.push_back({.seq = a->slot, .ids = a->pending.size(), .prompt = a->prompting});
+  const std::vector<size_t> feed = engine_->plan_step(pending);
   std::vector<BatchEngine::Row> rows;
   rows.reserve(active_.size());
-  for (auto& a : active_)
-    rows.push_back(BatchEngine::Row{.seq = a->slot, .ids = a->pending, .logits = a->logits});
+  for (size_t i = 0; i < active_.size(); ++i)
+    if (feed[i] > 0)
+      rows.push_back(BatchEngine::Row{.seq = active_[i]->slot,
+                                      .ids = std::span<const int32_t>(active_[i]->pending).first(feed[i]),
+                                      .logits = active_[i]->logits});
   const auto t0 = std::chrono::steady_clock::now();
   try {
     engine_->step(rows);
@@ -298,8 +309,13 @@ void Scheduler::decode_step() {
     g_.compute_busy_micros = uint64_t(t.compute_busy_seconds * 1e6);
   }
 
-  for (auto& ap : active_) {
-    Active& a = *ap;
+  for (size_t i = 0; i < active_.size(); ++i) {
+    Active& a = *active_[i];
+    // A sequence samples once everything it had pending is fed (a prompt may take several steps).
+    if (feed[i] == 0) continue;
+    a.pending.erase(a.pending.begin(), a.pending.begin() + long(feed[i]));
+    if (!a.pending.empty()) continue;
+    a.prompting = false;
     int32_t id = 0;
     try {
       id = a.sampler.next(a.logits, a.context);

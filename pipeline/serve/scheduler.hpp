@@ -1,11 +1,12 @@
 // `k3flow serve`'s scheduler: one thread owns the BatchEngine and runs continuous batching. At each
 // step boundary it admits queued requests into free sequence slots (up to --max-seqs; a slot is
-// reset before a new sequence uses it), feeds every active sequence in one BatchEngine::step (a
-// joining prompt whole, the others the id they sampled last), samples each row with that request's
-// own stages::Sampler, decodes the text incrementally (io/text/text_stream.hpp; chat replies through
-// io/text/xtml.hpp's ReplyParser) and hands the deltas to the request's Channel. A sequence leaves
-// as soon as it is done (an end id or stop string, max_tokens, a full context, or its client gone);
-// the others never wait for it.
+// reset before a new sequence uses it), feeds the active sequences in one BatchEngine::step (a
+// joining prompt, the others the id they sampled last; which of them share a step is the engine's
+// plan_step() under --prefill / --prefill-chunk), samples each row whose ids are all fed with that
+// request's own stages::Sampler, decodes the text incrementally (io/text/text_stream.hpp; chat replies
+// through io/text/xtml.hpp's ReplyParser) and hands the deltas to the request's Channel. A sequence leaves as
+// soon as it is done (an end id or stop string, max_tokens, a full context, or its client gone); the others
+// never wait for it.
 //
 // Exactness: a request's ids are those `k3flow generate` produces for the same prompt and sampling
 // options, whatever else shares its steps: BatchEngine gives each row the solo run's logits bytes,
@@ -29,13 +30,10 @@
 #include "io/config.hpp"
 #include "io/error.hpp"
 #include "io/text/tokenizer.hpp"
+#include "pipeline/run/batch_engine.hpp"
 #include "pipeline/run/decoder.hpp"
 #include "pipeline/serve/channel.hpp"
 #include "stages/sampler.hpp"
-
-namespace k3::pipeline {
-class BatchEngine;
-}
 
 namespace k3::pipeline::serve {
 
@@ -54,7 +52,8 @@ struct GenRequest {
 struct SchedulerOptions {
   DecoderOptions dec;  // the model, budget flags, and dec.capacity: the positions per sequence
   int max_seqs = 4;
-  int queue = 16;  // requests waiting for a slot; more are refused (HTTP 429)
+  int queue = 16;         // requests waiting for a slot; more are refused (HTTP 429)
+  PrefillPolicy prefill;  // how a joining prompt shares steps with the decoding sequences
 };
 
 enum class Phase { loading, ready, failed, stopped };
