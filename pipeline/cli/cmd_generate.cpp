@@ -377,6 +377,7 @@ int run_generate(GenerateOptions o) {
     sr.passes = spec.passes;
     sr.verify_passes = spec.verifies;
     sr.emitted = spec.emitted;
+    sr.pass_log.reserve(spec.pass_log.size());
     for (const SpecPass& p : spec.pass_log)
       sr.pass_log.push_back({.rows = int(p.rows),
                              .drafted = int(p.drafted),

@@ -1,9 +1,9 @@
 // `k3flow plan MODEL_DIR [--trunk DIR] (--mem-gb X | --preset NAME | --trunk-gb X --cache-gb Y)
-//  [--strategy S] [--context N] [--ring N] [--max-seqs N] [--spec N] [--json]`: how one memory budget splits
-//  into
+//  [--strategy S] [--context N] [--ring N] [--max-seqs N] [--json]`: how one memory budget splits into
 // pools (pipeline/graph/planner.hpp), from the config and the shard headers only, so it sizes the 1.56 TB
 // model from its sparse replica. It is the plan `k3flow generate` makes with the same flags for a run of
 // --context positions (prompt + --gen + 1): both come from plan_run (pipeline/run/streaming_run.hpp).
+// --spec N plans a `generate --spec N` run: its rollback journal and verify logits (docs/speculative.md).
 // `k3flow plan MODEL_DIR --ranks N [--json]`: what each of N MPI ranks holds and exchanges under
 // `mpirun -np N k3flow generate` (pipeline/dist/split.hpp, docs/distributed.md §3).
 #include <fmt/format.h>
