@@ -370,7 +370,7 @@ int run_generate(GenerateOptions o) {
   r.threads =
       static_cast<int>(tbb::global_control::active_value(tbb::global_control::max_allowed_parallelism));
   if (o.spec > 0) {
-    RunReport::Speculative& sr = r.speculative.emplace();
+    SpecReport& sr = r.speculative.emplace();
     sr.drafts_per_pass = o.spec;
     sr.drafted = spec.drafted;
     sr.accepted = spec.accepted;

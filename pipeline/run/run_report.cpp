@@ -52,7 +52,7 @@ std::string to_json(const RunReport& r) {
         .end_object();
   w.end_array();
   if (r.speculative) {
-    const RunReport::Speculative& s = *r.speculative;
+    const SpecReport& s = *r.speculative;
     w.key("speculative")
         .begin_object()
         .field("drafts_per_pass", s.drafts_per_pass)
@@ -65,7 +65,7 @@ std::string to_json(const RunReport& r) {
         .fixed_field("passes_per_token", s.emitted ? double(s.passes) / double(s.emitted) : 0.0, 4)
         .key("pass_log")
         .begin_array();
-    for (const RunReport::SpecPass& p : s.pass_log)
+    for (const SpecReportPass& p : s.pass_log)
       w.begin_object()
           .field("rows", p.rows)
           .field("drafted", p.drafted)
