@@ -45,9 +45,8 @@ std::vector<PlanTerm> spec_plan_terms(const io::ModelConfig& c, int n_layers, in
   const uint64_t each = s.kda_layer_bytes() + rows * row, logits = 4 * uint64_t(spec) * uint64_t(c.vocab);
   std::vector<PlanTerm> terms;
   if (s.n_kda > 0)
-    terms.push_back(
-        {fmt::format("KDA rollback journal (--spec {}, {} rows)", spec, rows),
-         uint64_t(s.n_kda), each, uint64_t(s.n_kda) * each});
+    terms.push_back({fmt::format("KDA rollback journal (--spec {}, {} rows)", spec, rows), uint64_t(s.n_kda),
+                     each, uint64_t(s.n_kda) * each});
   terms.push_back({fmt::format("verify logits (--spec {}, {} more rows)", spec, spec), uint64_t(spec),
                    4 * uint64_t(c.vocab), logits});
   return terms;
