@@ -9,7 +9,8 @@
 # accepted, the upper bound). The peer checkpoint is synthetic (`k3flow synth`, random weights): it
 # does not copy its context, so on it lookup drafts rarely exist and `spec` measures the overhead;
 # `oracle` measures what a pass of N + 1 rows costs against N + 1 passes of one.
-# The page cache is dropped before every run (as perf/peer_vs_c.sh does). Per run, from the --out
+# The page cache is dropped before every run: /proc/sys/vm/drop_caches when writable, else each model
+# and trunk file's pages (posix_fadvise DONTNEED, what `k3flow bench` does). Per run, from the --out
 # report: s/token and bytes read per token over the decode (the prefill pass, which emits the first
 # token, left out), trunk passes per token and the acceptance from the log. Then per prompt the min
 # and median of plain and spec and their ratio. Fails (exit 3) if spec's ids differ from plain's: a
@@ -43,8 +44,20 @@ PASSAGE=1008,10484,318,15383,387,2029,11,581,7245,9909,13,4711,300,25,1999,42,21
 REPEAT_IDS=$PASSAGE,$PASSAGE
 mkdir -p "$OUT"
 
-drop_cache() {
-  if sync && (echo 3 > /proc/sys/vm/drop_caches) 2>/dev/null; then echo dropped; else echo refused; fi
+drop_cache() {  # prints how: "dropped" (drop_caches) or "fadvise" (per file, as k3flow bench does)
+  sync
+  if (echo 3 > /proc/sys/vm/drop_caches) 2>/dev/null; then echo dropped; return; fi
+  /usr/bin/python3 - "$MODEL" "$TRUNK" <<'PY'
+import os, sys
+for d in sys.argv[1:]:
+    for name in os.listdir(d):
+        p = os.path.join(d, name)
+        if os.path.isfile(p):
+            fd = os.open(p, os.O_RDONLY)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            os.close(fd)
+print("fadvise")
+PY
 }
 
 run() {  # $1 = tag, $2 = ids, $3 = --spec value, $4 = --spec-oracle ids (or empty)

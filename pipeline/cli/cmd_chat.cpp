@@ -304,6 +304,7 @@ int run_chat(ChatArgs& a) {
   text::validate(opts);
   stages::validate(a.sampling);
   check_spec_flag(a.spec, a.sampling, a.dec.recompute);
+  a.dec.stream.spec = a.spec;  // a streamed run's plan holds the verify pass's journal
   check_stream_flags(a.dec.stream);
   check_model_dir(a.dec.model_dir, a.dec.config.has_value());
   if (a.dec.config) check_input_file(*a.dec.config, "--config");

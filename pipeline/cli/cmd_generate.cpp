@@ -117,6 +117,7 @@ int run_generate(GenerateOptions o) {
   if (o.incremental && o.dec.recompute)
     throw io::usage_error("--incremental and --recompute exclude each other");
   check_spec_flag(o.spec, o.sampling, o.dec.recompute);
+  o.dec.stream.spec = o.spec;  // a streamed run's plan holds the verify pass's journal
   if (o.spec_oracle && o.spec == 0) throw io::usage_error("--spec-oracle needs --spec N (N >= 1)");
   if (!o.stop.empty() && !text_mode)
     throw io::usage_error("--stop needs a text prompt (--prompt / --prompt-file)");
@@ -256,6 +257,7 @@ int run_generate(GenerateOptions o) {
   // tokens). Each token is handled as it is emitted; a stop ends the pass there (the decoder then
   // holds what plain decoding would).
   SpecStats spec;
+  spec.log_passes = o.spec > 0;  // the --out report's "speculative" rows
   bool stopped = false;
   // --spec-oracle IDS (a measurement flag): drafts the known answer -- what a plain run generated --
   // instead of looking it up, so every draft is accepted: the upper bound of --spec on a checkpoint
@@ -367,6 +369,22 @@ int run_generate(GenerateOptions o) {
   r.peak_rss_bytes = rss;
   r.threads =
       static_cast<int>(tbb::global_control::active_value(tbb::global_control::max_allowed_parallelism));
+  if (o.spec > 0) {
+    SpecReport& sr = r.speculative.emplace();
+    sr.drafts_per_pass = o.spec;
+    sr.drafted = spec.drafted;
+    sr.accepted = spec.accepted;
+    sr.passes = spec.passes;
+    sr.verify_passes = spec.verifies;
+    sr.emitted = spec.emitted;
+    sr.pass_log.reserve(spec.pass_log.size());
+    for (const SpecPass& p : spec.pass_log)
+      sr.pass_log.push_back({.rows = int(p.rows),
+                             .drafted = int(p.drafted),
+                             .accepted = int(p.accepted),
+                             .emitted = int(p.emitted),
+                             .seconds = p.seconds});
+  }
   if (dec.stream()) dec.stream()->finish(r, t_steps);
   if (o.out_path) {
     write_file_atomic(*o.out_path, to_json(r));

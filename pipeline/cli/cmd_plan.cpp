@@ -3,6 +3,7 @@
 // pools (pipeline/graph/planner.hpp), from the config and the shard headers only, so it sizes the 1.56 TB
 // model from its sparse replica. It is the plan `k3flow generate` makes with the same flags for a run of
 // --context positions (prompt + --gen + 1): both come from plan_run (pipeline/run/streaming_run.hpp).
+// --spec N plans a `generate --spec N` run: its rollback journal and verify logits (docs/speculative.md).
 // `k3flow plan MODEL_DIR --ranks N [--json]`: what each of N MPI ranks holds and exchanges under
 // `mpirun -np N k3flow generate` (pipeline/dist/split.hpp, docs/distributed.md §3).
 #include <fmt/format.h>
@@ -20,6 +21,7 @@
 #include "pipeline/dist/split.hpp"
 #include "pipeline/graph/planner.hpp"
 #include "pipeline/graph/streaming_source.hpp"
+#include "pipeline/run/speculative.hpp"
 #include "pipeline/run/streaming_run.hpp"
 #include "pipeline/support/output_file.hpp"
 
@@ -113,6 +115,11 @@ Action add_plan(CLI::App& sub) {
                  "(KDA + conv, KV cache for --context) and activations for a pass of max(--context, N) ids")
       ->capture_default_str()
       ->check(CLI::Range(1, 4096));
+  sub.add_option("--spec", a->flags.spec,
+                 "the plan of generate/chat --spec N: it also holds a verify pass's KDA rollback journal "
+                 "and N more rows of logits (docs/speculative.md)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, kMaxSpec));
   sub.add_option("--ranks", a->ranks,
                  "the split over N MPI ranks instead (mpirun -np N k3flow generate): bytes each rank holds, "
                  "messages and bytes exchanged per token")

@@ -102,6 +102,10 @@ void json_args(std::string& out, const TraceArgs& a) {
   field("bytes", a.bytes);
   field("offset", a.offset);
   field("token", a.token);
+  field("rows", a.rows);
+  field("drafted", a.drafted);
+  field("accepted", a.accepted);
+  field("emitted", a.emitted);
   out += '}';
 }
 

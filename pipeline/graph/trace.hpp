@@ -17,6 +17,8 @@ namespace k3::pipeline {
 // Optional event arguments; a field < 0 is absent from the JSON.
 struct TraceArgs {
   int64_t layer = -1, expert = -1, slot = -1, bytes = -1, offset = -1, token = -1;
+  // A speculative decode's pass (pipeline/run/speculative.hpp): rows fed, drafts, accepted, emitted.
+  int64_t rows = -1, drafted = -1, accepted = -1, emitted = -1;
 };
 
 class Trace {

@@ -50,7 +50,32 @@ std::string to_json(const RunReport& r) {
         .field("expert_bytes", t.expert_bytes)
         .fixed_field("io_busy_seconds", t.io_busy_seconds, 6)
         .end_object();
-  w.end_array().end_object();
+  w.end_array();
+  if (r.speculative) {
+    const SpecReport& s = *r.speculative;
+    w.key("speculative")
+        .begin_object()
+        .field("drafts_per_pass", s.drafts_per_pass)
+        .field("drafted", s.drafted)
+        .field("accepted", s.accepted)
+        .fixed_field("acceptance", s.drafted ? double(s.accepted) / double(s.drafted) : 0.0, 4)
+        .field("passes", s.passes)
+        .field("verify_passes", s.verify_passes)
+        .field("emitted", s.emitted)
+        .fixed_field("passes_per_token", s.emitted ? double(s.passes) / double(s.emitted) : 0.0, 4)
+        .key("pass_log")
+        .begin_array();
+    for (const SpecReportPass& p : s.pass_log)
+      w.begin_object()
+          .field("rows", p.rows)
+          .field("drafted", p.drafted)
+          .field("accepted", p.accepted)
+          .field("emitted", p.emitted)
+          .fixed_field("seconds", p.seconds, 6)
+          .end_object();
+    w.end_array().end_object();
+  }
+  w.end_object();
   return w.str() + "\n";
 }
 

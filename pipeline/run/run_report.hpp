@@ -4,10 +4,25 @@
 // exact names). A resident run reports strategy "resident" and zeros for the streaming counters.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 namespace k3::pipeline {
+
+// generate --spec N (docs/speculative.md), written as "speculative" after "tokens" when N >= 1:
+// the run's totals and one row per forward pass, in order (the first is the prompt's prefill). A
+// streamed run's "tokens" rows are per pass too, in the same order. (At namespace scope: clang
+// cannot default-construct a nested struct with member initializers inside std::optional.)
+struct SpecReportPass {
+  int rows = 0, drafted = 0, accepted = 0, emitted = 0;
+  double seconds = 0;  // the pass's wall time
+};
+struct SpecReport {
+  int drafts_per_pass = 0;  // N
+  uint64_t drafted = 0, accepted = 0, passes = 0, verify_passes = 0, emitted = 0;
+  std::vector<SpecReportPass> pass_log;
+};
 
 struct RunReport {
   std::vector<int32_t> prompt_ids;  // the new prompt only
@@ -40,6 +55,8 @@ struct RunReport {
     double io_busy_seconds = 0;  // of wall_seconds, with a read in flight
   };
   std::vector<Token> tokens;
+
+  std::optional<SpecReport> speculative;  // generate --spec N, N >= 1
 };
 
 std::string to_json(const RunReport&);

@@ -3,9 +3,13 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 
 #include "io/error.hpp"
+#include "pipeline/graph/trace.hpp"
 #include "pipeline/run/decoder.hpp"
+#include "stages/forward.hpp"
+#include "stages/kda.hpp"
 
 namespace k3::pipeline {
 
@@ -33,11 +37,53 @@ std::vector<int32_t> draft_lookup(std::span<const int32_t> seq, size_t n, size_t
   return {};
 }
 
+std::vector<PlanTerm> spec_plan_terms(const io::ModelConfig& c, int n_layers, int spec) {
+  if (spec <= 0) return {};
+  const stages::StateSizes s = stages::StateSizes::of(c, n_layers, 1);
+  const uint64_t rows = uint64_t(spec) + 1, row = 4 * uint64_t(stages::kda_journal_row_floats(c));
+  // One journal per KDA layer: its state on entry (the layer's kper floats) + every row's inputs.
+  const uint64_t each = s.kda_layer_bytes() + rows * row, logits = 4 * uint64_t(spec) * uint64_t(c.vocab);
+  std::vector<PlanTerm> terms;
+  if (s.n_kda > 0)
+    terms.push_back({fmt::format("KDA rollback journal (--spec {}, {} rows)", spec, rows), uint64_t(s.n_kda),
+                     each, uint64_t(s.n_kda) * each});
+  terms.push_back({fmt::format("verify logits (--spec {}, {} more rows)", spec, spec), uint64_t(spec),
+                   4 * uint64_t(c.vocab), logits});
+  return terms;
+}
+
+namespace {
+
+double clock_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// The row of the trace the passes of a speculative decode sit on (registered once per process).
+int passes_track() {
+  static const int tid = Trace::register_track("decode: passes", 1);
+  return tid;
+}
+
+// Counts one pass: the stats' log and, when tracing, its event.
+void record_pass(SpecStats& stats, const SpecPass& p, bool traced, uint64_t begin_us) {
+  if (stats.log_passes) stats.pass_log.push_back(p);
+  if (traced)
+    Trace::complete(
+        p.drafted > 0 ? "verify pass" : "plain pass", "spec", begin_us, Trace::now_us(),
+        TraceArgs{.rows = p.rows, .drafted = p.drafted, .accepted = p.accepted, .emitted = p.emitted},
+        passes_track());
+}
+
+}  // namespace
+
 int speculative_step(Decoder& dec, stages::Sampler& sampler, int n_draft, int max_tokens, SpecStats& stats,
                      const EmitFn& emit, const DraftFn& drafter) {
   if (n_draft > 0 && sampler.options().temperature != 0)
     throw io::usage_error("--spec needs greedy decoding (--temperature 0)");
   if (max_tokens < 1) throw io::runtime_error("speculative_step: no token wanted (internal error)");
+  const double t0 = clock_seconds();
+  const bool traced = n_draft > 0 && Trace::enabled();
+  const uint64_t t0_us = traced ? Trace::now_us() : 0;
   const size_t V = size_t(dec.config().vocab);
   std::vector<int32_t> drafts;
   if (n_draft > 0 && dec.pending() == 1 && !dec.recompute()) {
@@ -47,11 +93,15 @@ int speculative_step(Decoder& dec, stages::Sampler& sampler, int n_draft, int ma
   }
   ++stats.passes;
   if (drafts.empty()) {
+    const uint32_t rows = uint32_t(dec.pending());
     const std::span<const float> logits = dec.logits();
     const int32_t next = sampler.next(logits, dec.seq());
     dec.push(next);
     ++stats.emitted;
     emit(next, logits);
+    record_pass(stats,
+                {.rows = rows, .drafted = 0, .accepted = 0, .emitted = 1, .seconds = clock_seconds() - t0},
+                traced, t0_us);
     return 1;
   }
 
@@ -79,6 +129,13 @@ int speculative_step(Decoder& dec, stages::Sampler& sampler, int n_draft, int ma
   dec.keep(e);
   dec.push(toks[e - 1]);
   stats.emitted += e;
+  record_pass(stats,
+              {.rows = uint32_t(drafts.size() + 1),
+               .drafted = uint32_t(drafts.size()),
+               .accepted = uint32_t(toks.size() - 1),
+               .emitted = uint32_t(e),
+               .seconds = clock_seconds() - t0},
+              traced, t0_us);
   return int(e);
 }
 

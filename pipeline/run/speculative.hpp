@@ -13,6 +13,8 @@
 #include <span>
 #include <vector>
 
+#include "io/config.hpp"
+#include "pipeline/graph/planner.hpp"
 #include "stages/sampler.hpp"
 
 namespace k3::pipeline {
@@ -34,14 +36,30 @@ inline constexpr size_t kDraftMaxNgram = 3;
 // (fewer when the sequence ends first). Empty when nothing matches or n == 0.
 std::vector<int32_t> draft_lookup(std::span<const int32_t> seq, size_t n, size_t max_ngram = kDraftMaxNgram);
 
+// One forward pass of a speculative decode: a plain step (drafted 0; rows = the ids it fed, a
+// prompt's on the first step) or a verify pass (rows = 1 + drafted).
+struct SpecPass {
+  uint32_t rows = 0, drafted = 0, accepted = 0;
+  uint32_t emitted = 0;  // tokens handed to the caller: accepted + 1, fewer when the caller stopped
+  double seconds = 0;    // the pass's wall time, the caller's emits included
+};
+
 struct SpecStats {
   uint64_t passes = 0;    // forward passes (trunk passes) the decode made, verify or plain
   uint64_t verifies = 0;  // of them, verify passes (at least one draft)
   uint64_t drafted = 0, accepted = 0;
-  uint64_t emitted = 0;  // tokens handed to the caller
+  uint64_t emitted = 0;     // tokens handed to the caller
+  bool log_passes = false;  // keep a SpecPass per pass in pass_log (generate's --out report)
+  std::vector<SpecPass> pass_log;
   double acceptance() const { return drafted ? double(accepted) / double(drafted) : 0.0; }
   double passes_per_token() const { return emitted ? double(passes) / double(emitted) : 0.0; }
 };
+
+// What --spec N adds to a run's memory, as plan terms (the planner counts them with the other
+// always-resident terms, pipeline/run/streaming_run.cpp plan_run): the KDA rollback journal for a
+// pass of N + 1 rows over the first `n_layers` layers -- exactly DecodeState::journal_bytes -- and
+// the N extra rows of logits the verify pass returns (Decoder::verify). Empty for N = 0.
+std::vector<PlanTerm> spec_plan_terms(const io::ModelConfig&, int n_layers, int spec);
 
 // Called for each emitted id in order with that position's logits (valid during the call); returns
 // false to stop after this id (the decoder then holds exactly what plain decoding would after it).

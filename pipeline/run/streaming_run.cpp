@@ -18,6 +18,7 @@
 #include "pipeline/graph/planner.hpp"
 #include "pipeline/graph/streaming_source.hpp"
 #include "pipeline/graph/trace.hpp"
+#include "pipeline/run/speculative.hpp"
 #include "pipeline/support/human_bytes.hpp"
 
 namespace k3::pipeline {
@@ -163,7 +164,8 @@ RunPlan plan_run(const StreamFlags& f, const WeightSources& src, uint64_t contex
   const uint64_t allowance = kProcessAllowance + tokenizer;
   const bool measured_more = process_bytes > allowance;
   const uint64_t process = measured_more ? process_bytes : allowance;
-  const PlanInputs bare = src.plan_inputs(context, {}, std::max(f.max_seqs, 1));
+  const PlanInputs bare = src.plan_inputs(context, spec_plan_terms(src.config(), src.n_layers(), f.spec),
+                                          std::max(f.max_seqs, 1));
   PlanInputs in = bare;
   if (measured_more) {
     in.resident.push_back({"process and tokenizer (measured)", 1, process, process});

@@ -58,6 +58,7 @@ struct StreamFlags {
   uint64_t context = 0;                           // --context (0: the run's own positions)
   int ring = 2;                                   // --ring: trunk ring slots
   int max_seqs = 1;                               // sequences whose state the plan holds (BatchEngine)
+  int spec = 0;                                   // --spec N: plan its journal (run/speculative.hpp)
   bool progress = false, no_progress = false;     // --progress / --no-progress
   bool requested() const;
   bool budget_given() const { return !preset.empty() || mem_gb > 0 || trunk_gb > 0; }
