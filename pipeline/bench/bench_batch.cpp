@@ -446,7 +446,7 @@ int run_join_child(const BatchBenchArgs& a, int B, PrefillPolicy::Mode mode) {
 int run_join_bench(const BatchBenchArgs& a, int B, std::FILE* txt) {
   ScratchDir tmp("k3join");
   std::vector<fs::path> cache_dirs = {a.model_dir};
-  if (!a.trunk_dir.empty()) cache_dirs.push_back(a.trunk_dir);
+  if (!a.trunk_dir.empty()) cache_dirs.emplace_back(a.trunk_dir);
   std::vector<std::string> names;
   for (PrefillPolicy::Mode m : a.modes) names.emplace_back(prefill_mode_name(m));
   std::fprintf(txt,
