@@ -1,6 +1,8 @@
 // dist_bench: the cost of expert parallel's communication (docs/distributed.md §3), run under
-// `mpirun -np N build/perf/dist_bench MODEL_DIR [--prompt P] [--gen G] [--threads T]` (perf/dist_bench.sh
-// runs N = 1, 2, 4). Every rank loads its slice (the head, the trunk, its experts), prefills P ids, then
+// `mpirun -np N build/perf/dist_bench MODEL_DIR [--prompt P] [--gen G] [--threads T] [--mem-gb X]`
+// (perf/dist_bench.sh runs N = 1, 2, 4). Every rank loads its slice (the head, the trunk, its experts)
+// -- or with --mem-gb streams it through the flow graph within X GiB (docs/distributed.md §6: the
+// exchange is the graph's expert_exchange node) -- prefills P ids, then
 // decodes G tokens greedily; each decode step is timed, and the time each rank spent in its expert
 // exchanges (the allgathers, including waiting for the slowest rank) is its communication. Rank 0
 // prints one table row per run, next to the design page's prediction: messages per token = MoE
@@ -14,7 +16,9 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -23,6 +27,9 @@
 #include "io/safetensors.hpp"
 #include "pipeline/dist/mpi_comm.hpp"
 #include "pipeline/dist/rank_experts.hpp"
+#include "pipeline/graph/graph.hpp"
+#include "pipeline/graph/planner.hpp"
+#include "pipeline/graph/streaming_source.hpp"
 #include "stages/bind.hpp"
 #include "stages/forward.hpp"
 
@@ -47,11 +54,14 @@ struct Step {
 
 int run(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: mpirun -np N dist_bench MODEL_DIR [--prompt P] [--gen G] [--threads T]\n");
+    std::fprintf(
+        stderr,
+        "usage: mpirun -np N dist_bench MODEL_DIR [--prompt P] [--gen G] [--threads T] [--mem-gb X]\n");
     return 2;
   }
   const std::string dir = argv[1];
   int prompt_len = 16, gen = 8, threads = 0;
+  double mem_gb = 0;  // > 0: streamed per rank within this budget
   for (int i = 2; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     if (flag == "--prompt")
@@ -60,6 +70,8 @@ int run(int argc, char** argv) {
       gen = std::atoi(argv[i + 1]);
     else if (flag == "--threads")
       threads = std::atoi(argv[i + 1]);
+    else if (flag == "--mem-gb")
+      mem_gb = std::atof(argv[i + 1]);
   }
   std::optional<tbb::global_control> limit;  // ranks sharing one machine: cores / N each
   if (threads > 0) limit.emplace(tbb::global_control::max_allowed_parallelism, size_t(threads));
@@ -68,16 +80,44 @@ int run(int argc, char** argv) {
   const io::ShardSet shards = io::ShardSet::open(dir);
   dist::RankExperts experts(comm);
   const double t_load = now();
-  const auto model = stages::ResidentModel::load(shards, cfg, 0, &experts);
+  std::unique_ptr<stages::ResidentModel> model;
+  std::unique_ptr<pipeline::WeightSources> src;
+  std::unique_ptr<pipeline::StreamingModel> streamed;
+  uint64_t held_bytes = 0;
+  const uint64_t context = uint64_t(prompt_len + gen + 1);
+  if (mem_gb > 0) {  // the rank's own plan: its experts' slots, the exchange's buffers
+    src = pipeline::WeightSources::open(cfg, shards, nullptr, 0);
+    pipeline::PlanInputs in = src->plan_inputs(context, {});
+    int owned = 0;
+    for (int e = 0; e < cfg.n_experts; ++e) owned += experts.owns(e) ? 1 : 0;
+    if (comm.size() > 1) pipeline::plan_rank_experts(in, cfg, owned, comm.size());
+    pipeline::PlanBudget b;
+    b.total = uint64_t(mem_gb * double(uint64_t{1} << 30));
+    b.source = "--mem-gb";
+    const pipeline::MemoryPlan plan = pipeline::make_plan(in, b);
+    streamed = std::make_unique<pipeline::StreamingModel>(*src, plan, pipeline::Strategy::automatic, nullptr,
+                                                          comm.size() > 1 ? &experts : nullptr);
+    streamed->expect_calls(gen + 1);
+    held_bytes = streamed->allocated_bytes();
+  } else {
+    model = stages::ResidentModel::load(shards, cfg, 0, &experts);
+    held_bytes = model->weight_bytes();
+  }
   const double load_s = now() - t_load;
 
   std::vector<int32_t> ids;
   ids.reserve(size_t(std::max(prompt_len, 0)));
   for (int i = 0; i < prompt_len; ++i) ids.push_back(int32_t((i * 7919 + 13) % cfg.vocab));
-  stages::DecodeState st(cfg, model->bound_layers(), size_t(prompt_len + gen + 1));
+  stages::DecodeState st(cfg, cfg.n_layers, context);
   stages::Scratch scratch;
   std::vector<float> logits(size_t(cfg.vocab));
-  stages::forward(*model, st, ids, stages::HeadAt::last, logits, scratch);  // prefill, not timed
+  auto run_step = [&](std::span<const int32_t> feed) {
+    if (streamed)
+      streamed->forward(st, feed, logits);
+    else
+      stages::forward(*model, st, feed, stages::HeadAt::last, logits, scratch);
+  };
+  run_step(ids);  // prefill, not timed
   std::vector<Step> steps;
   steps.reserve(size_t(std::max(gen, 0)));
   for (int s = 0; s < gen; ++s) {
@@ -85,7 +125,7 @@ int run(int argc, char** argv) {
     const dist::RankExperts::Stats before = experts.stats();
     MPI_Barrier(MPI_COMM_WORLD);  // every rank starts the step together
     const double t0 = now();
-    stages::forward(*model, st, std::span(&next, 1), stages::HeadAt::last, logits, scratch);
+    run_step(std::span(&next, 1));
     const dist::RankExperts::Stats& after = experts.stats();
     steps.push_back(Step{.wall = now() - t0,
                          .comm = after.seconds - before.seconds,
@@ -101,7 +141,7 @@ int run(int argc, char** argv) {
     comms.push_back(st_.comm);
   }
   const double mine[5] = {median(walls), median(comms), steps.empty() ? 0 : steps.back().messages,
-                          steps.empty() ? 0 : steps.back().received, double(model->weight_bytes())};
+                          steps.empty() ? 0 : steps.back().received, double(held_bytes)};
   std::vector<double> all(size_t(5 * comm.size()));
   MPI_Gather(mine, 5, MPI_DOUBLE, all.data(), 5, MPI_DOUBLE, 0, MPI_COMM_WORLD);
   if (comm.rank() != 0) return 0;
@@ -118,16 +158,19 @@ int run(int argc, char** argv) {
     weights = std::max(weights, all[5 * r + 4]);
   }
   fmt::print(
-      "ranks {}: {:.4f} s/token (median step, slowest rank), of which exchange {:.4f} s ({:.0f} %), compute "
+      "ranks {}{}: {:.4f} s/token (median step, slowest rank), of which exchange {:.4f} s ({:.0f} %), "
+      "compute "
       "{:.4f} s; {:.0f} messages/token (predicted {}), {:.0f} B received per rank per token (predicted "
       "{:.0f}); "
       "largest rank holds {:.1f} MB, loaded in {:.2f} s\n",
-      n, wall, comm_s, wall > 0 ? 100 * comm_s / wall : 0, wall - comm_s, all[2], n > 1 ? moe_layers : 0,
-      received, moe_layers * slots * double(n - 1) / double(n), weights / 1e6, load_s);
+      n, mem_gb > 0 ? fmt::format(" streamed within {} GiB each", mem_gb) : "", wall, comm_s,
+      wall > 0 ? 100 * comm_s / wall : 0, wall - comm_s, all[2], n > 1 ? moe_layers : 0, received,
+      moe_layers * slots * double(n - 1) / double(n), weights / 1e6, load_s);
   fmt::print(
-      "{{\"ranks\":{},\"s_per_token\":{:.6f},\"exchange_s_per_token\":{:.6f},\"messages_per_token\":{:.0f},"
+      "{{\"ranks\":{},\"mem_gb\":{},\"s_per_token\":{:.6f},\"exchange_s_per_token\":{:.6f},\"messages_per_"
+      "token\":{:.0f},"
       "\"predicted_messages\":{},\"received_bytes_per_token\":{:.0f},\"predicted_received_bytes\":{:.0f}}}\n",
-      n, wall, comm_s, all[2], n > 1 ? moe_layers : 0, received,
+      n, mem_gb, wall, comm_s, all[2], n > 1 ? moe_layers : 0, received,
       moe_layers * slots * double(n - 1) / double(n));
   return 0;
 }
@@ -135,7 +178,8 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
+  int provided = 0;  // the streamed graph exchanges from its worker threads, one at a time
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
   int code = 0;
   try {
     code = run(argc, argv);

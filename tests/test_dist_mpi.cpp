@@ -1,9 +1,11 @@
 // `mpirun -np N k3flow generate` (docs/distributed.md) on this machine, N ranks over loopback: the
-// generated ids and the dumped logits are the single process's bytes at N = 1..4 on the tiny oracle
-// model and at N = 2 and 4 on a synthetic bf16 + MXFP4 checkpoint (every step at N = 1..4: test_dist);
+// generated ids and the dumped logits are the single process's bytes at N = 1, 2, 4 on the tiny
+// oracle model and at N = 2 and 4 on a synthetic bf16 + MXFP4 checkpoint, resident, and with per-rank
+// streaming (each rank within its own budget, docs/distributed.md §6) at N = 3 and 2 (every step at
+// N = 1..4, several budgets and strategies: test_dist); chat's conversation is the single process's;
 // and the faults end the run on every rank with one clear error, never a hang: a rank whose shard
-// is truncated, a rank killed, a rank that stops answering. Skipped, saying why, when the build has
-// no MPI or mpirun is missing.
+// or packed trunk is truncated, a rank killed, a rank that stops answering. Skipped, saying why,
+// when the build has no MPI or mpirun is missing.
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 #include <unistd.h>
@@ -61,25 +63,30 @@ int count(const std::string& text, const std::string& what) {
   return n;
 }
 
-// The single process, then N ranks: the same generated ids and the same step-0 logits bytes.
-void check_same_as_one_process(const std::string& model, const std::string& ids,
-                               std::initializer_list<int> ns) {
+// The single process, then N ranks (run with `ranks_flags` besides: e.g. a per-rank budget): the same
+// generated ids and the same step-0 logits bytes. Returns the last run's stdout.
+std::string check_same_as_one_process(const std::string& model, const std::string& ids,
+                                      std::initializer_list<int> ns, const std::string& ranks_flags = "") {
   test::TempDir dir;
   const std::string args = fmt::format("generate {} --ids {} --gen 6 --no-progress", model, ids);
   const test::Run one = test::k3flow(args + " --dump-logits " + (dir / "one.bin"));
   REQUIRE_MESSAGE(one.code == 0, one.err);
   const std::string want = line_with(one.out, "generated ids:");
   REQUIRE(!want.empty());
+  std::string out;
   for (int n : ns) {
     CAPTURE(n);
+    CAPTURE(ranks_flags);
     const std::string dump = dir / fmt::format("n{}.bin", n);
-    const test::Run r =
-        test::shell(mpirun(fmt::format("-np {} {} {} --dump-logits {}", n, K3FLOW_BIN, args, dump)), 60);
+    const test::Run r = test::shell(
+        mpirun(fmt::format("-np {} {} {} {} --dump-logits {}", n, K3FLOW_BIN, args, ranks_flags, dump)), 60);
     REQUIRE_MESSAGE(r.code == 0, r.err);
     CHECK(line_with(r.out, "generated ids:") == want);
     CHECK(count(r.out, "generated ids:") == 1);  // rank 0 alone prints
     CHECK(test::slurp(dump) == test::slurp(dir / "one.bin"));
+    out = r.out;
   }
+  return out;
 }
 
 struct Synth {
@@ -99,15 +106,66 @@ Synth& synth() {  // one checkpoint for every case and subcase
 
 }  // namespace
 
-TEST_CASE("mpirun -np 1..4 on the tiny oracle model: the single process's ids and logits bytes") {
+TEST_CASE("mpirun -np 1, 2, 4 on the tiny oracle model: the single process's ids and logits bytes") {
   if (!have_mpi()) return;
-  check_same_as_one_process(test::fixture_path("tiny-k3"), "1,17,200,3,42", {1, 2, 3, 4});
+  // N = 3: streamed per rank below; every N of 1..4 every step: test_dist
+  check_same_as_one_process(test::fixture_path("tiny-k3"), "1,17,200,3,42", {1, 2, 4});
 }
 
 TEST_CASE(
     "mpirun -np 2, 4 on a synthetic bf16 + MXFP4 checkpoint: the single process's ids and logits bytes") {
   if (!have_mpi()) return;
   check_same_as_one_process(synth().model, "3,1,4,1,5,9", {2, 4});  // and 3: test_dist, every step
+}
+
+TEST_CASE("mpirun with per-rank streaming: each rank streams its slice, the single process's bytes") {
+  if (!have_mpi()) return;
+  const std::string tiny = test::fixture_path("tiny-k3");
+  // (every N of 1..4 and more budgets and strategies: test_dist, ranks as threads; mpirun's start is
+  // most of a case's time here)
+  SUBCASE("tiny model at each rank's floor, N = 3") {
+    const std::string out = check_same_as_one_process(tiny, "1,17,200,3,42", {3}, "--preset ultra");
+    CHECK(out.find("expert parallel: this rank streams the trunk and its 3 of 8 routed experts") !=
+          std::string::npos);  // rank 0 of 3 owns experts 0, 3, 6
+    CHECK(out.find("expert exchange: send + receive (1 of 3 ranks)") != std::string::npos);
+  }
+  SUBCASE("tiny model at the floor under the trunk strategy, with the trace and the DOT dump, N = 2") {
+    test::TempDir dir;
+    const std::string trace = dir / "t.json", dot = dir / "g.dot";
+    check_same_as_one_process(
+        tiny, "1,17,200,3,42", {2},
+        fmt::format("--preset ultra --strategy trunk --trace {} --graph-dot {}", trace, dot));
+    const std::string t = test::slurp(trace), d = test::slurp(dot);
+    CHECK(t.find("\"name\":\"expert_exchange\"") != std::string::npos);
+    CHECK(t.find("\"cat\":\"comm\"") != std::string::npos);
+    CHECK(d.find("\"expert_exchange\" -> \"combine\"") != std::string::npos);
+  }
+  SUBCASE("synthetic bf16 + MXFP4 from a packed trunk, a budget between floor and everything, N = 2") {
+    Synth& s = synth();
+    const std::string packed = s.dir / "packed";
+    if (!fs::exists(packed)) {
+      const test::Run p = test::k3flow(fmt::format("pack-trunk {} {}", s.model, packed));
+      REQUIRE_MESSAGE(p.code == 0, p.err);
+    }
+    check_same_as_one_process(s.model, "3,1,4,1,5,9", {2}, fmt::format("--trunk {} --mem-gb 0.021", packed));
+  }
+}
+
+TEST_CASE("mpirun chat: rank 0 reads the lines and alone prints, the single process's conversation") {
+  if (!have_mpi()) return;
+  const std::string tiny = test::fixture_path("tiny-k3");
+  const std::string input = "printf 'What is a pipeline?\\nAnd a graph?\\n' | ";
+  const std::string args =
+      fmt::format("chat {} --no-thinking --max-reply 10 --context 512 --no-progress", tiny);
+  const test::Run one = test::shell(fmt::format("{}{} {}", input, K3FLOW_BIN, args), 60);
+  REQUIRE_MESSAGE(one.code == 0, one.err);
+  REQUIRE(one.out.size() > 2);
+  // each rank streaming its slice at its floor (resident ranks take the same path, with another model)
+  const test::Run r =
+      test::shell(input + mpirun(fmt::format("-np 2 {} {} --preset ultra", K3FLOW_BIN, args)), 60);
+  REQUIRE_MESSAGE(r.code == 0, r.err);
+  CHECK(r.out == one.out);
+  CHECK(count(r.err, " prompt ids)") == 2);  // two replies, summarized by rank 0 alone
 }
 
 TEST_CASE(
@@ -179,17 +237,32 @@ TEST_CASE("faults under mpirun end every rank's run with one clear error, never 
     CHECK(r.err.find("no reply from the other ranks within 2 s during the expert exchange") !=
           std::string::npos);
   }
-  SUBCASE("streaming flags, and commands other than generate, are refused under mpirun once, as usage") {
-    const test::Run r = test::shell(
-        mpirun(fmt::format("-np 2 {} {} --mem-gb 1", K3FLOW_BIN, fmt::format(fmt::runtime(gen), s.model))),
-        60);
+  SUBCASE("streamed: a rank whose packed trunk is truncated: every rank exits 1, one line names it") {
+    const std::string packed = s.dir / "packed", bad = s.dir / "bad-trunk";
+    if (!fs::exists(packed)) {
+      const test::Run p = test::k3flow(fmt::format("pack-trunk {} {}", s.model, packed));
+      REQUIRE_MESSAGE(p.code == 0, p.err);
+    }
+    fs::remove_all(bad);
+    fs::copy(packed, bad);
+    fs::resize_file(fs::path(bad) / "trunk.bin", fs::file_size(fs::path(bad) / "trunk.bin") / 2);
+    const std::string streamed = gen + " --preset ultra --trunk {}";
+    const test::Run r =
+        test::shell(mpirun(fmt::format("-np 1 {} {} : -np 1 {} {}", K3FLOW_BIN,
+                                       fmt::format(fmt::runtime(streamed), s.model, packed), K3FLOW_BIN,
+                                       fmt::format(fmt::runtime(streamed), s.model, bad))),
+                    60);
     CHECK_FALSE(r.timed_out);
-    CHECK(r.code == 2);
+    CHECK(r.code == 1);
     CHECK(count(r.err, "k3flow: ") == 1);
-    CHECK(r.err.find("streaming flags") != std::string::npos);
+    const std::string line = line_with(r.err, "k3flow: ");
+    CHECK(line.find("rank 1 of 2") != std::string::npos);
+    CHECK(line.find("bad-trunk") != std::string::npos);
+  }
+  SUBCASE("commands other than generate and chat are refused under mpirun once, as usage") {
     const test::Run chat = test::shell(mpirun(fmt::format("-np 2 {} inspect {}", K3FLOW_BIN, s.model)), 60);
     CHECK(chat.code == 2);
     CHECK(count(chat.err, "k3flow: ") == 1);
-    CHECK(chat.err.find("only `generate` runs over several ranks") != std::string::npos);
+    CHECK(chat.err.find("only `generate` and `chat` run over several ranks") != std::string::npos);
   }
 }

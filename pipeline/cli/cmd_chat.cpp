@@ -7,6 +7,9 @@
 //   stdin a pipe:     one user message per line (the same commands), each reply printed as one
 //                     block followed by a newline: scriptable and testable.
 // The think channel is generated but hidden unless --show-thinking.
+// Under mpirun (docs/distributed.md §6) rank 0 owns the terminal and the files: it reads each line
+// and sends it, with Ctrl-C / SIGTERM as a flag before every step, and the other ranks follow, each
+// holding only its experts; every rank samples the same ids, so nothing else is sent.
 #include <fmt/format.h>
 #include <tbb/global_control.h>
 #include <unistd.h>
@@ -25,6 +28,8 @@
 #include "io/text/text_stream.hpp"
 #include "io/text/xtml.hpp"
 #include "pipeline/cli/commands.hpp"
+#include "pipeline/dist/comm.hpp"
+#include "pipeline/dist/rank_experts.hpp"
 #include "pipeline/run/decoder.hpp"
 #include "pipeline/run/model_tokenizer.hpp"
 #include "pipeline/run/sampler_flags.hpp"
@@ -81,7 +86,13 @@ std::optional<std::string> read_line(bool& interrupted) {
 class ChatSession {
  public:
   ChatSession(ChatArgs& a, Decoder& dec, const text::Tokenizer& tok)
-      : a_(a), dec_(dec), tok_(tok), sampler_(a.sampling), interactive_(::isatty(STDIN_FILENO) != 0) {
+      : a_(a),
+        dec_(dec),
+        tok_(tok),
+        sampler_(a.sampling),
+        ranks_(dist::world()),
+        lead_(ranks_.rank() == 0),
+        interactive_(lead_ && ::isatty(STDIN_FILENO) != 0) {
     opts_.thinking = !a.no_thinking;
     opts_.effort = a.effort;
     end_ids_ = text::end_of_turn_ids(tok);
@@ -115,8 +126,13 @@ class ChatSession {
         std::fflush(stdout);
       }
       bool interrupted = false;
-      const std::optional<std::string> line = read_line(interrupted);
-      if (terminated()) break;
+      std::optional<std::string> line;
+      if (lead_) {
+        line = read_line(interrupted);
+        term_ = terminated();
+      }
+      if (ranks_.size() > 1) share_input(line, interrupted);
+      if (term_) break;
       InterruptScope::clear();
       if (interrupted) {
         if (interactive_) std::fputs("\n(Ctrl-D or /quit leaves)", stdout);
@@ -129,7 +145,7 @@ class ChatSession {
         continue;
       }
       turn(*line);
-      if (terminated()) break;
+      if (ranks_.size() > 1 ? term_ : terminated()) break;  // several ranks: only what they agreed
     }
     if (interactive_) std::fputs("\n", stdout);
   }
@@ -138,6 +154,19 @@ class ChatSession {
   static bool terminated() { return InterruptScope::signal_number() == SIGTERM; }
 
  private:
+  // Several ranks: rank 0's line (or end of input, Ctrl-C, SIGTERM) on every rank.
+  void share_input(std::optional<std::string>& line, bool& interrupted) {
+    const std::string mine = !lead_        ? std::string()
+                             : term_       ? std::string("T")
+                             : interrupted ? std::string("I")
+                             : !line       ? std::string("E")
+                                           : "L" + *line;
+    const std::string got = dist::from_rank0(ranks_, mine, dist::kRank0Console);
+    term_ = got == "T";
+    interrupted = got == "I";
+    line = got.empty() || got[0] != 'L' ? std::nullopt : std::optional(got.substr(1));
+  }
+
   // Encodes segments (control ones with specials allowed) and appends them to the sequence.
   void push(const std::vector<text::Segment>& segments) {
     std::vector<int32_t> ids;
@@ -168,6 +197,11 @@ class ChatSession {
         dec_.reset();
         restore(std::move(keep));
         say("conversation reset");
+      } else if (cmd == "/load" && ranks_.size() > 1) {
+        say("/load is not available under mpirun (each rank would read its own disk); start with --history "
+            "and --load-state instead");
+      } else if (cmd == "/save" && !arg.empty() && !lead_) {
+        // rank 0 alone writes the files
       } else if (cmd == "/save" && !arg.empty()) {
         check_writable(arg, "/save");
         const uint64_t bytes = dec_.save(arg);
@@ -187,12 +221,15 @@ class ChatSession {
       }
     } catch (const io::Error& e) {
       // A bad command argument ends the command, not the conversation.
-      std::fprintf(stderr, "k3flow: %s\n", e.what());
+      if (lead_) std::fprintf(stderr, "k3flow: %s\n", e.what());
     }
     return true;
   }
 
-  void say(const std::string& s) { std::fprintf(stderr, "%s\n", s.c_str()); }
+  // Diagnostics on stderr: rank 0's alone under mpirun (the others' stdout is closed already).
+  void say(const std::string& s) {
+    if (lead_) std::fprintf(stderr, "%s\n", s.c_str());
+  }
 
   void turn(const std::string& user) {
     const text::ChatMessage msg{Role::user, user, std::nullopt};
@@ -200,7 +237,7 @@ class ChatSession {
     try {
       push(text::render_turn(msg, opts_));
     } catch (const io::Error& e) {
-      std::fprintf(stderr, "k3flow: %s\n", e.what());
+      say(fmt::format("k3flow: {}", e.what()));
       return;
     }
     const size_t prompt_ids = dec_.seq().size() - before;
@@ -217,8 +254,12 @@ class ChatSession {
     // end mid-pass keeps only the rows before it, as plain decoding would have fed).
     bool over = false;
     while (n < a_.max_reply && !over) {
-      if (InterruptScope::requested()) {
-        ended = terminated() ? "SIGTERM" : "Ctrl-C";
+      // Ctrl-C or SIGTERM, as rank 0 saw it (one byte to every rank under mpirun: all stop together).
+      char stop = lead_ && InterruptScope::requested() ? (terminated() ? 'T' : 'C') : 0;
+      if (ranks_.size() > 1) stop = dist::byte_from_rank0(ranks_, stop);
+      if (stop) {
+        ended = stop == 'T' ? "SIGTERM" : "Ctrl-C";
+        term_ = stop == 'T';
         break;
       }
       if (dec_.room() == 0) {
@@ -245,12 +286,12 @@ class ChatSession {
     if (parser.state() == text::ReplyParser::State::done) ended = "the end of the turn";
     if (parser.state() == text::ReplyParser::State::malformed) ended = "a reply that left the chat format";
     if (parser.state() == text::ReplyParser::State::malformed)
-      std::fprintf(stderr, "k3flow: the reply left the chat format (%s); it was closed there\n",
-                   parser.error().c_str());
+      say(fmt::format("k3flow: the reply left the chat format ({}); it was closed there", parser.error()));
 
     history_.push_back(msg);
     history_.push_back(parser.message());
-    if (a_.history) text::save_history(*a_.history, history_);
+    if (a_.history && lead_) text::save_history(*a_.history, history_);
+    if (!lead_) return;
     const double dt = now() - t0;
     const uint64_t bytes = dec_.stream() ? dec_.stream()->bytes_read() - bytes0 : 0;
     std::fprintf(
@@ -293,7 +334,10 @@ class ChatSession {
   const text::Tokenizer& tok_;
   stages::Sampler sampler_;
   SpecStats spec_;
+  dist::Comm& ranks_;
+  const bool lead_;  // rank 0 (or the only process): reads stdin, prints, writes files
   bool interactive_;
+  bool term_ = false;  // SIGTERM ended the session (several ranks: as rank 0 saw it)
   text::ChatOptions opts_;
   std::vector<int32_t> end_ids_;
   std::vector<text::ChatMessage> history_;
@@ -315,24 +359,41 @@ int run_chat(ChatArgs& a) {
   std::optional<tbb::global_control> threads;
   if (a.threads > 0) threads.emplace(tbb::global_control::max_allowed_parallelism, size_t(a.threads));
 
-  // Diagnostics go to stderr; stdout carries the conversation.
+  // Diagnostics go to stderr; stdout carries the conversation. Under mpirun only rank 0's: the others'
+  // stdout stays closed (dist::Session), and each holds and computes only its experts.
+  dist::Comm& ranks = dist::world();
+  const bool lead = ranks.rank() == 0;
+  std::optional<dist::RankExperts> experts;
+  if (ranks.size() > 1) {
+    experts.emplace(ranks);
+    a.dec.experts = &*experts;
+    a.dec.ranks = ranks.size();
+    if (!lead) a.save_state = std::nullopt;
+  }
   std::fflush(stdout);
-  const int conversation_fd = ::dup(STDOUT_FILENO);
-  ::dup2(STDERR_FILENO, STDOUT_FILENO);
+  const int conversation_fd = lead ? ::dup(STDOUT_FILENO) : -1;
+  if (lead) ::dup2(STDERR_FILENO, STDOUT_FILENO);
   io::ModelConfig cfg = load_model_config(a.dec.model_dir, a.dec.config);
   std::printf("%s\n", cfg.summary().c_str());
-  const std::optional<text::Tokenizer> tok = model_tokenizer(a.dec.model_dir, a.tokenizer, cfg, "chat");
+  std::optional<text::Tokenizer> tok;
   std::vector<text::ChatMessage> history;
-  if (a.history) history = text::load_history(*a.history);
   a.dec.capacity = a.context;
   a.dec.expected_calls = a.max_reply;
-  Decoder dec(a.dec, std::move(cfg));
+  std::optional<Decoder> decoder;
+  dist::on_every_rank(ranks, "could not load its slice", [&] {
+    tok = model_tokenizer(a.dec.model_dir, a.tokenizer, cfg, "chat");
+    if (a.history) history = text::load_history(*a.history);
+    decoder.emplace(a.dec, cfg);
+  });
+  Decoder& dec = *decoder;
   std::printf("chat: %s, context %zu positions, replies up to %d tokens, thinking %s\n",
               describe_sampling(a.sampling).c_str(), a.context, a.max_reply,
               a.no_thinking ? "off" : (a.effort + (a.show_thinking ? ", shown" : ", hidden")).c_str());
   std::fflush(stdout);
-  ::dup2(conversation_fd, STDOUT_FILENO);
-  ::close(conversation_fd);
+  if (lead) {
+    ::dup2(conversation_fd, STDOUT_FILENO);
+    ::close(conversation_fd);
+  }
 
   ChatSession session(a, dec, *tok);
   session.restore(std::move(history));

@@ -206,18 +206,19 @@ int run_generate(GenerateOptions o) {
         "  NOTE    : --layers %d runs only the first %d of %d layers; the output is not the model's\n",
         o.dec.layers, o.dec.layers, cfg.n_layers);
 
-  // Several ranks under mpirun (docs/distributed.md): each loads and computes only its own experts;
-  // every rank decodes the same ids, rank 0 alone prints and writes the files.
+  // Several ranks under mpirun (docs/distributed.md): each loads (or, with a budget, streams within
+  // its own) and computes only its own experts; every rank decodes the same ids, rank 0 alone prints
+  // and writes the files (the trace and the DOT dump too: rank 0's graph).
   std::optional<dist::RankExperts> experts;
   if (ranks.size() > 1) {
-    if (o.dec.stream.requested())
-      throw dist::CollectiveError(
-          io::ErrorKind::usage,
-          "under mpirun every rank holds its slice resident: streaming flags (--mem-gb, "
-          "--preset, --trunk-gb, --trunk) are not supported yet (docs/distributed.md §6)");
     experts.emplace(ranks);
     o.dec.experts = &*experts;
-    if (ranks.rank() != 0) o.out_path = o.dump_logits = o.save_state = std::nullopt;
+    o.dec.ranks = ranks.size();
+    if (ranks.rank() != 0) {
+      o.out_path = o.dump_logits = o.save_state = std::nullopt;
+      o.dec.stream.trace.clear();
+      o.dec.stream.graph_dot.clear();
+    }
   }
   std::optional<Decoder> decoder;
   dist::on_every_rank(ranks, "could not load its slice", [&] { decoder.emplace(o.dec, std::move(cfg)); });

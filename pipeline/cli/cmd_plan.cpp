@@ -5,7 +5,8 @@
 // --context positions (prompt + --gen + 1): both come from plan_run (pipeline/run/streaming_run.hpp).
 // --spec N plans a `generate --spec N` run: its rollback journal and verify logits (docs/speculative.md).
 // `k3flow plan MODEL_DIR --ranks N [--json]`: what each of N MPI ranks holds and exchanges under
-// `mpirun -np N k3flow generate` (pipeline/dist/split.hpp, docs/distributed.md §3).
+// `mpirun -np N k3flow generate` (pipeline/dist/split.hpp, docs/distributed.md §3); with a budget
+// flag, also the streamed plan of one rank's slice (its experts only, the exchange's buffers: §6).
 #include <fmt/format.h>
 
 #include <filesystem>
@@ -53,20 +54,43 @@ std::string split_json(const dist::RankSplit& s) {
       s.moe_layers, ranks);
 }
 
+// The plan of one rank's slice with the same flags `mpirun -np N k3flow generate` gets (plan_run with a
+// RankSlice): rank 0's, which owns the most experts (e mod N == 0 first), so every rank fits in it.
+RunPlan rank_plan(const PlanArgs& a, const io::ModelConfig& config, const io::ShardSet& shards,
+                  const dist::RankSplit& split) {
+  if (!a.flags.trunk_dir.empty()) check_trunk_dir(a.flags.trunk_dir);
+  std::optional<io::PackedTrunk> trunk;
+  if (!a.flags.trunk_dir.empty()) trunk.emplace(io::PackedTrunk::open(a.flags.trunk_dir, config.n_layers));
+  const std::unique_ptr<WeightSources> src =
+      WeightSources::open(config, shards, trunk ? &*trunk : nullptr, config.n_layers);
+  RankSlice slice{.ranks = a.ranks, .owned_per_layer = split.per_rank[0].experts_per_layer};
+  return plan_run(a.flags, *src, a.context, a.ring, 0, slice);
+}
+
 int run_rank_split(const PlanArgs& a) {
-  if (a.flags.budget_given() || !a.flags.trunk_dir.empty())
-    throw io::usage_error(
-        "--ranks prints the resident split over ranks; a per-rank streaming budget is not built yet "
-        "(docs/distributed.md §6): drop --mem-gb / --preset / --trunk-gb / --trunk");
   const fs::path dir(a.model_dir);
   check_model_dir(dir);
   const io::ModelConfig config = io::load_config(dir / "config.json");
   const io::ShardSet shards = io::ShardSet::open(dir);
   const dist::RankSplit split = dist::split_ranks(shards, config, a.ranks);
-  if (a.json)
-    fmt::print("{}\n", split_json(split));
-  else
+  std::optional<RunPlan> run;
+  // With a budget (or --trunk): each rank streams within it (docs/distributed.md §6).
+  if (a.flags.budget_given() || !a.flags.trunk_dir.empty()) run = rank_plan(a, config, shards, split);
+  if (run)
+    for (const std::string& note : run->notes) fmt::print(stderr, "{}\n", note);
+  if (a.json) {
+    if (run)
+      fmt::print("{{\"split\":{},\"rank\":0,\"plan\":{}}}\n", split_json(split), plan_json(run->plan));
+    else
+      fmt::print("{}\n", split_json(split));
+  } else {
     fmt::print("{}", dist::format_split(split, config));
+    if (run) {
+      fmt::print("\nstreamed per rank: rank 0's plan (the most experts, {} a layer; every rank's budget):\n",
+                 split.per_rank[0].experts_per_layer);
+      fmt::print("{}", format_plan(run->plan));
+    }
+  }
   return 0;
 }
 

@@ -70,21 +70,29 @@ void on_every_rank(Comm& comm, const char* doing, const std::function<void()>& f
   check_all(comm, f, doing);
 }
 
-std::string from_rank0(Comm& comm, const std::string& text) {
+std::string from_rank0(Comm& comm, const std::string& text, const char* what) {
   const size_t n = static_cast<size_t>(comm.size());
   if (n == 1) return text;
   std::vector<size_t> word(n, sizeof(uint64_t));
   const uint64_t mine = text.size();
   std::vector<uint64_t> sizes(n);
-  comm.allgatherv(std::as_bytes(std::span(&mine, 1)), word, std::as_writable_bytes(std::span(sizes)),
-                  "prompt from rank 0");
+  comm.allgatherv(std::as_bytes(std::span(&mine, 1)), word, std::as_writable_bytes(std::span(sizes)), what);
   std::vector<size_t> counts(n, 0);
   counts[0] = size_t(sizes[0]);
   std::string out(counts[0], '\0');
   const std::span<const char> posted = comm.rank() == 0 ? std::span(text) : std::span<const char>();
-  comm.allgatherv(std::as_bytes(posted), counts, std::as_writable_bytes(std::span(out)),
-                  "prompt from rank 0");
+  comm.allgatherv(std::as_bytes(posted), counts, std::as_writable_bytes(std::span(out)), what);
   return out;
+}
+
+char byte_from_rank0(Comm& comm, char mine) {
+  const size_t n = static_cast<size_t>(comm.size());
+  if (n == 1) return mine;
+  const std::vector<size_t> counts(n, 1);
+  std::vector<char> all(n);
+  comm.allgatherv(std::as_bytes(std::span(&mine, 1)), counts, std::as_writable_bytes(std::span(all)),
+                  "a flag from rank 0");
+  return all[0];
 }
 
 void SingleComm::allgatherv(std::span<const std::byte> mine, std::span<const size_t> counts,

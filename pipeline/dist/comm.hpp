@@ -17,6 +17,9 @@ namespace k3::pipeline::dist {
 
 // The `what` of the per-layer gather (MpiComm gives it its own, shorter deadline).
 inline constexpr const char* kExpertExchange = "expert exchange";
+// The `what` of waiting for what rank 0 reads from its terminal (chat): MpiComm waits without a
+// deadline.
+inline constexpr const char* kRank0Console = "line from rank 0's terminal";
 
 class Comm {
  public:
@@ -53,7 +56,10 @@ void on_every_rank(Comm&, const char* doing, const std::function<void()>& fn);
 
 // Rank 0's `text` on every rank (what rank 0 read: the prompt; rank 0 owns the console and its
 // files, the other ranks pass anything, e.g. ""). With one rank, `text` itself.
-std::string from_rank0(Comm&, const std::string& text);
+std::string from_rank0(Comm&, const std::string& text, const char* what = "prompt from rank 0");
+// Rank 0's `mine` on every rank, in one allgather of a byte per rank: what chat's ranks agree on
+// before every step (rank 0 alone sees Ctrl-C). With one rank, `mine` itself.
+char byte_from_rank0(Comm&, char mine);
 
 class SingleComm final : public Comm {
  public:

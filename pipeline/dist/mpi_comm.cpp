@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <climits>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -95,7 +96,12 @@ void MpiComm::allgatherv(std::span<const std::byte> mine, std::span<const size_t
         "MPI_Iallgatherv", what);
   // Poll rather than block, so the wait is bounded; sleep between polls once it is clearly not
   // immediate (ranks may share cores: a busy wait would take them from the rank being waited for).
-  const double limit = std::strcmp(what, kExpertExchange) == 0 ? exchange_timeout_ : load_timeout_;
+  // Waiting for rank 0's terminal (chat) has no deadline -- a person may take hours -- and polls
+  // every 10 ms: an idle conversation costs the other ranks nothing.
+  const bool console = std::strcmp(what, kRank0Console) == 0;
+  const double limit = std::strcmp(what, kExpertExchange) == 0 ? exchange_timeout_
+                       : console                               ? HUGE_VAL
+                                                               : load_timeout_;
   const auto t0 = std::chrono::steady_clock::now();
   for (int polls = 0;; ++polls) {
     int done = 0;
@@ -107,7 +113,7 @@ void MpiComm::allgatherv(std::span<const std::byte> mine, std::span<const size_t
       abort(1, fmt::format("no reply from the other ranks within {:g} s during the {} (a rank died or "
                            "stopped); ending the run (docs/distributed.md §5)",
                            limit, what));
-    std::this_thread::sleep_for(std::chrono::microseconds(polls < 2000 ? 2 : 50));
+    std::this_thread::sleep_for(std::chrono::microseconds(polls < 2000 ? 2 : console ? 10000 : 50));
   }
 }
 

@@ -59,7 +59,7 @@ const char* strategy_name(Strategy s) {
 template <Node N, class... Made>
 void StreamingModel::Impl::add(Made&&... made) {
   const NodeInfo& info = kNodes[N];
-  if (info.compressed_only && trunk_graph != kCompressedTrunk) {  // the raw graph is as it was
+  if (!(info.graphs & trunk_graph)) {  // e.g. the raw graph is as it was, without the decode stage
     stats[N] = &own_stats[N];
     return;
   }
@@ -107,6 +107,7 @@ void StreamingModel::Impl::build() {
                    [nl](const LatentGo& m) { return group_key(m.visit, m.group, nl); });
   run<kExpertCompute>(&Impl::expert_compute_body);
   run<kLookahead>(&Impl::lookahead_body);
+  run<kExchange>(&Impl::exchange_body);
   run<kCombine>(&Impl::combine_body);
   run<kLayerDone>(&Impl::layer_done_body);
   run<kHead>([this](const HeadGo& m) {
@@ -122,6 +123,8 @@ void StreamingModel::Impl::build() {
   dot->add_pool("pinned trunk", "trunk io", plan.pinned.size(),
                 plan.pinned.empty() ? 0 : trunk.pinned_bytes() / plan.pinned.size());
   if (cache) dot->add_pool("expert slots", "moe", cache->slot_count(), cache->slot_bytes());
+  if (exchange)
+    dot->add_pool("exchange buffers", "moe", 2, exchange_buffer_bytes(c, plan.context, plan.max_seqs));
   describe_edges();
 }
 
@@ -140,8 +143,8 @@ void StreamingModel::Impl::prepare_call(std::span<const stages::Segment> segs, s
 // ------------------------------------------------------------------ the public face
 
 StreamingModel::StreamingModel(const WeightSources& s, const MemoryPlan& p, Strategy st,
-                               GraphDescription* dot)
-    : impl_(std::make_unique<Impl>(s, p, st, dot)) {}
+                               GraphDescription* dot, stages::ExpertExchange* exchange)
+    : impl_(std::make_unique<Impl>(s, p, st, dot, exchange)) {}
 
 StreamingModel::~StreamingModel() = default;
 

@@ -42,6 +42,12 @@
 //  trunk_decode decodes the stored layer (parallel_for over its codec blocks) into the decoded slot
 //  -- a pinned layer into its pin region, once -- and returns the ring slot(s) to trunk_free;
 //  layer_done returns the decoded slot to decode_free.
+//  One rank of several (expert parallel, docs/distributed.md §6) adds expert_exchange, made only
+//  then (graph_wiring.hpp marks the edges kOneProcess / kRanks): the rank's MoeLayerRun holds only
+//  the groups of the experts it owns (so only they are fetched, read, cached and computed), and
+//  the layer's last piece goes through the exchange (one allgatherv: its rows out, every other
+//  rank's rows in) to combine, which sums all top_k slots in order as in one process:
+//   shared / expert_compute / lookahead ─ last piece ► expert_exchange ► combine
 //  layer_done: returns the trunk slot to trunk_free, sends layer_go(v + 1) or, after the last
 //  layer, head (model-level AttnRes + lm_head). expert_compute releases expert slots and sends
 //  expert_fetch a retry when a layer needs more experts than slots are free (waves).
@@ -115,6 +121,7 @@
 #include "pipeline/graph/planner.hpp"
 #include "pipeline/graph/streaming_source.hpp"
 #include "stages/forward.hpp"
+#include "stages/moe.hpp"
 
 namespace k3::pipeline {
 
@@ -142,7 +149,12 @@ struct StreamTotals {
 class StreamingModel {
  public:
   // `dot` (may be null) receives the graph as built and its per-node statistics as it runs.
-  StreamingModel(const WeightSources&, const MemoryPlan&, Strategy, GraphDescription* dot);
+  // `exchange` (expert parallel, docs/distributed.md §6): this process is one rank of several; it
+  // reads and computes only the routed experts exchange->owns(), and the graph gets the
+  // expert_exchange node between a MoE layer's last piece and its combine (null: one process, the
+  // graph without it). The plan should be the rank's (plan_rank_experts).
+  StreamingModel(const WeightSources&, const MemoryPlan&, Strategy, GraphDescription* dot,
+                 stages::ExpertExchange* exchange = nullptr);
   ~StreamingModel();
   StreamingModel(const StreamingModel&) = delete;
   StreamingModel& operator=(const StreamingModel&) = delete;

@@ -71,6 +71,7 @@ using NodeTypes = std::tuple<
     flow::join_node<GatedExpert, flow::key_matching<uint64_t>>,  // kExpertJoin
     Multi<GatedExpert, FetchGo, PieceDone>,                      // kExpertCompute
     Multi<LookaheadGo, ReadBatch, PieceDone>,                    // kLookahead
+    Multi<PieceDone, PieceDone>,                                 // kExchange
     Multi<PieceDone, LayerDone>,                                 // kCombine
     Multi<LayerDone, SlotRef, LayerGo, HeadGo, TrunkJob, TrunkClaim, TrunkReady, DecodeSlot>,  // kLayerDone
     flow::function_node<HeadGo>>;                                                              // kHead
@@ -130,7 +131,12 @@ struct StreamingModel::Impl {
   const int n;  // bound layers
   const size_t E, L, K;
   GraphDescription* dot;
-  const unsigned trunk_graph;  // kRawTrunk, or kCompressedTrunk (the decode stage: graph_wiring.hpp)
+  // One rank of several (expert parallel, docs/distributed.md §6): it reads and computes only the
+  // routed experts it owns, and expert_exchange hands every rank the others' rows. Null alone.
+  stages::ExpertExchange* const exchange;
+  // Which graph this is, one bit of kGraphs (graph_messages.hpp): raw or compressed trunk (the
+  // decode stage), one process or ranks (expert_exchange).
+  const unsigned trunk_graph;
 
   // ---- memory, sized once ----
   std::unique_ptr<WeightSources::Head> head;
@@ -225,7 +231,8 @@ struct StreamingModel::Impl {
     return MoeLayerRun::Waves::none;
   }
 
-  Impl(const WeightSources& s, const MemoryPlan& p, Strategy st, GraphDescription* d)
+  Impl(const WeightSources& s, const MemoryPlan& p, Strategy st, GraphDescription* d,
+       stages::ExpertExchange* x)
       : arena(int(tbb::global_control::active_value(tbb::global_control::max_allowed_parallelism))),
         src(s),
         c(s.config()),
@@ -236,7 +243,9 @@ struct StreamingModel::Impl {
         L(size_t(c.latent)),
         K(size_t(c.top_k)),
         dot(d),
-        trunk_graph(p.codec.empty() ? kRawTrunk : kCompressedTrunk),
+        exchange(s.has_experts() ? x : nullptr),
+        trunk_graph(p.codec.empty() ? (exchange ? kRawRanks : kRawOne)
+                                    : (exchange ? kCompressedRanks : kCompressedOne)),
         trunk(p, s),
         step_state(waves_of(st)),
         graph_owner(graph_in(arena)),
@@ -311,7 +320,11 @@ struct StreamingModel::Impl {
     const auto t0 = std::chrono::steady_clock::now();
     if (compute) act.compute_begin();
     {
-      TraceSpan span(*tracks[id], node_name(id), compute ? "compute" : "graph", args);
+      TraceSpan span(*tracks[id], node_name(id),
+                     compute           ? "compute"
+                     : id == kExchange ? "comm"
+                                       : "graph",
+                     args);
       try {
         body();
       } catch (const std::exception& e) {
@@ -401,6 +414,7 @@ struct StreamingModel::Impl {
   void shared_body(const SharedGo&, Outputs<kShared>&);
   void expert_compute_body(const GatedExpert&, Outputs<kExpertCompute>&);
   void lookahead_body(const LookaheadGo&, Outputs<kLookahead>&);
+  void exchange_body(const PieceDone&, Outputs<kExchange>&);
   void combine_body(const PieceDone&, Outputs<kCombine>&);
   void layer_done_body(const LayerDone&, Outputs<kLayerDone>&);
   void head_body(const HeadGo&);

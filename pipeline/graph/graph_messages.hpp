@@ -92,9 +92,16 @@ struct LatentGo {  // the latent z the group's rows need is computed
   int group;
 };
 
-// Which trunk graphs have a node or an edge: the raw one, the compressed one (with the decode
-// stage: trunk_read -> stored_order -> decode_claim -> trunk_decode -> trunk_bind), or both.
-inline constexpr unsigned kRawTrunk = 1, kCompressedTrunk = 2, kBothTrunks = 3;
+// Which graphs have a node or an edge, one bit per graph the engine builds: by trunk, the raw one or
+// the compressed one (with the decode stage: trunk_read -> stored_order -> decode_claim ->
+// trunk_decode -> trunk_bind); by process, one process alone or one rank of several (expert parallel,
+// docs/distributed.md §6: the MoE layer's last piece goes to expert_exchange, then to combine).
+inline constexpr unsigned kRawOne = 1, kCompressedOne = 2, kRawRanks = 4, kCompressedRanks = 8;
+inline constexpr unsigned kRawTrunk = kRawOne | kRawRanks,
+                          kCompressedTrunk = kCompressedOne | kCompressedRanks,
+                          kBothTrunks = kRawTrunk | kCompressedTrunk;
+inline constexpr unsigned kOneProcess = kRawOne | kCompressedOne, kRanks = kRawRanks | kCompressedRanks;
+inline constexpr unsigned kGraphs[] = {kRawOne, kCompressedOne, kRawRanks, kCompressedRanks};
 
 // ---- nodes: ids, and per id its name (DOT node and trace row "node: <name>"), kind, concurrency
 // (0 = unlimited) and DOT cluster ----
@@ -119,6 +126,7 @@ enum Node : int {
   kExpertJoin,
   kExpertCompute,
   kLookahead,
+  kExchange,
   kCombine,
   kLayerDone,
   kHead,
@@ -131,7 +139,7 @@ struct NodeInfo {
   const char* kind;
   int concurrency;
   const char* cluster;
-  bool compressed_only = false;  // made only for a compressed trunk (the decode stage)
+  unsigned graphs = kBothTrunks;  // the graphs that have it: kCompressedTrunk (the decode stage), kRanks
 };
 
 inline constexpr NodeInfo kNodes[kNodeCount] = {
@@ -139,10 +147,11 @@ inline constexpr NodeInfo kNodes[kNodeCount] = {
     {kTrunkFree, "trunk_free", "queue_node (free list)", 0, "trunk io"},
     {kTrunkClaim, "trunk_claim", "join_node queueing", 0, "trunk io"},
     {kTrunkRead, "trunk_read", "async_node (io_uring)", 1, "trunk io"},
-    {kStoredOrder, "stored_order", "sequencer_node (read order)", 0, "trunk io", true},
-    {kDecodeFree, "decode_free", "queue_node (free list)", 0, "trunk io", true},
-    {kDecodeClaim, "decode_claim", "join_node queueing", 0, "trunk io", true},
-    {kTrunkDecode, "trunk_decode", "multifunction_node (parallel_for over blocks)", 1, "trunk io", true},
+    {kStoredOrder, "stored_order", "sequencer_node (read order)", 0, "trunk io", kCompressedTrunk},
+    {kDecodeFree, "decode_free", "queue_node (free list)", 0, "trunk io", kCompressedTrunk},
+    {kDecodeClaim, "decode_claim", "join_node queueing", 0, "trunk io", kCompressedTrunk},
+    {kTrunkDecode, "trunk_decode", "multifunction_node (parallel_for over blocks)", 1, "trunk io",
+     kCompressedTrunk},
     {kTrunkBind, "trunk_bind", "multifunction_node", 0, "trunk io"},
     {kLayerGate, "layer_gate", "join_node key_matching (visit)", 0, "layer"},
     {kAttention, "attention", "multifunction_node", 1, "layer"},
@@ -155,6 +164,7 @@ inline constexpr NodeInfo kNodes[kNodeCount] = {
     {kExpertJoin, "expert_join", "join_node key_matching (visit, expert)", 0, "moe"},
     {kExpertCompute, "expert_compute", "multifunction_node", 0, "moe"},
     {kLookahead, "lookahead", "multifunction_node", 1, "moe"},
+    {kExchange, "expert_exchange", "multifunction_node (allgatherv over the ranks)", 1, "moe", kRanks},
     {kCombine, "combine", "multifunction_node", 1, "moe"},
     {kLayerDone, "layer_done", "multifunction_node", 1, "layer"},
     {kHead, "head", "function_node", 1, "layer"},
@@ -187,6 +197,7 @@ enum class LandedOut { go, shared, retry };
 enum class SharedOut { latent, fetch, last_piece };
 enum class ComputeOut { retry, last_piece };
 enum class LookaheadOut { prefetch, last_piece };
+enum class ExchangeOut { done };
 enum class CombineOut { done };
 enum class LayerDoneOut { free_slot, next_layer, head, schedule, claim_pin, pin_ready, free_decoded };
 
@@ -232,6 +243,9 @@ constexpr Node owner(ComputeOut) {
 }
 constexpr Node owner(LookaheadOut) {
   return kLookahead;
+}
+constexpr Node owner(ExchangeOut) {
+  return kExchange;
 }
 constexpr Node owner(CombineOut) {
   return kCombine;

@@ -126,11 +126,13 @@ void StreamingModel::Impl::router_body(const RouteGo& m, Outputs<kRouter>& out) 
     stages::route(mw, c, S.buf.x, T, std::span(S.buf.idx).first(T * K), S.buf.weight.first(T * K),
                   S.buf.route_sc);
     // The pieces combine waits for: every expert group, the shared experts (and the lookahead).
-    S.moe.begin(m.visit, std::span<const int32_t>(S.buf.idx).first(T * K), c, 1 + (la ? 1 : 0));
+    S.moe.begin(m.visit, std::span<const int32_t>(S.buf.idx).first(T * K), c, 1 + (la ? 1 : 0), exchange);
     // Fetch last: a thread runs the task it spawned last first, so the reads are submitted
     // before this thread starts the shared experts (with one thread, the only order that
-    // overlaps them).
-    if (strategy == Strategy::overlap || la || ser) port<RouterOut::shared>(out).try_put(SharedGo{m.visit});
+    // overlaps them). trunk starts the shared experts with the first landed wave -- or now, on a
+    // rank that owns none of the layer's chosen experts (no wave will land).
+    if (strategy == Strategy::overlap || la || ser || S.moe.unique() == 0)
+      port<RouterOut::shared>(out).try_put(SharedGo{m.visit});
     if (!ser) port<RouterOut::fetch>(out).try_put(FetchGo{m.visit});
   });
 }
@@ -242,6 +244,7 @@ void StreamingModel::Impl::lookahead_body(const LookaheadGo& m, Outputs<kLookahe
       predicted_experts.erase(std::unique(predicted_experts.begin(), predicted_experts.end()),
                               predicted_experts.end());
       for (int e : predicted_experts) {
+        if (exchange && !exchange->owns(e)) continue;  // another rank's to read
         if (batch.items.size() >= plan.lookahead_slots) break;
         const ExpertCache::Result r = cache->prefetch(next, e);
         if (r.found == ExpertCache::Found::full) break;
@@ -252,6 +255,19 @@ void StreamingModel::Impl::lookahead_body(const LookaheadGo& m, Outputs<kLookahe
     if (!batch.items.empty()) port<LookaheadOut::prefetch>(out).try_put(batch);
   });
   if (S.moe.piece_done()) port<LookaheadOut::last_piece>(out).try_put(PieceDone{m.visit});
+}
+
+// One rank of several: its experts' rows out, every other rank's in (one allgatherv, RankExperts),
+// so eout holds every slot's bytes as in one process before combine sums them in top-k order. Every
+// rank reaches it once per MoE layer, owning some of the layer's experts or none.
+void StreamingModel::Impl::exchange_body(const PieceDone& m, Outputs<kExchange>& out) {
+  StepState& S = step(m.visit);
+  bool done = false;
+  run_node(kExchange, false, args(S.cur.layer), [&] {
+    exchange->exchange(S.moe.all_groups(), c, S.buf.eout);
+    done = true;
+  });
+  if (done) port<ExchangeOut::done>(out).try_put(m);
 }
 
 void StreamingModel::Impl::combine_body(const PieceDone& m, Outputs<kCombine>& out) {

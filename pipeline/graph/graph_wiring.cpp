@@ -26,13 +26,19 @@ auto& receiver(N& node) {
     return flow::input_port<size_t(P)>(node);
 }
 
-// Every output of every node is wired exactly once in the trunk graph that sends on it (the head's
-// logits leave through the driver): no message is sent where nothing listens, and no port has two
-// listeners. A port may be unwired in one trunk graph (raw or compressed) when that graph never sends
-// on it: layer_done's decoded slots, or the raw trunk_read -> trunk_bind edge.
+// Every output of every node is wired exactly once in the graph that sends on it (the head's logits
+// leave through the driver): no message is sent where nothing listens, and no port has two
+// listeners. A port may be unwired in one graph (kGraphs: raw or compressed trunk, one process or
+// ranks) when that graph never sends on it: layer_done's decoded slots, the raw trunk_read ->
+// trunk_bind edge, expert_exchange's output in one process.
 constexpr bool once(Node n, int out) {
-  const int raw = wires_from(n, out, kRawTrunk), comp = wires_from(n, out, kCompressedTrunk);
-  return raw <= 1 && comp <= 1 && raw + comp >= 1;
+  int any = 0;
+  for (unsigned g : kGraphs) {
+    const int k = wires_from(n, out, g);
+    if (k > 1) return false;
+    any += k;
+  }
+  return any >= 1;
 }
 template <Node N>
 constexpr bool outputs_wired_once() {
@@ -40,10 +46,11 @@ constexpr bool outputs_wired_once() {
     return wires_from(N, -1) == 0;
   } else if constexpr (requires { typename NodeType<N>::output_ports_type; }) {
     constexpr int ports = int(std::tuple_size_v<typename NodeType<N>::output_ports_type>);
-    if (ports == 1)  // e.g. an async_node
-      return wires_from(N, -1, kRawTrunk) + wires_from(N, 0, kRawTrunk) <= 1 &&
-             wires_from(N, -1, kCompressedTrunk) + wires_from(N, 0, kCompressedTrunk) <= 1 &&
-             wires_from(N, -1) + wires_from(N, 0) >= 1;
+    if (ports == 1) {  // e.g. an async_node
+      for (unsigned g : kGraphs)
+        if (wires_from(N, -1, g) + wires_from(N, 0, g) > 1) return false;
+      return wires_from(N, -1) + wires_from(N, 0) >= 1;
+    }
     for (int p = 0; p < ports; ++p)
       if (!once(N, p)) return false;
     return wires_from(N, -1) == 0;

@@ -29,7 +29,7 @@ struct Wire {
   const char* label = "";
   unsigned drawn = kAll;             // the strategies that send messages on it
   const char* wave_label = nullptr;  // its label under trunk / serial, when that differs
-  unsigned trunks = kBothTrunks;     // the trunk graphs that have it
+  unsigned trunks = kBothTrunks;     // the graphs that have it (graph_messages.hpp: kGraphs)
 };
 // An edge of the picture only: a slot pool (GraphDescription::add_pool) feeding a node.
 struct PoolWire {
@@ -83,12 +83,20 @@ inline constexpr auto kWiring = std::tuple{
     Wire<kExpertLanded, LandedOut::retry, kExpertFetch, whole>{"retry"},
     Wire<kShared, SharedOut::latent, kExpertJoin, ExpertJoinIn::latent>{"latent ready"},
     Wire<kShared, SharedOut::fetch, kExpertFetch, whole>{"then read", in(Strategy::serial)},
-    Wire<kShared, SharedOut::last_piece, kCombine, whole>{"last piece"},
+    Wire<kShared, SharedOut::last_piece, kCombine, whole>{"last piece", kAll, nullptr, kOneProcess},
+    Wire<kShared, SharedOut::last_piece, kExchange, whole>{"last piece", kAll, nullptr, kRanks},
     Wire<kExpertJoin, whole, kExpertCompute, whole>{},
     Wire<kExpertCompute, ComputeOut::retry, kExpertFetch, whole>{"retry (slot freed)"},
-    Wire<kExpertCompute, ComputeOut::last_piece, kCombine, whole>{"last piece"},
+    Wire<kExpertCompute, ComputeOut::last_piece, kCombine, whole>{"last piece", kAll, nullptr, kOneProcess},
+    Wire<kExpertCompute, ComputeOut::last_piece, kExchange, whole>{"last piece", kAll, nullptr, kRanks},
     Wire<kLookahead, LookaheadOut::prefetch, kExpertRead, whole>{"prefetch", kLookaheadGraph},
-    Wire<kLookahead, LookaheadOut::last_piece, kCombine, whole>{"last piece", kLookaheadGraph},
+    Wire<kLookahead, LookaheadOut::last_piece, kCombine, whole>{"last piece", kLookaheadGraph, nullptr,
+                                                                kOneProcess},
+    Wire<kLookahead, LookaheadOut::last_piece, kExchange, whole>{"last piece", kLookaheadGraph, nullptr,
+                                                                 kRanks},
+    // ---- one rank of several: its experts' rows out, every other rank's in, before the combine ----
+    PoolWire{"exchange buffers", kExchange, "send + receive", true, kRanks},
+    Wire<kExchange, ExchangeOut::done, kCombine, whole>{"every rank's rows", kAll, nullptr, kRanks},
     Wire<kCombine, CombineOut::done, kLayerDone, whole>{},
     // ---- the layer is done: its ring slot goes back to the free list, the next layer may run ----
     Wire<kLayerDone, LayerDoneOut::free_slot, kTrunkFree, whole>{"slot released", kAll, nullptr, kRawTrunk},
@@ -107,7 +115,7 @@ inline constexpr auto kWiring = std::tuple{
 
 namespace k3::pipeline::graph_detail {
 
-// How many wires leave node n's output port `out` (-1: the node's only output) in the trunk graphs
+// How many wires leave node n's output port `out` (-1: the node's only output) in the graphs
 // `trunks` (a wire counts when it is in any of them).
 constexpr int wires_from(Node n, int out, unsigned trunks = kBothTrunks) {
   return std::apply(

@@ -2,10 +2,26 @@
 
 namespace k3::pipeline {
 
-void MoeLayerRun::begin(Visit v, std::span<const int32_t> idx, const io::ModelConfig& c, int other_pieces) {
+void MoeLayerRun::begin(Visit v, std::span<const int32_t> idx, const io::ModelConfig& c, int other_pieces,
+                        const stages::ExpertExchange* owner) {
   std::lock_guard lk(mu_);
   visit_ = v;
-  stages::group_by_expert(idx, groups_);
+  owner_ = owner;
+  if (!owner) {
+    stages::group_by_expert(idx, groups_);
+  } else {  // the owned groups, in the same ascending order, with the same rows
+    stages::group_by_expert(idx, all_);
+    groups_.experts.clear();
+    groups_.rows.clear();
+    groups_.begin.assign(1, 0);
+    for (size_t i = 0; i < all_.experts.size(); ++i) {
+      if (!owner->owns(all_.experts[i])) continue;
+      const std::span<const uint32_t> rows = all_.rows_of(i);
+      groups_.experts.push_back(all_.experts[i]);
+      groups_.rows.insert(groups_.rows.end(), rows.begin(), rows.end());
+      groups_.begin.push_back(uint32_t(groups_.rows.size()));
+    }
+  }
   const size_t U = unique();
   slot_.assign(U, -1);
   apply_off_.resize(U);

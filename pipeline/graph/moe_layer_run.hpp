@@ -44,7 +44,10 @@ class MoeLayerRun {
 
   // router: the layer's top-k choices (`idx`, [T][top_k]) grouped by expert, each group's scratch
   // offset, no slot yet. `other_pieces`: what else must finish before combine (shared, lookahead).
-  void begin(Visit v, std::span<const int32_t> idx, const io::ModelConfig& c, int other_pieces);
+  // `owner` (one rank of several): only the groups of the experts it owns are this run's, so only
+  // they are fetched and computed; all_groups() keeps every group, for the exchange.
+  void begin(Visit v, std::span<const int32_t> idx, const io::ModelConfig& c, int other_pieces,
+             const stages::ExpertExchange* owner = nullptr);
 
   Visit visit() const { return visit_; }
   // Locked: expert_landed and expert_fetch read it for their trace arguments while the router may
@@ -54,6 +57,8 @@ class MoeLayerRun {
     return visit_.layer;
   }
   size_t unique() const { return groups_.experts.size(); }
+  // Every group the router chose, owned here or not (one process: the same as this run's).
+  const stages::ExpertGroups& all_groups() const { return owner_ ? all_ : groups_; }
   int expert(size_t group) const { return groups_.experts[group]; }
   std::span<const uint32_t> rows(size_t group) const { return groups_.rows_of(group); }
   size_t apply_offset(size_t group) const { return apply_off_[group]; }
@@ -135,6 +140,8 @@ class MoeLayerRun {
   mutable std::mutex mu_;  // mutable: layer() locks it
   Visit visit_{~uint64_t{0}, -1};
   stages::ExpertGroups groups_;
+  stages::ExpertGroups all_;  // one rank of several: every group; groups_ holds the owned ones
+  const stages::ExpertExchange* owner_ = nullptr;
   std::vector<int> slot_;
   std::vector<size_t> apply_off_;
   size_t next_pending_ = 0;   // groups [next_pending_, unique) wait for a free slot

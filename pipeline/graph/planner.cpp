@@ -436,6 +436,19 @@ PlanInputs plan_inputs(const io::ModelConfig& c, const io::ShardSet& shards, con
   return in;
 }
 
+uint64_t exchange_buffer_bytes(const io::ModelConfig& c, uint64_t context, int max_seqs) {
+  const uint64_t rows = std::max<uint64_t>(context, uint64_t(std::max(max_seqs, 1)));  // a pass's rows
+  return rows * uint64_t(c.top_k) * uint64_t(c.latent) * sizeof(float);
+}
+
+void plan_rank_experts(PlanInputs& in, const io::ModelConfig& c, int owned_per_layer, int ranks) {
+  if (in.routed_experts == 0 || c.n_experts <= 0) return;
+  in.routed_experts = in.routed_experts / uint64_t(c.n_experts) * uint64_t(owned_per_layer);
+  const uint64_t each = exchange_buffer_bytes(c, in.context, in.max_seqs);
+  in.resident.push_back(
+      {fmt::format("expert exchange: send + receive (1 of {} ranks)", ranks), 2, each, 2 * each});
+}
+
 std::string format_plan(const MemoryPlan& p) {
   std::string s = fmt::format("plan: budget {} ({})\n", human_bytes(p.budget), p.request.source);
   s += fmt::format("  {:<46} {:>6}   {:>11}   {:>11}\n", "pool", "count", "each", "total");

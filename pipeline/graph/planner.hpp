@@ -151,6 +151,13 @@ std::vector<std::string> preset_names();
 PlanInputs plan_inputs(const io::ModelConfig& config, const io::ShardSet& shards,
                        const io::PackedTrunk* trunk, uint64_t context, int n_bound = 0, int max_seqs = 1);
 
+// Expert parallel (docs/distributed.md §6): one rank of `ranks` plans its own slice. Its expert slots
+// stop at the routed experts it owns (`owned_per_layer` of every MoE layer's), and the expert
+// exchange's two buffers -- this rank's rows out, every rank's rows in, each at most a pass's rows
+// x top_k x latent floats (exchange_buffer_bytes) -- are resident terms. Nothing for a dense model.
+void plan_rank_experts(PlanInputs& in, const io::ModelConfig& config, int owned_per_layer, int ranks);
+uint64_t exchange_buffer_bytes(const io::ModelConfig& config, uint64_t context, int max_seqs);
+
 // Activation scratch for `context` positions (the estimate is documented in planner.cpp).
 uint64_t scratch_bytes(const io::ModelConfig& config, uint64_t context);
 

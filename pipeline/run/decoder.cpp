@@ -101,9 +101,8 @@ Decoder::Decoder(const DecoderOptions& o, io::ModelConfig cfg)
       progress_(progress_mode(o.stream)),
       capacity_(run_capacity(o)),
       shards_(open_model_shards(o.model_dir)),
-      // Expert parallel is resident only for now (docs/distributed.md §6).
-      stream_(o.experts ? nullptr
-                        : StreamRun::open(o.stream, cfg_, shards_, n_layers_, capacity_, o.expected_calls)),
+      stream_(StreamRun::open(o.stream, cfg_, shards_, n_layers_, capacity_, o.expected_calls, o.experts,
+                              o.ranks)),
       state_(cfg_, n_layers_, capacity_),
       logits_(size_t(cfg_.vocab)) {
   if (!stream_) model_ = load_resident(shards_, cfg_, n_layers_, progress_, o.experts);

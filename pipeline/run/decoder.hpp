@@ -35,8 +35,10 @@ struct DecoderOptions {
                            // larger stream.context (--context) replaces it, a smaller one is refused
   int expected_calls = 1;  // forward calls the streamed graph may read ahead for
   StreamFlags stream;
-  // Expert parallel (docs/distributed.md §2): resident, holding only the experts this owns.
+  // Expert parallel (docs/distributed.md §2, §6): one rank of `ranks`, resident or streamed, holding
+  // and computing only the experts this owns.
   stages::ExpertExchange* experts = nullptr;
+  int ranks = 1;
 };
 
 // MODEL_DIR/config.json (or --config), refused as a usage error (exit 2) when missing; a

@@ -158,14 +158,15 @@ void add_stream_flags(CLI::App& sub, StreamFlags& f) {
 }
 
 RunPlan plan_run(const StreamFlags& f, const WeightSources& src, uint64_t context, int ring_slots,
-                 uint64_t process_bytes) {
+                 uint64_t process_bytes, RankSlice slice) {
   RunPlan run;
   const uint64_t tokenizer = kTokenizerBytesPerRank * uint64_t(src.config().vocab);
   const uint64_t allowance = kProcessAllowance + tokenizer;
   const bool measured_more = process_bytes > allowance;
   const uint64_t process = measured_more ? process_bytes : allowance;
-  const PlanInputs bare = src.plan_inputs(context, spec_plan_terms(src.config(), src.n_layers(), f.spec),
-                                          std::max(f.max_seqs, 1));
+  PlanInputs bare = src.plan_inputs(context, spec_plan_terms(src.config(), src.n_layers(), f.spec),
+                                    std::max(f.max_seqs, 1));
+  if (slice.ranks > 1) plan_rank_experts(bare, src.config(), slice.owned_per_layer, slice.ranks);
   PlanInputs in = bare;
   if (measured_more) {
     in.resident.push_back({"process and tokenizer (measured)", 1, process, process});
@@ -248,7 +249,7 @@ StreamRun::~StreamRun() = default;
 
 std::unique_ptr<StreamRun> StreamRun::open(const StreamFlags& f, const io::ModelConfig& cfg,
                                            const io::ShardSet& shards, int n_layers, uint64_t context,
-                                           int gen) {
+                                           int gen, stages::ExpertExchange* experts, int ranks) {
   const uint64_t avail = available_memory_bytes();
   if (!f.requested()) {
     // No flag: resident unless the weights plus headroom do not fit in what the machine has free.
@@ -273,7 +274,12 @@ std::unique_ptr<StreamRun> StreamRun::open(const StreamFlags& f, const io::Model
   ::malloc_trim(0);
   const uint64_t index = shards.index_bytes() + (s.trunk ? s.trunk->index_bytes() : 0);
   const uint64_t rss = current_rss_bytes();
-  RunPlan rp = plan_run(f, *s.src, context, f.ring, rss > index ? rss - index : 0);
+  RankSlice slice;
+  if (experts && ranks > 1) {
+    slice.ranks = ranks;
+    for (int e = 0; e < cfg.n_experts; ++e) slice.owned_per_layer += experts->owns(e) ? 1 : 0;
+  }
+  RunPlan rp = plan_run(f, *s.src, context, f.ring, rss > index ? rss - index : 0, slice);
   s.plan = std::move(rp.plan);
   for (const std::string& note : rp.notes) std::printf("%s\n", note.c_str());
   std::printf("%s", format_plan(s.plan).c_str());
@@ -283,14 +289,19 @@ std::unique_ptr<StreamRun> StreamRun::open(const StreamFlags& f, const io::Model
       int(s.plan.pinned.size()), s.plan.n_layers, s.plan.ring_slots,
       human_bytes(s.plan.slot_read_bytes).c_str(),
       static_cast<unsigned long long>(s.plan.inflight_slots) + s.plan.lookahead_slots + s.plan.cache_slots);
+  if (slice.ranks > 1)
+    std::printf(
+        "expert parallel: this rank streams the trunk and its %d of %d routed experts a layer; an "
+        "expert_exchange node after each MoE layer's experts (docs/distributed.md §6)\n",
+        slice.owned_per_layer, cfg.n_experts);
 
   if (!f.trace.empty()) {
     Trace::clear();
     Trace::enable();
     Trace::name_thread("main (driver, tbb)");
   }
-  s.model =
-      std::make_unique<StreamingModel>(*s.src, s.plan, s.strategy, f.graph_dot.empty() ? nullptr : &s.dot);
+  s.model = std::make_unique<StreamingModel>(
+      *s.src, s.plan, s.strategy, f.graph_dot.empty() ? nullptr : &s.dot, ranks > 1 ? experts : nullptr);
   s.model->expect_calls(gen);
   return run;
 }

@@ -86,15 +86,24 @@ struct RunPlan {
   MemoryPlan plan;
   std::vector<std::string> notes;  // WARNING / NOTE lines to print with the plan
 };
+// One rank of several (expert parallel, docs/distributed.md §6): the plan is the rank's slice
+// (plan_rank_experts). ranks == 1: the single process's plan.
+struct RankSlice {
+  int ranks = 1;
+  int owned_per_layer = 0;  // routed experts of each MoE layer this rank owns
+};
 RunPlan plan_run(const StreamFlags&, const WeightSources& src, uint64_t context, int ring_slots = 2,
-                 uint64_t process_bytes = 0);
+                 uint64_t process_bytes = 0, RankSlice slice = {});
 
 class StreamRun {
  public:
   // Null when generate should stay resident. Prints the plan. Throws usage Error (exit 2) for a
-  // budget below the plan floor, naming the shortfall.
+  // budget below the plan floor, naming the shortfall. `experts` (one rank of `ranks`, expert
+  // parallel): the rank streams the trunk and only the routed experts it owns, within its own
+  // budget, and exchanges the rows after each MoE layer (StreamingModel's expert_exchange).
   static std::unique_ptr<StreamRun> open(const StreamFlags&, const io::ModelConfig&, const io::ShardSet&,
-                                         int n_layers, uint64_t context, int gen);
+                                         int n_layers, uint64_t context, int gen,
+                                         stages::ExpertExchange* experts = nullptr, int ranks = 1);
   ~StreamRun();
 
   void forward(stages::DecodeState&, std::span<const int32_t> ids, std::span<float> logits,
