@@ -11,7 +11,8 @@
 //             holding trunk.bin + trunk.json; this program's own flag, before Google Benchmark's);
 //             skipped without it.
 // No real K3 weights are available on this machine: every figure must be re-measured on them.
-// Arguments of BM_decode / BM_encode: codec (1 exp4, 2 huff), data set, block values, verify.
+// Arguments of BM_decode / BM_encode: codec (1 exp4, 2 huff), data set, block values, verify, and
+// for BM_decode streaming stores (1, the default in k3flow; 0: ordinary stores; codec.hpp).
 #include <benchmark/benchmark.h>
 
 #include <bit>
@@ -121,6 +122,7 @@ void BM_decode(benchmark::State& st) {
   const int c = int(st.range(0)), s = int(st.range(1));
   const uint32_t bv = uint32_t(st.range(2));
   const bool verify = st.range(3) != 0;
+  codec::set_streaming_stores(st.range(4) != 0);
   const auto& raw = raw_of(s);
   if (raw.empty()) {
     st.SkipWithError("no --trunk=DIR");
@@ -148,7 +150,7 @@ void BM_decode(benchmark::State& st) {
       benchmark::Counter(double(enc.size()) / double(raw.size()), benchmark::Counter::kAvgThreads);
   if (st.thread_index() == 0) st.counters["bitexact"] = (out == raw) ? 1 : 0;
   st.SetLabel(std::string(codec::codec_name(codec::Codec(c))) + "/" + set_name(s) + "/" +
-              k3::kernels::isa_name(k3::kernels::active_isa()));
+              k3::kernels::isa_name(k3::kernels::active_isa()) + (st.range(4) ? "/stream" : "/store"));
 }
 
 void BM_encode(benchmark::State& st) {
@@ -215,13 +217,14 @@ void BM_exponent_stats(benchmark::State& st) {
 
 void decode_args(benchmark::internal::Benchmark* b) {
   for (int s = 0; s < n_sets; ++s) {
-    b->Args({1, s, 4096, 0});
-    b->Args({2, s, 65536, 0});
+    b->Args({1, s, 4096, 0, 1});
+    b->Args({1, s, 4096, 0, 0});  // ordinary stores: what streaming saves
+    b->Args({2, s, 65536, 0, 1});
   }
-  b->Args({1, normal, 4096, 1});  // with block checks verified (the first read of a layer)
-  b->Args({2, normal, 65536, 1});
-  for (int bv : {256, 1024, 16384}) b->Args({1, student3, bv, 0});
-  for (int bv : {4096, 16384}) b->Args({2, student3, bv, 0});
+  b->Args({1, normal, 4096, 1, 1});  // with block checks verified (the first read of a layer)
+  b->Args({2, normal, 65536, 1, 1});
+  for (int bv : {256, 1024, 16384}) b->Args({1, student3, bv, 0, 1});
+  for (int bv : {4096, 16384}) b->Args({2, student3, bv, 0, 1});
 }
 
 BENCHMARK(BM_exponent_stats)->DenseRange(0, n_sets - 1)->Iterations(1)->Unit(benchmark::kMillisecond);

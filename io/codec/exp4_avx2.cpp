@@ -1,6 +1,10 @@
 // exp4 combine, AVX2: 32 values a step. Bit-identical to exp4_combine_scalar.
 #include <immintrin.h>
 
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
 #include "io/codec/blocks.hpp"
 
 namespace k3::io::codec::detail {
@@ -28,6 +32,19 @@ void exp4_combine_avx2(const uint8_t* sm, const uint8_t* nib, uint8_t base, size
     }
   }
   exp4_combine_scalar(sm + i, nib + i / 2, base, n - i, out + i);
+}
+
+void stream_copy_avx2(std::byte* dst, const std::byte* src, size_t bytes) {
+  const size_t head = std::min(bytes, size_t(-reinterpret_cast<uintptr_t>(dst) & 63));
+  std::memcpy(dst, src, head);
+  size_t i = head;
+  for (; i + 64 <= bytes; i += 64) {
+    const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i));
+    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i + 32));
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(dst + i), a);
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(dst + i + 32), b);
+  }
+  std::memcpy(dst + i, src + i, bytes - i);
 }
 
 }  // namespace k3::io::codec::detail

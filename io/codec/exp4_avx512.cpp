@@ -1,6 +1,10 @@
 // exp4 combine, AVX-512BW: 32 values a step, 16-bit lanes. Bit-identical to exp4_combine_scalar.
 #include <immintrin.h>
 
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
 #include "io/codec/blocks.hpp"
 
 namespace k3::io::codec::detail {
@@ -23,6 +27,16 @@ void exp4_combine_avx512(const uint8_t* sm, const uint8_t* nib, uint8_t base, si
     _mm512_storeu_si512(out + i, v);
   }
   exp4_combine_scalar(sm + i, nib + i / 2, base, n - i, out + i);
+}
+
+void stream_copy_avx512(std::byte* dst, const std::byte* src, size_t bytes) {
+  const size_t head = std::min(bytes, size_t(-reinterpret_cast<uintptr_t>(dst) & 63));
+  std::memcpy(dst, src, head);
+  size_t i = head;
+  for (; i + 64 <= bytes; i += 64)
+    _mm512_stream_si512(reinterpret_cast<__m512i*>(dst + i),
+                        _mm512_loadu_si512(reinterpret_cast<const void*>(src + i)));
+  std::memcpy(dst + i, src + i, bytes - i);
 }
 
 }  // namespace k3::io::codec::detail
