@@ -122,23 +122,10 @@ TEST_CASE("every exp4 decode body gives the scalar body's bytes") {
     }
     CAPTURE(kernels::isa_name(isa));
     kernels::set_active_isa(isa);
-    for (bool streaming : {true, false}) {  // streaming stores or ordinary ones: the same bytes
-      CAPTURE(streaming);
-      codec::set_streaming_stores(streaming);
-      const uint64_t before = codec::exp4_body_runs(isa);
-      const auto got = codec::decode(enc);
-      CHECK(codec::exp4_body_runs(isa) > before);
-      CHECK(got == want);
-      // at every alignment of the output (streamed from its first 64-byte boundary)
-      const codec::Stream st = codec::Stream::parse(enc, "t");
-      std::vector<std::byte> buf(raw.size() + 64);
-      for (size_t shift : {size_t(1), size_t(2), size_t(30)}) {
-        std::span<std::byte> out(buf.data() + shift, raw.size());
-        st.decode(out, true);
-        CHECK(std::equal(out.begin(), out.end(), want.begin()));
-      }
-    }
-    codec::set_streaming_stores(true);
+    const uint64_t before = codec::exp4_body_runs(isa);
+    const auto got = codec::decode(enc);
+    CHECK(codec::exp4_body_runs(isa) > before);
+    CHECK(got == want);
   }
   kernels::set_active_isa(was);
   CHECK(want == raw);
@@ -293,7 +280,7 @@ TEST_CASE("decode_values gives any range of the values, cut blocks included") {
       CAPTURE(count);
       std::vector<uint16_t> got(count);
       st.decode_values(first, count, got.data());
-      CHECK(std::memcmp(got.data(), raw.data() + 2 * first, 2 * count) == 0);
+      if (count) CHECK(std::memcmp(got.data(), raw.data() + 2 * first, 2 * count) == 0);
     }
     std::vector<uint16_t> one(2);
     CHECK_THROWS_AS(st.decode_values(n - 1, 2, one.data()), Error);

@@ -27,14 +27,6 @@ void exp4_combine_scalar(const uint8_t* sm, const uint8_t* nib, uint8_t base, si
 void exp4_combine_avx2(const uint8_t* sm, const uint8_t* nib, uint8_t base, size_t n, uint16_t* out);
 void exp4_combine_avx512(const uint8_t* sm, const uint8_t* nib, uint8_t base, size_t n, uint16_t* out);
 
-// Copies `bytes` from src to dst with non-temporal (streaming) stores for the 64-byte-aligned part of
-// dst, ordinary stores for the head and tail. The bytes are the same as memcpy's; only the cache
-// traffic differs: a decoded layer is far larger than the caches and is read back only by the
-// matvecs, so streaming the output skips the read-for-ownership of every destination line.
-// The caller fences (_mm_sfence) before another thread may read dst.
-void stream_copy_avx2(std::byte* dst, const std::byte* src, size_t bytes);
-void stream_copy_avx512(std::byte* dst, const std::byte* src, size_t bytes);
-
 inline uint16_t bf16_join(uint8_t sm, uint8_t exp) {
   return static_cast<uint16_t>((uint16_t(sm & 0x80) << 8) | (uint16_t(exp) << 7) | (sm & 0x7F));
 }

@@ -3,9 +3,7 @@
 #include "io/codec/codec.hpp"
 
 #include <fmt/format.h>
-#include <immintrin.h>
 
-#include <atomic>
 #include <bit>
 #include <cstring>
 
@@ -181,17 +179,6 @@ Stream Stream::parse(std::span<const std::byte> s, std::string what, uint64_t ba
   return st;
 }
 
-namespace {
-std::atomic<bool> g_streaming{true};
-}
-
-void set_streaming_stores(bool on) {
-  g_streaming.store(on, std::memory_order_relaxed);
-}
-bool streaming_stores() {
-  return g_streaming.load(std::memory_order_relaxed);
-}
-
 // Block b's values, decoded (and, with `verify`, its check compared first) into o (2-aligned).
 void Stream::decode_block(uint32_t b, uint16_t* o, bool verify) const {
   const std::byte* entry = bytes_.data() + kHeaderBytes + size_t(b) * kIndexEntryBytes;
@@ -228,29 +215,17 @@ void Stream::decode_blocks(uint32_t first, uint32_t end, std::span<std::byte> ou
         fmt::format("codec: {}: decode of blocks [{}, {}) into {} bytes (stream holds {} blocks, {} bytes)",
                     what_, first, end, out.size(), n_blocks_, raw_bytes_));
   const uint64_t n_values = raw_bytes_ / 2;
-  // Streaming stores: each block is decoded into a scratch that stays in L1 (escapes patched
-  // there), then streamed out; see set_streaming_stores.
-  const kernels::Isa isa = kernels::active_isa();
-  void (*stream_out)(std::byte*, const std::byte*, size_t) =
-      !streaming_stores()           ? nullptr
-      : isa == kernels::Isa::avx512 ? detail::stream_copy_avx512
-      : isa == kernels::Isa::avx2   ? detail::stream_copy_avx2
-                                    : nullptr;
-  thread_local std::vector<uint16_t> tmp;
+  std::vector<uint16_t> tmp;
   for (uint32_t b = first; b < end; ++b) {
     const uint64_t v0 = uint64_t(b) * block_values_;
     const size_t n = size_t(std::min<uint64_t>(block_values_, n_values - v0));
     // Decoding straight into `out` needs 2-byte alignment for uint16_t stores.
     std::byte* dst = out.data() + v0 * 2;
-    const bool direct = !stream_out && reinterpret_cast<uintptr_t>(dst) % alignof(uint16_t) == 0;
-    if (!direct && tmp.size() < n) tmp.resize(n);
-    decode_block(b, direct ? reinterpret_cast<uint16_t*>(dst) : tmp.data(), verify);
-    if (stream_out)
-      stream_out(dst, reinterpret_cast<const std::byte*>(tmp.data()), n * 2);
-    else if (!direct)
-      std::memcpy(dst, tmp.data(), n * 2);
+    const bool aligned = reinterpret_cast<uintptr_t>(dst) % alignof(uint16_t) == 0;
+    if (!aligned) tmp.resize(n);
+    decode_block(b, aligned ? reinterpret_cast<uint16_t*>(dst) : tmp.data(), verify);
+    if (!aligned) std::memcpy(dst, tmp.data(), n * 2);
   }
-  if (stream_out) _mm_sfence();  // the streamed lines are visible before another thread reads them
   if (has_tail_ && end == n_blocks_) out[raw_bytes_ - 1] = tail_;
 }
 

@@ -100,12 +100,6 @@ void reseal(std::span<std::byte> stream);
 // The hash behind the checks (4-lane multiply-rotate over 32-byte stripes, ~20 GB/s).
 uint64_t check_hash(std::span<const std::byte> bytes, uint64_t seed = 0);
 
-// Decoded output is written with streaming (non-temporal) stores when the active ISA has a SIMD
-// body (on by default): the same bytes, without reading every destination line into the cache
-// first. Off: ordinary stores (the bytes are identical either way; tests and bench_codec compare).
-void set_streaming_stores(bool on);
-bool streaming_stores();
-
 // Tests: which decode bodies ran (exp4 has scalar, avx2, avx512; huff only scalar).
 std::vector<kernels::Isa> built_exp4_isas();
 uint64_t exp4_body_runs(kernels::Isa);
