@@ -36,14 +36,15 @@ detail::MatmulBodies bodies() {
 // Rows go to threads in whole blocks, so the bodies' multi-row paths stay in use.
 constexpr size_t kRowBlock = 8;
 
+// `min_task` weights a task at least (a coded matrix: larger tiles, fewer blocks cut at their edges).
 template <class Body>
-void for_rows(size_t rows, size_t cols, const Body& body) {
+void for_rows(size_t rows, size_t cols, const Body& body, size_t min_task = 32768) {
   if (rows <= kParallelRows) {
     body(0, rows);
     return;
   }
   const size_t blocks = (rows + kRowBlock - 1) / kRowBlock;
-  const size_t grain = std::max<size_t>(1, 4096 / std::max<size_t>(cols, 1));  // >= ~32k weights a task
+  const size_t grain = std::max<size_t>(1, min_task / kRowBlock / std::max<size_t>(cols, 1));
   tbb::parallel_for(tbb::blocked_range<size_t>(0, blocks, grain), [&](const tbb::blocked_range<size_t>& r) {
     body(r.begin() * kRowBlock, std::min(r.end() * kRowBlock, rows));
   });
@@ -62,13 +63,23 @@ void run(const Matrix& w, const double* xw, size_t tokens, float* y, size_t y_st
             b.f32(m.data.data() + a * m.cols, e - a, m.cols, xw, tokens, yr, y_stride);
           } else if constexpr (std::is_same_v<M, Bf16Matrix>) {
             b.bf16(m.data.data() + a * m.cols, e - a, m.cols, xw, tokens, yr, y_stride);
+          } else if constexpr (std::is_same_v<M, CodedBf16Matrix>) {
+            // The rows' values decoded into this thread's tile, then the bf16 body over it: each row's
+            // dot product reads the same values in the same order, so the bits are Bf16Matrix's.
+            thread_local std::vector<uint16_t> tile;
+            const size_t count = (e - a) * m.cols;
+            if (tile.size() < count) tile.resize(count);
+            m.src->decode_values(m.first + a * m.cols, count, tile.data());
+            b.bf16(tile.data(), e - a, m.cols, xw, tokens, yr, y_stride);
           } else {
             b.mxfp4(m.packed.data() + a * mxfp4_packed_cols(m.cols),
                     m.scales.data() + a * mxfp4_scale_cols(m.cols), e - a, m.cols, xw, tokens, yr, y_stride);
           }
         };
         if (parallel) {
-          for_rows(m.rows, m.cols, body);
+          // coded: tiles of 64k-128k weights (128-256 KiB decoded, 16-32 exp4 blocks), which stay in
+          // L2; a block cut by a tile's edge is decoded by both tiles
+          for_rows(m.rows, m.cols, body, std::is_same_v<M, CodedBf16Matrix> ? 131072 : 32768);
         } else {
           body(r0, r1);
         }

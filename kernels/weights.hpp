@@ -27,8 +27,27 @@ struct Mxfp4Matrix {
   size_t rows = 0, cols = 0;
 };
 
+// Decodes values of a coded bf16 array (a compressed trunk layer: io::codec::Stream) on demand.
+// Must be thread-safe: the matmuls decode disjoint row ranges on several threads at once.
+class Bf16Source {
+ public:
+  virtual void decode_values(uint64_t first, uint64_t count, uint16_t* out) const = 0;
+
+ protected:
+  ~Bf16Source() = default;
+};
+
+// A bf16 matrix held coded (docs/codec.md, "Fused decode"): values [first, first + rows * cols) of
+// `src`. The matmuls decode each task's rows into a cache-resident tile right before the bf16 body
+// reads them, so the results are Bf16Matrix's bits and the decoded matrix is never written out.
+struct CodedBf16Matrix {
+  const Bf16Source* src = nullptr;
+  uint64_t first = 0;
+  size_t rows = 0, cols = 0;
+};
+
 using DenseMatrix = std::variant<F32Matrix, Bf16Matrix>;
-using Matrix = std::variant<F32Matrix, Bf16Matrix, Mxfp4Matrix>;
+using Matrix = std::variant<F32Matrix, Bf16Matrix, Mxfp4Matrix, CodedBf16Matrix>;
 
 inline size_t rows_of(const Matrix& m) {
   return std::visit([](const auto& w) { return w.rows; }, m);

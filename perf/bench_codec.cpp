@@ -13,6 +13,9 @@
 // No real K3 weights are available on this machine: every figure must be re-measured on them.
 // Arguments of BM_decode / BM_encode: codec (1 exp4, 2 huff), data set, block values, verify.
 #include <benchmark/benchmark.h>
+#include <tbb/blocked_range.h>
+#include <tbb/global_control.h>
+#include <tbb/parallel_for.h>
 
 #include <bit>
 #include <cmath>
@@ -29,6 +32,7 @@
 #include "io/codec/codec.hpp"
 #include "io/packed_trunk.hpp"
 #include "kernels/dispatch.hpp"
+#include "kernels/matmul.hpp"
 
 namespace {
 
@@ -213,6 +217,64 @@ void BM_exponent_stats(benchmark::State& st) {
   st.SetLabel(set_name(s));
 }
 
+double process_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+}
+
+// The fused decode (docs/codec.md, "Fused decode"): y = W x over the data set as an 8192 x 4096 bf16
+// matrix (64 MiB, larger than the LLC), on `threads` oneTBB threads, three ways:
+//   0 plain:  Bf16Matrix over the decoded bytes (a raw trunk's matvec);
+//   1 staged: decode the whole matrix (the decode stage), then the plain matvec (exp4 before fusion);
+//   2 fused:  CodedBf16Matrix over the exp4 stream, decoded tile by tile inside the matvec.
+// bytes_per_second = decoded matrix bytes per second of wall time; cpu_GBps = per second of the
+// process's CPU time (all threads). All three give the same bits (bitexact = 1).
+void BM_matvec(benchmark::State& st) {
+  const int s = int(st.range(0)), mode = int(st.range(1)), threads = int(st.range(2));
+  const auto& raw = raw_of(s);
+  if (raw.empty()) {
+    st.SkipWithError("no --trunk=DIR");
+    return;
+  }
+  const size_t cols = 4096, rows = raw.size() / 2 / cols;
+  tbb::global_control gc(tbb::global_control::max_allowed_parallelism, size_t(threads));
+  const auto& enc = encoded_of(1, s, 4096);
+  const auto stream = codec::Stream::parse(enc, "bench");
+  std::vector<uint16_t> w(rows * cols);
+  std::memcpy(w.data(), raw.data(), w.size() * 2);
+  std::vector<std::byte> staged(raw.size());
+  std::vector<float> x(cols), y(rows), want(rows);
+  for (size_t i = 0; i < cols; ++i) x[i] = float(i % 17) * 0.125f - 1.0f;
+  namespace kn = k3::kernels;
+  kn::matvec(kn::Bf16Matrix{w, rows, cols}, x, want);
+  const kn::CodedBf16Matrix coded{.src = &stream, .first = 0, .rows = rows, .cols = cols};
+  const double cpu0 = process_cpu_seconds();
+  for (auto _ : st) {
+    if (mode == 0) {
+      kn::matvec(kn::Bf16Matrix{w, rows, cols}, x, y);
+    } else if (mode == 1) {
+      tbb::parallel_for(tbb::blocked_range<uint32_t>(0, stream.n_blocks(), 16),
+                        [&](const tbb::blocked_range<uint32_t>& b) {
+                          stream.decode_blocks(b.begin(), b.end(), staged, false);
+                        });
+      kn::matvec(kn::Bf16Matrix{{reinterpret_cast<const uint16_t*>(staged.data()), rows * cols}, rows, cols},
+                 x, y);
+    } else {
+      kn::matvec(coded, x, y);
+    }
+    benchmark::ClobberMemory();
+  }
+  const double cpu = process_cpu_seconds() - cpu0;
+  const double bytes = double(st.iterations()) * double(rows * cols * 2);
+  st.SetBytesProcessed(int64_t(bytes));
+  st.counters["cpu_GBps"] = bytes / cpu / 1e9;
+  st.counters["bitexact"] = std::memcmp(y.data(), want.data(), y.size() * 4) == 0 ? 1 : 0;
+  static const char* modes[] = {"plain", "staged", "fused"};
+  st.SetLabel(std::string(set_name(s)) + "/" + modes[mode] + "/" +
+              k3::kernels::isa_name(k3::kernels::active_isa()));
+}
+
 void decode_args(benchmark::internal::Benchmark* b) {
   for (int s = 0; s < n_sets; ++s) {
     b->Args({1, s, 4096, 0});
@@ -229,6 +291,10 @@ BENCHMARK(BM_decode)
     ->Apply(decode_args)
     ->Threads(1)
     ->Threads(2)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_matvec)
+    ->ArgsProduct({{normal, trunk}, {0, 1, 2}, {1, 2}})
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_encode)

@@ -14,8 +14,9 @@ namespace {
 
 class Binder {
  public:
-  Binder(const Layout& lay, std::span<const std::byte> bytes, std::span<float> widen)
-      : lay_(lay), bytes_(bytes), widen_(widen) {
+  Binder(const Layout& lay, std::span<const std::byte> bytes, std::span<float> widen,
+         const CodedLayer& coded = {})
+      : lay_(lay), bytes_(bytes), widen_(widen), coded_(coded) {
     if (bytes.size() < lay.buffer_bytes)
       throw io::runtime_error(
           fmt::format("bind: {} bytes given, layout needs {}", bytes.size(), lay.buffer_bytes));
@@ -39,11 +40,16 @@ class Binder {
     return Vec(dst).first(std::min<size_t>(keep, dst.size()));
   }
 
-  Matrix mat(Field f) {
+  Matrix mat(Field f, bool may_code = true) {
     const int i = need(f);
     const io::TensorInfo& t = lay_.places[i].info;
     const TensorSpec& s = lay_.specs[i];
     const size_t rows = s.shape[0], cols = s.numel() / s.shape[0];
+    const uint64_t at = coded_.first_byte + lay_.places[i].offset;  // in the coded image
+    if (may_code && coded_.src && t.dtype == io::DType::BF16 && at % 2 == 0) {
+      if (coded_.coded) coded_.coded->emplace_back(at, at + t.nbytes);
+      return kernels::CodedBf16Matrix{.src = coded_.src, .first = at / 2, .rows = rows, .cols = cols};
+    }
     const std::byte* src = bytes_.data() + lay_.places[i].offset;
     const bool aligned = reinterpret_cast<uintptr_t>(src) % io::dtype_size(t.dtype) == 0;
     if (t.dtype == io::DType::BF16 && aligned)
@@ -56,7 +62,7 @@ class Binder {
   }
 
   DenseMatrix dense(Field f) {
-    Matrix m = mat(f);
+    Matrix m = mat(f, false);
     if (auto* a = std::get_if<kernels::F32Matrix>(&m)) return *a;
     return std::get<kernels::Bf16Matrix>(m);
   }
@@ -97,14 +103,15 @@ class Binder {
   const Layout& lay_;
   std::span<const std::byte> bytes_;
   std::span<float> widen_;
+  CodedLayer coded_;
   size_t used_ = 0;
 };
 
 }  // namespace
 
 LayerWeights bind_layer(const io::ModelConfig& c, int layer, const Layout& lay,
-                        std::span<const std::byte> bytes, std::span<float> widen) {
-  Binder b(lay, bytes, widen);
+                        std::span<const std::byte> bytes, std::span<float> widen, const CodedLayer& coded) {
+  Binder b(lay, bytes, widen, coded);
   LayerWeights w;
   w.layer = layer;
   w.kind = c.layer(layer);

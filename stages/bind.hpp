@@ -15,6 +15,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -79,8 +80,19 @@ struct HeadWeights {
 
 // Views over `bytes` (the layout's buffer; see the alignment rule above). `widen` must hold
 // lay.widen_floats floats and outlive the views. Throws io::Error on a contract violation.
+//
+// A compressed trunk layer bound for the fused decode (docs/codec.md, "Fused decode"): its aligned
+// BF16 projections (not the router, not vectors) become kernels::CodedBf16Matrix views of `src`,
+// whose value i is bytes [2i, 2i + 2) of the decoded layer image and whose byte `first_byte` is
+// bytes[0]; the rest is bound from `bytes` as usual. `coded` (if set) gets the byte ranges of the
+// image bound coded: bind never reads them, so they need not be decoded.
+struct CodedLayer {
+  const kernels::Bf16Source* src = nullptr;
+  uint64_t first_byte = 0;
+  std::vector<std::pair<uint64_t, uint64_t>>* coded = nullptr;
+};
 LayerWeights bind_layer(const io::ModelConfig&, int layer, const Layout&, std::span<const std::byte> bytes,
-                        std::span<float> widen);
+                        std::span<float> widen, const CodedLayer& coded = {});
 ExpertWeights bind_expert(const io::ModelConfig&, const Layout&, std::span<const std::byte> bytes,
                           std::span<float> widen);
 HeadWeights bind_head(const io::ModelConfig&, const Layout&, std::span<const std::byte> bytes,

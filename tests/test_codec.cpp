@@ -9,11 +9,13 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "io/codec/codec.hpp"
 #include "io/error.hpp"
 #include "kernels/dispatch.hpp"
+#include "kernels/matmul.hpp"
 
 using namespace k3::io;
 using codec::Codec;
@@ -263,4 +265,56 @@ TEST_CASE("incompressible data is stored in raw blocks: it grows by the header, 
     codec::reseal(bad);
     CHECK(error_of(bad).find("block 0: raw block") != std::string::npos);
   }
+}
+
+TEST_CASE("decode_values gives any range of the values, cut blocks included") {
+  const auto raw = weights((size_t(200) << 10) + 1, 9);  // 100 blocks of 1024 values and a tail byte
+  for (Codec c : {Codec::exp4, Codec::huff}) {
+    CAPTURE(codec::codec_name(c));
+    const auto enc = codec::encode(raw, {.codec = c, .block_values = 1024});
+    const codec::Stream st = codec::Stream::parse(enc, "t");
+    const uint64_t n = raw.size() / 2;
+    for (auto [first, count] : std::vector<std::pair<uint64_t, uint64_t>>{
+             {0, n}, {0, 1024}, {1024, 2048}, {5, 1}, {1023, 2}, {700, 5000}, {n - 3, 3}, {n, 0}}) {
+      CAPTURE(first);
+      CAPTURE(count);
+      std::vector<uint16_t> got(count);
+      st.decode_values(first, count, got.data());
+      if (count) CHECK(std::memcmp(got.data(), raw.data() + 2 * first, 2 * count) == 0);
+    }
+    std::vector<uint16_t> one(2);
+    CHECK_THROWS_AS(st.decode_values(n - 1, 2, one.data()), Error);
+  }
+}
+
+// The fused decode's matvec (docs/codec.md): a coded matrix, decoded tile by tile inside the
+// matmul, gives the plain bf16 matrix's bits for one token and several, with every body.
+TEST_CASE("a CodedBf16Matrix multiplies to the Bf16Matrix bits") {
+  const size_t rows = 300, cols = 1000, lead = 777;  // the matrix starts inside a block
+  const auto image = weights(2 * (lead + rows * cols + 500), 21);
+  const auto enc = codec::encode(image, {.codec = Codec::exp4, .block_values = 1024});
+  const codec::Stream st = codec::Stream::parse(enc, "t");
+  std::vector<uint16_t> w(rows * cols);
+  std::memcpy(w.data(), image.data() + 2 * lead, w.size() * 2);
+  const kernels::Bf16Matrix plain{w, rows, cols};
+  const kernels::CodedBf16Matrix coded{.src = &st, .first = lead, .rows = rows, .cols = cols};
+  std::mt19937 rng(4);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  const size_t tokens = 5;
+  std::vector<float> x(tokens * cols);
+  for (float& v : x) v = nd(rng);
+  const kernels::Isa was = kernels::active_isa();
+  for (kernels::Isa isa : kernels::supported_isas()) {
+    CAPTURE(kernels::isa_name(isa));
+    kernels::set_active_isa(isa);
+    for (size_t t : {size_t(1), tokens}) {
+      CAPTURE(t);
+      std::vector<float> want(t * rows), got(t * rows, -1.f);
+      kernels::matmul(plain, std::span(x).first(t * cols), t, want);
+      kernels::matmul(coded, std::span(x).first(t * cols), t, got);
+      CHECK(std::memcmp(want.data(), got.data(), want.size() * 4) == 0);
+    }
+    CHECK(kernels::dot_row(coded, 123, x) == kernels::dot_row(plain, 123, x));
+  }
+  kernels::set_active_isa(was);
 }

@@ -131,6 +131,11 @@ TEST_CASE("plan --trunk on a compressed trunk: the decode slots and what the cod
   CHECK(p.out.find("stored (compressed) bytes") != std::string::npos);
   CHECK(p.out.find("codec exp4: a token reads") != std::string::npos);
   CHECK(p.out.find("fewer bytes read") != std::string::npos);
+  CHECK(p.out.find("fused decode (exp4)") != std::string::npos);  // exp4 only: huff is staged
+  const Run h = k3flow(fmt::format("plan {} --trunk {} --preset ultra", s.model, s.huff));
+  REQUIRE(h.code == 0);
+  CHECK(h.out.find("codec huff: a token reads") != std::string::npos);
+  CHECK(h.out.find("fused decode") == std::string::npos);
   const Run raw = k3flow(fmt::format("plan {} --trunk {} --preset ultra", s.model, s.raw));
   REQUIRE(raw.code == 0);
   CHECK(raw.out.find("decode slots") == std::string::npos);

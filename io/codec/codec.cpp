@@ -179,6 +179,36 @@ Stream Stream::parse(std::span<const std::byte> s, std::string what, uint64_t ba
   return st;
 }
 
+// Block b's values, decoded (and, with `verify`, its check compared first) into o (2-aligned).
+void Stream::decode_block(uint32_t b, uint16_t* o, bool verify) const {
+  const std::byte* entry = bytes_.data() + kHeaderBytes + size_t(b) * kIndexEntryBytes;
+  const uint64_t start = b ? rd_u64(entry - kIndexEntryBytes) : 0, stop = rd_u64(entry);
+  const std::byte* blk = bytes_.data() + data_off_ + start;
+  const size_t size = size_t(stop - start);
+  const uint64_t block_off = base_ + data_off_ + start;
+  if (verify && check_hash(std::span(blk, size)) != rd_u64(entry + 8))
+    throw runtime_error(fmt::format("codec: {}: block {} (bytes {}..{}) check mismatch: corrupted", what_, b,
+                                    block_off, block_off + size));
+  const uint64_t v0 = uint64_t(b) * block_values_;
+  const size_t n = size_t(std::min<uint64_t>(block_values_, raw_bytes_ / 2 - v0));
+  try {
+    if (size >= 2 && std::to_integer<uint8_t>(blk[1]) == kRawBlockKind) {
+      if (size != kRawBlockHead + 2 * n || blk[0] != std::byte{0} || blk[2] != std::byte{0} ||
+          blk[3] != std::byte{0})
+        throw detail::BlockFault{fmt::format("raw block of {} bytes for {} values (needs {}, zero header)",
+                                             size, n, kRawBlockHead + 2 * n),
+                                 0};
+      std::memcpy(o, blk + kRawBlockHead, n * 2);
+    } else if (codec_ == Codec::exp4)
+      detail::exp4_decode_block(blk, size, n, o);
+    else
+      detail::huff_decode_block(blk, size, n, o);
+  } catch (const detail::BlockFault& f) {
+    throw runtime_error(
+        fmt::format("codec: {}: block {}: {} (at byte offset {})", what_, b, f.what, block_off + f.offset));
+  }
+}
+
 void Stream::decode_blocks(uint32_t first, uint32_t end, std::span<std::byte> out, bool verify) const {
   if (out.size() != raw_bytes_ || first > end || end > n_blocks_)
     throw runtime_error(
@@ -187,40 +217,38 @@ void Stream::decode_blocks(uint32_t first, uint32_t end, std::span<std::byte> ou
   const uint64_t n_values = raw_bytes_ / 2;
   std::vector<uint16_t> tmp;
   for (uint32_t b = first; b < end; ++b) {
-    const std::byte* entry = bytes_.data() + kHeaderBytes + size_t(b) * kIndexEntryBytes;
-    const uint64_t start = b ? rd_u64(entry - kIndexEntryBytes) : 0, stop = rd_u64(entry);
-    const std::byte* blk = bytes_.data() + data_off_ + start;
-    const size_t size = size_t(stop - start);
-    const uint64_t block_off = base_ + data_off_ + start;
-    if (verify && check_hash(std::span(blk, size)) != rd_u64(entry + 8))
-      throw runtime_error(fmt::format("codec: {}: block {} (bytes {}..{}) check mismatch: corrupted", what_,
-                                      b, block_off, block_off + size));
     const uint64_t v0 = uint64_t(b) * block_values_;
     const size_t n = size_t(std::min<uint64_t>(block_values_, n_values - v0));
     // Decoding straight into `out` needs 2-byte alignment for uint16_t stores.
     std::byte* dst = out.data() + v0 * 2;
     const bool aligned = reinterpret_cast<uintptr_t>(dst) % alignof(uint16_t) == 0;
     if (!aligned) tmp.resize(n);
-    uint16_t* o = aligned ? reinterpret_cast<uint16_t*>(dst) : tmp.data();
-    try {
-      if (size >= 2 && std::to_integer<uint8_t>(blk[1]) == kRawBlockKind) {
-        if (size != kRawBlockHead + 2 * n || blk[0] != std::byte{0} || blk[2] != std::byte{0} ||
-            blk[3] != std::byte{0})
-          throw detail::BlockFault{fmt::format("raw block of {} bytes for {} values (needs {}, zero header)",
-                                               size, n, kRawBlockHead + 2 * n),
-                                   0};
-        std::memcpy(o, blk + kRawBlockHead, n * 2);
-      } else if (codec_ == Codec::exp4)
-        detail::exp4_decode_block(blk, size, n, o);
-      else
-        detail::huff_decode_block(blk, size, n, o);
-    } catch (const detail::BlockFault& f) {
-      throw runtime_error(
-          fmt::format("codec: {}: block {}: {} (at byte offset {})", what_, b, f.what, block_off + f.offset));
-    }
+    decode_block(b, aligned ? reinterpret_cast<uint16_t*>(dst) : tmp.data(), verify);
     if (!aligned) std::memcpy(dst, tmp.data(), n * 2);
   }
   if (has_tail_ && end == n_blocks_) out[raw_bytes_ - 1] = tail_;
+}
+
+void Stream::decode_values(uint64_t first, uint64_t count, uint16_t* out) const {
+  const uint64_t n_values = raw_bytes_ / 2;
+  if (first > n_values || count > n_values - first)
+    throw runtime_error(
+        fmt::format("codec: {}: decode of values [{}, {}) of {}", what_, first, first + count, n_values));
+  thread_local std::vector<uint16_t> tmp;
+  const uint64_t end = first + count;
+  for (uint64_t v = first; v < end;) {
+    const uint32_t b = uint32_t(v / block_values_);
+    const uint64_t b0 = uint64_t(b) * block_values_, b1 = std::min(b0 + block_values_, n_values);
+    const uint64_t stop = std::min(b1, end);
+    if (v == b0 && stop == b1) {  // the whole block: straight into out
+      decode_block(b, out + (v - first), false);
+    } else {  // a block cut by the range: decode it whole, keep the part asked for
+      if (tmp.size() < block_values_) tmp.resize(block_values_);
+      decode_block(b, tmp.data(), false);
+      std::memcpy(out + (v - first), tmp.data() + (v - b0), size_t(stop - v) * 2);
+    }
+    v = stop;
+  }
 }
 
 std::vector<std::byte> decode(std::span<const std::byte> stream, std::string what) {

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "kernels/dispatch.hpp"
+#include "kernels/weights.hpp"
 
 namespace k3::io::codec {
 
@@ -49,7 +50,7 @@ std::vector<std::byte> encode(std::span<const std::byte> raw, const EncodeOption
 
 // A parsed, header-validated stream. `what` names it in every error ("trunk.bin layer 3").
 // `base_offset` is added to every byte offset an error reports (the stream's place in its file).
-class Stream {
+class Stream final : public kernels::Bf16Source {
  public:
   // Validates the header, the index (ends in order, last end == stream end) and, when `verify`,
   // the header check. Throws runtime Error "codec: <what>: ... at byte offset N".
@@ -69,7 +70,14 @@ class Stream {
   void decode_blocks(uint32_t first, uint32_t end, std::span<std::byte> out, bool verify) const;
   void decode(std::span<std::byte> out, bool verify) const { decode_blocks(0, n_blocks_, out, verify); }
 
+  // Values [first, first + count) of the decoded array (bf16 values, the odd tail byte excluded)
+  // into out, block checks not verified: the fused matvec's tiles (kernels::CodedBf16Matrix). A
+  // block the range cuts is decoded whole into a scratch and the part asked for copied. Thread-safe.
+  void decode_values(uint64_t first, uint64_t count, uint16_t* out) const override;
+
  private:
+  void decode_block(uint32_t b, uint16_t* out, bool verify) const;
+
   std::span<const std::byte> bytes_;
   std::string what_;
   uint64_t base_ = 0;

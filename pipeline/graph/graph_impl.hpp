@@ -23,6 +23,7 @@
 #include <tuple>
 #include <vector>
 
+#include "io/codec/codec.hpp"
 #include "io/env.hpp"
 #include "io/uring_reader.hpp"
 #include "pipeline/graph/call_buffers.hpp"
@@ -165,6 +166,16 @@ struct StreamingModel::Impl {
   std::atomic<int> decode_in_use{0};
   std::atomic<uint64_t> decoded_bytes{0}, decode_us{0};
   std::vector<char> decoded_once;
+  // Fused decode (exp4, streamed layers; docs/codec.md "Fused decode"): the layer's projections are
+  // bound coded over its stored bytes, which stay in the ring slot until layer_done, and the matvecs
+  // decode them tile by tile; the decode stage decodes only the rest. Per decoded slot: the parsed
+  // stream its coded matrices decode from, and the first ring slot it holds (-1: none). Per layer:
+  // the byte ranges bound coded (learned at its first bind; `fused_known` then set).
+  const bool fused;
+  std::vector<std::optional<io::codec::Stream>> dec_stream;
+  std::vector<int> dec_ring;
+  std::vector<std::vector<std::pair<uint64_t, uint64_t>>> fused_ranges;
+  std::unique_ptr<std::atomic<bool>[]> fused_known;
   // Pinned trunk bytes loaded so far of their total, for the first step's progress bar.
   std::atomic<uint64_t> pin_loaded_bytes{0};
   uint64_t pin_total_bytes = 0;
@@ -192,6 +203,7 @@ struct StreamingModel::Impl {
 
   // ---- node-local scratch, reused (each of these nodes is serial) ----
   std::vector<SlotRef> span_held;                        // trunk_read
+  std::vector<uint32_t> decode_todo;                     // trunk_decode
   std::vector<io::ReadRequest> trunk_reqs, expert_reqs;  // trunk_read, expert_read
   std::vector<ExpertRead> expert_reads;                  // expert_read
   std::vector<size_t> order;                             // expert_read
@@ -247,6 +259,7 @@ struct StreamingModel::Impl {
         trunk_graph(p.codec.empty() ? (exchange ? kRawRanks : kRawOne)
                                     : (exchange ? kCompressedRanks : kCompressedOne)),
         trunk(p, s),
+        fused(p.codec == "exp4"),
         step_state(waves_of(st)),
         graph_owner(graph_in(arena)),
         g(*graph_owner),
@@ -271,6 +284,10 @@ struct StreamingModel::Impl {
     build();
     for (int slot = 0; slot < trunk.ring_slots(); ++slot) node<kTrunkFree>().try_put(SlotRef{slot});
     decoded_once.assign(size_t(n), 0);
+    dec_stream.resize(size_t(trunk.decode_slots()));
+    dec_ring.assign(size_t(trunk.decode_slots()), -1);
+    fused_ranges.resize(size_t(n));
+    fused_known = std::make_unique<std::atomic<bool>[]>(size_t(n));
     for (int slot = 0; slot < trunk.decode_slots(); ++slot) node<kDecodeFree>().try_put(DecodeSlot{slot});
     // every layer pinned: no decoded slots, but the pins' first reads still pass the decode join
     if (trunk.compressed() && trunk.decode_slots() == 0) node<kDecodeFree>().try_put(DecodeSlot{-1});

@@ -5,6 +5,7 @@
 #include <tbb/parallel_for.h>
 
 #include <algorithm>
+#include <utility>
 #include <variant>
 
 #include "io/packed_trunk.hpp"
@@ -34,35 +35,68 @@ void StreamingModel::Impl::trunk_read_body(const TrunkClaim& in, TrunkReadNode::
 
 // Compressed trunk: decodes the stored layer in its ring slot(s) into the decoded slot it was paired
 // with (a pinned layer: into its pin region, once, and the decoded slot goes straight back), blocks
-// split over the arena by a parallel_for, then gives the ring slot(s) back to the reader and the
-// layer to trunk_bind. Block checks are verified on a layer's first decode in this process -- the raw
-// trunk's policy for its xxh64 (check_loaded), which trunk_bind still applies to the decoded bytes --
-// and skipped afterwards (docs/codec.md, "The decode stage": what verifying always would cost).
+// split over the arena by a parallel_for, then gives the layer to trunk_bind. Block checks are
+// verified on a layer's first decode in this process -- the raw trunk's policy for its xxh64
+// (check_loaded), which trunk_bind still applies to the decoded bytes -- and skipped afterwards
+// (docs/codec.md, "The decode stage": what verifying always would cost).
+// Fused decode (exp4, a streamed layer): trunk_bind binds the projections coded over the stored
+// bytes, so the ring slot(s) stay with the layer until layer_done, and once the layer's coded
+// ranges are known (its first bind) only the blocks not wholly inside them are decoded here -- the
+// matvecs decode the rest, tile by tile. Otherwise the ring slot(s) go back right after the decode.
 void StreamingModel::Impl::trunk_decode_body(const DecodeClaim& in, Outputs<kTrunkDecode>& out) {
   const TrunkReady& r = std::get<size_t(DecodeClaimIn::stored)>(in);
   const DecodeSlot d = std::get<size_t(DecodeClaimIn::slot)>(in);
   const int l = r.visit.layer;
   const bool pin = trunk.pinned(l);
+  const bool fuse = fused && !pin;
   const SlotRef to = pin ? SlotRef::pin() : SlotRef{d.index};
   bool done = false;
   run_node(kTrunkDecode, true, args(l, -1, to.index), [&] {
     const bool verify = !decoded_once[size_t(l)];
     const io::codec::Stream st = src.trunk()->layer_stream(l, trunk.read_target(l, r.slot.index));
     const std::span<std::byte> dst = trunk.bytes(l, to.index).first(size_t(st.raw_bytes()));
+    // The blocks to decode here: all of them, or (fused, ranges known) those not wholly coded.
+    std::vector<uint32_t>& todo = decode_todo;
+    todo.clear();
+    if (fuse && fused_known[size_t(l)].load(std::memory_order_acquire)) {
+      const auto& coded = fused_ranges[size_t(l)];  // ascending, disjoint (layout order)
+      const uint64_t bb = uint64_t(st.block_values()) * 2;
+      size_t k = 0;
+      for (uint32_t b = 0; b < st.n_blocks(); ++b) {
+        const uint64_t b0 = b * bb, b1 = std::min(b0 + bb, st.raw_bytes());
+        while (k < coded.size() && coded[k].second <= b0) ++k;
+        if (k < coded.size() && coded[k].first <= b0 && b1 <= coded[k].second) continue;
+        todo.push_back(b);
+      }
+    } else {
+      for (uint32_t b = 0; b < st.n_blocks(); ++b) todo.push_back(b);
+    }
     // 16 blocks (128 KiB decoded for exp4) a task: a layer spreads over every worker
-    tbb::parallel_for(
-        tbb::blocked_range<uint32_t>(0, st.n_blocks(), 16),
-        [&](const tbb::blocked_range<uint32_t>& b) { st.decode_blocks(b.begin(), b.end(), dst, verify); });
+    tbb::parallel_for(tbb::blocked_range<size_t>(0, todo.size(), 16),
+                      [&](const tbb::blocked_range<size_t>& b) {
+                        for (size_t i = b.begin(); i < b.end();) {  // runs of consecutive blocks in one call
+                          size_t j = i + 1;
+                          while (j < b.end() && todo[j] == todo[j - 1] + 1) ++j;
+                          st.decode_blocks(todo[i], todo[j - 1] + 1, dst, verify);
+                          i = j;
+                        }
+                      });
     decoded_once[size_t(l)] = 1;
+    if (fuse) dec_stream[size_t(d.index)].emplace(st);
+    // the layer's decoded bytes, here or (fused) inside this pass's matvecs
     stats[kTrunkDecode]->bytes.fetch_add(st.raw_bytes(), std::memory_order_relaxed);
     done = true;
   });
   if (!done) return;  // the run has failed: the driver reports it
   const int k = trunk.parts(l);
-  ring_in_use -= k;
+  if (fuse) {
+    dec_ring[size_t(d.index)] = r.slot.index;  // held until layer_done
+  } else {
+    ring_in_use -= k;
+    for (int s = 0; s < k; ++s) port<DecodeOut::free_ring>(out).try_put(k == 1 ? r.slot : SlotRef{s});
+  }
   if (!pin) ++decode_in_use;
   counters();
-  for (int s = 0; s < k; ++s) port<DecodeOut::free_ring>(out).try_put(k == 1 ? r.slot : SlotRef{s});
   if (pin) port<DecodeOut::free_decoded>(out).try_put(d);
   port<DecodeOut::ready>(out).try_put(TrunkReady{.visit = r.visit, .slot = to, .seq = r.seq});
 }
@@ -75,7 +109,18 @@ void StreamingModel::Impl::trunk_bind_body(const TrunkReady& m, Outputs<kTrunkBi
     // A packed trunk's layer is checked against trunk.json's xxh64 the first time it lands.
     if (const io::PackedTrunk* pt = src.trunk()) pt->check_loaded(l, trunk.bytes(l, s));
     std::span<const std::byte> bytes = trunk.bytes(l, s).subspan(ls.bind_offset, ls.layout.buffer_bytes);
-    h.w = stages::bind_layer(c, l, ls.layout, bytes, trunk.widen(l, s));
+    stages::CodedLayer coded;
+    const bool learn = fused && !m.slot.pinned() && !fused_known[size_t(l)].load(std::memory_order_acquire);
+    if (fused && !m.slot.pinned()) {  // fused decode: the projections decode from the stored bytes
+      coded.src = &*dec_stream[size_t(s)];
+      coded.first_byte = ls.bind_offset;
+      if (learn) coded.coded = &fused_ranges[size_t(l)];
+    }
+    h.w = stages::bind_layer(c, l, ls.layout, bytes, trunk.widen(l, s), coded);
+    if (learn) {
+      std::sort(fused_ranges[size_t(l)].begin(), fused_ranges[size_t(l)].end());
+      fused_known[size_t(l)].store(true, std::memory_order_release);
+    }
     h.visit.store(key(m.visit), std::memory_order_release);
     if (m.slot.pinned()) {
       trunk.set_pin_loaded(l);
@@ -296,7 +341,14 @@ void StreamingModel::Impl::layer_done_body(const LayerDone& m, Outputs<kLayerDon
     const int l = cur.layer;
     if (!cur.slot.pinned()) {
       trunk.holder(l, cur.slot.index).visit.store(kNoVisit, std::memory_order_release);
-      if (trunk.compressed()) {  // its ring slot went back after the decode: now its decoded slot
+      if (trunk.compressed()) {  // its decoded slot, and (fused decode) the ring slot(s) it held
+        const int ring = std::exchange(dec_ring[size_t(cur.slot.index)], -1);
+        if (ring >= 0) {
+          const int k = trunk.parts(l);
+          ring_in_use -= k;
+          for (int s = 0; s < k; ++s)
+            port<LayerDoneOut::free_slot>(out).try_put(k == 1 ? SlotRef{ring} : SlotRef{s});
+        }
         --decode_in_use;
         port<LayerDoneOut::free_decoded>(out).try_put(DecodeSlot{cur.slot.index});
       } else {

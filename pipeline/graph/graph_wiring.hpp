@@ -99,7 +99,8 @@ inline constexpr auto kWiring = std::tuple{
     Wire<kExchange, ExchangeOut::done, kCombine, whole>{"every rank's rows", kAll, nullptr, kRanks},
     Wire<kCombine, CombineOut::done, kLayerDone, whole>{},
     // ---- the layer is done: its ring slot goes back to the free list, the next layer may run ----
-    Wire<kLayerDone, LayerDoneOut::free_slot, kTrunkFree, whole>{"slot released", kAll, nullptr, kRawTrunk},
+    // (compressed: the ring slot(s) a fused-decode layer held)
+    Wire<kLayerDone, LayerDoneOut::free_slot, kTrunkFree, whole>{"slot released", kAll, nullptr},
     Wire<kLayerDone, LayerDoneOut::free_decoded, kDecodeFree, whole>{"decoded slot released", kAll, nullptr,
                                                                      kCompressedTrunk},
     Wire<kLayerDone, LayerDoneOut::next_layer, kLayerGate, LayerGateIn::go>{"next visit"},

@@ -487,6 +487,9 @@ std::string format_plan(const MemoryPlan& p) {
         decoded ? 100.0 * (1.0 - double(p.streamed_stored_bytes) / double(decoded)) : 0.0, p.decode_slots,
         p.decode_slots == 1 ? "" : "s", human_bytes(p.decode_slot_bytes + p.decode_widen_bytes),
         p.decode_slots >= 2 ? "overlaps" : "waits for");
+    if (p.codec == "exp4")  // pipeline/graph/graph_nodes.cpp, trunk_decode
+      s += "  fused decode (exp4): a streamed layer's projections are decoded inside the matvecs from its "
+           "stored bytes, which keep their ring slot until the layer is done\n";
   }
   // The readers' windows: every chunk in flight lands in the slot (or pin region) it is read for, so
   // a deeper window costs no memory beyond the pools above -- only the io_uring rings, counted above.

@@ -33,6 +33,8 @@
 //     here: a decoded slot holds any streamed layer): D = 1 at the floor, 2 when the budget has room
 //     (decode of layer L+1 then overlaps compute of L);
 //   - pinned layers are held decoded (decoded once, on their first read).
+// exp4 (fused decode, docs/codec.md): a streamed layer keeps its ring slot until it is computed (its
+// projections decode from the stored bytes inside the matvecs); the pools are the same.
 // Every pin only shrinks both pools, so the pinning loop below keeps its invariant.
 //
 // All byte counts are exact (no guessed constants): they come from the config, the shard index
