@@ -148,8 +148,8 @@ std::vector<std::string> preset_names();
 // `n_bound` layers are planned (<= 0: all); the KDA state and MLA KV cache terms are
 // stages::StateSizes, the very sizes stages::DecodeState allocates, `max_seqs` times (a batched
 // run holds that many sequences' states: pipeline::BatchEngine); the activation scratch is sized
-// for the largest pass, max(context, max_seqs) rows (BatchEngine::max_step_rows: a step with more
-// ids is split into passes).
+// for a 64-row working set (BatchEngine::max_step_rows caps a pass at max(min(context, 64),
+// max_seqs) rows; a step with more ids is split into passes).
 PlanInputs plan_inputs(const io::ModelConfig& config, const io::ShardSet& shards,
                        const io::PackedTrunk* trunk, uint64_t context, int n_bound = 0, int max_seqs = 1);
 
