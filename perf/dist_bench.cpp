@@ -84,7 +84,7 @@ int run(int argc, char** argv) {
   std::unique_ptr<pipeline::WeightSources> src;
   std::unique_ptr<pipeline::StreamingModel> streamed;
   uint64_t held_bytes = 0;
-  const uint64_t context = uint64_t(prompt_len + gen + 1);
+  const uint64_t context = uint64_t(prompt_len) + uint64_t(gen) + 1;
   if (mem_gb > 0) {  // the rank's own plan: its experts' slots, the exchange's buffers
     src = pipeline::WeightSources::open(cfg, shards, nullptr, 0);
     pipeline::PlanInputs in = src->plan_inputs(context, {});
