@@ -20,6 +20,7 @@
 #include "io/config.hpp"
 #include "stages/forward.hpp"
 #include "tests/run_helpers.hpp"
+#include "tests/trace_json.hpp"
 
 namespace {
 
@@ -52,18 +53,6 @@ Run generate(const std::string& args) {
   REQUIRE(!r.timed_out);
   REQUIRE(r.code == 0);
   return r;
-}
-
-int64_t num(simdjson::dom::element e, const char* key) {
-  int64_t v = -1;
-  CHECK_MESSAGE(e[key].get_int64().get(v) == simdjson::SUCCESS, key);
-  return v;
-}
-
-int64_t arg(simdjson::dom::element e, const char* key) {  // args.<key>, -1 when absent
-  int64_t v = -1;
-  if (e["args"][key].get_int64().get(v) != simdjson::SUCCESS) v = -1;
-  return v;
 }
 
 struct PassRow {
@@ -107,17 +96,18 @@ TEST_CASE("generate --spec --out: the report carries the totals and one row per 
     REQUIRE(parser.load(d / "oracle.json").get(doc) == simdjson::SUCCESS);
     simdjson::dom::element s;
     REQUIRE(doc["speculative"].get(s) == simdjson::SUCCESS);
-    CHECK(num(s, "drafts_per_pass") == 4);
-    CHECK(num(s, "drafted") == 23);
-    CHECK(num(s, "accepted") == 23);
-    CHECK(num(s, "passes") == 7);
-    CHECK(num(s, "verify_passes") == 6);
-    CHECK(num(s, "emitted") == 30);
+    CHECK(json_int(s, "drafts_per_pass") == 4);
+    CHECK(json_int(s, "drafted") == 23);
+    CHECK(json_int(s, "accepted") == 23);
+    CHECK(json_int(s, "passes") == 7);
+    CHECK(json_int(s, "verify_passes") == 6);
+    CHECK(json_int(s, "emitted") == 30);
     std::vector<PassRow> rows;
     simdjson::dom::array log;
     REQUIRE(s["pass_log"].get_array().get(log) == simdjson::SUCCESS);
     for (simdjson::dom::element p : log) {
-      rows.push_back({num(p, "rows"), num(p, "drafted"), num(p, "accepted"), num(p, "emitted")});
+      rows.push_back(
+          {json_int(p, "rows"), json_int(p, "drafted"), json_int(p, "accepted"), json_int(p, "emitted")});
       double sec = -1;
       CHECK(p["seconds"].get_double().get(sec) == simdjson::SUCCESS);
       CHECK(sec >= 0);
@@ -134,16 +124,17 @@ TEST_CASE("generate --spec --out: the report carries the totals and one row per 
     const Totals t = totals_of(lookup.out);
     REQUIRE(parser.load(d / "lookup.json").get(doc) == simdjson::SUCCESS);
     REQUIRE(doc["speculative"].get(s) == simdjson::SUCCESS);
-    CHECK(num(s, "drafted") == t.drafted);
-    CHECK(num(s, "accepted") == t.accepted);
-    CHECK(num(s, "passes") == t.passes);
-    CHECK(num(s, "verify_passes") == t.verify);
-    CHECK(num(s, "emitted") == 30);
+    CHECK(json_int(s, "drafted") == t.drafted);
+    CHECK(json_int(s, "accepted") == t.accepted);
+    CHECK(json_int(s, "passes") == t.passes);
+    CHECK(json_int(s, "verify_passes") == t.verify);
+    CHECK(json_int(s, "emitted") == 30);
     CHECK(t.drafted > 0);
     REQUIRE(s["pass_log"].get_array().get(log) == simdjson::SUCCESS);
     int64_t drafted = 0, accepted = 0, emitted = 0, verify = 0, i = 0;
     for (simdjson::dom::element p : log) {
-      const PassRow r{num(p, "rows"), num(p, "drafted"), num(p, "accepted"), num(p, "emitted")};
+      const PassRow r{json_int(p, "rows"), json_int(p, "drafted"), json_int(p, "accepted"),
+                      json_int(p, "emitted")};
       CHECK(r.drafted <= 3);
       CHECK(r.accepted <= r.drafted);
       CHECK(r.emitted == r.accepted + 1);  // nothing stops a --ids run mid-pass but --gen
@@ -185,19 +176,20 @@ TEST_CASE(
         std::string_view label;
         if (name == "thread_name" && e["args"]["name"].get_string().get(label) == simdjson::SUCCESS &&
             label == "decode: passes")
-          passes_row = num(e, "tid");
+          passes_row = json_int(e, "tid");
         continue;
       }
       if (e["cat"].get_string().get(cat) != simdjson::SUCCESS || cat != "spec") continue;
       CHECK(ph == "X");
       CHECK((name == "verify pass" || name == "plain pass"));
-      const PassRow p{arg(e, "rows"), arg(e, "drafted"), arg(e, "accepted"), arg(e, "emitted")};
+      const PassRow p{json_arg(e, "rows"), json_arg(e, "drafted"), json_arg(e, "accepted"),
+                      json_arg(e, "emitted")};
       CHECK((name == "verify pass") == (p.drafted > 0));
       verify_events += name == "verify pass";
       passes.push_back(p);
-      tids.push_back(num(e, "tid"));
-      begins.push_back(num(e, "ts"));
-      ends.push_back(num(e, "ts") + num(e, "dur"));
+      tids.push_back(json_int(e, "tid"));
+      begins.push_back(json_int(e, "ts"));
+      ends.push_back(json_int(e, "ts") + json_int(e, "dur"));
     }
     if (oracle) CHECK(passes == kOraclePasses);
     const Totals t = totals_of(r.out);
@@ -234,7 +226,7 @@ TEST_CASE(
       simdjson::dom::parser parser;
       simdjson::dom::element doc;
       REQUIRE(parser.parse(r.out).get(doc) == simdjson::SUCCESS);
-      return num(doc, "floor");
+      return json_int(doc, "floor");
     };
     std::string with;
     const int64_t plain = floor_of(0), spec = floor_of(n, &with);
@@ -277,7 +269,7 @@ TEST_CASE("generate --spec 16 at the floor: the child's peak RSS stays under the
   simdjson::dom::parser parser;
   simdjson::dom::element doc;
   REQUIRE(parser.parse(p.out).get(doc) == simdjson::SUCCESS);
-  const uint64_t floor = uint64_t(num(doc, "floor"));
+  const uint64_t floor = uint64_t(json_int(doc, "floor"));
   // --mem-gb in GiB, rounded up to the byte's precision.
   const double gb = std::ceil(double(floor) / double(1 << 30) * 1e9) / 1e9;
   const uint64_t budget = uint64_t(std::llround(gb * double(1 << 30)));

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "tests/run_helpers.hpp"
+#include "tests/trace_json.hpp"
 
 namespace fs = std::filesystem;
 using k3::test::k3flow;
@@ -63,18 +64,6 @@ struct ParsedTrace {
   size_t events = 0;
 };
 
-int64_t get_int(simdjson::dom::element e, const char* key) {
-  int64_t v = -1;
-  CHECK_MESSAGE(e[key].get_int64().get(v) == simdjson::SUCCESS, key);
-  return v;
-}
-
-int64_t arg(simdjson::dom::element e, const char* key) {  // args.<key>, -1 when absent
-  int64_t v = -1;
-  if (e["args"][key].get_int64().get(v) != simdjson::SUCCESS) v = -1;
-  return v;
-}
-
 std::string get_string(simdjson::dom::element e, const char* key) {
   std::string_view v;
   CHECK_MESSAGE(e[key].get_string().get(v) == simdjson::SUCCESS, key);
@@ -107,8 +96,8 @@ ParsedTrace traced_run(const std::string& flags, const std::string& dot = "", co
   for (simdjson::dom::element e : events) {
     ++t.events;
     const std::string ph = get_string(e, "ph"), name = get_string(e, "name");
-    const int64_t tid = get_int(e, "tid");
-    get_int(e, "pid");
+    const int64_t tid = json_int(e, "tid");
+    json_int(e, "pid");
     if (ph == "M") {
       simdjson::dom::element args;
       REQUIRE(e["args"].get(args) == simdjson::SUCCESS);
@@ -116,7 +105,7 @@ ParsedTrace traced_run(const std::string& flags, const std::string& dot = "", co
       if (name == "thread_name") t.rows[tid] = label;
       continue;
     }
-    const int64_t ts = get_int(e, "ts");
+    const int64_t ts = json_int(e, "ts");
     if (ph == "C") {
       simdjson::dom::object args;
       REQUIRE(e["args"].get_object().get(args) == simdjson::SUCCESS);
@@ -127,18 +116,18 @@ ParsedTrace traced_run(const std::string& flags, const std::string& dot = "", co
     }
     const std::string cat = get_string(e, "cat");
     if (ph == "X") {
-      const int64_t dur = get_int(e, "dur");
+      const int64_t dur = json_int(e, "dur");
       CHECK(dur >= 0);
-      const int64_t layer = arg(e, "layer"), token = arg(e, "token");
+      const int64_t layer = json_arg(e, "layer"), token = json_arg(e, "token");
       if (cat == "compute") t.compute.push_back(Span{ts, ts + dur, name, layer, token});
       if (name == "expert_fetch") ++t.fetches[{token, layer}];
       t.tids[name].insert(tid);
     } else if (ph == "b" || ph == "e") {
       CHECK(cat == "io");
-      const uint64_t id = uint64_t(get_int(e, "id"));
+      const uint64_t id = uint64_t(json_int(e, "id"));
       if (ph == "b") {
-        CHECK(arg(e, "bytes") > 0);
-        CHECK(open.emplace(id, Span{ts, -1, name, arg(e, "layer"), arg(e, "token")}).second);
+        CHECK(json_arg(e, "bytes") > 0);
+        CHECK(open.emplace(id, Span{ts, -1, name, json_arg(e, "layer"), json_arg(e, "token")}).second);
       } else {
         CHECK(closed.emplace(id, ts).second);
       }
