@@ -44,25 +44,11 @@ PASSAGE=1008,10484,318,15383,387,2029,11,581,7245,9909,13,4711,300,25,1999,42,21
 REPEAT_IDS=$PASSAGE,$PASSAGE
 mkdir -p "$OUT"
 
-drop_cache() {  # prints how: "dropped" (drop_caches) or "fadvise" (per file, as k3flow bench does)
-  sync
-  if (echo 3 > /proc/sys/vm/drop_caches) 2>/dev/null; then echo dropped; return; fi
-  /usr/bin/python3 - "$MODEL" "$TRUNK" <<'PY'
-import os, sys
-for d in sys.argv[1:]:
-    for name in os.listdir(d):
-        p = os.path.join(d, name)
-        if os.path.isfile(p):
-            fd = os.open(p, os.O_RDONLY)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            os.close(fd)
-print("fadvise")
-PY
-}
+source "$(dirname "$0")/drop_cache.sh"  # drop_cache DIR...: prints "dropped" or "fadvise"
 
 run() {  # $1 = tag, $2 = ids, $3 = --spec value, $4 = --spec-oracle ids (or empty)
   local tag=$1
-  echo "$(drop_cache) $(cut -d' ' -f1 /proc/loadavg)" > "$OUT/$tag.pre"
+  echo "$(drop_cache "$MODEL" "$TRUNK") $(cut -d' ' -f1 /proc/loadavg)" > "$OUT/$tag.pre"
   "$K3FLOW" generate "$MODEL" --trunk "$TRUNK" --mem-gb "$MEM_GB" --threads "$THREADS" --ids "$2" \
       --gen "$GEN" --spec "$3" ${4:+--spec-oracle "$4"} --no-progress --out "$OUT/$tag.json" > "$OUT/$tag.log" 2>&1 \
     || { echo "spec_bench.sh: k3flow failed, see $OUT/$tag.log" >&2; exit 1; }

@@ -47,26 +47,12 @@ KMAX=0
 for k in $KS; do [ "$k" -gt "$KMAX" ] && KMAX=$k; done
 mkdir -p "$OUT"
 
-drop_cache() {  # prints how: "dropped" (drop_caches) or "fadvise" (per file, as k3flow bench does)
-  sync
-  if (echo 3 > /proc/sys/vm/drop_caches) 2>/dev/null; then echo dropped; return; fi
-  /usr/bin/python3 - "$MODEL" "$TRUNK" <<'PY'
-import os, sys
-for d in sys.argv[1:]:
-    for name in os.listdir(d):
-        p = os.path.join(d, name)
-        if os.path.isfile(p):
-            fd = os.open(p, os.O_RDONLY)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            os.close(fd)
-print("fadvise")
-PY
-}
+source "$(dirname "$0")/drop_cache.sh"  # drop_cache DIR...: prints "dropped" or "fadvise"
 
 run() {  # $1 = tag, $2 = --gen, then extra flags
   local tag=$1 gen=$2
   shift 2
-  echo "$(drop_cache) $(cut -d' ' -f1 /proc/loadavg)" > "$OUT/$tag.pre"
+  echo "$(drop_cache "$MODEL" "$TRUNK") $(cut -d' ' -f1 /proc/loadavg)" > "$OUT/$tag.pre"
   "$K3FLOW" generate "$MODEL" --trunk "$TRUNK" --mem-gb "$MEM_GB" --threads "$THREADS" --ids "$IDS" \
       --gen "$gen" --no-progress --out "$OUT/$tag.json" "$@" > "$OUT/$tag.log" 2>&1 \
     || { echo "spec_verify_bench.sh: k3flow failed, see $OUT/$tag.log" >&2; exit 1; }
