@@ -279,7 +279,9 @@ TEST_CASE("generate --spec 16 at the floor: the child's peak RSS stays under the
   INFO(r.out);
   INFO(r.err);
   REQUIRE(r.code == 0);
-  CHECK(r.out.find("WARNING") == std::string::npos);  // planned with the process terms
+  // Planned with the process terms; under ASan the process itself (its shadow memory) is larger
+  // than the floor's allowance and generate warns, rightly, that the budget cannot hold.
+  K3_CHECK_UNLESS_SANITIZED(r.out.find("WARNING") == std::string::npos);
   const Totals t = totals_of(r.out);
   CHECK(t.verify == 2);  // 1 + 17 + 6 tokens
   CHECK(line_with(r.out, "generated ids:") == line_with(plain.out, "generated ids:"));

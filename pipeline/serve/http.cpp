@@ -190,7 +190,8 @@ void Server::Impl::session(tcp::socket sock) {
 
 int Server::Impl::handle(tcp::socket& sock, const http::request<http::string_body>& req, bool keep,
                          std::string& endpoint) {
-  std::string_view target = req.target();
+  // Beast's string_view is Boost's own in Debian's Boost 1.74 (no conversion to std's): copy the span.
+  std::string_view target(req.target().data(), req.target().size());
   target = target.substr(0, target.find('?'));
   endpoint = std::string(target);
   const bool get = req.method() == http::verb::get, post = req.method() == http::verb::post;
