@@ -15,6 +15,7 @@
 #include "io/config.hpp"
 #include "pipeline/graph/call_buffers.hpp"
 #include "pipeline/graph/planner.hpp"
+#include "tests/generate_helpers.hpp"
 #include "tests/run_helpers.hpp"
 
 namespace fs = std::filesystem;
@@ -80,12 +81,6 @@ std::string prompt_ids(int n) {
   return s;
 }
 
-std::string line_with(const std::string& out, const std::string& what) {
-  const size_t at = out.find(what);
-  if (at == std::string::npos) return "<no '" + what + "'>";
-  return out.substr(at, out.find('\n', at) - at);
-}
-
 }  // namespace
 
 TEST_CASE(
@@ -130,15 +125,21 @@ TEST_CASE(
   plan_json(p, fmt::format("--mem-gb 64 --context {}", n + gen + 1));
   CHECK(p.u("sequences", "pass_rows") == 64);
   const auto [gb, budget] = gib(p.u("floor"));
-  const Run resident = k3flow(fmt::format("generate {} --ids {} --gen {}", s.model, ids, gen), "", 120);
-  REQUIRE_MESSAGE(resident.code == 0, resident.err);
+  TempDir d;
+  // The reference: resident, the whole prompt in one pass.
+  const k3::test::Output resident = k3::test::generate(s.model, ids, fmt::format("--gen {}", gen), d);
   CHECK(resident.out.find("streaming:") == std::string::npos);
-  const Run r = k3flow(fmt::format("generate {} --ids {} --gen {} --mem-gb {}", s.model, ids, gen, gb), "",
-                       k3::test::kSanitized ? 240 : 120);
+  const Run r = k3flow(fmt::format("generate {} --ids {} --gen {} --mem-gb {} --dump-logits {} --out {}",
+                                   s.model, ids, gen, gb, d / "streamed.bin", d / "streamed.json"),
+                       "", k3::test::kSanitized ? 240 : 120);
   REQUIRE_MESSAGE(r.code == 0, std::string(r.out + r.err));
   CHECK(r.out.find("WARNING") == std::string::npos);  // planned with the process terms
   CHECK(r.out.find("activation scratch (64-row pass)") != std::string::npos);
-  CHECK(line_with(r.out, "generated ids:") == line_with(resident.out, "generated ids:"));
+  // Prefilled in passes of 64, 64 and 2 ids: the prompt's last logits are the whole pass's bytes
+  // (--dump-logits: step 0's row of the 8192-id vocabulary), and so are the ids.
+  CHECK(k3::test::slurp(d / "streamed.bin") == resident.logits);
+  CHECK(resident.logits.size() == 4 * 8192);
+  CHECK(k3::test::field(k3::test::slurp(d / "streamed.json"), "generated_ids") == resident.ids);
   MESSAGE(fmt::format("{}-id prompt at the floor {} B: child peak RSS {} B ({:+.2f} MiB)", n, budget,
                       r.peak_rss, (double(r.peak_rss) - double(budget)) / double(1 << 20)));
   K3_CHECK_UNLESS_SANITIZED(r.peak_rss <= budget);
