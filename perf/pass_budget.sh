@@ -8,7 +8,8 @@
 #   perf/pass_budget.sh MODEL_DIR [TRUNK_DIR]
 #
 # Environment: K3FLOW (default build/k3flow), PROMPT (prompt ids, default 130), GEN (3), SEQS (space-
-# separated batch sizes, default "4 8"), THREADS (2). Exit status: 1 when any peak exceeds its budget.
+# separated batch sizes >= 2 -- one joiner beside B - 1 decoding sequences --, default "4 8"),
+# THREADS (2). Exit status: 1 when any peak exceeds its budget, 2 on a usage error.
 set -euo pipefail
 
 K3FLOW=${K3FLOW:-build/k3flow}
@@ -19,6 +20,9 @@ GEN=${GEN:-3}
 SEQS=${SEQS:-4 8}
 THREADS=${THREADS:-2}
 [ -x "$K3FLOW" ] || { echo "pass_budget.sh: no k3flow binary at $K3FLOW (set K3FLOW)" >&2; exit 2; }
+for B in $SEQS; do
+  [ "$B" -ge 2 ] || { echo "pass_budget.sh: SEQS: $B: a join needs at least 2 sequences" >&2; exit 2; }
+done
 trunk_args=()
 [ -n "$TRUNK" ] && trunk_args=(--trunk "$TRUNK")
 ids=$(/usr/bin/python3 -c "print(','.join(str(3 + (i * 37) % 1997) for i in range($PROMPT)))")
