@@ -134,9 +134,10 @@ Action add_plan(CLI::App& sub) {
   sub.add_option("--ring", a->ring, "trunk ring slots, each as large as the largest streamed layer")
       ->capture_default_str()
       ->check(CLI::Range(2, 64));
-  sub.add_option("--max-seqs", a->flags.max_seqs,
-                 "sequences decoded together (a batched server): the plan holds each one's carried state "
-                 "(KDA + conv, KV cache for --context) and activations for a pass of max(--context, N) ids")
+  sub.add_option(
+         "--max-seqs", a->flags.max_seqs,
+         "sequences decoded together (a batched server): the plan holds each one's carried state "
+         "(KDA + conv, KV cache for --context) and activations for a pass of max(min(--context, 64), N) ids")
       ->capture_default_str()
       ->check(CLI::Range(1, 4096));
   sub.add_option("--spec", a->flags.spec,

@@ -168,6 +168,11 @@ void StreamingModel::forward_batch(std::span<const stages::Segment> segs, std::s
   const bool head_all = head_at == stages::HeadAt::all;
   if (head_all && segs.size() != 1)
     throw io::runtime_error("forward: logits at every row need one segment (internal error)");
+  if (m.plan.pass_rows && T > m.plan.pass_rows)
+    throw io::runtime_error(fmt::format(
+        "forward: {} rows in one pass, more than the plan's {} (internal error: the caller splits a "
+        "longer feed into passes)",
+        T, m.plan.pass_rows));
   if (m.failed.load()) throw io::runtime_error(m.fail_msg);
   if (m.calls_done.load() > 0 && m.step_delay_ms > 0)  // test hook: time to change files between tokens
     std::this_thread::sleep_for(std::chrono::milliseconds(m.step_delay_ms));

@@ -13,6 +13,7 @@
 #include "io/packed_trunk.hpp"
 #include "io/safetensors_writer.hpp"
 #include "io/uring_reader.hpp"
+#include "pipeline/graph/call_buffers.hpp"
 #include "pipeline/graph/reader_options.hpp"
 #include "pipeline/support/human_bytes.hpp"
 #include "stages/forward.hpp"
@@ -212,6 +213,7 @@ MemoryPlan make_plan(const PlanInputs& in, const PlanBudget& want) {
   p.seq_kv_bytes = in.seq_kv_bytes;
   p.context = in.context;
   p.max_seqs = in.max_seqs;
+  p.pass_rows = in.pass_rows;
   for (const LayerFootprint& l : in.layers) p.trunk_bytes += footprint(l);
 
   if (p.budget < p.floor)
@@ -357,28 +359,47 @@ uint64_t preset_budget(std::string_view name, const PlanInputs& in, int ring_slo
       "--preset: unknown preset '{}' (known: ultra, laptop, desktop, workstation, server, max)", name));
 }
 
-uint64_t scratch_bytes(const io::ModelConfig& c, uint64_t context) {
-  // An estimate in f32 of what the forward pass holds besides weights and caches: every
-  // position's residual stream and AttnRes block stack (a prefill keeps the whole prompt), one
-  // 64-token chunk's largest per-layer working set, MLA scores over the context, and the logits.
-  const uint64_t E = uint64_t(c.hidden), T = std::max<uint64_t>(context, 1),
-                 chunk = std::min<uint64_t>(T, 64);
-  const uint64_t H = uint64_t(c.kda_heads), D = uint64_t(c.kda_head_dim), P = H * D;
-  const uint64_t MH = uint64_t(c.mla_heads), nope = uint64_t(c.qk_nope), rope = uint64_t(c.qk_rope),
-                 v = uint64_t(c.v_head);
-  const uint64_t kda = 6 * P + D + H + E;
-  const uint64_t mla = uint64_t(c.q_lora_rank) + MH * (nope + rope) + uint64_t(c.kv_lora_rank) + rope +
-                       MH * (nope + v) + 2 * MH * v + E + MH * T;
-  const uint64_t dense = 2 * uint64_t(c.dense_inter) + E;
-  const uint64_t moe = uint64_t(c.n_experts) + 2 * uint64_t(c.latent) +
-                       uint64_t(c.top_k) * (2 * uint64_t(c.moe_inter) + uint64_t(c.latent)) +
-                       2 * uint64_t(c.n_shared) * uint64_t(c.moe_inter) + E;
-  const uint64_t per_layer = std::max({kda, mla, dense, moe});
-  return 4 * (T * E * (uint64_t(c.max_blocks()) + 2) + chunk * per_layer + uint64_t(c.vocab));
+uint64_t pass_rows(uint64_t context, int max_seqs) {
+  return std::max(std::min(std::max<uint64_t>(context, 1), kPassRows), uint64_t(std::max(max_seqs, 1)));
+}
+
+uint64_t widened_input_bytes(const io::ModelConfig& c, uint64_t rows, uint64_t heads) {
+  // kernels::matmul widens its input to f64 (T rows x the matrix's columns) for as long as the
+  // product runs. The graph runs one layer at a time; within a layer the attention and the dense FFN
+  // are alone, while an MoE layer's shared experts, its routed experts (every group's rows at most
+  // T x top_k in all) and the lookahead router (one row) may multiply at once.
+  const uint64_t E = uint64_t(c.hidden), L = uint64_t(c.latent), I = uint64_t(c.moe_inter);
+  const uint64_t alone = std::max({E, uint64_t(c.kda_heads) * uint64_t(c.kda_head_dim),
+                                   uint64_t(c.mla_heads) * uint64_t(c.v_head), uint64_t(c.q_lora_rank),
+                                   uint64_t(c.kv_lora_rank), uint64_t(c.dense_inter)});
+  const uint64_t moe = c.n_experts > 0 ? rows * std::max(E, uint64_t(c.n_shared) * I) +
+                                             rows * uint64_t(c.top_k) * std::max(L, I) + E
+                                       : 0;
+  return 8 * std::max({rows * alone, moe, heads * E});
+}
+
+std::vector<PlanTerm> scratch_terms(const io::ModelConfig& c, uint64_t context, int max_seqs, bool moe,
+                                    int spec) {
+  const uint64_t R = pass_rows(context, max_seqs), S = uint64_t(std::max(max_seqs, 1));
+  // The pass shapes a run makes: up to R rows with a head row per sequence; a verify pass
+  // (--spec) of 1 + spec rows with the head at every row. CallBuffers grows to the largest.
+  uint64_t buffers = call_buffer_bytes(c, size_t(R), size_t(context), moe, size_t(S));
+  uint64_t widened = widened_input_bytes(c, R, S);
+  if (spec > 0) {
+    const uint64_t v = uint64_t(spec) + 1;
+    buffers = std::max(buffers, call_buffer_bytes(c, size_t(v), size_t(context), moe, size_t(v)));
+    widened = std::max(widened, widened_input_bytes(c, v, v));
+  }
+  const uint64_t logits = 4 * uint64_t(c.vocab);
+  return {
+      {fmt::format("activation scratch ({}-row pass)", R), 1, buffers, buffers},
+      {fmt::format("matmul inputs widened to f64 ({}-row pass)", R), 1, widened, widened},
+      {fmt::format("pass logits ({} row{})", S, S == 1 ? "" : "s"), S, logits, S * logits},
+  };
 }
 
 PlanInputs plan_inputs(const io::ModelConfig& c, const io::ShardSet& shards, const io::PackedTrunk* trunk,
-                       uint64_t context, int n_bound, int max_seqs) {
+                       uint64_t context, int n_bound, int max_seqs, int spec) {
   const int n = n_bound <= 0 || n_bound > c.n_layers ? c.n_layers : n_bound;
   PlanInputs in;
   if (trunk) {
@@ -403,11 +424,14 @@ PlanInputs plan_inputs(const io::ModelConfig& c, const io::ShardSet& shards, con
   // none) and the KV cache: what stages::DecodeState allocates, from the same StateSizes.
   const stages::StateSizes state = stages::StateSizes::of(c, n, context);
   const uint64_t S = uint64_t(std::max(max_seqs, 1));
-  const uint64_t scratch = scratch_bytes(c, std::max(context, S));
+  bool moe = false;
+  for (int l = 0; l < n; ++l) moe = moe || (!c.is_dense(l) && c.n_experts > 0);
+  const std::vector<PlanTerm> scratch = scratch_terms(c, context, int(S), moe, spec);
   in.seq_kda_bytes = state.kda_bytes();
   in.seq_kv_bytes = state.kv_bytes();
   in.context = context;
   in.max_seqs = int(S);
+  in.pass_rows = pass_rows(context, int(S));
   const std::string seqs = S > 1 ? fmt::format(" x {} sequences", S) : "";
   const uint64_t index = shards.index_bytes() + (trunk ? trunk->index_bytes() : 0);
   // The two readers' rings, at the queue depths the graph opens them with (reader_options.hpp); an
@@ -422,11 +446,12 @@ PlanInputs plan_inputs(const io::ModelConfig& c, const io::ShardSet& shards, con
        S * uint64_t(state.n_kda), state.kda_layer_bytes(), S * state.kda_bytes()},
       {fmt::format("MLA KV cache ({} positions{}, {} MLA layers)", context, seqs, state.n_mla), S * context,
        state.kv_position_bytes(), S * state.kv_bytes()},
-      {"activation scratch (estimate)", 1, scratch, scratch},
-      {trunk ? "tensor index (shards + trunk.json)" : "tensor index (shards)", 1, index, index},
-      {"io_uring rings (trunk + experts)", 2, trunk_ring == expert_ring ? trunk_ring : 0,
-       trunk_ring + expert_ring},
   };
+  in.resident.insert(in.resident.end(), scratch.begin(), scratch.end());
+  in.resident.push_back(
+      {trunk ? "tensor index (shards + trunk.json)" : "tensor index (shards)", 1, index, index});
+  in.resident.push_back({"io_uring rings (trunk + experts)", 2, trunk_ring == expert_ring ? trunk_ring : 0,
+                         trunk_ring + expert_ring});
   if (c.first_dense < c.n_layers && c.n_experts > 0) {
     in.expert_bytes = stages::locate_expert(shards, c, c.first_dense, 0).buffer_bytes;
     in.top_k = c.top_k;
@@ -437,7 +462,7 @@ PlanInputs plan_inputs(const io::ModelConfig& c, const io::ShardSet& shards, con
 }
 
 uint64_t exchange_buffer_bytes(const io::ModelConfig& c, uint64_t context, int max_seqs) {
-  const uint64_t rows = std::max<uint64_t>(context, uint64_t(std::max(max_seqs, 1)));  // a pass's rows
+  const uint64_t rows = pass_rows(context, max_seqs);  // a pass's rows
   return rows * uint64_t(c.top_k) * uint64_t(c.latent) * sizeof(float);
 }
 
@@ -553,6 +578,7 @@ std::string plan_json(const MemoryPlan& p) {
       .begin_object()
       .field("max_seqs", p.max_seqs)
       .field("context", p.context)
+      .field("pass_rows", p.pass_rows)
       .field("state_bytes_per_sequence", p.seq_kda_bytes + p.seq_kv_bytes)
       .field("kda_bytes_per_sequence", p.seq_kda_bytes)
       .field("kv_bytes_per_sequence", p.seq_kv_bytes)

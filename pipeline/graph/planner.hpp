@@ -81,6 +81,9 @@ struct PlanInputs {
   // many sequences the resident terms hold it for (a batched run: max_seqs slots); 0: not known.
   uint64_t seq_kda_bytes = 0, seq_kv_bytes = 0, context = 0;
   int max_seqs = 1;
+  // Rows one forward pass carries at most (pass_rows()): the activation terms are sized for it, and
+  // the engine splits a longer prefill or step into passes of at most this many; 0: not known.
+  uint64_t pass_rows = 0;
   std::string codec;  // the packed trunk's codec ("" or "none": raw); see "Compressed trunk" above
   bool compressed() const { return !codec.empty() && codec != "none"; }
 };
@@ -124,6 +127,7 @@ struct MemoryPlan {
   // carried state: PlanInputs' per-sequence figures (already among the pools, max_seqs times)
   uint64_t seq_kda_bytes = 0, seq_kv_bytes = 0, context = 0;
   int max_seqs = 1;
+  uint64_t pass_rows = 0;  // PlanInputs::pass_rows: the most rows a forward pass may carry (0: no cap)
 
   uint64_t total() const;
   // Every layer pinned and a slot for every routed expert: the whole model is resident.
@@ -147,11 +151,13 @@ std::vector<std::string> preset_names();
 // would lay the layers out from the shard index; resident terms for `context` positions. The first
 // `n_bound` layers are planned (<= 0: all); the KDA state and MLA KV cache terms are
 // stages::StateSizes, the very sizes stages::DecodeState allocates, `max_seqs` times (a batched
-// run holds that many sequences' states: pipeline::BatchEngine); the activation scratch is sized
-// for a 64-row working set (BatchEngine::max_step_rows caps a pass at max(min(context, 64),
-// max_seqs) rows; a step with more ids is split into passes).
+// run holds that many sequences' states: pipeline::BatchEngine). The activation terms
+// (scratch_terms) are for a pass of pass_rows(context, max_seqs) rows -- the engine (Decoder,
+// BatchEngine) splits anything longer into passes of at most that many -- and, with `spec` > 0, a
+// verify pass of 1 + spec rows.
 PlanInputs plan_inputs(const io::ModelConfig& config, const io::ShardSet& shards,
-                       const io::PackedTrunk* trunk, uint64_t context, int n_bound = 0, int max_seqs = 1);
+                       const io::PackedTrunk* trunk, uint64_t context, int n_bound = 0, int max_seqs = 1,
+                       int spec = 0);
 
 // Expert parallel (docs/distributed.md §6): one rank of `ranks` plans its own slice. Its expert slots
 // stop at the routed experts it owns (`owned_per_layer` of every MoE layer's), and the expert
@@ -160,8 +166,20 @@ PlanInputs plan_inputs(const io::ModelConfig& config, const io::ShardSet& shards
 void plan_rank_experts(PlanInputs& in, const io::ModelConfig& config, int owned_per_layer, int ranks);
 uint64_t exchange_buffer_bytes(const io::ModelConfig& config, uint64_t context, int max_seqs);
 
-// Activation scratch for `context` positions (the estimate is documented in planner.cpp).
-uint64_t scratch_bytes(const io::ModelConfig& config, uint64_t context);
+// Rows one forward pass carries at most: max(min(context, kPassRows), max_seqs) -- every
+// sequence's single id fits one pass; a prompt longer than kPassRows is fed in several (a chunked
+// prefill gives the bits of a whole one).
+inline constexpr uint64_t kPassRows = 64;
+uint64_t pass_rows(uint64_t context, int max_seqs);
+
+// The activation terms of a run (planner.cpp): the streaming graph's CallBuffers for its largest
+// pass (call_buffer_bytes: the very layout CallBuffers::prepare carves; `moe`: the bound layers
+// have routed experts), the f64 copies kernels::matmul makes of its inputs during such a pass
+// (widened_input_bytes: the largest set that can be live at once), and the pass's logits rows (one
+// per sequence; --spec's further verify rows are spec_plan_terms').
+std::vector<PlanTerm> scratch_terms(const io::ModelConfig& config, uint64_t context, int max_seqs, bool moe,
+                                    int spec = 0);
+uint64_t widened_input_bytes(const io::ModelConfig& config, uint64_t rows, uint64_t heads);
 
 std::string format_plan(const MemoryPlan& plan);  // the human table
 std::string plan_json(const MemoryPlan& plan);    // one JSON object; pools sum to "total"

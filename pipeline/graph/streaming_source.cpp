@@ -157,8 +157,9 @@ std::unique_ptr<WeightSources::Head> WeightSources::load_head() const {
   return h;
 }
 
-PlanInputs WeightSources::plan_inputs(uint64_t context, std::vector<PlanTerm> extra, int max_seqs) const {
-  PlanInputs in = pipeline::plan_inputs(cfg_, shards_, trunk_, context, int(layers_.size()), max_seqs);
+PlanInputs WeightSources::plan_inputs(uint64_t context, std::vector<PlanTerm> extra, int max_seqs,
+                                      int spec) const {
+  PlanInputs in = pipeline::plan_inputs(cfg_, shards_, trunk_, context, int(layers_.size()), max_seqs, spec);
   for (size_t l = 0; l < layers_.size(); ++l)
     in.layers[l] = {.read_bytes = layers_[l].slot_bytes,
                     .widen_bytes = 4 * layers_[l].layout.widen_floats,

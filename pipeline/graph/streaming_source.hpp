@@ -97,7 +97,8 @@ class WeightSources {
 
   // The planner's inputs with this source's exact slot sizes (layers, expert slot) plus the resident
   // terms of pipeline::plan_inputs and `extra_resident` (e.g. the process's own baseline).
-  PlanInputs plan_inputs(uint64_t context, std::vector<PlanTerm> extra_resident, int max_seqs = 1) const;
+  PlanInputs plan_inputs(uint64_t context, std::vector<PlanTerm> extra_resident, int max_seqs = 1,
+                         int spec = 0) const;
 
  private:
   WeightSources(const io::ModelConfig& c, const io::ShardSet& s, const io::PackedTrunk* t)

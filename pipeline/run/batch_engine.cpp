@@ -7,6 +7,7 @@
 #include <cstdio>
 
 #include "io/error.hpp"
+#include "pipeline/graph/planner.hpp"
 #include "pipeline/run/run_report.hpp"
 #include "pipeline/support/human_bytes.hpp"
 
@@ -14,13 +15,9 @@ namespace k3::pipeline {
 
 namespace {
 
-// The plan's activation scratch holds one 64-row chunk's per-layer working set (scratch_bytes in
-// pipeline/graph/planner.cpp); a pass of more prompt ids outgrows it (measured: a 128-id prompt
-// peaked 9 MiB over a 0.12 GiB budget on the `small` synthetic, 64 at a time stayed under).
-constexpr size_t kPassRows = 64;
-
+// Without a plan (resident) a pass is capped as a streamed one is: the planner's pass_rows.
 size_t default_pass_rows(size_t capacity, size_t n_seqs) {
-  return std::max(std::min(capacity, kPassRows), n_seqs);
+  return size_t(pass_rows(capacity, int(n_seqs)));
 }
 
 int checked_max_seqs(int n) {
@@ -46,12 +43,12 @@ BatchEngine::BatchEngine(const DecoderOptions& o, io::ModelConfig cfg, int max_s
       capacity_(run_capacity(o)),
       shards_(open_model_shards(o.model_dir)) {
   const int n = checked_max_seqs(max_seqs);
-  max_rows_ = default_pass_rows(capacity_, size_t(n));
   // A server runs until it is stopped: the graph may always read ahead into the next step. The plan
-  // holds every slot's state and a pass of max_step_rows() ids.
+  // holds every slot's state and a pass of max_step_rows() ids (its pass_rows).
   StreamFlags flags = o.stream;
   flags.max_seqs = n;
   stream_ = StreamRun::open(flags, cfg_, shards_, n_layers_, capacity_, 1 << 30);
+  max_rows_ = stream_ ? size_t(stream_->pass_rows()) : default_pass_rows(capacity_, size_t(n));
   if (!stream_) model_ = load_resident(shards_, cfg_, n_layers_, progress_mode(o.stream));
   states_.reserve(size_t(n));
   for (int i = 0; i < n; ++i)
@@ -74,7 +71,7 @@ uint64_t BatchEngine::state_bytes() const {
 }
 
 void BatchEngine::set_max_step_rows(size_t n) {
-  const size_t most = default_pass_rows(capacity_, states_.size());
+  const size_t most = stream_ ? size_t(stream_->pass_rows()) : default_pass_rows(capacity_, states_.size());
   if (n < 1 || n > most)
     throw io::usage_error(
         fmt::format("batch: {} ids per pass: needs 1..{} (the plan's activations)", n, most));

@@ -10,8 +10,8 @@
 // A step is ONE pass over the model for all its rows (stages::forward_batch resident,
 // StreamingModel::forward_batch streamed): every trunk layer is read once per step whatever the
 // number of sequences, and a layer's routed experts are the union of the step's tokens' choices.
-// A pass carries at most max_step_rows() ids (what the activations and the plan are sized for:
-// max(min(context, 64), max_seqs));
+// A pass carries at most max_step_rows() ids (what the activations and the plan are sized for: the
+// plan's pass_rows, max(min(context, 64), max_seqs));
 // a step with more -- a long prompt joining -- is split into passes, each taking the rows with
 // the fewest ids first (the decoding sequences' single ids) and as much of the prompts as fits
 // (chunked prefill: a prompt fed in pieces gives the bits it gives fed whole).
@@ -80,8 +80,8 @@ class BatchEngine {
   size_t cached(int seq) const;                  // positions slot `seq` has fed
   StreamRun* stream() { return stream_.get(); }  // null when resident
   uint64_t state_bytes() const;                  // every slot's carried state
-  // Ids one pass carries at most: max(min(capacity(), 64), max_seqs()) -- the plan's activation
-  // scratch holds a 64-row working set. A step feeding more is split into passes.
+  // Ids one pass carries at most: the plan's pass_rows, max(min(capacity(), 64), max_seqs()) -- what
+  // its activation terms are sized for. A step feeding more is split into passes.
   size_t max_step_rows() const { return max_rows_; }
   // Lowers the cap (1..the default): smaller passes, for a server that bounds a step's latency, and
   // for tests of the split. Throws usage Error outside that range.

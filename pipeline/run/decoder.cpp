@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -150,10 +151,17 @@ std::span<const float> Decoder::logits() {
       ~Unhook() { w.on_layer = nullptr; }
     } unhook{state_.watch};
     first_step_ = false;
-    if (stream_)
-      stream_->forward(state_, feed, logits_);
-    else
+    if (stream_) {
+      // Passes of at most the plan's rows (its activations are sized for them): a longer prefill is
+      // fed in pieces, which gives the bits it gives fed whole. The whole feed is checked first, so
+      // a bad id or a full cache still leaves the state as it was.
+      stages::check_forward_inputs(cfg_, state_, feed);
+      const size_t most = stream_->pass_rows() ? size_t(stream_->pass_rows()) : feed.size();
+      for (size_t at = 0; at < feed.size(); at += most)
+        stream_->forward(state_, feed.subspan(at, std::min(most, feed.size() - at)), logits_);
+    } else {
       stages::forward(*model_, state_, feed, stages::HeadAt::last, logits_, scratch_);
+    }
   }
   const std::span<const float> out = std::span<const float>(logits_).first(size_t(cfg_.vocab));
   check_logits_finite(cfg_, state_, out, "");

@@ -36,11 +36,13 @@ constexpr uint64_t kTokenizerBytesPerRank = 96;
 // Thread stacks actually touched, allocator arenas, per-call std::vector growth and the reader
 // queues: not in the planner's terms, measured at a few MiB on the synthetic checkpoints.
 constexpr uint64_t kSlackBytes = uint64_t{6} << 20;
-// Each sequence beyond the first adds its own: its sampler and ids, its logits row, the batch's
-// per-segment vectors and the allocator's growth with the step's rows. Measured on the peer
-// checkpoint at its floor (1.8 GiB, 8 sequences, 40-row prefill): the peak RSS was 2-6 MiB over a
-// plan that counted 6 MiB of slack in all.
-constexpr uint64_t kSlackPerExtraSequence = uint64_t{1} << 20;
+// What each sequence holds outside the engine, per vocabulary entry: its logits row (4 B; a
+// batch's caller keeps one per sequence beside the pass's) and its sampler's buffers -- the
+// repeat-penalised copy (4 B), the candidates (8 B) and their probabilities (8 B). This replaced a
+// measured 1 MiB per extra sequence (the peer checkpoint at its floor with 8 sequences went 2-6 MiB
+// over): that excess was the pass's logits rows and activations the plan did not count, now
+// planner terms, and these buffers (1.07 MiB a sequence at the peer's 46,592 ids).
+constexpr uint64_t kSequenceBytesPerVocab = 4 + 4 + 8 + 8;
 
 uint64_t gib_flag(double gb, const char* flag) {
   if (!(gb > 0) || !std::isfinite(gb) || gb > 1e6)
@@ -165,7 +167,7 @@ RunPlan plan_run(const StreamFlags& f, const WeightSources& src, uint64_t contex
   const bool measured_more = process_bytes > allowance;
   const uint64_t process = measured_more ? process_bytes : allowance;
   PlanInputs bare = src.plan_inputs(context, spec_plan_terms(src.config(), src.n_layers(), f.spec),
-                                    std::max(f.max_seqs, 1));
+                                    std::max(f.max_seqs, 1), f.spec);
   if (slice.ranks > 1) plan_rank_experts(bare, src.config(), slice.owned_per_layer, slice.ranks);
   PlanInputs in = bare;
   if (measured_more) {
@@ -180,8 +182,13 @@ RunPlan plan_run(const StreamFlags& f, const WeightSources& src, uint64_t contex
     in.resident.push_back(
         {"tokenizer (allowance per rank)", uint64_t(src.config().vocab), kTokenizerBytesPerRank, tokenizer});
   }
-  const uint64_t slack = kSlackBytes + kSlackPerExtraSequence * uint64_t(std::max(f.max_seqs, 1) - 1);
+  const uint64_t slack = kSlackBytes;
   in.resident.push_back({"threads, allocator and reader slack", 1, slack, slack});
+  const uint64_t seqs = uint64_t(std::max(f.max_seqs, 1)),
+                 per_seq = kSequenceBytesPerVocab * uint64_t(src.config().vocab);
+  in.resident.push_back(
+      {fmt::format("logits row + sampler buffers ({} sequence{})", seqs, seqs == 1 ? "" : "s"), seqs, per_seq,
+       seqs * per_seq});
 
   PlanBudget b;
   b.ring_slots = ring_slots;
@@ -226,8 +233,9 @@ RunPlan plan_run(const StreamFlags& f, const WeightSources& src, uint64_t contex
   if (!b.trunk && b.total < plan_floor(in, b.ring_slots) && b.total >= plan_floor(bare, b.ring_slots)) {
     run.notes.push_back(
         fmt::format("WARNING: budget {} is above the plan floor but below floor + this process's own {} "
-                    "(process + slack): planned at the floor; peak RSS will exceed the budget",
-                    human_bytes(b.total), human_bytes(process + slack)));
+                    "(process, slack, sampling buffers): planned at the floor; peak RSS will exceed the "
+                    "budget",
+                    human_bytes(b.total), human_bytes(process + slack + seqs * per_seq)));
     in = bare;
   }
   run.plan = make_plan(in, b);
@@ -339,6 +347,10 @@ StreamTotals StreamRun::totals() const {
 uint64_t StreamRun::bytes_read() const {
   const StreamTotals t = s_->model->totals();
   return t.trunk_bytes_read + t.expert_bytes_read;
+}
+
+uint64_t StreamRun::pass_rows() const {
+  return s_->plan.pass_rows;
 }
 
 void StreamRun::finish(RunReport& r, double decode_seconds) {

@@ -115,6 +115,9 @@ class StreamRun {
   const StepStats& last_step() const;         // the last forward call's reads and times
   StreamTotals totals() const;                // the run's reads so far
   uint64_t bytes_read() const;                // trunk + expert bytes read so far in this run
+  // Rows one forward call may carry (MemoryPlan::pass_rows): the callers (Decoder, BatchEngine)
+  // split a longer feed into passes of at most this many; the activations are planned for it.
+  uint64_t pass_rows() const;
 
   // After a successful run: ends the streamed model (forward() may not be called again), writes
   // --trace / --graph-dot, prints the I/O summary, fills the report.
