@@ -453,7 +453,7 @@ PackedTrunk PackedTrunk::open(const fs::path& dir, int expected_layers, File::Mo
     throw bad(fmt::format("align is {}, this engine reads only {}-aligned trunks", a, kTrunkAlign));
   if (std::string_view cs; !doc["codec"].get_string().get(cs)) {
     const auto c = codec::parse_codec(cs);
-    if (!c) throw bad(fmt::format("unknown codec \"{}\" (this build reads none, exp4, huff)", cs));
+    if (!c) throw bad(fmt::format("unknown codec \"{}\" (this build reads none, exp4, exp3, huff)", cs));
     t.codec_ = *c;
   }
   const bool packed = t.codec_ != codec::Codec::none;

@@ -3,6 +3,9 @@
 // code only the exponent:
 //   exp4: per block a base exponent and a 4-bit offset per value (15 = escape: position and exponent
 //         in a list after the block), ~12 bits/value; SIMD-decodable (scalar, AVX2, AVX-512 bodies).
+//   exp3: per block a base exponent and a 3-bit code per value (7 = escape: its exponent byte in a
+//         list after the block, in value order), ~11.2 bits/value on weights; scalar, AVX2,
+//         AVX-512 bodies. The trunk default's alternative to exp4: ~4-5 points smaller.
 //   huff: per block a canonical Huffman code (lengths <= 12) over the exponent byte; ~10-11
 //         bits/value on weight-like data; scalar table decode, slower.
 //
@@ -30,15 +33,21 @@
 
 namespace k3::io::codec {
 
-enum class Codec : uint8_t { none = 0, exp4 = 1, huff = 2 };
+enum class Codec : uint8_t { none = 0, exp4 = 1, huff = 2, exp3 = 3 };
 const char* codec_name(Codec);
-std::optional<Codec> parse_codec(std::string_view);  // "none" | "exp4" | "huff"
+std::optional<Codec> parse_codec(std::string_view);  // "none" | "exp4" | "huff" | "exp3"
+
+// exp4 and exp3 decode fast enough (SIMD, ~10 GB/s a core) to decode inside the matvecs (the fused
+// decode, kernels::CodedBf16Matrix); huff does not (docs/codec.md, "Fused decode").
+inline bool fused_decode(Codec c) {
+  return c == Codec::exp4 || c == Codec::exp3;
+}
 
 constexpr size_t kHeaderBytes = 40;
 constexpr size_t kIndexEntryBytes = 16;
-uint32_t default_block_values(Codec);  // exp4 4096, huff 65536
+uint32_t default_block_values(Codec);  // exp4 and exp3 4096, huff 65536
 // block_values must be a power of two in [64, max_block_values(codec)].
-uint32_t max_block_values(Codec);  // exp4 32768, huff 65536
+uint32_t max_block_values(Codec);  // exp4 and exp3 32768, huff 65536
 
 struct EncodeOptions {
   Codec codec = Codec::exp4;
@@ -100,8 +109,10 @@ void reseal(std::span<std::byte> stream);
 // The hash behind the checks (4-lane multiply-rotate over 32-byte stripes, ~20 GB/s).
 uint64_t check_hash(std::span<const std::byte> bytes, uint64_t seed = 0);
 
-// Tests: which decode bodies ran (exp4 has scalar, avx2, avx512; huff only scalar).
+// Tests: which decode bodies ran (exp4 and exp3 have scalar, avx2, avx512; huff only scalar).
 std::vector<kernels::Isa> built_exp4_isas();
 uint64_t exp4_body_runs(kernels::Isa);
+std::vector<kernels::Isa> built_exp3_isas();
+uint64_t exp3_body_runs(kernels::Isa);
 
 }  // namespace k3::io::codec
