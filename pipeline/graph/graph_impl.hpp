@@ -166,7 +166,7 @@ struct StreamingModel::Impl {
   std::atomic<int> decode_in_use{0};
   std::atomic<uint64_t> decoded_bytes{0}, decode_us{0};
   std::vector<char> decoded_once;
-  // Fused decode (exp4, streamed layers; docs/codec.md "Fused decode"): the layer's projections are
+  // Fused decode (exp4 / exp3, streamed layers; docs/codec.md "Fused decode"): the layer's projections are
   // bound coded over its stored bytes, which stay in the ring slot until layer_done, and the matvecs
   // decode them tile by tile; the decode stage decodes only the rest. Per decoded slot: the parsed
   // stream its coded matrices decode from, and the first ring slot it holds (-1: none). Per layer:
@@ -259,7 +259,7 @@ struct StreamingModel::Impl {
         trunk_graph(p.codec.empty() ? (exchange ? kRawRanks : kRawOne)
                                     : (exchange ? kCompressedRanks : kCompressedOne)),
         trunk(p, s),
-        fused(p.codec == "exp4"),
+        fused(fused_codec(p.codec)),
         step_state(waves_of(st)),
         graph_owner(graph_in(arena)),
         g(*graph_owner),

@@ -39,7 +39,7 @@ void StreamingModel::Impl::trunk_read_body(const TrunkClaim& in, TrunkReadNode::
 // verified on a layer's first decode in this process -- the raw trunk's policy for its xxh64
 // (check_loaded), which trunk_bind still applies to the decoded bytes -- and skipped afterwards
 // (docs/codec.md, "The decode stage": what verifying always would cost).
-// Fused decode (exp4, a streamed layer): trunk_bind binds the projections coded over the stored
+// Fused decode (exp4 or exp3, a streamed layer): trunk_bind binds the projections coded over the stored
 // bytes, so the ring slot(s) stay with the layer until layer_done, and once the layer's coded
 // ranges are known (its first bind) only the blocks not wholly inside them are decoded here -- the
 // matvecs decode the rest, tile by tile. Otherwise the ring slot(s) go back right after the decode.
@@ -71,7 +71,7 @@ void StreamingModel::Impl::trunk_decode_body(const DecodeClaim& in, Outputs<kTru
     } else {
       for (uint32_t b = 0; b < st.n_blocks(); ++b) todo.push_back(b);
     }
-    // 16 blocks (128 KiB decoded for exp4) a task: a layer spreads over every worker
+    // 16 blocks (128 KiB decoded for exp4 and exp3) a task: a layer spreads over every worker
     tbb::parallel_for(tbb::blocked_range<size_t>(0, todo.size(), 16),
                       [&](const tbb::blocked_range<size_t>& b) {
                         for (size_t i = b.begin(); i < b.end();) {  // runs of consecutive blocks in one call

@@ -170,6 +170,11 @@ uint64_t expert_slot(uint64_t expert_bytes) {
 
 }  // namespace
 
+bool fused_codec(std::string_view codec) {
+  const auto c = io::codec::parse_codec(codec);
+  return c && io::codec::fused_decode(*c);
+}
+
 uint64_t MemoryPlan::total() const {
   return sum_terms(pools);
 }
@@ -487,9 +492,13 @@ std::string format_plan(const MemoryPlan& p) {
         decoded ? 100.0 * (1.0 - double(p.streamed_stored_bytes) / double(decoded)) : 0.0, p.decode_slots,
         p.decode_slots == 1 ? "" : "s", human_bytes(p.decode_slot_bytes + p.decode_widen_bytes),
         p.decode_slots >= 2 ? "overlaps" : "waits for");
-    if (p.codec == "exp4")  // pipeline/graph/graph_nodes.cpp, trunk_decode
-      s += "  fused decode (exp4): a streamed layer's projections are decoded inside the matvecs from its "
-           "stored bytes, which keep their ring slot until the layer is done\n";
+    if (fused_codec(p.codec))  // pipeline/graph/graph_nodes.cpp, trunk_decode
+      s += fmt::format(
+          "  fused decode ({}): a streamed layer's projections are decoded inside the matvecs from its "
+          "stored bytes, which keep their ring slot until the layer is done; {} ring slots: reads run {} "
+          "layer{} ahead of compute{}\n",
+          p.codec, p.ring_slots, std::max(p.ring_slots - 1, 0), p.ring_slots == 2 ? "" : "s",
+          p.ring_slots > p.request.ring_slots ? " (a third slot: the budget has room)" : "");
   }
   // The readers' windows: every chunk in flight lands in the slot (or pin region) it is read for, so
   // a deeper window costs no memory beyond the pools above -- only the io_uring rings, counted above.

@@ -33,8 +33,9 @@
 //     here: a decoded slot holds any streamed layer): D = 1 at the floor, 2 when the budget has room
 //     (decode of layer L+1 then overlaps compute of L);
 //   - pinned layers are held decoded (decoded once, on their first read).
-// exp4 (fused decode, docs/codec.md): a streamed layer keeps its ring slot until it is computed (its
-// projections decode from the stored bytes inside the matvecs); the pools are the same.
+// exp4 and exp3 (fused decode, docs/codec.md; fused_codec()): a streamed layer keeps its ring slot
+// until it is computed (its projections decode from the stored bytes inside the matvecs); the pools
+// are the same.
 // Every pin only shrinks both pools, so the pinning loop below keeps its invariant.
 //
 // All byte counts are exact (no guessed constants): they come from the config, the shard index
@@ -130,6 +131,9 @@ struct MemoryPlan {
   bool holds_model() const;
   uint64_t unassigned() const { return budget - total(); }
 };
+
+// A codec the graph decodes inside the matvecs (exp4, exp3): io::codec::fused_decode by name.
+bool fused_codec(std::string_view codec);
 
 // Throws usage Error (one line: budget, floor, missing bytes) when the budget is below the floor.
 MemoryPlan make_plan(const PlanInputs& in, const PlanBudget& budget);
