@@ -95,7 +95,8 @@
 //    that took the last decoded slot would wait forever for an earlier one. The ring slot is given
 //    back right after the decode (huff; exp4 and exp3 keep it to the layer's end: fused decode), so
 //    the reader runs ahead on stored bytes while the decoded slots (1 at the floor, 2 when the plan
-//    has room: decode of L+1 beside compute of L) gate the compute.
+//    has room: decode of L+1 beside compute of L) gate the compute. (Fused: the plan's room buys a
+//    third ring slot instead, so reads still run two layers ahead.)
 //    Pinned layers' first reads are staged through the ring (one larger than a slot takes the whole
 //    ring), so every byte is in a pool the planner counted. Block checks are verified on a layer's
 //    first decode in the process (as the raw trunk's xxh64 is checked once: check_loaded, which

@@ -252,12 +252,18 @@ MemoryPlan make_plan(const PlanInputs& in, const PlanBudget& want) {
     }
   }
 
-  // Compressed trunk: a second decode slot when the budget has room for it beside the floor's one.
+  // Compressed trunk: a second decode slot when the budget has room for it beside the floor's one
+  // (staged codecs: decode of L+1 then overlaps compute of L). A fused codec decodes almost nothing
+  // in the decode stage, but its layers hold their ring slots through compute, so the room goes to a
+  // third ring slot instead: reads then run two layers ahead, as a raw trunk's effectively do.
   const bool compressed = in.compressed();
-  int D = 1;
-  if (compressed) {
+  int D = 1, S = want.ring_slots;
+  if (compressed && fused_codec(in.codec)) {
     const std::vector<bool> none(n, false);
-    const Pools one = pools_for(in.layers, none, want.ring_slots, 1, true);
+    if (S < 3 && trunk_avail >= pools_for(in.layers, none, 3, 1, true).bytes()) S = 3;
+  } else if (compressed) {
+    const std::vector<bool> none(n, false);
+    const Pools one = pools_for(in.layers, none, S, 1, true);
     const uint64_t ring0 = p.floor - resident - inflight_bytes;
     const uint64_t extra = one.dec_read + one.dec_widen;
     if (one.dec && trunk_avail >= ring0 && trunk_avail - ring0 >= extra) D = 2;
@@ -271,16 +277,16 @@ MemoryPlan make_plan(const PlanInputs& in, const PlanBudget& want) {
   std::stable_sort(order.begin(), order.end(),
                    [&](int a, int b) { return footprint(in.layers[a]) > footprint(in.layers[b]); });
   uint64_t pinned_bytes = 0;
-  Pools pools = pools_for(in.layers, pinned, want.ring_slots, D, compressed);
+  Pools pools = pools_for(in.layers, pinned, S, D, compressed);
   const std::vector<bool> every(n, true);
-  const uint64_t stage_all = pools_for(in.layers, every, want.ring_slots, D, compressed).bytes();
+  const uint64_t stage_all = pools_for(in.layers, every, S, D, compressed).bytes();
   for (bool changed = true; changed;) {
     changed = false;
     uint64_t unpinned = p.trunk_bytes - pinned_bytes;
     if (unpinned && unpinned + stage_all <= trunk_avail - pinned_bytes) {  // everything fits without a ring
       std::fill(pinned.begin(), pinned.end(), true);
       pinned_bytes = p.trunk_bytes;
-      pools = pools_for(in.layers, pinned, want.ring_slots, D, compressed);
+      pools = pools_for(in.layers, pinned, S, D, compressed);
       break;
     }
     uint64_t avail = trunk_avail - pinned_bytes - pools.bytes();
@@ -293,11 +299,11 @@ MemoryPlan make_plan(const PlanInputs& in, const PlanBudget& want) {
         changed = true;
       }
     }
-    pools = pools_for(in.layers, pinned, want.ring_slots, D, compressed);
+    pools = pools_for(in.layers, pinned, S, D, compressed);
   }
   spread_pins(in.layers, pinned);
   // the same sizes unpinned: only the indices move
-  pools = pools_for(in.layers, pinned, want.ring_slots, D, compressed);
+  pools = pools_for(in.layers, pinned, S, D, compressed);
   const Ring& ring = pools.ring;
   for (size_t l = 0; l < n; ++l)
     if (pinned[l])

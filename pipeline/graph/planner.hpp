@@ -34,8 +34,9 @@
 //     (decode of layer L+1 then overlaps compute of L);
 //   - pinned layers are held decoded (decoded once, on their first read).
 // exp4 and exp3 (fused decode, docs/codec.md; fused_codec()): a streamed layer keeps its ring slot
-// until it is computed (its projections decode from the stored bytes inside the matvecs); the pools
-// are the same.
+// until it is computed (its projections decode from the stored bytes inside the matvecs), so reads
+// run only S - 1 layers ahead: instead of a second decode slot, a budget with room beside the floor
+// gets a third ring slot (the ring has then max(3, --ring) slots; the floor is still --ring's).
 // Every pin only shrinks both pools, so the pinning loop below keeps its invariant.
 //
 // All byte counts are exact (no guessed constants): they come from the config, the shard index
