@@ -246,3 +246,46 @@ TEST_CASE(
 #endif
   CHECK(num(slurp(d / "r.json"), "trunk_decoded_bytes") > num(slurp(d / "r.json"), "trunk_bytes_read"));
 }
+
+// A fused codec's decoded slot holds only what the decode stage writes (vectors, router, cut
+// blocks): the plan counts those pages, the slot's other pages are never touched, and the first
+// pass hashes the whole layer as it streams through a window. At the floor the child's peak RSS
+// stays under the budget; with room beside the floor the ring gets a third slot -- same bits.
+TEST_CASE(
+    "exp3 at its floor: a compact decoded slot, peak RSS under the budget; room buys a third ring slot") {
+  TempDir d;
+  const std::string model = d / "small", trunk = d / "t", raw = d / "raw";
+  REQUIRE(k3flow(fmt::format("synth {} --size small --seed 2", model)).code == 0);
+  REQUIRE(k3flow(fmt::format("pack-trunk {} {} --codec exp3 --no-progress", model, trunk)).code == 0);
+  REQUIRE(k3flow(fmt::format("pack-trunk {} {} --no-progress", model, raw)).code == 0);
+  const Run p = k3flow(fmt::format("plan {} --trunk {} --preset ultra --json", model, trunk));
+  REQUIRE_MESSAGE(p.code == 0, p.err);
+  const uint64_t floor = uint64_t(num(p.out, "floor")), slot = uint64_t(num(p.out, "decode_slot_bytes"));
+  const Run praw = k3flow(fmt::format("plan {} --trunk {} --preset ultra --json", model, raw));
+  REQUIRE(praw.code == 0);
+  // the decoded slot: a small part of the largest layer (17 MiB decoded); the floor under the raw one
+  MESSAGE(fmt::format("exp3 floor {} B (decoded slot {} B), raw floor {} B", floor, slot,
+                      num(praw.out, "floor")));
+  CHECK(slot < (uint64_t(2) << 20));
+  CHECK(floor < uint64_t(num(praw.out, "floor")));
+  const std::string ids = "7,8,9";
+  const Output ref = generate(model, ids, "--gen 3 --incremental", d);
+  const Run r =
+      k3flow(fmt::format("generate {} --ids {} --gen 3 --incremental --preset ultra --trunk {} --out {} "
+                         "--dump-logits {}",
+                         model, ids, trunk, d / "r.json", d / "l.bin"),
+             "", 120);
+  REQUIRE_MESSAGE(r.code == 0, std::string(r.out + r.err));
+  CHECK(slurp(d / "l.bin") == ref.logits);
+  MESSAGE(fmt::format("exp3 trunk at the floor ({} B): child peak RSS {} B", floor, r.peak_rss));
+  K3_CHECK_UNLESS_SANITIZED(r.peak_rss <= floor);
+  // room for one more stored slot: a third ring slot, same bits
+  const double gb = double(floor + (uint64_t(16) << 20)) / double(1 << 30);
+  const Run p3 = k3flow(fmt::format("plan {} --trunk {} --mem-gb {:.6f}", model, trunk, gb));
+  REQUIRE(p3.code == 0);
+  CHECK(p3.out.find("3 ring slots: reads run 2 layers ahead of compute") != std::string::npos);
+  const Output o =
+      generate(model, ids, fmt::format("--gen 3 --incremental --mem-gb {:.6f} --trunk {}", gb, trunk), d);
+  CHECK(o.ids == ref.ids);
+  CHECK(o.logits == ref.logits);
+}

@@ -223,19 +223,28 @@ void Stream::decode_blocks(uint32_t first, uint32_t end, std::span<std::byte> ou
     throw runtime_error(
         fmt::format("codec: {}: decode of blocks [{}, {}) into {} bytes (stream holds {} blocks, {} bytes)",
                     what_, first, end, out.size(), n_blocks_, raw_bytes_));
-  const uint64_t n_values = raw_bytes_ / 2;
+  const uint64_t b0 = block_start(first);
+  decode_blocks_to(first, end, out.subspan(size_t(b0), size_t(blocks_end(end) - b0)), verify);
+}
+
+void Stream::decode_blocks_to(uint32_t first, uint32_t end, std::span<std::byte> out, bool verify) const {
+  if (first > end || end > n_blocks_ || out.size() != blocks_end(end) - block_start(first))
+    throw runtime_error(fmt::format(
+        "codec: {}: decode of blocks [{}, {}) into a window of {} bytes (stream holds {} blocks, {} bytes)",
+        what_, first, end, out.size(), n_blocks_, raw_bytes_));
+  const uint64_t n_values = raw_bytes_ / 2, b0 = block_start(first);
   std::vector<uint16_t> tmp;
   for (uint32_t b = first; b < end; ++b) {
     const uint64_t v0 = uint64_t(b) * block_values_;
     const size_t n = size_t(std::min<uint64_t>(block_values_, n_values - v0));
     // Decoding straight into `out` needs 2-byte alignment for uint16_t stores.
-    std::byte* dst = out.data() + v0 * 2;
+    std::byte* dst = out.data() + (v0 * 2 - b0);
     const bool aligned = reinterpret_cast<uintptr_t>(dst) % alignof(uint16_t) == 0;
     if (!aligned) tmp.resize(n);
     decode_block(b, aligned ? reinterpret_cast<uint16_t*>(dst) : tmp.data(), verify);
     if (!aligned) std::memcpy(dst, tmp.data(), n * 2);
   }
-  if (has_tail_ && end == n_blocks_) out[raw_bytes_ - 1] = tail_;
+  if (has_tail_ && end == n_blocks_) out.back() = tail_;
 }
 
 void Stream::decode_values(uint64_t first, uint64_t count, uint16_t* out) const {

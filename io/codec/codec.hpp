@@ -20,6 +20,7 @@
 // Without verification every structural field is still bounds-checked: a malformed stream never
 // reads or writes out of bounds, it is refused.
 #pragma once
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -78,6 +79,13 @@ class Stream final : public kernels::Bf16Source {
   // byte. Throws runtime Error naming the block and its byte offset.
   void decode_blocks(uint32_t first, uint32_t end, std::span<std::byte> out, bool verify) const;
   void decode(std::span<std::byte> out, bool verify) const { decode_blocks(0, n_blocks_, out, verify); }
+  // decode_blocks into `out` holding exactly blocks [first, end)'s decoded bytes (and the odd tail
+  // byte when end == n_blocks()): block `first` at out[0] (a window of a layer, streamed past).
+  void decode_blocks_to(uint32_t first, uint32_t end, std::span<std::byte> out, bool verify) const;
+  // Where block b's decoded bytes start (block_raw_offset, capped at the values' end).
+  uint64_t block_start(uint32_t b) const { return std::min(block_raw_offset(b), raw_bytes_ / 2 * 2); }
+  // Where blocks [.., end) end: block_start(end), or raw_bytes() (the tail byte) when end == n_blocks().
+  uint64_t blocks_end(uint32_t end) const { return end >= n_blocks_ ? raw_bytes_ : block_start(end); }
 
   // Values [first, first + count) of the decoded array (bf16 values, the odd tail byte excluded)
   // into out, block checks not verified: the fused matvec's tiles (kernels::CodedBf16Matrix). A
