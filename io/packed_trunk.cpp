@@ -453,7 +453,7 @@ PackedTrunk PackedTrunk::open(const fs::path& dir, int expected_layers, File::Mo
     throw bad(fmt::format("align is {}, this engine reads only {}-aligned trunks", a, kTrunkAlign));
   if (std::string_view cs; !doc["codec"].get_string().get(cs)) {
     const auto c = codec::parse_codec(cs);
-    if (!c) throw bad(fmt::format("unknown codec \"{}\" (this build reads none, exp4, huff)", cs));
+    if (!c) throw bad(fmt::format("unknown codec \"{}\" (this build reads none, exp4, exp3, huff)", cs));
     t.codec_ = *c;
   }
   const bool packed = t.codec_ != codec::Codec::none;
@@ -717,7 +717,17 @@ void PackedTrunk::check_loaded(int l, std::span<const std::byte> bytes) const {
   if (bytes.size() < L.nbytes)
     throw runtime_error(fmt::format("trunk: {}: layer {}: {} bytes read, {} expected", file_.path().string(),
                                     l, bytes.size(), L.nbytes));
-  if (uint64_t got = xxh64(bytes.first(size_t(L.nbytes))); got != L.xxh64)
+  check_loaded_digest(l, xxh64(bytes.first(size_t(L.nbytes))));
+}
+
+void PackedTrunk::check_loaded_digest(int l, uint64_t got) const {
+  const TrunkLayer& L = layer(l);
+  std::atomic<bool>& ok = loaded_ok_[size_t(l)];
+  if (ok.load(std::memory_order_acquire)) return;
+  if (!L.has_xxh64)
+    throw runtime_error(
+        fmt::format("trunk: {}: layer {} has no xxh64 checksum; re-run pack-trunk", json_path_.string(), l));
+  if (got != L.xxh64)
     throw runtime_error(fmt::format(
         "trunk: {}: layer {} checksum mismatch when read (xxh64 {:016x}, trunk.json says {:016x}); re-run "
         "pack-trunk",

@@ -177,6 +177,9 @@ class PackedTrunk {
   // and the layer on a mismatch, or when trunk.json has no checksum); later calls return at once.
   // Thread-safe.
   void check_loaded(int l, std::span<const std::byte> bytes) const;
+  // check_loaded for a layer whose decoded bytes were hashed as they streamed past (the fused
+  // decode's first pass: the decoded slot never holds the whole layer): `xxh64` is their XXH64.
+  void check_loaded_digest(int l, uint64_t xxh64) const;
 
  private:
   explicit PackedTrunk(File f) : file_(std::move(f)) {}

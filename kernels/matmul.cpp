@@ -77,7 +77,7 @@ void run(const Matrix& w, const double* xw, size_t tokens, float* y, size_t y_st
           }
         };
         if (parallel) {
-          // coded: tiles of 64k-128k weights (128-256 KiB decoded, 16-32 exp4 blocks), which stay in
+          // coded: tiles of 64k-128k weights (128-256 KiB decoded, 16-32 exp4 or exp3 blocks), which stay in
           // L2; a block cut by a tile's edge is decoded by both tiles
           for_rows(m.rows, m.cols, body, std::is_same_v<M, CodedBf16Matrix> ? 131072 : 32768);
         } else {

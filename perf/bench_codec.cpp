@@ -11,7 +11,7 @@
 //             holding trunk.bin + trunk.json; this program's own flag, before Google Benchmark's);
 //             skipped without it.
 // No real K3 weights are available on this machine: every figure must be re-measured on them.
-// Arguments of BM_decode / BM_encode: codec (1 exp4, 2 huff), data set, block values, verify.
+// Arguments of BM_decode / BM_encode: codec (1 exp4, 2 huff, 3 exp3), data set, block values, verify.
 #include <benchmark/benchmark.h>
 #include <tbb/blocked_range.h>
 #include <tbb/global_control.h>
@@ -172,8 +172,9 @@ void BM_encode(benchmark::State& st) {
   st.SetLabel(std::string(codec::codec_name(codec::Codec(c))) + "/" + set_name(s));
 }
 
-// The exponent's empirical entropy and what a 3-bit-offset exp4 would store (estimate: 11 bits a
-// value + 3 bytes per escape + 4 bytes a block), to judge the offset width without building it.
+// The exponent's empirical entropy, what a 3-bit-offset exp4 with exp4's escapes would store
+// (estimate: 11 bits a value + 3 bytes per escape + 4 bytes a block; what judged the offset width
+// before exp3 was built), and the built exp3's ratio (1 byte per escape, no positions).
 void BM_exponent_stats(benchmark::State& st) {
   const int s = int(st.range(0));
   const auto& raw = raw_of(s);
@@ -210,6 +211,7 @@ void BM_exponent_stats(benchmark::State& st) {
     est3 = estimate(7, 11);
     est4 = estimate(15, 12);
   }
+  st.counters["ratio_exp3"] = double(encoded_of(3, s, 4096).size()) / double(raw.size());
   st.counters["exp_entropy_bits"] = entropy;
   st.counters["ratio_exp3_est"] = est3;
   st.counters["ratio_exp4_est"] = est4;
@@ -224,12 +226,13 @@ double process_cpu_seconds() {
 }
 
 // The fused decode (docs/codec.md, "Fused decode"): y = W x over the data set as an 8192 x 4096 bf16
-// matrix (64 MiB, larger than the LLC), on `threads` oneTBB threads, three ways:
+// matrix (64 MiB, larger than the LLC), on `threads` oneTBB threads, five ways:
 //   0 plain:  Bf16Matrix over the decoded bytes (a raw trunk's matvec);
-//   1 staged: decode the whole matrix (the decode stage), then the plain matvec (exp4 before fusion);
-//   2 fused:  CodedBf16Matrix over the exp4 stream, decoded tile by tile inside the matvec.
+//   1 staged: decode the whole exp4 matrix (the decode stage), then the plain matvec (before fusion);
+//   2 fused:  CodedBf16Matrix over the exp4 stream, decoded tile by tile inside the matvec;
+//   3, 4:     1 and 2 over the exp3 stream.
 // bytes_per_second = decoded matrix bytes per second of wall time; cpu_GBps = per second of the
-// process's CPU time (all threads). All three give the same bits (bitexact = 1).
+// process's CPU time (all threads). All give the same bits (bitexact = 1).
 void BM_matvec(benchmark::State& st) {
   const int s = int(st.range(0)), mode = int(st.range(1)), threads = int(st.range(2));
   const auto& raw = raw_of(s);
@@ -239,7 +242,7 @@ void BM_matvec(benchmark::State& st) {
   }
   const size_t cols = 4096, rows = raw.size() / 2 / cols;
   tbb::global_control gc(tbb::global_control::max_allowed_parallelism, size_t(threads));
-  const auto& enc = encoded_of(1, s, 4096);
+  const auto& enc = encoded_of(mode >= 3 ? 3 : 1, s, 4096);
   const auto stream = codec::Stream::parse(enc, "bench");
   std::vector<uint16_t> w(rows * cols);
   std::memcpy(w.data(), raw.data(), w.size() * 2);
@@ -253,7 +256,7 @@ void BM_matvec(benchmark::State& st) {
   for (auto _ : st) {
     if (mode == 0) {
       kn::matvec(kn::Bf16Matrix{w, rows, cols}, x, y);
-    } else if (mode == 1) {
+    } else if (mode == 1 || mode == 3) {
       tbb::parallel_for(tbb::blocked_range<uint32_t>(0, stream.n_blocks(), 16),
                         [&](const tbb::blocked_range<uint32_t>& b) {
                           stream.decode_blocks(b.begin(), b.end(), staged, false);
@@ -270,7 +273,7 @@ void BM_matvec(benchmark::State& st) {
   st.SetBytesProcessed(int64_t(bytes));
   st.counters["cpu_GBps"] = bytes / cpu / 1e9;
   st.counters["bitexact"] = std::memcmp(y.data(), want.data(), y.size() * 4) == 0 ? 1 : 0;
-  static const char* modes[] = {"plain", "staged", "fused"};
+  static const char* modes[] = {"plain", "staged", "fused", "staged-exp3", "fused-exp3"};
   st.SetLabel(std::string(set_name(s)) + "/" + modes[mode] + "/" +
               k3::kernels::isa_name(k3::kernels::active_isa()));
 }
@@ -279,9 +282,13 @@ void decode_args(benchmark::internal::Benchmark* b) {
   for (int s = 0; s < n_sets; ++s) {
     b->Args({1, s, 4096, 0});
     b->Args({2, s, 65536, 0});
+    b->Args({3, s, 4096, 0});
   }
   b->Args({1, normal, 4096, 1});  // with block checks verified (the first read of a layer)
   b->Args({2, normal, 65536, 1});
+  b->Args({3, normal, 4096, 1});
+  for (int bv : {1024, 16384}) b->Args({3, normal, bv, 0});
+  for (int bv : {1024, 16384}) b->Args({3, student3, bv, 0});
   for (int bv : {256, 1024, 16384}) b->Args({1, student3, bv, 0});
   for (int bv : {4096, 16384}) b->Args({2, student3, bv, 0});
 }
@@ -294,7 +301,7 @@ BENCHMARK(BM_decode)
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_matvec)
-    ->ArgsProduct({{normal, trunk}, {0, 1, 2}, {1, 2}})
+    ->ArgsProduct({{normal, trunk}, {0, 1, 2, 3, 4}, {1, 2}})
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_encode)
@@ -302,6 +309,8 @@ BENCHMARK(BM_encode)
     ->Args({2, student3, 65536})
     ->Args({1, trunk, 4096})
     ->Args({2, trunk, 65536})
+    ->Args({3, student3, 4096})
+    ->Args({3, trunk, 4096})
     ->Iterations(3)
     ->Unit(benchmark::kMillisecond);
 

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "io/error.hpp"
@@ -14,9 +15,11 @@ namespace {
 
 class Binder {
  public:
+  // `dry`: only record the coded ranges; no byte is read, bytes and widen may be empty (coded_ranges).
   Binder(const Layout& lay, std::span<const std::byte> bytes, std::span<float> widen,
-         const CodedLayer& coded = {})
-      : lay_(lay), bytes_(bytes), widen_(widen), coded_(coded) {
+         const CodedLayer& coded = {}, bool dry = false)
+      : lay_(lay), bytes_(bytes), widen_(widen), coded_(coded), dry_(dry) {
+    if (dry) return;
     if (bytes.size() < lay.buffer_bytes)
       throw io::runtime_error(
           fmt::format("bind: {} bytes given, layout needs {}", bytes.size(), lay.buffer_bytes));
@@ -33,6 +36,7 @@ class Binder {
   // Small vector, widened exactly to f32; `keep` limits it to its first `keep` values.
   Vec vec(Field f, size_t keep = SIZE_MAX) {
     const int i = need(f);
+    if (dry_) return {};
     const io::TensorInfo& t = lay_.places[i].info;
     const std::byte* src = bytes_.data() + lay_.places[i].offset;
     std::span<float> dst = take(t.numel());
@@ -50,6 +54,7 @@ class Binder {
       if (coded_.coded) coded_.coded->emplace_back(at, at + t.nbytes);
       return kernels::CodedBf16Matrix{.src = coded_.src, .first = at / 2, .rows = rows, .cols = cols};
     }
+    if (dry_) return kernels::F32Matrix{};
     const std::byte* src = bytes_.data() + lay_.places[i].offset;
     const bool aligned = reinterpret_cast<uintptr_t>(src) % io::dtype_size(t.dtype) == 0;
     if (t.dtype == io::DType::BF16 && aligned)
@@ -69,6 +74,7 @@ class Binder {
 
   kernels::Mxfp4Matrix mxfp4(Field packed, Field scale) {
     const int p = need(packed), s = need(scale);
+    if (dry_) return {};
     const TensorSpec& ps = lay_.specs[p];
     const auto* pk = reinterpret_cast<const uint8_t*>(bytes_.data() + lay_.places[p].offset);
     const auto* sc = reinterpret_cast<const uint8_t*>(bytes_.data() + lay_.places[s].offset);
@@ -104,7 +110,21 @@ class Binder {
   std::span<const std::byte> bytes_;
   std::span<float> widen_;
   CodedLayer coded_;
+  bool dry_ = false;
   size_t used_ = 0;
+};
+
+}  // namespace
+
+namespace {
+
+LayerWeights bind_layer_with(Binder& b, const io::ModelConfig& c, int layer);
+
+// A Bf16Source that is never read: coded_ranges binds with it.
+struct NoSource final : kernels::Bf16Source {
+  void decode_values(uint64_t, uint64_t, uint16_t*) const override {
+    throw io::runtime_error("bind: coded_ranges' source was read (internal error)");
+  }
 };
 
 }  // namespace
@@ -112,6 +132,22 @@ class Binder {
 LayerWeights bind_layer(const io::ModelConfig& c, int layer, const Layout& lay,
                         std::span<const std::byte> bytes, std::span<float> widen, const CodedLayer& coded) {
   Binder b(lay, bytes, widen, coded);
+  return bind_layer_with(b, c, layer);
+}
+
+std::vector<std::pair<uint64_t, uint64_t>> coded_ranges(const io::ModelConfig& c, int layer,
+                                                        const Layout& lay, uint64_t first_byte) {
+  static const NoSource none;
+  std::vector<std::pair<uint64_t, uint64_t>> ranges;
+  Binder b(lay, {}, {}, CodedLayer{.src = &none, .first_byte = first_byte, .coded = &ranges}, true);
+  (void)bind_layer_with(b, c, layer);
+  std::sort(ranges.begin(), ranges.end());
+  return ranges;
+}
+
+namespace {
+
+LayerWeights bind_layer_with(Binder& b, const io::ModelConfig& c, int layer) {
   LayerWeights w;
   w.layer = layer;
   w.kind = c.layer(layer);
@@ -166,6 +202,8 @@ LayerWeights bind_layer(const io::ModelConfig& c, int layer, const Layout& lay,
   }
   return w;
 }
+
+}  // namespace
 
 ExpertWeights bind_expert(const io::ModelConfig&, const Layout& lay, std::span<const std::byte> bytes,
                           std::span<float> widen) {

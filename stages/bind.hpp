@@ -93,6 +93,12 @@ struct CodedLayer {
 };
 LayerWeights bind_layer(const io::ModelConfig&, int layer, const Layout&, std::span<const std::byte> bytes,
                         std::span<float> widen, const CodedLayer& coded = {});
+// The byte ranges of the decoded layer image (starting at `first_byte` = bytes[0] as above) that
+// bind_layer binds coded for a fused decode, ascending, read from nothing: what the decode stage
+// need not decode and the decoded slot need not hold (the graph and the planner know them before
+// a layer is read).
+std::vector<std::pair<uint64_t, uint64_t>> coded_ranges(const io::ModelConfig&, int layer, const Layout&,
+                                                        uint64_t first_byte);
 ExpertWeights bind_expert(const io::ModelConfig&, const Layout&, std::span<const std::byte> bytes,
                           std::span<float> widen);
 HeadWeights bind_head(const io::ModelConfig&, const Layout&, std::span<const std::byte> bytes,

@@ -1,4 +1,4 @@
-// `k3flow generate` streamed from a COMPRESSED packed trunk (pack-trunk --codec exp4|huff) through the
+// `k3flow generate` streamed from a COMPRESSED packed trunk (pack-trunk --codec exp4|exp3|huff) through the
 // graph's decode stage (pipeline/graph/graph.hpp: trunk_read -> stored_order -> decode_claim ->
 // trunk_decode -> trunk_bind), driven as a child process (K3FLOW_BIN):
 //   - identical bits: ids and --dump-logits bytes equal the resident run's and the raw trunk's, for
@@ -36,18 +36,20 @@ using k3::test::TempDir;
 
 namespace {
 
-// 8 layers (dense 0, MoE 1..7), 32 experts, top-4: ~14 MB in 3 shards; packed raw, exp4 and huff.
+// 8 layers (dense 0, MoE 1..7), 32 experts, top-4: ~14 MB in 3 shards; packed raw, exp4, exp3 and huff.
 struct Synth {
   TempDir dir;
-  std::string model, raw, exp4, huff;
+  std::string model, raw, exp4, exp3, huff;
   Synth() {
     model = dir / "m";
     raw = dir / "raw";
     exp4 = dir / "exp4";
+    exp3 = dir / "exp3";
     huff = dir / "huff";
     Run s = k3flow(fmt::format("synth {} --size tiny --layers 8 --shards 3 --seed 4", model));
     REQUIRE_MESSAGE(s.code == 0, s.err);
-    for (const auto& [dir_, codec] : {std::pair{raw, "none"}, {exp4, "exp4"}, {huff, "huff"}}) {
+    for (const auto& [dir_, codec] :
+         {std::pair{raw, "none"}, {exp4, "exp4"}, {exp3, "exp3"}, {huff, "huff"}}) {
       Run p = k3flow(fmt::format("pack-trunk {} {} --codec {} --no-progress", model, dir_, codec));
       REQUIRE_MESSAGE(p.code == 0, p.err);
     }
@@ -77,7 +79,7 @@ TEST_CASE(
       const Output raw = generate(s.model, ids, flags + " --trunk " + s.raw, d);
       CHECK(raw.ids == ref.ids);
       CHECK(raw.logits == ref.logits);
-      for (const std::string& trunk : {s.exp4, s.huff}) {
+      for (const std::string& trunk : {s.exp4, s.exp3, s.huff}) {
         if (trunk == s.huff && std::string(budget) != "--preset ultra") continue;  // keep it short
         CAPTURE(trunk);
         const Output o = generate(s.model, ids, flags + " --trunk " + trunk, d);
@@ -88,7 +90,9 @@ TEST_CASE(
         CHECK(num(o.report, "trunk_decoded_bytes") > num(o.report, "trunk_bytes_read"));
         CHECK(num(o.report, "trunk_bytes_read") < num(raw.report, "trunk_bytes_read"));
         CHECK(std::atof(field(o.report, "decode_seconds").c_str()) > 0);
-        CHECK(field(o.report, "codec") == (trunk == s.exp4 ? "\"exp4\"" : "\"huff\""));
+        CHECK(field(o.report, "codec") == (trunk == s.exp4   ? "\"exp4\""
+                                           : trunk == s.exp3 ? "\"exp3\""
+                                                             : "\"huff\""));
       }
     }
   CHECK(field(ref.report, "codec") == "\"none\"");
@@ -96,31 +100,40 @@ TEST_CASE(
   for (const char* threads : {"--threads 1", "--threads 2"}) {
     CAPTURE(threads);
     const Output r = generate(s.model, ids, fmt::format("--gen 3 {}", threads), d);
-    for (const char* strategy : {"serial", "auto"}) {
-      const Output o = generate(
-          s.model, ids,
-          fmt::format("--gen 3 --preset ultra --strategy {} {} --trunk {}", strategy, threads, s.exp4), d);
-      CHECK(o.ids == r.ids);
-      CHECK(o.logits == r.logits);
-    }
+    for (const char* strategy : {"serial", "auto"})
+      for (const std::string& trunk : {s.exp4, s.exp3}) {
+        CAPTURE(trunk);
+        const Output o = generate(
+            s.model, ids,
+            fmt::format("--gen 3 --preset ultra --strategy {} {} --trunk {}", strategy, threads, trunk), d);
+        CHECK(o.ids == r.ids);
+        CHECK(o.logits == r.logits);
+      }
   }
   // the whole trunk pinned (decoded once each, staged through a one-slot ring)
-  const Output all = generate(s.model, ids, "--gen 4 --incremental --mem-gb 1 --trunk " + s.exp4, d);
-  CHECK(all.ids == ref.ids);
-  CHECK(all.logits == ref.logits);
+  for (const std::string& trunk : {s.exp4, s.exp3}) {
+    const Output all = generate(s.model, ids, "--gen 4 --incremental --mem-gb 1 --trunk " + trunk, d);
+    CHECK(all.ids == ref.ids);
+    CHECK(all.logits == ref.logits);
+  }
 }
 
-TEST_CASE("fixtures/tiny-k3 from an exp4 trunk at the floor: the golden logits") {
+TEST_CASE("fixtures/tiny-k3 from an exp4 or exp3 trunk at the floor: the golden logits") {
   TempDir d;
-  REQUIRE(k3flow(fmt::format("pack-trunk {} {} --codec exp4 --no-progress", kTinyK3, d / "trunk")).code == 0);
   const std::string golden = slurp(std::string(K3_FIXTURES) + "/golden/tiny_c_logits.bin");
-  for (const char* strategy : {"serial", "overlap", "lookahead", "auto"}) {
-    CAPTURE(strategy);
-    const Output o =
-        generate(kTinyK3, kTinyFull,
-                 fmt::format("--gen 1 --preset ultra --strategy {} --trunk {}", strategy, d / "trunk"), d);
-    CHECK(o.logits == golden);
-    CHECK(o.ids == "6");
+  for (const char* codec : {"exp4", "exp3"}) {
+    const std::string trunk = d / codec;
+    REQUIRE(k3flow(fmt::format("pack-trunk {} {} --codec {} --no-progress", kTinyK3, trunk, codec)).code ==
+            0);
+    for (const char* strategy : {"serial", "overlap", "lookahead", "auto"}) {
+      CAPTURE(codec);
+      CAPTURE(strategy);
+      const Output o =
+          generate(kTinyK3, kTinyFull,
+                   fmt::format("--gen 1 --preset ultra --strategy {} --trunk {}", strategy, trunk), d);
+      CHECK(o.logits == golden);
+      CHECK(o.ids == "6");
+    }
   }
 }
 
@@ -132,7 +145,11 @@ TEST_CASE("plan --trunk on a compressed trunk: the decode slots and what the cod
   CHECK(p.out.find("stored (compressed) bytes") != std::string::npos);
   CHECK(p.out.find("codec exp4: a token reads") != std::string::npos);
   CHECK(p.out.find("fewer bytes read") != std::string::npos);
-  CHECK(p.out.find("fused decode (exp4)") != std::string::npos);  // exp4 only: huff is staged
+  CHECK(p.out.find("fused decode (exp4)") != std::string::npos);  // exp4 and exp3: huff is staged
+  const Run p3 = k3flow(fmt::format("plan {} --trunk {} --preset ultra", s.model, s.exp3));
+  REQUIRE(p3.code == 0);
+  CHECK(p3.out.find("codec exp3: a token reads") != std::string::npos);
+  CHECK(p3.out.find("fused decode (exp3)") != std::string::npos);
   const Run h = k3flow(fmt::format("plan {} --trunk {} --preset ultra", s.model, s.huff));
   REQUIRE(h.code == 0);
   CHECK(h.out.find("codec huff: a token reads") != std::string::npos);
@@ -229,4 +246,47 @@ TEST_CASE(
   CHECK(r.peak_rss <= budget);
 #endif
   CHECK(num(slurp(d / "r.json"), "trunk_decoded_bytes") > num(slurp(d / "r.json"), "trunk_bytes_read"));
+}
+
+// A fused codec's decoded slot holds only what the decode stage writes (vectors, router, cut
+// blocks): the plan counts those pages, the slot's other pages are never touched, and the first
+// pass hashes the whole layer as it streams through a window. At the floor the child's peak RSS
+// stays under the budget; with room beside the floor the ring gets a third slot -- same bits.
+TEST_CASE(
+    "exp3 at its floor: a compact decoded slot, peak RSS under the budget; room buys a third ring slot") {
+  TempDir d;
+  const std::string model = d / "small", trunk = d / "t", raw = d / "raw";
+  REQUIRE(k3flow(fmt::format("synth {} --size small --seed 2", model)).code == 0);
+  REQUIRE(k3flow(fmt::format("pack-trunk {} {} --codec exp3 --no-progress", model, trunk)).code == 0);
+  REQUIRE(k3flow(fmt::format("pack-trunk {} {} --no-progress", model, raw)).code == 0);
+  const Run p = k3flow(fmt::format("plan {} --trunk {} --preset ultra --json", model, trunk));
+  REQUIRE_MESSAGE(p.code == 0, p.err);
+  const uint64_t floor = uint64_t(num(p.out, "floor")), slot = uint64_t(num(p.out, "decode_slot_bytes"));
+  const Run praw = k3flow(fmt::format("plan {} --trunk {} --preset ultra --json", model, raw));
+  REQUIRE(praw.code == 0);
+  // the decoded slot: a small part of the largest layer (17 MiB decoded); the floor under the raw one
+  MESSAGE(fmt::format("exp3 floor {} B (decoded slot {} B), raw floor {} B", floor, slot,
+                      num(praw.out, "floor")));
+  CHECK(slot < (uint64_t(2) << 20));
+  CHECK(floor < uint64_t(num(praw.out, "floor")));
+  const std::string ids = "7,8,9";
+  const Output ref = generate(model, ids, "--gen 3 --incremental", d);
+  const Run r =
+      k3flow(fmt::format("generate {} --ids {} --gen 3 --incremental --preset ultra --trunk {} --out {} "
+                         "--dump-logits {}",
+                         model, ids, trunk, d / "r.json", d / "l.bin"),
+             "", 120);
+  REQUIRE_MESSAGE(r.code == 0, std::string(r.out + r.err));
+  CHECK(slurp(d / "l.bin") == ref.logits);
+  MESSAGE(fmt::format("exp3 trunk at the floor ({} B): child peak RSS {} B", floor, r.peak_rss));
+  K3_CHECK_UNLESS_SANITIZED(r.peak_rss <= floor);
+  // room for one more stored slot: a third ring slot, same bits
+  const double gb = double(floor + (uint64_t(16) << 20)) / double(1 << 30);
+  const Run p3 = k3flow(fmt::format("plan {} --trunk {} --mem-gb {:.6f}", model, trunk, gb));
+  REQUIRE(p3.code == 0);
+  CHECK(p3.out.find("3 ring slots: reads run 2 layers ahead of compute") != std::string::npos);
+  const Output o =
+      generate(model, ids, fmt::format("--gen 3 --incremental --mem-gb {:.6f} --trunk {}", gb, trunk), d);
+  CHECK(o.ids == ref.ids);
+  CHECK(o.logits == ref.logits);
 }

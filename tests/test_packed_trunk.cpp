@@ -19,6 +19,7 @@
 #include "io/packed_trunk.hpp"
 #include "io/safetensors.hpp"
 #include "io/safetensors_writer.hpp"
+#include "io/xxh64.hpp"
 #include "tests/temp_dir.hpp"
 
 namespace fs = std::filesystem;
@@ -424,6 +425,14 @@ TEST_CASE(
             std::string::npos);
     }
   }
+  // check_loaded_digest: the fused decode's first pass hashes a layer as it streams past
+  const std::vector<std::byte> one =
+      read_file_range(out / "trunk.bin", t.layer(1).file_off, t.layer(1).nbytes);
+  CHECK(error_of([&] {
+          t.check_loaded_digest(1, k3::io::xxh64(one) ^ 1);
+        }).find("layer 1 checksum mismatch") != std::string::npos);
+  CHECK_NOTHROW(t.check_loaded_digest(1, k3::io::xxh64(one)));
+  CHECK_NOTHROW(t.check_loaded(1, std::span(one).first(4096)));  // verified once: not hashed again
 }
 
 TEST_CASE("trunk.json offsets are bound-checked without wrap-around") {
@@ -470,7 +479,7 @@ TEST_CASE(
   const fs::path raw = tmp.path / "raw";
   k3::io::pack_trunk(shards, 3, raw);
   const PackedTrunk plain = PackedTrunk::open(raw, 3);
-  for (auto codec : {k3::io::codec::Codec::exp4, k3::io::codec::Codec::huff}) {
+  for (auto codec : {k3::io::codec::Codec::exp4, k3::io::codec::Codec::exp3, k3::io::codec::Codec::huff}) {
     CAPTURE(k3::io::codec::codec_name(codec));
     const fs::path out = tmp.path / k3::io::codec::codec_name(codec);
     const k3::io::PackStats st = k3::io::pack_trunk(shards, 3, out, {}, nullptr, codec);

@@ -275,3 +275,46 @@ TEST_CASE("fewer routed experts than in-flight + lookahead slots: no lookahead, 
   CHECK(p.cache_slots == 4);
   CHECK(p.holds_model());
 }
+
+// A compressed trunk (planner.hpp, "Compressed trunk"): a fused codec (exp4, exp3) holds its ring slots
+// through compute, so room beside the floor buys a third ring slot (reads two layers ahead); a staged
+// codec (huff) gets a second decode slot from the same room instead.
+TEST_CASE(
+    "compressed trunk: a fused codec's room goes to a third ring slot, a staged codec's to a decode slot") {
+  PlanInputs in;
+  for (int l = 0; l < 12; ++l)  // 100 pages decoded, 70 stored (exp3-like); layer 0 twice as large
+    in.layers.push_back({.read_bytes = (l ? 100 : 200) * kPage,
+                         .widen_bytes = kPage,
+                         .stored_bytes = (l ? 70 : 140) * kPage});
+  in.resident = {{"resident", 1, 50 * kPage, 50 * kPage}};
+  for (const char* codec : {"exp3", "exp4", "huff"}) {
+    CAPTURE(codec);
+    in.codec = codec;
+    const bool fused = std::string(codec) != "huff";
+    const uint64_t floor = k3::pipeline::plan_floor(in);
+    // floor: resident + ring of 2 x 70 pages (layer 0 spans it) + one decode slot of 200 + 1 pages
+    CHECK(floor == (50 + 2 * 70 + 201) * kPage);
+    const MemoryPlan at_floor = k3::pipeline::make_plan(in, total(floor));
+    check_consistent(at_floor);
+    CHECK(at_floor.ring_slots == 2);
+    CHECK(at_floor.decode_slots == 1);
+    CHECK(at_floor.pinned.empty());
+    // room for one more ring slot (70 pages) but not a second decode slot (201)
+    const MemoryPlan room = k3::pipeline::make_plan(in, total(floor + 80 * kPage));
+    check_consistent(room);
+    CHECK(room.ring_slots == (fused ? 3 : 2));
+    CHECK(room.decode_slots == 1);
+    CHECK(room.slot_read_bytes == 70 * kPage);
+    const std::string text = k3::pipeline::format_plan(room);
+    CHECK((text.find("3 ring slots: reads run 2 layers ahead of compute") != std::string::npos) == fused);
+    // room for a second decode slot: huff takes it, a fused codec keeps one and pins instead
+    const MemoryPlan more = k3::pipeline::make_plan(in, total(floor + 300 * kPage));
+    check_consistent(more);
+    CHECK(more.ring_slots == (fused ? 3 : 2));
+    CHECK(more.decode_slots == (fused ? 1 : 2));
+    // an explicit --ring 4 is kept as asked
+    PlanBudget four = total(floor + 300 * kPage);
+    four.ring_slots = 4;
+    if (fused) CHECK(k3::pipeline::make_plan(in, four).ring_slots == 4);
+  }
+}

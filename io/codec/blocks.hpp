@@ -18,6 +18,16 @@ void exp4_encode_block(const uint16_t* v, size_t n, std::vector<std::byte>& out)
 // Decodes n values from the block's `size` stored bytes; throws BlockFault.
 void exp4_decode_block(const std::byte* blk, size_t size, size_t n, uint16_t* out);
 
+// exp3 block: base u8, 0 u8, n_esc u16, sm[n], codes[exp3_code_bytes(n)], esc_exp u8[n_esc]. The codes
+// are bit planes per group of 64 values: u64 words plane0, plane1, plane2 (bit j of plane k = bit k
+// of value j's code); a last group's unused bits are 0. Code 7 = escape (exponent in esc_exp, in
+// value order), codes 0..6 = base + code.
+constexpr size_t kExp3Group = 64;
+constexpr size_t kExp3GroupBytes = 24;
+size_t exp3_code_bytes(size_t n);
+void exp3_encode_block(const uint16_t* v, size_t n, std::vector<std::byte>& out);
+void exp3_decode_block(const std::byte* blk, size_t size, size_t n, uint16_t* out);
+
 // huff block: n_sym-1 u8, 0 u8, 0 u16, bits_bytes u32, (sym u8, len u8)[n_sym], sm[n], bits.
 void huff_encode_block(const uint16_t* v, size_t n, std::vector<std::byte>& out);
 void huff_decode_block(const std::byte* blk, size_t size, size_t n, uint16_t* out);
@@ -26,6 +36,12 @@ void huff_decode_block(const std::byte* blk, size_t size, size_t n, uint16_t* ou
 void exp4_combine_scalar(const uint8_t* sm, const uint8_t* nib, uint8_t base, size_t n, uint16_t* out);
 void exp4_combine_avx2(const uint8_t* sm, const uint8_t* nib, uint8_t base, size_t n, uint16_t* out);
 void exp4_combine_avx512(const uint8_t* sm, const uint8_t* nib, uint8_t base, size_t n, uint16_t* out);
+
+// out[i] = bf16 from sm[i] and exponent uint8(base + code i) (code 7 gives base + 7, which the
+// decoder then patches from the escape list).
+void exp3_combine_scalar(const uint8_t* sm, const uint8_t* codes, uint8_t base, size_t n, uint16_t* out);
+void exp3_combine_avx2(const uint8_t* sm, const uint8_t* codes, uint8_t base, size_t n, uint16_t* out);
+void exp3_combine_avx512(const uint8_t* sm, const uint8_t* codes, uint8_t base, size_t n, uint16_t* out);
 
 inline uint16_t bf16_join(uint8_t sm, uint8_t exp) {
   return static_cast<uint16_t>((uint16_t(sm & 0x80) << 8) | (uint16_t(exp) << 7) | (sm & 0x7F));

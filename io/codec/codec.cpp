@@ -1,5 +1,5 @@
-// The stream container (header, block index, checks) around the per-block codecs in exp4.cpp and
-// huff.cpp; see codec.hpp for the layout.
+// The stream container (header, block index, checks) around the per-block codecs in exp4.cpp,
+// exp3.cpp and huff.cpp; see codec.hpp for the layout.
 #include "io/codec/codec.hpp"
 
 #include <fmt/format.h>
@@ -45,6 +45,10 @@ uint64_t header_check(std::span<const std::byte> stream, uint32_t n_blocks) {
   return check_hash(stream.subspan(kHeaderBytes, size_t(n_blocks) * kIndexEntryBytes), h);
 }
 
+bool codes_blocks(Codec c) {
+  return c == Codec::exp4 || c == Codec::huff || c == Codec::exp3;
+}
+
 bool valid_block_values(Codec c, uint64_t bv) {
   return bv >= 64 && bv <= max_block_values(c) && std::has_single_bit(bv);
 }
@@ -59,12 +63,14 @@ const char* codec_name(Codec c) {
       return "exp4";
     case Codec::huff:
       return "huff";
+    case Codec::exp3:
+      return "exp3";
   }
   return "unknown";
 }
 
 std::optional<Codec> parse_codec(std::string_view s) {
-  for (Codec c : {Codec::none, Codec::exp4, Codec::huff})
+  for (Codec c : {Codec::none, Codec::exp4, Codec::huff, Codec::exp3})
     if (s == codec_name(c)) return c;
   return std::nullopt;
 }
@@ -77,7 +83,7 @@ uint32_t max_block_values(Codec c) {
 }
 
 std::vector<std::byte> encode(std::span<const std::byte> raw, const EncodeOptions& opt) {
-  if (opt.codec != Codec::exp4 && opt.codec != Codec::huff)
+  if (!codes_blocks(opt.codec))
     throw usage_error(fmt::format("codec: cannot encode with codec {}", codec_name(opt.codec)));
   const uint32_t bv = opt.block_values ? opt.block_values : default_block_values(opt.codec);
   if (!valid_block_values(opt.codec, bv))
@@ -108,6 +114,8 @@ std::vector<std::byte> encode(std::span<const std::byte> raw, const EncodeOption
     const size_t start = out.size();
     if (opt.codec == Codec::exp4)
       detail::exp4_encode_block(vals.data(), n, out);
+    else if (opt.codec == Codec::exp3)
+      detail::exp3_encode_block(vals.data(), n, out);
     else
       detail::huff_encode_block(vals.data(), n, out);
     if (out.size() - start >= kRawBlockHead + 2 * n) {  // incompressible (not weights): store raw
@@ -135,8 +143,7 @@ Stream Stream::parse(std::span<const std::byte> s, std::string what, uint64_t ba
   if (std::to_integer<uint8_t>(s[4]) != kVersion)
     throw bad(4, fmt::format("version {} (this build reads {})", std::to_integer<int>(s[4]), kVersion));
   const auto c = static_cast<Codec>(std::to_integer<uint8_t>(s[5]));
-  if (c != Codec::exp4 && c != Codec::huff)
-    throw bad(5, fmt::format("unknown codec {}", std::to_integer<int>(s[5])));
+  if (!codes_blocks(c)) throw bad(5, fmt::format("unknown codec {}", std::to_integer<int>(s[5])));
   const uint8_t tail_flag = std::to_integer<uint8_t>(s[7]);
   for (size_t i :
        {size_t(6), size_t(9), size_t(10), size_t(11), size_t(20), size_t(21), size_t(22), size_t(23)})
@@ -201,6 +208,8 @@ void Stream::decode_block(uint32_t b, uint16_t* o, bool verify) const {
       std::memcpy(o, blk + kRawBlockHead, n * 2);
     } else if (codec_ == Codec::exp4)
       detail::exp4_decode_block(blk, size, n, o);
+    else if (codec_ == Codec::exp3)
+      detail::exp3_decode_block(blk, size, n, o);
     else
       detail::huff_decode_block(blk, size, n, o);
   } catch (const detail::BlockFault& f) {
@@ -214,19 +223,28 @@ void Stream::decode_blocks(uint32_t first, uint32_t end, std::span<std::byte> ou
     throw runtime_error(
         fmt::format("codec: {}: decode of blocks [{}, {}) into {} bytes (stream holds {} blocks, {} bytes)",
                     what_, first, end, out.size(), n_blocks_, raw_bytes_));
-  const uint64_t n_values = raw_bytes_ / 2;
+  const uint64_t b0 = block_start(first);
+  decode_blocks_to(first, end, out.subspan(size_t(b0), size_t(blocks_end(end) - b0)), verify);
+}
+
+void Stream::decode_blocks_to(uint32_t first, uint32_t end, std::span<std::byte> out, bool verify) const {
+  if (first > end || end > n_blocks_ || out.size() != blocks_end(end) - block_start(first))
+    throw runtime_error(fmt::format(
+        "codec: {}: decode of blocks [{}, {}) into a window of {} bytes (stream holds {} blocks, {} bytes)",
+        what_, first, end, out.size(), n_blocks_, raw_bytes_));
+  const uint64_t n_values = raw_bytes_ / 2, b0 = block_start(first);
   std::vector<uint16_t> tmp;
   for (uint32_t b = first; b < end; ++b) {
     const uint64_t v0 = uint64_t(b) * block_values_;
     const size_t n = size_t(std::min<uint64_t>(block_values_, n_values - v0));
     // Decoding straight into `out` needs 2-byte alignment for uint16_t stores.
-    std::byte* dst = out.data() + v0 * 2;
+    std::byte* dst = out.data() + (v0 * 2 - b0);
     const bool aligned = reinterpret_cast<uintptr_t>(dst) % alignof(uint16_t) == 0;
     if (!aligned) tmp.resize(n);
     decode_block(b, aligned ? reinterpret_cast<uint16_t*>(dst) : tmp.data(), verify);
     if (!aligned) std::memcpy(dst, tmp.data(), n * 2);
   }
-  if (has_tail_ && end == n_blocks_) out[raw_bytes_ - 1] = tail_;
+  if (has_tail_ && end == n_blocks_) out.back() = tail_;
 }
 
 void Stream::decode_values(uint64_t first, uint64_t count, uint16_t* out) const {

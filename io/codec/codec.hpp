@@ -3,6 +3,9 @@
 // code only the exponent:
 //   exp4: per block a base exponent and a 4-bit offset per value (15 = escape: position and exponent
 //         in a list after the block), ~12 bits/value; SIMD-decodable (scalar, AVX2, AVX-512 bodies).
+//   exp3: per block a base exponent and a 3-bit code per value (7 = escape: its exponent byte in a
+//         list after the block, in value order), ~11.2 bits/value on weights; scalar, AVX2,
+//         AVX-512 bodies. The trunk default's alternative to exp4: ~4-5 points smaller.
 //   huff: per block a canonical Huffman code (lengths <= 12) over the exponent byte; ~10-11
 //         bits/value on weight-like data; scalar table decode, slower.
 //
@@ -17,6 +20,7 @@
 // Without verification every structural field is still bounds-checked: a malformed stream never
 // reads or writes out of bounds, it is refused.
 #pragma once
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -30,15 +34,21 @@
 
 namespace k3::io::codec {
 
-enum class Codec : uint8_t { none = 0, exp4 = 1, huff = 2 };
+enum class Codec : uint8_t { none = 0, exp4 = 1, huff = 2, exp3 = 3 };
 const char* codec_name(Codec);
-std::optional<Codec> parse_codec(std::string_view);  // "none" | "exp4" | "huff"
+std::optional<Codec> parse_codec(std::string_view);  // "none" | "exp4" | "huff" | "exp3"
+
+// exp4 and exp3 decode fast enough (SIMD, ~10 GB/s a core) to decode inside the matvecs (the fused
+// decode, kernels::CodedBf16Matrix); huff does not (docs/codec.md, "Fused decode").
+inline bool fused_decode(Codec c) {
+  return c == Codec::exp4 || c == Codec::exp3;
+}
 
 constexpr size_t kHeaderBytes = 40;
 constexpr size_t kIndexEntryBytes = 16;
-uint32_t default_block_values(Codec);  // exp4 4096, huff 65536
+uint32_t default_block_values(Codec);  // exp4 and exp3 4096, huff 65536
 // block_values must be a power of two in [64, max_block_values(codec)].
-uint32_t max_block_values(Codec);  // exp4 32768, huff 65536
+uint32_t max_block_values(Codec);  // exp4 and exp3 32768, huff 65536
 
 struct EncodeOptions {
   Codec codec = Codec::exp4;
@@ -69,6 +79,13 @@ class Stream final : public kernels::Bf16Source {
   // byte. Throws runtime Error naming the block and its byte offset.
   void decode_blocks(uint32_t first, uint32_t end, std::span<std::byte> out, bool verify) const;
   void decode(std::span<std::byte> out, bool verify) const { decode_blocks(0, n_blocks_, out, verify); }
+  // decode_blocks into `out` holding exactly blocks [first, end)'s decoded bytes (and the odd tail
+  // byte when end == n_blocks()): block `first` at out[0] (a window of a layer, streamed past).
+  void decode_blocks_to(uint32_t first, uint32_t end, std::span<std::byte> out, bool verify) const;
+  // Where block b's decoded bytes start (block_raw_offset, capped at the values' end).
+  uint64_t block_start(uint32_t b) const { return std::min(block_raw_offset(b), raw_bytes_ / 2 * 2); }
+  // Where blocks [.., end) end: block_start(end), or raw_bytes() (the tail byte) when end == n_blocks().
+  uint64_t blocks_end(uint32_t end) const { return end >= n_blocks_ ? raw_bytes_ : block_start(end); }
 
   // Values [first, first + count) of the decoded array (bf16 values, the odd tail byte excluded)
   // into out, block checks not verified: the fused matvec's tiles (kernels::CodedBf16Matrix). A
@@ -100,8 +117,10 @@ void reseal(std::span<std::byte> stream);
 // The hash behind the checks (4-lane multiply-rotate over 32-byte stripes, ~20 GB/s).
 uint64_t check_hash(std::span<const std::byte> bytes, uint64_t seed = 0);
 
-// Tests: which decode bodies ran (exp4 has scalar, avx2, avx512; huff only scalar).
+// Tests: which decode bodies ran (exp4 and exp3 have scalar, avx2, avx512; huff only scalar).
 std::vector<kernels::Isa> built_exp4_isas();
 uint64_t exp4_body_runs(kernels::Isa);
+std::vector<kernels::Isa> built_exp3_isas();
+uint64_t exp3_body_runs(kernels::Isa);
 
 }  // namespace k3::io::codec

@@ -1,4 +1,4 @@
-// `k3flow pack-trunk MODEL_DIR TRUNK_DIR [--codec none|exp4|huff] [--verify] [--force] [--progress |
+// `k3flow pack-trunk MODEL_DIR TRUNK_DIR [--codec none|exp4|exp3|huff] [--verify] [--force] [--progress |
 // --no-progress]`: copy every layer's dense tensors into TRUNK_DIR/trunk.bin (+ trunk.json), one
 // 4096-aligned run per layer, so streaming reads each layer with one O_DIRECT read
 // (io/packed_trunk.hpp); with a codec each layer is stored losslessly compressed (docs/codec.md).
@@ -71,7 +71,7 @@ int run_pack(const PackArgs& a) {
 int pack_and_verify(const PackArgs& a, bool& packed) {
   const fs::path dir(a.model_dir);
   const auto codec = io::codec::parse_codec(a.codec);
-  if (!codec) throw io::usage_error(fmt::format("--codec {}: expected none, exp4 or huff", a.codec));
+  if (!codec) throw io::usage_error(fmt::format("--codec {}: expected none, exp4, exp3 or huff", a.codec));
   io::ModelConfig config = io::load_config(dir / "config.json");
   io::ShardSet shards = io::ShardSet::open(dir);
   io::PackStats st;
@@ -121,8 +121,8 @@ Action add_pack_trunk(CLI::App& sub) {
   auto a = std::make_shared<PackArgs>();
   sub.add_option("MODEL_DIR", a->model_dir, "checkpoint directory (config.json + *.safetensors)")->required();
   sub.add_option("TRUNK_DIR", a->trunk_dir, "output directory for trunk.bin + trunk.json")->required();
-  sub.add_option("--codec", a->codec, "store layers losslessly compressed: none (default), exp4, huff")
-      ->check(CLI::IsMember({"none", "exp4", "huff"}));
+  sub.add_option("--codec", a->codec, "store layers losslessly compressed: none (default), exp4, exp3, huff")
+      ->check(CLI::IsMember({"none", "exp4", "exp3", "huff"}));
   sub.add_flag("--verify", a->verify, "re-read trunk.bin afterwards and check every layer's xxh64");
   sub.add_flag("--force", a->force, "replace the packed trunk already in TRUNK_DIR");
   auto* on =

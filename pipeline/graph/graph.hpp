@@ -35,13 +35,13 @@
 //                                                                 ▼
 //                                  expert_compute (each expert as its bytes land) ─► combine
 //                                                                                     ▼
-//  A compressed trunk (pack-trunk --codec exp4|huff) adds the decode stage, made only then (the raw
+//  A compressed trunk (pack-trunk --codec exp4|exp3|huff) adds the decode stage, made only then (the raw
 //  graph above is unchanged; graph_wiring.hpp marks the edges kRawTrunk / kCompressedTrunk):
 //   trunk_read ► stored_order (sequencer: read order) ─┐
 //   decode_free (decoded slot ids) ────────────────────┴► decode_claim (join) ► trunk_decode ► trunk_bind
 //  trunk_decode decodes the stored layer (parallel_for over its codec blocks) into the decoded slot
 //  -- a pinned layer into its pin region, once -- and returns the ring slot(s) to trunk_free;
-//  layer_done returns the decoded slot to decode_free. exp4 (fused decode): a streamed layer's
+//  layer_done returns the decoded slot to decode_free. exp4, exp3 (fused decode): a streamed layer's
 //  projections are bound coded over its stored bytes and decoded inside the matvecs, so its ring
 //  slot(s) go back from layer_done instead, and trunk_decode decodes only the rest of the layer.
 //  One rank of several (expert parallel, docs/distributed.md §6) adds expert_exchange, made only
@@ -93,9 +93,10 @@
 //  - A compressed trunk's layers are decoded in READ order (stored_order: a sequencer on the read's
 //    submission number), which is the compute order: reads may land out of order, and a later layer
 //    that took the last decoded slot would wait forever for an earlier one. The ring slot is given
-//    back right after the decode (huff; exp4 keeps it to the layer's end: fused decode), so the reader
-//    runs ahead on stored bytes while the decoded slots (1 at the floor, 2 when the plan has room:
-//    decode of L+1 beside compute of L) gate the compute.
+//    back right after the decode (huff; exp4 and exp3 keep it to the layer's end: fused decode), so
+//    the reader runs ahead on stored bytes while the decoded slots (1 at the floor, 2 when the plan
+//    has room: decode of L+1 beside compute of L) gate the compute. (Fused: the plan's room buys a
+//    third ring slot instead, so reads still run two layers ahead.)
 //    Pinned layers' first reads are staged through the ring (one larger than a slot takes the whole
 //    ring), so every byte is in a pool the planner counted. Block checks are verified on a layer's
 //    first decode in the process (as the raw trunk's xxh64 is checked once: check_loaded, which

@@ -166,11 +166,11 @@ struct StreamingModel::Impl {
   std::atomic<int> decode_in_use{0};
   std::atomic<uint64_t> decoded_bytes{0}, decode_us{0};
   std::vector<char> decoded_once;
-  // Fused decode (exp4, streamed layers; docs/codec.md "Fused decode"): the layer's projections are
+  // Fused decode (exp4 / exp3, streamed layers; docs/codec.md "Fused decode"): the layer's projections are
   // bound coded over its stored bytes, which stay in the ring slot until layer_done, and the matvecs
   // decode them tile by tile; the decode stage decodes only the rest. Per decoded slot: the parsed
   // stream its coded matrices decode from, and the first ring slot it holds (-1: none). Per layer:
-  // the byte ranges bound coded (learned at its first bind; `fused_known` then set).
+  // the byte ranges bound coded (from the layout at construction; `fused_known` then set).
   const bool fused;
   std::vector<std::optional<io::codec::Stream>> dec_stream;
   std::vector<int> dec_ring;
@@ -204,6 +204,7 @@ struct StreamingModel::Impl {
   // ---- node-local scratch, reused (each of these nodes is serial) ----
   std::vector<SlotRef> span_held;                        // trunk_read
   std::vector<uint32_t> decode_todo;                     // trunk_decode
+  std::vector<std::byte> decode_window;                  // trunk_decode: a fused layer's first pass
   std::vector<io::ReadRequest> trunk_reqs, expert_reqs;  // trunk_read, expert_read
   std::vector<ExpertRead> expert_reads;                  // expert_read
   std::vector<size_t> order;                             // expert_read
@@ -259,7 +260,7 @@ struct StreamingModel::Impl {
         trunk_graph(p.codec.empty() ? (exchange ? kRawRanks : kRawOne)
                                     : (exchange ? kCompressedRanks : kCompressedOne)),
         trunk(p, s),
-        fused(p.codec == "exp4"),
+        fused(fused_codec(p.codec)),
         step_state(waves_of(st)),
         graph_owner(graph_in(arena)),
         g(*graph_owner),
@@ -288,6 +289,10 @@ struct StreamingModel::Impl {
     dec_ring.assign(size_t(trunk.decode_slots()), -1);
     fused_ranges.resize(size_t(n));
     fused_known = std::make_unique<std::atomic<bool>[]>(size_t(n));
+    for (int l = 0; l < n && fused; ++l) {  // the coded ranges, from the layout (nothing read)
+      fused_ranges[size_t(l)] = stages::coded_ranges(c, l, src.layer(l).layout, src.layer(l).bind_offset);
+      fused_known[size_t(l)].store(true);
+    }
     for (int slot = 0; slot < trunk.decode_slots(); ++slot) node<kDecodeFree>().try_put(DecodeSlot{slot});
     // every layer pinned: no decoded slots, but the pins' first reads still pass the decode join
     if (trunk.compressed() && trunk.decode_slots() == 0) node<kDecodeFree>().try_put(DecodeSlot{-1});

@@ -1,14 +1,19 @@
 // The streaming graph's node bodies (graph.hpp has the diagram, graph_wiring.hpp the edges), one
 // member function per node that runs code, in the diagram's order: trunk, layer, MoE, head. A body
 // reads the step it works for from its message's visit (Impl::step) and names the port it sends on.
+#include <fmt/format.h>
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
 
 #include <algorithm>
+#include <cstring>
+#include <numeric>
 #include <utility>
 #include <variant>
 
+#include "io/error.hpp"
 #include "io/packed_trunk.hpp"
+#include "io/xxh64.hpp"
 #include "pipeline/graph/graph_impl.hpp"
 #include "stages/attnres.hpp"
 #include "stages/head.hpp"
@@ -39,10 +44,11 @@ void StreamingModel::Impl::trunk_read_body(const TrunkClaim& in, TrunkReadNode::
 // verified on a layer's first decode in this process -- the raw trunk's policy for its xxh64
 // (check_loaded), which trunk_bind still applies to the decoded bytes -- and skipped afterwards
 // (docs/codec.md, "The decode stage": what verifying always would cost).
-// Fused decode (exp4, a streamed layer): trunk_bind binds the projections coded over the stored
-// bytes, so the ring slot(s) stay with the layer until layer_done, and once the layer's coded
-// ranges are known (its first bind) only the blocks not wholly inside them are decoded here -- the
-// matvecs decode the rest, tile by tile. Otherwise the ring slot(s) go back right after the decode.
+// Fused decode (exp4 or exp3, a streamed layer): trunk_bind binds the projections coded over the stored
+// bytes, so the ring slot(s) stay with the layer until layer_done, and only the blocks not wholly
+// inside the coded ranges (known from the layout before the first read: stages::coded_ranges) are
+// decoded into the decoded slot -- the matvecs decode the rest, tile by tile; the first pass hashes
+// the whole layer as it streams past. Otherwise the ring slot(s) go back right after the decode.
 void StreamingModel::Impl::trunk_decode_body(const DecodeClaim& in, Outputs<kTrunkDecode>& out) {
   const TrunkReady& r = std::get<size_t(DecodeClaimIn::stored)>(in);
   const DecodeSlot d = std::get<size_t(DecodeClaimIn::slot)>(in);
@@ -55,32 +61,61 @@ void StreamingModel::Impl::trunk_decode_body(const DecodeClaim& in, Outputs<kTru
     const bool verify = !decoded_once[size_t(l)];
     const io::codec::Stream st = src.trunk()->layer_stream(l, trunk.read_target(l, r.slot.index));
     const std::span<std::byte> dst = trunk.bytes(l, to.index).first(size_t(st.raw_bytes()));
-    // The blocks to decode here: all of them, or (fused, ranges known) those not wholly coded.
+    // The blocks to decode here: all of them, or (fused) those not wholly coded.
     std::vector<uint32_t>& todo = decode_todo;
     todo.clear();
-    if (fuse && fused_known[size_t(l)].load(std::memory_order_acquire)) {
-      const auto& coded = fused_ranges[size_t(l)];  // ascending, disjoint (layout order)
-      const uint64_t bb = uint64_t(st.block_values()) * 2;
-      size_t k = 0;
-      for (uint32_t b = 0; b < st.n_blocks(); ++b) {
-        const uint64_t b0 = b * bb, b1 = std::min(b0 + bb, st.raw_bytes());
-        while (k < coded.size() && coded[k].second <= b0) ++k;
-        if (k < coded.size() && coded[k].first <= b0 && b1 <= coded[k].second) continue;
-        todo.push_back(b);
-      }
+    const uint64_t bb = uint64_t(st.block_values()) * 2;
+    if (fuse) {
+      if (st.block_values() != io::codec::default_block_values(st.codec()))
+        throw io::runtime_error(fmt::format(
+            "trunk: layer {}: its stream has blocks of {} values, the plan's decoded slot assumed {} "
+            "(re-run pack-trunk)",
+            l, st.block_values(), io::codec::default_block_values(st.codec())));
+      todo = fused_staged_blocks(fused_ranges[size_t(l)], st.raw_bytes(), bb);
     } else {
       for (uint32_t b = 0; b < st.n_blocks(); ++b) todo.push_back(b);
     }
-    // 16 blocks (128 KiB decoded for exp4) a task: a layer spreads over every worker
-    tbb::parallel_for(tbb::blocked_range<size_t>(0, todo.size(), 16),
-                      [&](const tbb::blocked_range<size_t>& b) {
-                        for (size_t i = b.begin(); i < b.end();) {  // runs of consecutive blocks in one call
-                          size_t j = i + 1;
-                          while (j < b.end() && todo[j] == todo[j - 1] + 1) ++j;
-                          st.decode_blocks(todo[i], todo[j - 1] + 1, dst, verify);
-                          i = j;
-                        }
-                      });
+    auto decode = [&](std::span<const uint32_t> blocks, std::span<std::byte> into, uint64_t into_at) {
+      // 16 blocks (128 KiB decoded for exp4 and exp3) a task: a layer spreads over every worker
+      tbb::parallel_for(
+          tbb::blocked_range<size_t>(0, blocks.size(), 16), [&](const tbb::blocked_range<size_t>& b) {
+            for (size_t i = b.begin(); i < b.end();) {  // runs of consecutive blocks in one call
+              size_t j = i + 1;
+              while (j < b.end() && blocks[j] == blocks[j - 1] + 1) ++j;
+              const uint64_t at = st.block_start(blocks[i]);
+              st.decode_blocks_to(
+                  blocks[i], blocks[j - 1] + 1,
+                  into.subspan(size_t(at - into_at), size_t(st.blocks_end(blocks[j - 1] + 1) - at)), verify);
+              i = j;
+            }
+          });
+    };
+    if (fuse && verify) {
+      // A fused layer's first pass: the decoded slot holds only the staged blocks (its other pages
+      // are never touched: the plan does not count them), so the whole layer is decoded in order
+      // through a window, block checks verified, hashed as it passes (trunk.json's xxh64, as
+      // check_loaded would), and the staged blocks copied out of the window.
+      constexpr uint32_t kWindowBlocks = 128;  // 1 MiB decoded for exp4 and exp3
+      io::Xxh64 h;
+      std::vector<uint32_t> all;
+      size_t k = 0;
+      for (uint32_t w0 = 0; w0 < st.n_blocks(); w0 += kWindowBlocks) {
+        const uint32_t w1 = std::min(st.n_blocks(), w0 + kWindowBlocks);
+        const uint64_t at = st.block_start(w0), len = st.blocks_end(w1) - at;
+        decode_window.resize(size_t(len));
+        all.resize(w1 - w0);
+        std::iota(all.begin(), all.end(), w0);
+        decode(all, decode_window, at);
+        h.update(decode_window);
+        for (; k < todo.size() && todo[k] < w1; ++k) {
+          const uint64_t b0 = st.block_start(todo[k]), b1 = st.blocks_end(todo[k] + 1);
+          std::memcpy(dst.data() + b0, decode_window.data() + (b0 - at), size_t(b1 - b0));
+        }
+      }
+      src.trunk()->check_loaded_digest(l, h.digest());
+    } else {
+      decode(todo, dst, 0);
+    }
     decoded_once[size_t(l)] = 1;
     if (fuse) dec_stream[size_t(d.index)].emplace(st);
     // the layer's decoded bytes, here or (fused) inside this pass's matvecs

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <map>
 #include <numeric>
+#include <utility>
 
 #include "io/aligned.hpp"
 #include "io/error.hpp"
@@ -15,7 +16,9 @@
 #include "io/uring_reader.hpp"
 #include "pipeline/graph/call_buffers.hpp"
 #include "pipeline/graph/reader_options.hpp"
+#include "pipeline/graph/streaming_source.hpp"
 #include "pipeline/support/human_bytes.hpp"
+#include "stages/bind.hpp"
 #include "stages/forward.hpp"
 #include "stages/tensors.hpp"
 
@@ -72,11 +75,13 @@ struct Pools {
   Ring ring;
   int dec = 0;
   uint64_t dec_read = 0, dec_widen = 0;
+  uint64_t dec_span = 0;  // fused, compact decoded slots: their address span (dec_read is resident)
   uint64_t bytes() const { return ring.bytes() + uint64_t(dec) * (dec_read + dec_widen); }
 };
 
+// `fused_slot`: PlanInputs::fused_slot_bytes (0: a decoded slot holds a whole layer).
 Pools pools_for(const std::vector<LayerFootprint>& layers, const std::vector<bool>& pinned, int S, int D,
-                bool compressed) {
+                bool compressed, uint64_t fused_slot = 0) {
   Pools p;
   if (!compressed) {
     p.ring = ring_for(layers, pinned, S);
@@ -101,6 +106,7 @@ Pools pools_for(const std::vector<LayerFootprint>& layers, const std::vector<boo
     if (pin_max) p.ring = Ring{.slots = 1, .read = pin_max, .widen = 0, .spanning = -1, .span = 0};
     return p;
   }
+  if (fused_slot) p.dec_span = std::exchange(p.dec_read, fused_slot);
   p.ring = ring_for(stored, pinned, S);
   const uint64_t stage = align_up((pin_max + uint64_t(S) - 1) / uint64_t(S), kDirectAlign);
   if (stage > p.ring.read) {  // a pinned layer's first read must fit the whole ring
@@ -171,6 +177,24 @@ uint64_t expert_slot(uint64_t expert_bytes) {
 
 }  // namespace
 
+bool fused_codec(std::string_view codec) {
+  const auto c = io::codec::parse_codec(codec);
+  return c && io::codec::fused_decode(*c);
+}
+
+std::vector<uint32_t> fused_staged_blocks(const std::vector<std::pair<uint64_t, uint64_t>>& coded,
+                                          uint64_t raw_bytes, uint64_t block_bytes) {
+  std::vector<uint32_t> todo;
+  size_t k = 0;
+  for (uint64_t b0 = 0; b0 < raw_bytes; b0 += block_bytes) {
+    const uint64_t b1 = std::min(b0 + block_bytes, raw_bytes);
+    while (k < coded.size() && coded[k].second <= b0) ++k;
+    if (k < coded.size() && coded[k].first <= b0 && b1 <= coded[k].second) continue;
+    todo.push_back(uint32_t(b0 / block_bytes));
+  }
+  return todo;
+}
+
 uint64_t MemoryPlan::total() const {
   return sum_terms(pools);
 }
@@ -185,10 +209,10 @@ uint64_t plan_floor(const PlanInputs& in, int ring_slots) {
   std::vector<bool> none(in.layers.size(), false);
   uint64_t all = 0;
   for (const LayerFootprint& l : in.layers) all += footprint(l);
-  uint64_t ring = pools_for(in.layers, none, ring_slots, 1, in.compressed()).bytes();
+  uint64_t ring = pools_for(in.layers, none, ring_slots, 1, in.compressed(), in.fused_slot_bytes).bytes();
   if (in.compressed()) {  // everything pinned instead: plus the one staging slot
     std::vector<bool> every(in.layers.size(), true);
-    all += pools_for(in.layers, every, ring_slots, 1, true).bytes();
+    all += pools_for(in.layers, every, ring_slots, 1, true, in.fused_slot_bytes).bytes();
   }
   ring = std::min(ring, all);
   return sum_terms(in.resident) + uint64_t(in.top_k) * expert_slot(in.expert_bytes) + ring;
@@ -249,12 +273,18 @@ MemoryPlan make_plan(const PlanInputs& in, const PlanBudget& want) {
     }
   }
 
-  // Compressed trunk: a second decode slot when the budget has room for it beside the floor's one.
+  // Compressed trunk: a second decode slot when the budget has room for it beside the floor's one
+  // (staged codecs: decode of L+1 then overlaps compute of L). A fused codec decodes almost nothing
+  // in the decode stage, but its layers hold their ring slots through compute, so the room goes to a
+  // third ring slot instead: reads then run two layers ahead, as a raw trunk's effectively do.
   const bool compressed = in.compressed();
-  int D = 1;
-  if (compressed) {
+  int D = 1, S = want.ring_slots;
+  if (compressed && fused_codec(in.codec)) {
     const std::vector<bool> none(n, false);
-    const Pools one = pools_for(in.layers, none, want.ring_slots, 1, true);
+    if (S < 3 && trunk_avail >= pools_for(in.layers, none, 3, 1, true, in.fused_slot_bytes).bytes()) S = 3;
+  } else if (compressed) {
+    const std::vector<bool> none(n, false);
+    const Pools one = pools_for(in.layers, none, S, 1, true, in.fused_slot_bytes);
     const uint64_t ring0 = p.floor - resident - inflight_bytes;
     const uint64_t extra = one.dec_read + one.dec_widen;
     if (one.dec && trunk_avail >= ring0 && trunk_avail - ring0 >= extra) D = 2;
@@ -268,16 +298,16 @@ MemoryPlan make_plan(const PlanInputs& in, const PlanBudget& want) {
   std::stable_sort(order.begin(), order.end(),
                    [&](int a, int b) { return footprint(in.layers[a]) > footprint(in.layers[b]); });
   uint64_t pinned_bytes = 0;
-  Pools pools = pools_for(in.layers, pinned, want.ring_slots, D, compressed);
+  Pools pools = pools_for(in.layers, pinned, S, D, compressed, in.fused_slot_bytes);
   const std::vector<bool> every(n, true);
-  const uint64_t stage_all = pools_for(in.layers, every, want.ring_slots, D, compressed).bytes();
+  const uint64_t stage_all = pools_for(in.layers, every, S, D, compressed, in.fused_slot_bytes).bytes();
   for (bool changed = true; changed;) {
     changed = false;
     uint64_t unpinned = p.trunk_bytes - pinned_bytes;
     if (unpinned && unpinned + stage_all <= trunk_avail - pinned_bytes) {  // everything fits without a ring
       std::fill(pinned.begin(), pinned.end(), true);
       pinned_bytes = p.trunk_bytes;
-      pools = pools_for(in.layers, pinned, want.ring_slots, D, compressed);
+      pools = pools_for(in.layers, pinned, S, D, compressed, in.fused_slot_bytes);
       break;
     }
     uint64_t avail = trunk_avail - pinned_bytes - pools.bytes();
@@ -290,11 +320,11 @@ MemoryPlan make_plan(const PlanInputs& in, const PlanBudget& want) {
         changed = true;
       }
     }
-    pools = pools_for(in.layers, pinned, want.ring_slots, D, compressed);
+    pools = pools_for(in.layers, pinned, S, D, compressed, in.fused_slot_bytes);
   }
   spread_pins(in.layers, pinned);
   // the same sizes unpinned: only the indices move
-  pools = pools_for(in.layers, pinned, want.ring_slots, D, compressed);
+  pools = pools_for(in.layers, pinned, S, D, compressed, in.fused_slot_bytes);
   const Ring& ring = pools.ring;
   for (size_t l = 0; l < n; ++l)
     if (pinned[l])
@@ -307,6 +337,7 @@ MemoryPlan make_plan(const PlanInputs& in, const PlanBudget& want) {
     p.decode_slots = pools.dec;
     p.decode_slot_bytes = pools.dec_read;
     p.decode_widen_bytes = pools.dec_widen;
+    p.decode_slot_span = pools.dec ? pools.dec_span : 0;
   }
   p.ring_slots = ring.slots;
   p.slot_read_bytes = ring.read;
@@ -333,8 +364,9 @@ MemoryPlan make_plan(const PlanInputs& in, const PlanBudget& want) {
   if (ring.spanning >= 0) ring_name += fmt::format(" (layer {} spans {})", ring.spanning, ring.span);
   p.pools.push_back({ring_name, uint64_t(ring.slots), ring.read + ring.widen, ring.bytes()});
   if (compressed)
-    p.pools.push_back({"trunk decode slots (decoded layers)", uint64_t(pools.dec),
-                       pools.dec_read + pools.dec_widen,
+    p.pools.push_back({p.decode_slot_span ? "trunk decode slots (a fused layer's staged part)"
+                                          : "trunk decode slots (decoded layers)",
+                       uint64_t(pools.dec), pools.dec_read + pools.dec_widen,
                        uint64_t(pools.dec) * (pools.dec_read + pools.dec_widen)});
   p.pools.push_back(
       {fmt::format("pinned trunk layers ({} of {})", p.pinned.size(), n), p.pinned.size(), 0, pinned_bytes});
@@ -416,6 +448,25 @@ PlanInputs plan_inputs(const io::ModelConfig& c, const io::ShardSet& shards, con
   for (int l = 0; l < n; ++l)
     in.layers[size_t(l)].widen_bytes =
         4 * stages::locate(stages::layer_tensors(c, l).tensors, shards, c).widen_floats;
+  if (trunk && io::codec::fused_decode(trunk->codec())) {
+    // The decoded slot of a fused codec: only the pages the decode stage writes (vectors, the
+    // router, blocks cut by a tensor edge) are ever touched; one slot serves every layer, so the
+    // union of their pages (pack-trunk writes blocks of the default size; trunk_decode checks it).
+    const uint64_t block_bytes = 2 * uint64_t(io::codec::default_block_values(trunk->codec()));
+    std::vector<bool> page;
+    for (int l = 0; l < n; ++l) {
+      const io::TrunkLayer& T = trunk->layer(l);
+      const auto coded = stages::coded_ranges(c, l, packed_layer_layout(c, T, l), 0);
+      page.resize(std::max<size_t>(page.size(), size_t(align_up(T.nbytes, kDirectAlign) / kDirectAlign)));
+      for (uint32_t b : fused_staged_blocks(coded, T.nbytes, block_bytes)) {
+        const uint64_t b0 = b * block_bytes, b1 = std::min(b0 + block_bytes, T.nbytes);
+        for (uint64_t q = b0 / kDirectAlign; q < (b1 + kDirectAlign - 1) / kDirectAlign; ++q)
+          page[size_t(q)] = true;
+      }
+    }
+    const auto pages = uint64_t(std::count(page.begin(), page.end(), true));
+    in.fused_slot_bytes = std::max<uint64_t>(pages, 1) * kDirectAlign;
+  }
 
   stages::Layout head = stages::locate(stages::model_tensors(c), shards, c);
   const uint64_t head_bytes =
@@ -512,9 +563,13 @@ std::string format_plan(const MemoryPlan& p) {
         decoded ? 100.0 * (1.0 - double(p.streamed_stored_bytes) / double(decoded)) : 0.0, p.decode_slots,
         p.decode_slots == 1 ? "" : "s", human_bytes(p.decode_slot_bytes + p.decode_widen_bytes),
         p.decode_slots >= 2 ? "overlaps" : "waits for");
-    if (p.codec == "exp4")  // pipeline/graph/graph_nodes.cpp, trunk_decode
-      s += "  fused decode (exp4): a streamed layer's projections are decoded inside the matvecs from its "
-           "stored bytes, which keep their ring slot until the layer is done\n";
+    if (fused_codec(p.codec))  // pipeline/graph/graph_nodes.cpp, trunk_decode
+      s += fmt::format(
+          "  fused decode ({}): a streamed layer's projections are decoded inside the matvecs from its "
+          "stored bytes, which keep their ring slot until the layer is done; {} ring slots: reads run {} "
+          "layer{} ahead of compute{}\n",
+          p.codec, p.ring_slots, std::max(p.ring_slots - 1, 0), p.ring_slots == 2 ? "" : "s",
+          p.ring_slots > p.request.ring_slots ? " (a third slot: the budget has room)" : "");
   }
   // The readers' windows: every chunk in flight lands in the slot (or pin region) it is read for, so
   // a deeper window costs no memory beyond the pools above -- only the io_uring rings, counted above.

@@ -33,8 +33,10 @@
 //     here: a decoded slot holds any streamed layer): D = 1 at the floor, 2 when the budget has room
 //     (decode of layer L+1 then overlaps compute of L);
 //   - pinned layers are held decoded (decoded once, on their first read).
-// exp4 (fused decode, docs/codec.md): a streamed layer keeps its ring slot until it is computed (its
-// projections decode from the stored bytes inside the matvecs); the pools are the same.
+// exp4 and exp3 (fused decode, docs/codec.md; fused_codec()): a streamed layer keeps its ring slot
+// until it is computed (its projections decode from the stored bytes inside the matvecs), so reads
+// run only S - 1 layers ahead: instead of a second decode slot, a budget with room beside the floor
+// gets a third ring slot (the ring has then max(3, --ring) slots; the floor is still --ring's).
 // Every pin only shrinks both pools, so the pinning loop below keeps its invariant.
 //
 // All byte counts are exact (no guessed constants): they come from the config, the shard index
@@ -85,6 +87,10 @@ struct PlanInputs {
   // the engine splits a longer prefill or step into passes of at most this many; 0: not known.
   uint64_t pass_rows = 0;
   std::string codec;  // the packed trunk's codec ("" or "none": raw); see "Compressed trunk" above
+  // A fused codec: the bytes a decoded slot holds -- the 4 KiB pages the decode stage writes of
+  // any layer (fused_staged_blocks; their union over the layers, as one slot serves them all).
+  // 0: unknown (a decoded slot is a whole layer).
+  uint64_t fused_slot_bytes = 0;
   bool compressed() const { return !codec.empty() && codec != "none"; }
 };
 
@@ -116,6 +122,10 @@ struct MemoryPlan {
   std::string codec;     // "" when raw
   int decode_slots = 0;  // 0 when raw (or every layer pinned)
   uint64_t decode_slot_bytes = 0, decode_widen_bytes = 0;
+  // Fused codec with PlanInputs::fused_slot_bytes: each decoded slot spans this many bytes of
+  // address space (the largest streamed layer), of which only decode_slot_bytes are ever written
+  // (and resident); 0: decoded slots are plain memory.
+  uint64_t decode_slot_span = 0;
   uint64_t streamed_stored_bytes =
       0;  // bytes a token reads of the streamed layers (stored, or raw read bytes)
 
@@ -134,6 +144,15 @@ struct MemoryPlan {
   bool holds_model() const;
   uint64_t unassigned() const { return budget - total(); }
 };
+
+// A codec the graph decodes inside the matvecs (exp4, exp3): io::codec::fused_decode by name.
+bool fused_codec(std::string_view codec);
+
+// The blocks of a fused layer the decode stage decodes (the matvecs decode the rest): those not
+// wholly inside a `coded` range (ascending, disjoint byte ranges of the decoded image), for a stream
+// of `raw_bytes` in blocks of `block_bytes`.
+std::vector<uint32_t> fused_staged_blocks(const std::vector<std::pair<uint64_t, uint64_t>>& coded,
+                                          uint64_t raw_bytes, uint64_t block_bytes);
 
 // Throws usage Error (one line: budget, floor, missing bytes) when the budget is below the floor.
 MemoryPlan make_plan(const PlanInputs& in, const PlanBudget& budget);

@@ -1,6 +1,11 @@
 #include "pipeline/graph/slot_pool.hpp"
 
 #include <fmt/format.h>
+#include <sys/mman.h>
+
+#include <cerrno>
+#include <cstring>
+#include <utility>
 
 #include "io/error.hpp"
 
@@ -8,6 +13,34 @@ namespace k3::pipeline {
 
 using io::align_up;
 using io::kDirectAlign;
+
+SparseRegion::SparseRegion(uint64_t bytes) {
+  if (bytes == 0) return;
+  const size_t size = align_up(bytes, kDirectAlign);
+  void* m = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (m == MAP_FAILED)
+    throw io::runtime_error(
+        fmt::format("cannot reserve {} bytes of address space: {}", size, std::strerror(errno)));
+  ::madvise(m, size, MADV_NOHUGEPAGE);  // advice only: a host without THP is fine
+  data_ = static_cast<std::byte*>(m);
+  size_ = size;
+}
+
+SparseRegion::SparseRegion(SparseRegion&& o) noexcept
+    : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)) {}
+
+SparseRegion& SparseRegion::operator=(SparseRegion&& o) noexcept {
+  if (this != &o) {
+    if (data_) ::munmap(data_, size_);
+    data_ = std::exchange(o.data_, nullptr);
+    size_ = std::exchange(o.size_, 0);
+  }
+  return *this;
+}
+
+SparseRegion::~SparseRegion() {
+  if (data_) ::munmap(data_, size_);
+}
 
 TrunkSlots::TrunkSlots(const MemoryPlan& p, const WeightSources& src) {
   const int n = src.n_layers();
@@ -25,6 +58,7 @@ TrunkSlots::TrunkSlots(const MemoryPlan& p, const WeightSources& src) {
   dec_ = p.decode_slots;
   dec_slot_ = p.decode_slot_bytes;
   dec_widen_ = p.decode_widen_bytes / 4;
+  dec_stride_ = p.decode_slot_span ? p.decode_slot_span : dec_slot_;
   stored_.assign(static_cast<size_t>(n), 0);
   for (int l = 0; l < n; ++l) stored_[size_t(l)] = src.layer(l).stored_bytes;
 
@@ -45,13 +79,14 @@ TrunkSlots::TrunkSlots(const MemoryPlan& p, const WeightSources& src) {
     const LayerSource& L = src.layer(l);
     const bool fits =
         ring_ >= 1 && L.stored_bytes <= uint64_t(ring_) * slot_ &&
-        (pinned(l) || (L.slot_bytes <= dec_slot_ && L.layout.widen_floats <= dec_widen_ && dec_ >= 1));
+        (pinned(l) || (L.slot_bytes <= dec_stride_ && L.layout.widen_floats <= dec_widen_ && dec_ >= 1));
     if (!fits)
       throw io::runtime_error(fmt::format(
           "graph: compressed layer {} needs {} stored bytes (ring {} x {}) and {} decoded bytes + {} widen "
           "floats "
           "(decode slots {} x {} + {}) (internal sizing error)",
-          l, L.stored_bytes, ring_, slot_, L.slot_bytes, L.layout.widen_floats, dec_, dec_slot_, dec_widen_));
+          l, L.stored_bytes, ring_, slot_, L.slot_bytes, L.layout.widen_floats, dec_, dec_stride_,
+          dec_widen_));
   }
   for (int l = 0; l < n && !compressed_; ++l) {
     if (pinned(l)) continue;
@@ -70,7 +105,13 @@ TrunkSlots::TrunkSlots(const MemoryPlan& p, const WeightSources& src) {
     ring_holders_ = std::make_unique<Holder[]>(static_cast<size_t>(ring_));
   }
   if (dec_ > 0) {
-    dec_mem_ = io::AlignedBuffer(uint64_t(dec_) * dec_slot_);
+    if (p.decode_slot_span) {
+      dec_sparse_ = SparseRegion(uint64_t(dec_) * dec_stride_);
+      dec_bytes_ = dec_sparse_.bytes();
+    } else {
+      dec_mem_ = io::AlignedBuffer(uint64_t(dec_) * dec_slot_);
+      dec_bytes_ = dec_mem_.bytes();
+    }
     dec_widen_mem_.assign(uint64_t(dec_) * dec_widen_, 0.0f);
     dec_holders_ = std::make_unique<Holder[]>(static_cast<size_t>(dec_));
   }
@@ -94,7 +135,7 @@ std::span<std::byte> TrunkSlots::read_target(int layer, int slot) {
 
 std::span<std::byte> TrunkSlots::bytes(int layer, int slot) {
   if (slot < 0) return pin_mem_.bytes().subspan(pin_off_.at(size_t(layer)), pin_size_[size_t(layer)]);
-  if (compressed_) return dec_mem_.bytes().subspan(uint64_t(slot) * dec_slot_, dec_slot_);
+  if (compressed_) return dec_bytes_.subspan(uint64_t(slot) * dec_stride_, dec_stride_);
   if (layer == spanning_) return ring_mem_.bytes();
   return ring_mem_.bytes().subspan(uint64_t(slot) * slot_, slot_);
 }

@@ -31,6 +31,26 @@ namespace k3::pipeline {
 
 constexpr uint64_t kNoVisit = ~uint64_t{0};
 
+// Address space reserved without committing memory (MAP_NORESERVE, never zero-filled, 4 KiB pages:
+// no huge-page fault pulls in 2 MiB): only pages written become resident. A fused codec's decoded
+// slots (MemoryPlan::decode_slot_span): a layer's image spans the slot, but the decode stage writes
+// only its staged blocks, the pages the planner counted.
+class SparseRegion {
+ public:
+  SparseRegion() = default;
+  explicit SparseRegion(uint64_t bytes);  // throws runtime Error when the mapping fails
+  SparseRegion(SparseRegion&& o) noexcept;
+  SparseRegion& operator=(SparseRegion&& o) noexcept;
+  SparseRegion(const SparseRegion&) = delete;
+  SparseRegion& operator=(const SparseRegion&) = delete;
+  ~SparseRegion();
+  std::span<std::byte> bytes() const { return {data_, size_}; }
+
+ private:
+  std::byte* data_ = nullptr;
+  size_t size_ = 0;
+};
+
 class TrunkSlots {
  public:
   // A layer's bound weights and which visit (call * n_layers + layer) they belong to.
@@ -72,7 +92,8 @@ class TrunkSlots {
   const Holder* find_bound(int layer, uint64_t visit) const;
 
   uint64_t ring_bytes() const { return ring_mem_.size() + 4 * ring_widen_.size(); }
-  uint64_t decode_bytes() const { return dec_mem_.size() + 4 * dec_widen_mem_.size(); }
+  // the decoded slots' resident bytes as planned (sparse slots: the pages the decode stage writes)
+  uint64_t decode_bytes() const { return uint64_t(dec_) * dec_slot_ + 4 * dec_widen_mem_.size(); }
   uint64_t pinned_bytes() const { return pin_mem_.size() + 4 * pin_widen_.size(); }
   uint64_t slot_read_bytes() const { return slot_; }
 
@@ -82,7 +103,10 @@ class TrunkSlots {
   bool compressed_ = false;
   int dec_ = 0;
   uint64_t dec_slot_ = 0, dec_widen_ = 0;  // dec_widen_ in floats
+  uint64_t dec_stride_ = 0;                // a decoded slot's bytes (sparse: its span)
   io::AlignedBuffer dec_mem_;
+  SparseRegion dec_sparse_;  // instead of dec_mem_ when the plan's decoded slots are sparse
+  std::span<std::byte> dec_bytes_;
   std::vector<float> dec_widen_mem_;
   std::unique_ptr<Holder[]> dec_holders_;
   std::vector<uint64_t> stored_;        // per layer (compressed)

@@ -39,6 +39,16 @@ bool same_geometry(const stages::Layout& a, const stages::Layout& b) {
 
 }  // namespace
 
+stages::Layout packed_layer_layout(const io::ModelConfig& c, const io::TrunkLayer& T, int l) {
+  const stages::PlacementLookup lookup = [&T](const std::string& name) -> std::optional<stages::Placement> {
+    const io::TrunkTensor* t = T.find(name);
+    if (!t) return std::nullopt;
+    io::TensorInfo info{t->dtype, t->rank, t->shape, 0, 0, t->nbytes};
+    return stages::Placement{info, t->off};
+  };
+  return stages::place(stages::layer_tensors(c, l).tensors, lookup, c, T.nbytes, 0);
+}
+
 std::unique_ptr<WeightSources> WeightSources::open(const io::ModelConfig& c, const io::ShardSet& shards,
                                                    const io::PackedTrunk* trunk, int n_layers) {
   auto ws = std::unique_ptr<WeightSources>(new WeightSources(c, shards, trunk));
@@ -51,14 +61,7 @@ std::unique_ptr<WeightSources> WeightSources::open(const io::ModelConfig& c, con
     std::vector<stages::TensorSpec> specs = stages::layer_tensors(c, l).tensors;
     if (trunk) {
       const io::TrunkLayer& T = trunk->layer(l);
-      const stages::PlacementLookup lookup =
-          [&T](const std::string& name) -> std::optional<stages::Placement> {
-        const io::TrunkTensor* t = T.find(name);
-        if (!t) return std::nullopt;
-        io::TensorInfo info{t->dtype, t->rank, t->shape, 0, 0, t->nbytes};
-        return stages::Placement{info, t->off};
-      };
-      L.layout = stages::place(std::move(specs), lookup, c, T.nbytes, 0);
+      L.layout = packed_layer_layout(c, T, l);
       const bool compressed = trunk->codec() != io::codec::Codec::none;
       L.stored_bytes = compressed ? T.stored_bytes : 0;
       L.reads.push_back(Extent{&trunk->file(), T.file_off, 0, compressed ? T.stored_bytes : T.nbytes});

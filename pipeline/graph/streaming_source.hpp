@@ -35,7 +35,8 @@
 
 namespace k3::io {
 class PackedTrunk;
-}
+struct TrunkLayer;
+}  // namespace k3::io
 
 namespace k3::pipeline {
 
@@ -57,6 +58,9 @@ struct LayerSource {
   // ring slot, and the decode stage decodes them into slot_bytes of a decoded slot; 0 when raw.
   uint64_t stored_bytes = 0;
 };
+
+// A packed trunk layer's layout: its tensors at their offsets in the layer image (bind offset 0).
+stages::Layout packed_layer_layout(const io::ModelConfig&, const io::TrunkLayer&, int layer);
 
 // A routed expert's read, resolved on demand (nothing per expert is kept but a 16-byte record).
 struct ExpertRead {

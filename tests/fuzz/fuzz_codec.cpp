@@ -1,6 +1,6 @@
 // io/codec: arbitrary bytes as a codec stream. Byte 0 picks the path: bit 0 verifies the checks,
 // bit 1 reseals the checks first (so structural validation behind them is reached). An accepted
-// stream must decode to exactly raw_bytes() on every exp4 body alike, and two halves of the block
+// stream must decode to exactly raw_bytes() on every exp4 / exp3 body alike, and two halves of the block
 // range decoded separately must give the same bytes as one pass.
 #include <cstddef>
 #include <cstdint>

@@ -160,6 +160,7 @@ int main(int argc, char** argv) {
       };
       seed("exp4.bin", 1, w, k3::io::codec::Codec::exp4);
       seed("huff.bin", 3, w, k3::io::codec::Codec::huff);
+      seed("exp3.bin", 1, w, k3::io::codec::Codec::exp3);
       seed("raw_blocks.bin", 1, noise, k3::io::codec::Codec::exp4);
     }
     {
