@@ -4,9 +4,11 @@
 // single-process scheduler gives (which test_serve_scheduler checks against a lone Decoder), at
 // N = 2 and 3, resident and with each rank streaming its slice at its floor, with the joining prompt
 // inline or in chunked steps of its own; a follower that cannot load its slice fails rank 0's load
-// with its message; the step order's wire form round-trips and a malformed one is refused. The same
-// under a real mpirun, over HTTP: test_dist_mpi.
+// with its message; the step order's wire form round-trips and a malformed one is refused; `plan
+// --ranks N --max-seqs M` plans a serving rank: M sequences' state and a pass of M rows exchanged.
+// The same under a real mpirun, over HTTP: test_dist_mpi.
 #include <doctest/doctest.h>
+#include <fmt/format.h>
 
 #include <chrono>
 #include <memory>
@@ -20,6 +22,7 @@
 #include "pipeline/run/model_tokenizer.hpp"
 #include "pipeline/serve/rank_steps.hpp"
 #include "pipeline/serve/scheduler.hpp"
+#include "tests/run_helpers.hpp"
 
 using namespace k3;
 using namespace k3::pipeline::serve;
@@ -191,4 +194,27 @@ TEST_CASE("the step order round-trips; a malformed one is refused") {
   CHECK_THROWS_WITH_AS(decode_step(bytes.substr(0, 5)), doctest::Contains("not whole words"), io::Error);
   CHECK_THROWS_WITH_AS(decode_step(bytes + std::string(4, '\0')), doctest::Contains("after its last row"),
                        io::Error);
+}
+
+TEST_CASE("plan --ranks N --max-seqs M: a serving rank's plan holds M sequences and exchanges M rows") {
+  const std::string& tiny = kTiny;
+  const io::ModelConfig cfg = pipeline::load_model_config(tiny, std::nullopt);
+  const auto exchange_each = [&](uint64_t rows) {
+    return rows * uint64_t(cfg.top_k) * uint64_t(cfg.latent) * 4;
+  };
+  for (const int seqs : {1, 32}) {
+    CAPTURE(seqs);
+    const test::Run r = test::k3flow(
+        fmt::format("plan {} --ranks 2 --mem-gb 1 --context 16 --max-seqs {} --json", tiny, seqs));
+    REQUIRE_MESSAGE(r.code == 0, r.err);
+    // the exchange's buffers: a pass of max(--context, --max-seqs) rows
+    const uint64_t each = exchange_each(uint64_t(std::max(16, seqs)));
+    CHECK(r.out.find(fmt::format("{{\"name\":\"expert exchange: send + receive (1 of 2 ranks)\",\"count\":2,"
+                                 "\"each\":{},\"bytes\":{}}}",
+                                 each, 2 * each)) != std::string::npos);
+    const test::Run t =
+        test::k3flow(fmt::format("plan {} --ranks 2 --mem-gb 1 --context 16 --max-seqs {}", tiny, seqs));
+    REQUIRE_MESSAGE(t.code == 0, t.err);
+    CHECK(t.out.find(seqs == 1 ? "x 1 sequence = " : "x 32 sequences = ") != std::string::npos);
+  }
 }
