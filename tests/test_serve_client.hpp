@@ -164,21 +164,18 @@ class ServeChild {
       else
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
+    if (port_ == 0) end();  // a failing constructor runs no destructor
     REQUIRE_MESSAGE(port_ > 0, "serve did not listen: " << slurp(err_));
     while (wait_ready && std::chrono::steady_clock::now() < until) {
       if (http(port_, "GET", "/health").status == 200) return;
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
-    if (wait_ready) FAIL("serve was not ready in time: " << slurp(err_));
-  }
-  ~ServeChild() {
-    // A launcher killed outright may leave its children running: it is asked to end them first.
-    if (pid_ > 0 && launched_) stop(SIGTERM, 15);
-    if (pid_ > 0) {
-      ::kill(pid_, SIGKILL);
-      ::waitpid(pid_, nullptr, 0);
+    if (wait_ready) {
+      end();
+      FAIL("serve was not ready in time: " << slurp(err_));
     }
   }
+  ~ServeChild() { end(); }
   ServeChild(const ServeChild&) = delete;
   ServeChild& operator=(const ServeChild&) = delete;
 
@@ -206,6 +203,15 @@ class ServeChild {
   }
 
  private:
+  void end() {
+    // A launcher killed outright may leave its children running: it is asked to end them first.
+    if (pid_ > 0 && launched_) stop(SIGTERM, 15);
+    if (pid_ > 0) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+      pid_ = -1;
+    }
+  }
   bool exited() {
     int status = 0;
     if (::waitpid(pid_, &status, WNOHANG) == pid_) {
