@@ -4,18 +4,27 @@
 // streaming (each rank within its own budget, docs/distributed.md §6) at N = 3 and 2 (every step at
 // N = 1..4, several budgets and strategies: test_dist); chat's conversation is the single process's;
 // and the faults end the run on every rank with one clear error, never a hang: a rank whose shard
-// or packed trunk is truncated, a rank killed, a rank that stops answering. Skipped, saying why,
-// when the build has no MPI or mpirun is missing.
+// or packed trunk is truncated, a rank killed, a rank that stops answering. `serve` under mpirun:
+// rank 0 answers HTTP on loopback, two concurrent requests (one joining while the other decodes) get
+// generate's ids at N = 2 resident and N = 3 streamed per rank; SIGTERM to rank 0 drains and every
+// rank exits 0; a follower that cannot load its slice, or dies in a step, ends the run with one
+// error naming it. Skipped, saying why, when the build has no MPI or mpirun is missing.
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <sstream>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "tests/fixture_json.hpp"
 #include "tests/run_helpers.hpp"
+#include "tests/test_serve_client.hpp"
 
 using namespace k3;
 namespace fs = std::filesystem;
@@ -55,6 +64,16 @@ std::string mpirun(const std::string& ranks_and_env) {
 std::string line_with(const std::string& text, const std::string& prefix) {
   const size_t at = text.find(prefix);
   return at == std::string::npos ? std::string() : text.substr(at, text.find('\n', at) - at);
+}
+
+// What mpirun() passes in its command line, for test::ServeChild (the launcher and its environment).
+const char* const kMpiEnv =
+    "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl_vader_single_copy_mechanism=none";
+std::vector<std::string> mpirun_argv(int ranks, const std::vector<std::string>& flags = {}) {
+  std::vector<std::string> v = {kMpiexec, "--oversubscribe"};
+  v.insert(v.end(), flags.begin(), flags.end());
+  v.insert(v.end(), {"-np", std::to_string(ranks)});
+  return v;
 }
 
 int count(const std::string& text, const std::string& what) {
@@ -259,10 +278,158 @@ TEST_CASE("faults under mpirun end every rank's run with one clear error, never 
     CHECK(line.find("rank 1 of 2") != std::string::npos);
     CHECK(line.find("bad-trunk") != std::string::npos);
   }
-  SUBCASE("commands other than generate and chat are refused under mpirun once, as usage") {
+  SUBCASE("commands other than generate, chat and serve are refused under mpirun once, as usage") {
     const test::Run chat = test::shell(mpirun(fmt::format("-np 2 {} inspect {}", K3FLOW_BIN, s.model)), 60);
     CHECK(chat.code == 2);
     CHECK(count(chat.err, "k3flow: ") == 1);
-    CHECK(chat.err.find("only `generate` and `chat` run over several ranks") != std::string::npos);
+    CHECK(chat.err.find("only `generate`, `chat` and `serve` run over several ranks") != std::string::npos);
+  }
+}
+
+namespace {
+
+// Every "token_ids":[...] array in a response body (one per streamed chunk), concatenated.
+std::vector<int32_t> token_ids(const std::string& body) {
+  std::vector<int32_t> ids;
+  const std::string key = "\"token_ids\":[";
+  for (size_t at = body.find(key); at != std::string::npos; at = body.find(key, at)) {
+    at += key.size();
+    std::istringstream in(body.substr(at, body.find(']', at) - at));
+    std::string id;
+    while (std::getline(in, id, ',')) ids.push_back(int32_t(std::stol(id)));
+  }
+  return ids;
+}
+
+std::string completion(const std::string& prompt, int max_tokens, bool stream) {
+  return fmt::format(R"({{"prompt":"{}","max_tokens":{},"stream":{},"return_token_ids":true}})", prompt,
+                     max_tokens, stream ? "true" : "false");
+}
+
+// A streamed completion on its own connection; `on_first` runs once its first event has arrived.
+std::vector<int32_t> streamed_ids(int port, const std::string& body, const std::function<void()>& on_first) {
+  const int fd = test::connect_loopback(port);
+  REQUIRE(fd >= 0);
+  REQUIRE(test::send_all(fd, test::request_text("POST", "/v1/completions", body, {})));
+  std::string raw;
+  bool first = false;
+  char buf[65536];
+  for (;;) {
+    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) break;
+    raw.append(buf, size_t(n));
+    if (!first && raw.find("data: ") != std::string::npos) {
+      first = true;
+      on_first();
+    }
+  }
+  ::close(fd);
+  const test::HttpResponse r = test::parse_response(raw);
+  CHECK(r.status == 200);
+  return token_ids(r.body);
+}
+
+// `k3flow generate --print-ids`: the ids it generates for `prompt`.
+std::vector<int32_t> generate_ids(const std::string& model, const std::string& prompt, int gen) {
+  const test::Run r = test::k3flow_sh(
+      fmt::format("generate {} --prompt '{}' --gen {} --print-ids --no-progress", model, prompt, gen), "",
+      120);
+  REQUIRE_MESSAGE(r.code == 0, r.err);
+  const size_t at = r.out.rfind("\nids:");
+  REQUIRE(at != std::string::npos);
+  std::vector<int32_t> ids;
+  std::istringstream in(r.out.substr(at + 5));
+  int32_t id = 0;
+  while (in >> id) ids.push_back(id);
+  return ids;
+}
+
+// Rank 0's pid, from the line serve prints under mpirun.
+pid_t rank0_pid(const std::string& err) {
+  const size_t at = err.find("rank 0 of ");
+  const size_t pid = at == std::string::npos ? at : err.find("(pid ", at);
+  return pid == std::string::npos ? -1 : pid_t(std::atoi(err.c_str() + pid + 5));
+}
+
+}  // namespace
+
+TEST_CASE("mpirun serve: rank 0 answers HTTP, the others follow its steps: generate's ids, SIGTERM exits 0") {
+  if (!have_mpi()) return;
+  const std::string tiny = test::fixture_path("tiny-k3");
+  const std::vector<int32_t> want_a = generate_ids(tiny, "Hello", 16),
+                             want_b = generate_ids(tiny, "The quick brown fox", 6);
+  // N = 2 resident; N = 3 each rank streaming its slice at its floor (every step, more setups:
+  // test_dist_serve, ranks as threads).
+  for (const auto& [n, flags] : {std::pair<int, std::string>{2, ""}, {3, "--preset ultra"}}) {
+    CAPTURE(n);
+    test::ServeChild s(fmt::format("{} --max-seqs 2 --no-progress {}", tiny, flags), kMpiEnv, true, 120,
+                       mpirun_argv(n));
+    CHECK(count(s.out(), "listening on") == 1);  // rank 0 alone
+    // B joins while A decodes: it is submitted once A's first id has arrived.
+    std::vector<int32_t> got_b;
+    std::thread b;
+    const std::vector<int32_t> got_a = streamed_ids(s.port(), completion("Hello", 16, true), [&] {
+      b = std::thread([&] {
+        got_b = token_ids(
+            test::http(s.port(), "POST", "/v1/completions", completion("The quick brown fox", 6, false))
+                .body);
+      });
+    });
+    if (b.joinable()) b.join();
+    CHECK(got_a == want_a);
+    CHECK(got_b == want_b);
+    // SIGTERM to rank 0 drains the server; it sends the stop order and every rank exits 0 (mpirun's
+    // own exit code is 0 only when every rank's is).
+    const pid_t pid = rank0_pid(s.err());
+    REQUIRE(pid > 0);
+    ::kill(pid, SIGTERM);
+    CHECK(s.wait_exit(30) == 0);
+    CHECK_FALSE(s.running());
+    CHECK(count(s.err(), "k3flow serve: stopped by SIGTERM") == 1);
+    CHECK(count(s.err(), "k3flow: ") == 0);
+  }
+}
+
+TEST_CASE("mpirun serve faults: a follower that cannot load or dies in a step ends the run, named") {
+  if (!have_mpi()) return;
+  const std::string tiny = test::fixture_path("tiny-k3");
+  SUBCASE("rank 1 sees a truncated shard: every rank exits 1, one line names the rank and the file") {
+    test::TempDir dir;
+    const std::string bad = dir / "bad";
+    fs::create_directory(bad);
+    std::string cut;
+    for (const fs::directory_entry& e : fs::directory_iterator(tiny)) {
+      const fs::path to = fs::path(bad) / e.path().filename();
+      if (e.path().extension() == ".safetensors") {
+        cut = to.string();
+        fs::copy_file(e.path(), to);
+        fs::resize_file(to, fs::file_size(to) / 2);
+      } else {
+        fs::create_symlink(e.path(), to);
+      }
+    }
+    REQUIRE(!cut.empty());
+    const std::string serve = "serve {} --port 0 --no-progress";
+    const test::Run r = test::shell(
+        mpirun(fmt::format("-np 1 {} {} : -np 1 {} {}", K3FLOW_BIN, fmt::format(fmt::runtime(serve), tiny),
+                           K3FLOW_BIN, fmt::format(fmt::runtime(serve), bad))),
+        60);
+    CHECK_FALSE(r.timed_out);
+    CHECK(r.code == 1);
+    CHECK(count(r.err, "k3flow: ") == 1);
+    const std::string line = line_with(r.err, "k3flow: ");
+    CHECK(line.find("rank 1 of 2 could not load its slice") != std::string::npos);
+    CHECK(line.find(fs::path(cut).filename().string()) != std::string::npos);
+  }
+  SUBCASE("rank 1 killed at its first expert exchange: the request fails and the job ends, naming the rank") {
+    test::ServeChild s(tiny + " --no-progress", kMpiEnv, true, 120,
+                       mpirun_argv(2, {"-x", "K3FLOW_DIST_FAULT=1:exit"}));
+    const test::HttpResponse r =
+        test::http(s.port(), "POST", "/v1/completions", completion("Hello", 4, false), {}, 60);
+    CHECK(r.status != 200);
+    const int code = s.wait_exit(30);
+    CHECK_FALSE(s.running());
+    CHECK(code != 0);
+    CHECK(s.err().find("rank 1") != std::string::npos);
   }
 }

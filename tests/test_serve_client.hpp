@@ -127,15 +127,18 @@ inline std::vector<std::string> sse_data(const std::string& body) {
   return out;
 }
 
-// `k3flow serve MODEL ARGS --port 0` as a child, stdout and stderr in files.
+// `k3flow serve MODEL ARGS --port 0` as a child, stdout and stderr in files. `launcher` (e.g. mpirun
+// and its flags) runs it when given: the child is then the launcher.
 class ServeChild {
  public:
   ServeChild(const std::string& args, const std::string& env = "", bool wait_ready = true,
-             int timeout_s = 120) {
+             int timeout_s = 120, const std::vector<std::string>& launcher = {}) {
     out_ = dir_ / "out";
     err_ = dir_ / "err";
+    launched_ = !launcher.empty();
     std::vector<std::string> argv = words("serve " + args + " --port 0");
     argv.insert(argv.begin(), K3FLOW_BIN);
+    argv.insert(argv.begin(), launcher.begin(), launcher.end());
     pid_ = ::fork();
     REQUIRE(pid_ >= 0);
     if (pid_ == 0) {
@@ -161,27 +164,32 @@ class ServeChild {
       else
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
+    if (port_ == 0) end();  // a failing constructor runs no destructor
     REQUIRE_MESSAGE(port_ > 0, "serve did not listen: " << slurp(err_));
     while (wait_ready && std::chrono::steady_clock::now() < until) {
       if (http(port_, "GET", "/health").status == 200) return;
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
-    if (wait_ready) FAIL("serve was not ready in time: " << slurp(err_));
-  }
-  ~ServeChild() {
-    if (pid_ > 0) {
-      ::kill(pid_, SIGKILL);
-      ::waitpid(pid_, nullptr, 0);
+    if (wait_ready) {
+      end();
+      FAIL("serve was not ready in time: " << slurp(err_));
     }
   }
+  ~ServeChild() { end(); }
   ServeChild(const ServeChild&) = delete;
   ServeChild& operator=(const ServeChild&) = delete;
 
   int port() const { return port_; }
+  bool running() const { return pid_ > 0; }
+  std::string out() const { return slurp(out_); }
   std::string err() const { return slurp(err_); }
   // Sends `sig` and waits (bounded) for the exit status: the exit code, or -1 after a kill.
   int stop(int sig = SIGTERM, int timeout_s = 30) {
     ::kill(pid_, sig);
+    return wait_exit(timeout_s);
+  }
+  // Waits (bounded) for the child to exit by itself: its exit code, -1 after a signal or past the bound.
+  int wait_exit(int timeout_s = 30) {
     const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
     int status = 0;
     while (std::chrono::steady_clock::now() < until) {
@@ -195,6 +203,15 @@ class ServeChild {
   }
 
  private:
+  void end() {
+    // A launcher killed outright may leave its children running: it is asked to end them first.
+    if (pid_ > 0 && launched_) stop(SIGTERM, 15);
+    if (pid_ > 0) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+      pid_ = -1;
+    }
+  }
   bool exited() {
     int status = 0;
     if (::waitpid(pid_, &status, WNOHANG) == pid_) {
@@ -205,6 +222,7 @@ class ServeChild {
   }
   TempDir dir_;
   std::string out_, err_;
+  bool launched_ = false;
   pid_t pid_ = -1;
   int port_ = 0;
 };

@@ -6,7 +6,8 @@
 // --spec N plans a `generate --spec N` run: its rollback journal and verify logits (docs/speculative.md).
 // `k3flow plan MODEL_DIR --ranks N [--json]`: what each of N MPI ranks holds and exchanges under
 // `mpirun -np N k3flow generate` (pipeline/dist/split.hpp, docs/distributed.md §3); with a budget
-// flag, also the streamed plan of one rank's slice (its experts only, the exchange's buffers: §6).
+// flag, also the streamed plan of one rank's slice (its experts only, the exchange's buffers: §6),
+// for --max-seqs sequences of --context positions as `mpirun -np N k3flow serve` plans each rank.
 #include <fmt/format.h>
 
 #include <filesystem>
@@ -146,8 +147,9 @@ Action add_plan(CLI::App& sub) {
       ->capture_default_str()
       ->check(CLI::Range(0, kMaxSpec));
   sub.add_option("--ranks", a->ranks,
-                 "the split over N MPI ranks instead (mpirun -np N k3flow generate): bytes each rank holds, "
-                 "messages and bytes exchanged per token")
+                 "the split over N MPI ranks instead (mpirun -np N k3flow generate, chat or serve): bytes "
+                 "each rank holds, messages and bytes exchanged per token; with a budget also a rank's plan "
+                 "(for --max-seqs sequences: serve's)")
       ->check(CLI::Range(1, 65536));
   sub.add_flag("--json", a->json, "print the plan as one JSON object");
   return [a] { return run_plan(*a); };

@@ -86,13 +86,12 @@ int main(int argc, char** argv) {
     return fail(std::string(e.what()) + " (" + where + " --help lists the flags)", pl::kExitUsage, true);
   }
   for (CLI::App* sub : app.get_subcommands())
-    if (session.size() > 1 && sub->get_name() != "generate" && sub->get_name() != "chat")
-      return fail(
-          fmt::format(
-              "only `generate` and `chat` run over several ranks (docs/distributed.md §6): run `k3flow {}` "
-              "without mpirun",
-              sub->get_name()),
-          pl::kExitUsage, true);
+    if (session.size() > 1 && sub->get_name() != "generate" && sub->get_name() != "chat" &&
+        sub->get_name() != "serve")
+      return fail(fmt::format("only `generate`, `chat` and `serve` run over several ranks "
+                              "(docs/distributed.md §6): run `k3flow {}` without mpirun",
+                              sub->get_name()),
+                  pl::kExitUsage, true);
   try {
     for (CLI::App* sub : app.get_subcommands()) return actions.at(sub)();
   } catch (const k3::io::Error& e) {

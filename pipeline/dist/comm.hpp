@@ -20,6 +20,9 @@ inline constexpr const char* kExpertExchange = "expert exchange";
 // The `what` of waiting for what rank 0 reads from its terminal (chat): MpiComm waits without a
 // deadline.
 inline constexpr const char* kRank0Console = "line from rank 0's terminal";
+// The `what` of waiting for rank 0's server to send the next step (serve): a server may be idle
+// for hours, so MpiComm waits without a deadline here too.
+inline constexpr const char* kRank0Server = "next step from rank 0's server";
 
 class Comm {
  public:

@@ -96,9 +96,9 @@ void MpiComm::allgatherv(std::span<const std::byte> mine, std::span<const size_t
         "MPI_Iallgatherv", what);
   // Poll rather than block, so the wait is bounded; sleep between polls once it is clearly not
   // immediate (ranks may share cores: a busy wait would take them from the rank being waited for).
-  // Waiting for rank 0's terminal (chat) has no deadline -- a person may take hours -- and polls
-  // every 10 ms: an idle conversation costs the other ranks nothing.
-  const bool console = std::strcmp(what, kRank0Console) == 0;
+  // Waiting for rank 0's terminal (chat) or its server's next step (serve) has no deadline -- a
+  // person may take hours -- and polls every 10 ms: an idle conversation costs the other ranks nothing.
+  const bool console = std::strcmp(what, kRank0Console) == 0 || std::strcmp(what, kRank0Server) == 0;
   const double limit = std::strcmp(what, kExpertExchange) == 0 ? exchange_timeout_
                        : console                               ? HUGE_VAL
                                                                : load_timeout_;

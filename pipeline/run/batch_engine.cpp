@@ -47,9 +47,10 @@ BatchEngine::BatchEngine(const DecoderOptions& o, io::ModelConfig cfg, int max_s
   // holds every slot's state and a pass of max_step_rows() ids (its pass_rows).
   StreamFlags flags = o.stream;
   flags.max_seqs = n;
-  stream_ = StreamRun::open(flags, cfg_, shards_, n_layers_, capacity_, 1 << 30);
+  stream_ = StreamRun::open(flags, cfg_, shards_, n_layers_, capacity_, 1 << 30, o.experts, o.ranks);
+  // Every rank plans from the same flags, so every rank's pass_rows is rank 0's.
   max_rows_ = stream_ ? size_t(stream_->pass_rows()) : default_pass_rows(capacity_, size_t(n));
-  if (!stream_) model_ = load_resident(shards_, cfg_, n_layers_, progress_mode(o.stream));
+  if (!stream_) model_ = load_resident(shards_, cfg_, n_layers_, progress_mode(o.stream), o.experts);
   states_.reserve(size_t(n));
   for (int i = 0; i < n; ++i)
     states_.push_back(std::make_unique<stages::DecodeState>(cfg_, n_layers_, capacity_));
@@ -98,7 +99,7 @@ std::vector<size_t> BatchEngine::plan_step(std::span<const Pending> seqs) const 
   return feed;
 }
 
-void BatchEngine::step(std::span<const Row> rows) {
+void BatchEngine::check_rows(std::span<const Row> rows) const {
   std::vector<bool> seen(states_.size(), false);
   for (const Row& r : rows) {
     if (r.seq < 0 || size_t(r.seq) >= states_.size())
@@ -116,6 +117,10 @@ void BatchEngine::step(std::span<const Row> rows) {
       throw io::Error(e.kind(), fmt::format("sequence {}: {}", r.seq, e.what()));
     }
   }
+}
+
+void BatchEngine::step(std::span<const Row> rows) {
+  check_rows(rows);
   // One pass for every row, unless the rows' ids together exceed max_step_rows(): then passes
   // that each take the rows with the fewest ids left first and as many ids as fit.
   const size_t V = size_t(cfg_.vocab);

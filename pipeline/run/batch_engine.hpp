@@ -68,7 +68,9 @@ class BatchEngine {
 
   // Opens the model as Decoder does (o.capacity: the positions each sequence may hold; --context
   // replaces it) with `max_seqs` state slots. Prints what it loads to stdout. Throws usage Error
-  // (exit 2) for max_seqs < 1 and as Decoder does for its flags.
+  // (exit 2) for max_seqs < 1 and as Decoder does for its flags. o.experts / o.ranks: one rank of
+  // several (expert parallel, docs/distributed.md §6), holding and computing only its experts; every
+  // rank must then run the same steps (serve: pipeline/serve/rank_steps.hpp).
   BatchEngine(const DecoderOptions& o, io::ModelConfig cfg, int max_seqs);
   ~BatchEngine();
   BatchEngine(const BatchEngine&) = delete;
@@ -109,6 +111,8 @@ class BatchEngine {
   // run_invalid (exit 4) naming the slot and the layer, after the step (the other rows' states
   // have advanced; the failing slot must be reset).
   void step(std::span<const Row> rows);
+  // The checks step() makes before it computes anything (the same on every rank for the same rows).
+  void check_rows(std::span<const Row> rows) const;
 
  private:
   io::ModelConfig cfg_;

@@ -3,6 +3,10 @@
 // GET /health answers 503 with the load's progress until the weights are in. Diagnostics (the
 // load, the plan) go to stderr; stdout carries only the listening line. SIGINT / SIGTERM stop
 // accepting, let in-flight requests finish within --drain-seconds (then cancel them) and exit 0.
+// Under mpirun (docs/distributed.md §6) rank 0 is the server and the scheduler; the other ranks load
+// their slice of the experts and run the steps rank 0 sends them (pipeline/serve/rank_steps.hpp). They
+// ignore SIGINT / SIGTERM: the signal to rank 0 drains the server, then rank 0 tells them to stop and
+// every rank exits 0.
 #include <fmt/format.h>
 #include <signal.h>
 #include <tbb/global_control.h>
@@ -18,11 +22,16 @@
 
 #include "io/error.hpp"
 #include "pipeline/cli/commands.hpp"
+#include "pipeline/dist/comm.hpp"
+#include "pipeline/dist/rank_experts.hpp"
+#include "pipeline/run/batch_engine.hpp"
 #include "pipeline/run/decoder.hpp"
 #include "pipeline/run/model_tokenizer.hpp"
 #include "pipeline/run/streaming_run.hpp"
 #include "pipeline/serve/http.hpp"
+#include "pipeline/serve/rank_steps.hpp"
 #include "pipeline/serve/scheduler.hpp"
+#include "pipeline/support/interrupt.hpp"
 #include "pipeline/support/output_file.hpp"
 
 namespace k3::pipeline {
@@ -40,10 +49,12 @@ struct ServeArgs {
 };
 
 // The signals that stop the server, blocked in every thread (the scheduler's and the connections'
-// inherit the mask) so no blocking read is interrupted; the accept loop polls for them.
+// inherit the mask) so no blocking read is interrupted; the accept loop polls for them. Threads
+// started before the mask (MPI's, under mpirun) may still take one: the handler then records it.
 struct StopSignals {
   sigset_t set;
   sigset_t old;
+  InterruptScope record;
   StopSignals() {
     sigemptyset(&set);
     sigaddset(&set, SIGINT);
@@ -54,43 +65,79 @@ struct StopSignals {
   int pending() const {
     timespec zero{0, 0};
     const int sig = sigtimedwait(&set, nullptr, &zero);
-    return sig > 0 ? sig : 0;
+    return sig > 0 ? sig : InterruptScope::signal_number();
   }
 };
 
-int run_serve(ServeArgs a) {
-  check_stream_flags(a.dec.stream);
-  check_model_dir(a.dec.model_dir, a.dec.config.has_value());
-  if (a.dec.config) check_input_file(*a.dec.config, "--config");
-  if (a.tokenizer) check_input_dir(*a.tokenizer, "--tokenizer");
-  if (!a.dec.stream.trunk_dir.empty()) check_trunk_dir(a.dec.stream.trunk_dir);
-  serve::check_host(a.host);
-  const PrefillPolicy prefill{.mode = parse_prefill_mode(a.prefill, "--prefill"), .chunk = a.prefill_chunk};
-  if (a.api_key && a.api_key->empty()) throw io::usage_error("--api-key: empty");
-  if (a.context > kMaxPositions)
-    throw io::usage_error(
-        fmt::format("--context {}: more than the {} positions this build allows", a.context, kMaxPositions));
+// A rank other than 0 under mpirun: its slice of the experts, loaded with every rank, then the steps
+// rank 0's scheduler sends until it says stop. Its stdout is closed (dist::Session); a failure of its
+// own ends every rank's run, naming it (main).
+int follow_serve(const ServeArgs& a, const io::ModelConfig& cfg, dist::Comm& ranks) {
+  const StopSignals ignored;  // rank 0 decides when to stop: its stop order ends this rank
+  std::unique_ptr<BatchEngine> engine;
+  dist::on_every_rank(ranks, "could not load its slice",
+                      [&] { engine = std::make_unique<BatchEngine>(a.dec, cfg, a.max_seqs); });
+  serve::follow_steps(ranks, *engine);
+  return 0;
+}
 
+int run_serve(ServeArgs a) {
+  dist::Comm& ranks = dist::world();
+  const bool lead = ranks.rank() == 0;
   // stdout carries only the listening line (a script or test reads it); the load's prints go to
-  // stderr.
+  // stderr (under mpirun rank 0's alone: the others' stdout is closed, dist::Session).
   std::fflush(stdout);
   FILE* announce = stdout;
-  if (const int fd = dup(STDOUT_FILENO); fd >= 0 && dup2(STDERR_FILENO, STDOUT_FILENO) >= 0)
-    if (FILE* f = fdopen(fd, "w")) announce = f;
+  if (lead)
+    if (const int fd = dup(STDOUT_FILENO); fd >= 0 && dup2(STDERR_FILENO, STDOUT_FILENO) >= 0)
+      if (FILE* f = fdopen(fd, "w")) announce = f;
 
+  // Under mpirun every rank checks the command line, and a refusal is printed once (by rank 0,
+  // naming the rank): the ranks share one command line, but each has its own view of the paths.
+  PrefillPolicy prefill;
+  io::ModelConfig cfg;
+  std::optional<io::text::Tokenizer> tok;
+  dist::on_every_rank(ranks, "refused the command", [&] {
+    check_stream_flags(a.dec.stream);
+    check_model_dir(a.dec.model_dir, a.dec.config.has_value());
+    if (a.dec.config) check_input_file(*a.dec.config, "--config");
+    if (a.tokenizer) check_input_dir(*a.tokenizer, "--tokenizer");
+    if (!a.dec.stream.trunk_dir.empty()) check_trunk_dir(a.dec.stream.trunk_dir);
+    serve::check_host(a.host);
+    prefill = PrefillPolicy{.mode = parse_prefill_mode(a.prefill, "--prefill"), .chunk = a.prefill_chunk};
+    if (a.api_key && a.api_key->empty()) throw io::usage_error("--api-key: empty");
+    if (a.context > kMaxPositions)
+      throw io::usage_error(fmt::format("--context {}: more than the {} positions this build allows",
+                                        a.context, kMaxPositions));
+    cfg = load_model_config(a.dec.model_dir, a.dec.config);
+    if (lead) tok = model_tokenizer(a.dec.model_dir, a.tokenizer, cfg, "serve");  // rank 0 serves text
+  });
+  a.dec.capacity = a.context;
   std::optional<tbb::global_control> threads;
   if (a.threads > 0)
     threads.emplace(tbb::global_control::max_allowed_parallelism, static_cast<size_t>(a.threads));
+  // Several ranks: each holds and computes only its experts (docs/distributed.md §6).
+  std::optional<dist::RankExperts> experts;
+  if (ranks.size() > 1) {
+    experts.emplace(ranks);
+    a.dec.experts = &*experts;
+    a.dec.ranks = ranks.size();
+    if (!lead) {
+      a.dec.stream.trace.clear();  // the graph's trace and DOT dump: rank 0's
+      a.dec.stream.graph_dot.clear();
+      return follow_serve(a, cfg, ranks);
+    }
+  }
 
-  io::ModelConfig cfg = load_model_config(a.dec.model_dir, a.dec.config);
   std::printf("%s\n", cfg.summary().c_str());
-  const std::optional<io::text::Tokenizer> tok = model_tokenizer(a.dec.model_dir, a.tokenizer, cfg, "serve");
-  a.dec.capacity = a.context;
 
   StopSignals signals;
-  serve::Scheduler sched(
-      serve::SchedulerOptions{.dec = a.dec, .max_seqs = a.max_seqs, .queue = a.queue, .prefill = prefill},
-      cfg, *tok);
+  serve::Scheduler sched(serve::SchedulerOptions{.dec = a.dec,
+                                                 .max_seqs = a.max_seqs,
+                                                 .queue = a.queue,
+                                                 .prefill = prefill,
+                                                 .ranks = ranks.size() > 1 ? &ranks : nullptr},
+                         cfg, *tok);
   std::string name =
       a.model_name.value_or(std::filesystem::path(a.dec.model_dir).lexically_normal().filename());
   if (name.empty()) name = std::filesystem::path(a.dec.model_dir).lexically_normal().parent_path().filename();
@@ -109,6 +156,11 @@ int run_serve(ServeArgs a) {
   std::fflush(announce);
   std::fprintf(stderr, "k3flow serve: model '%s' at %s, %d sequences of %zu positions, queue %d; loading\n",
                name.c_str(), url.c_str(), a.max_seqs, a.context, a.queue);
+  if (ranks.size() > 1)
+    std::fprintf(stderr,
+                 "k3flow serve: rank 0 of %d (pid %d) serves; the other ranks follow its steps with their "
+                 "experts. SIGTERM or SIGINT to this pid drains every rank\n",
+                 ranks.size(), int(::getpid()));
 
   int sig = 0;
   bool announced_ready = false;
@@ -123,7 +175,12 @@ int run_serve(ServeArgs a) {
         return sig != 0;
       },
       std::chrono::milliseconds(int64_t(a.drain_seconds * 1000)));
-  if (sched.phase() == serve::Phase::failed && sched.failure()) throw *sched.failure();
+  if (sched.phase() == serve::Phase::failed && sched.failure()) {
+    // A rank that could not load its slice failed every rank's load: printed once, by rank 0.
+    if (sched.failure_collective())
+      throw dist::CollectiveError(sched.failure()->kind(), sched.failure()->what());
+    throw *sched.failure();
+  }
   std::fprintf(stderr, "k3flow serve: stopped by %s\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
   return 0;
 }

@@ -12,6 +12,7 @@
 #include "io/text/xtml.hpp"
 #include "pipeline/run/batch_engine.hpp"
 #include "pipeline/run/streaming_run.hpp"
+#include "pipeline/serve/rank_steps.hpp"
 #include "pipeline/support/progress.hpp"
 
 namespace k3::pipeline::serve {
@@ -87,6 +88,11 @@ std::optional<io::Error> Scheduler::failure() const {
   return failure_;
 }
 
+bool Scheduler::failure_collective() const {
+  std::lock_guard lock(m_);
+  return failure_collective_;
+}
+
 bool Scheduler::wait_until_settled(std::chrono::milliseconds bound) {
   std::unique_lock lock(m_);
   return cv_.wait_for(lock, bound, [&] { return phase_ != Phase::loading; });
@@ -118,31 +124,37 @@ void Scheduler::stop(std::chrono::milliseconds bound) {
 }
 
 void Scheduler::run() {
+  dist::SingleComm alone;
+  dist::Comm& comm = opt_.ranks ? *opt_.ranks : alone;
   try {
-    // What /health reports while the weights load: the bytes this process has read since loading
-    // began, beside the checkpoint's size (a resident load reads about that much; a streamed one
-    // reads its pinned share and is ready sooner).
-    if (const int ms = io::env::integer_or_zero(io::env::kTestLoadDelayMs); ms > 0)
-      std::this_thread::sleep_for(std::chrono::milliseconds(ms));
-    g_.load_bytes_total = checkpoint_bytes(io::ShardSet::open(opt_.dec.model_dir));
-    const uint64_t base = process_read_bytes();
-    std::atomic<bool> loaded{false};
-    std::thread watch([&] {
-      while (!loaded) {
-        g_.load_bytes_read = process_read_bytes() - base;
-        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    // Over several ranks every rank loads its slice, then all agree it worked: one that failed
+    // (a missing or unreadable shard) ends every rank's run with its message.
+    dist::on_every_rank(comm, "could not load its slice", [&] {
+      // What /health reports while the weights load: the bytes this process has read since loading
+      // began, beside the checkpoint's size (a resident load reads about that much; a streamed one
+      // reads its pinned share and is ready sooner).
+      if (const int ms = io::env::integer_or_zero(io::env::kTestLoadDelayMs); ms > 0)
+        std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+      g_.load_bytes_total = checkpoint_bytes(io::ShardSet::open(opt_.dec.model_dir));
+      const uint64_t base = process_read_bytes();
+      std::atomic<bool> loaded{false};
+      std::thread watch([&] {
+        while (!loaded) {
+          g_.load_bytes_read = process_read_bytes() - base;
+          std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        }
+      });
+      try {
+        engine_ = std::make_unique<BatchEngine>(opt_.dec, cfg_, opt_.max_seqs);
+      } catch (...) {
+        loaded = true;
+        watch.join();
+        throw;
       }
-    });
-    try {
-      engine_ = std::make_unique<BatchEngine>(opt_.dec, cfg_, opt_.max_seqs);
-    } catch (...) {
       loaded = true;
       watch.join();
-      throw;
-    }
-    loaded = true;
-    watch.join();
-    g_.load_bytes_read = process_read_bytes() - base;
+      g_.load_bytes_read = process_read_bytes() - base;
+    });
     capacity_ = engine_->capacity();
     streamed_ = engine_->stream() != nullptr;
     engine_->set_prefill(opt_.prefill);
@@ -155,6 +167,7 @@ void Scheduler::run() {
   } catch (const io::Error& e) {
     std::lock_guard lock(m_);
     failure_ = e;
+    failure_collective_ = dynamic_cast<const dist::CollectiveError*>(&e) != nullptr;
     phase_ = Phase::failed;
     cv_.notify_all();
     return;
@@ -166,9 +179,31 @@ void Scheduler::run() {
     return;
   }
   loop();
+  if (fatal_) return;  // phase failed: the other ranks are left in the step; the command ends the run
+  if (several()) send_step(comm, StepOrder{.stop = true, .resets = {}, .rows = {}});
   engine_.reset();
   std::lock_guard lock(m_);
   phase_ = Phase::stopped;
+  cv_.notify_all();
+}
+
+void Scheduler::fail_ranks(const std::string& error) {
+  // This rank's step failed where the others' did not: they wait inside it for this rank's experts,
+  // so nothing more can be computed. Every request ends with the error; the command ends the run.
+  for (auto& a : active_) finish(*a, Finish::error, error);
+  active_.clear();
+  g_.active = 0;
+  std::lock_guard lock(m_);
+  for (auto& [r, ch] : queue_)
+    ch->finish(Outcome{.finish = Finish::error,
+                       .error = error,
+                       .prompt_tokens = int(r.prompt.size()),
+                       .completion_tokens = 0});
+  queue_.clear();
+  g_.queued = 0;
+  fatal_ = true;
+  failure_ = io::runtime_error(fmt::format("a decode step failed on this rank: {}", error));
+  phase_ = Phase::failed;
   cv_.notify_all();
 }
 
@@ -200,6 +235,7 @@ void Scheduler::loop() {
     // Stopping with requests left: they run on until the deadline (checked above each step).
     admit();
     if (!active_.empty()) decode_step();
+    if (fatal_) return;
   }
 }
 
@@ -230,6 +266,7 @@ void Scheduler::admit() {
     a->slot = int(free - busy_.begin());
     *free = true;
     engine_->reset(a->slot);
+    if (several()) resets_.push_back(a->slot);
     g_.prompt_tokens += a->req.prompt.size();
     active_.push_back(std::move(a));
   }
@@ -284,15 +321,44 @@ void Scheduler::decode_step() {
                                       .ids = std::span<const int32_t>(active_[i]->pending).first(feed[i]),
                                       .logits = active_[i]->logits});
   const auto t0 = std::chrono::steady_clock::now();
-  try {
-    engine_->step(rows);
-  } catch (const std::exception& e) {
-    // A step that failed leaves its sequences unusable: each is ended with the error, and its slot
-    // is reset when the next sequence takes it. The server keeps serving.
-    std::fprintf(stderr, "k3flow serve: a decode step failed: %s\n", e.what());
-    for (auto& a : active_) finish(*a, Finish::error, e.what());
+  // A step that failed leaves its sequences unusable: each is ended with the error, and its slot
+  // is reset when the next sequence takes it. The server keeps serving.
+  const auto failed = [&](const char* what) {
+    std::fprintf(stderr, "k3flow serve: a decode step failed: %s\n", what);
+    for (auto& a : active_) finish(*a, Finish::error, what);
     active_.clear();
     g_.active = 0;
+  };
+  try {
+    // The rows' checks first: a bad row computes nothing (nor is it sent to the other ranks).
+    engine_->check_rows(rows);
+  } catch (const std::exception& e) {
+    failed(e.what());
+    return;
+  }
+  if (several()) {
+    StepOrder order{.stop = false, .resets = std::move(resets_), .rows = {}};
+    resets_.clear();
+    for (const BatchEngine::Row& r : rows)
+      order.rows.push_back({.seq = r.seq, .ids = std::vector<int32_t>(r.ids.begin(), r.ids.end())});
+    send_step(*opt_.ranks, order);
+  }
+  try {
+    engine_->step(rows);
+  } catch (const io::Error& e) {
+    // Non-finite logits are every rank's (their hidden states are equal): they serve on alike.
+    if (several() && e.kind() != io::ErrorKind::run_invalid) {
+      fail_ranks(e.what());
+      return;
+    }
+    failed(e.what());
+    return;
+  } catch (const std::exception& e) {
+    if (several()) {
+      fail_ranks(e.what());
+      return;
+    }
+    failed(e.what());
     return;
   }
   g_.step_micros += uint64_t(

@@ -14,6 +14,12 @@
 //
 // The engine is opened on the scheduler thread, so the server can listen (and answer /health) while
 // the weights load. Nothing here knows HTTP: tests drive it directly.
+//
+// Several ranks (mpirun, docs/distributed.md §6): this is rank 0's scheduler. It loads its slice
+// together with the other ranks (one that cannot fails the load on every rank, naming itself), and
+// before every step sends them what the step feeds (pipeline/serve/rank_steps.hpp); after draining,
+// the stop order. A step that fails on this rank alone (not a check every rank makes the same) leaves
+// the others inside the step: the scheduler then fails (phase failed) and the command ends the run.
 #pragma once
 #include <atomic>
 #include <chrono>
@@ -30,6 +36,7 @@
 #include "io/config.hpp"
 #include "io/error.hpp"
 #include "io/text/tokenizer.hpp"
+#include "pipeline/dist/comm.hpp"
 #include "pipeline/run/batch_engine.hpp"
 #include "pipeline/run/decoder.hpp"
 #include "pipeline/serve/channel.hpp"
@@ -54,6 +61,9 @@ struct SchedulerOptions {
   int max_seqs = 4;
   int queue = 16;         // requests waiting for a slot; more are refused (HTTP 429)
   PrefillPolicy prefill;  // how a joining prompt shares steps with the decoding sequences
+  // Rank 0 of several (dec.experts / dec.ranks set for its slice): the other ranks follow its steps
+  // (serve::follow_steps). Null: one process.
+  dist::Comm* ranks = nullptr;
 };
 
 enum class Phase { loading, ready, failed, stopped };
@@ -83,8 +93,11 @@ class Scheduler {
   Submit submit(GenRequest, std::shared_ptr<Channel> ch);
 
   Phase phase() const { return phase_; }
-  // Phase failed: the error that ended loading (kind and message as the engine threw it).
+  // Phase failed: the error that ended loading (kind and message as the engine threw it), or, over
+  // several ranks, the step that failed on this rank alone.
   std::optional<io::Error> failure() const;
+  // The failure is every rank's (a rank could not load its slice: dist::CollectiveError).
+  bool failure_collective() const;
   bool wait_until_settled(std::chrono::milliseconds bound);  // ready / failed / stopped within bound
   size_t capacity() const { return capacity_; }              // positions per sequence
   int max_seqs() const { return opt_.max_seqs; }
@@ -102,6 +115,8 @@ class Scheduler {
   void admit();
   void decode_step();
   void finish(Active&, Finish, std::string error = {});
+  void fail_ranks(const std::string& error);
+  bool several() const { return opt_.ranks && opt_.ranks->size() > 1; }
 
   SchedulerOptions opt_;
   io::ModelConfig cfg_;
@@ -115,6 +130,9 @@ class Scheduler {
   bool stopping_ = false;
   std::chrono::steady_clock::time_point deadline_;
   std::optional<io::Error> failure_;
+  bool failure_collective_ = false;
+  bool fatal_ = false;       // several ranks: a step failed here alone (scheduler thread only)
+  std::vector<int> resets_;  // several ranks: slots reset since the last step order (scheduler thread)
 
   std::atomic<Phase> phase_{Phase::loading};
   std::atomic<bool> streamed_{false};
