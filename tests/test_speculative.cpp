@@ -15,6 +15,7 @@
 
 #include "io/error.hpp"
 #include "pipeline/run/decoder.hpp"
+#include "pipeline/run/draft_policy.hpp"
 #include "pipeline/run/speculative.hpp"
 #include "tests/run_helpers.hpp"
 
@@ -74,7 +75,8 @@ Out plain(const DecoderOptions& o, const io::ModelConfig& cfg, const Ids& prompt
 // many tokens of a verify pass, the rest continuing speculatively (the decoder must then hold what
 // plain decoding would).
 Out spec(const DecoderOptions& o, const io::ModelConfig& cfg, const Ids& prompt, int gen, int n,
-         stages::SamplerOptions so = {}, int stop_at = 0, const pipeline::DraftFn& drafter = {}) {
+         stages::SamplerOptions so = {}, int stop_at = 0, const pipeline::DraftFn& drafter = {},
+         pipeline::DraftPolicy* policy = nullptr) {
   Decoder d(o, cfg);
   stages::Sampler sampler(so);
   d.push(prompt);
@@ -94,7 +96,7 @@ Out spec(const DecoderOptions& o, const io::ModelConfig& cfg, const Ids& prompt,
           }
           return true;
         },
-        drafter);
+        drafter, policy);
     REQUIRE(d.pending() == 1);
     REQUIRE(d.seq().size() == prompt.size() + r.ids.size());
   }
@@ -253,6 +255,42 @@ TEST_CASE("speculative greedy == plain greedy: synthetic MoE checkpoint, residen
   exact_for(s.model, "", 12);
   exact_for(s.model, "ultra", 10, false);
   exact_for(s.model, "0.02", 10, false, {3});  // a middle budget: some layers pinned, experts cached
+}
+
+TEST_CASE("the drafting policy's drafts: the same bits as plain greedy decoding") {
+  // The policy only chooses drafts, so every policy gives plain's ids and logits -- on the two
+  // prompts and on P + O + P (O: what plain decoding continues P with), where lookup proposes O.
+  const io::ModelConfig cfg = pipeline::load_model_config(kTiny, std::nullopt);
+  const int gen = 24;
+  // O: 128 ids. tiny-k3 continues this P + O + P with O (a shorter O it does not: its continuation
+  // depends on the whole context), so there lookup's drafts are accepted, no oracle needed.
+  const Out o = plain(options(kTiny, "", 128, kPlain.size()), cfg, kPlain, 128);
+  Ids pop = kPlain;
+  pop.insert(pop.end(), o.ids.begin(), o.ids.end());
+  pop.insert(pop.end(), kPlain.begin(), kPlain.end());
+  for (const Ids* prompt : std::initializer_list<const Ids*>{&kRepetitive, &kPlain, &pop}) {
+    CAPTURE(prompt->size());
+    const DecoderOptions opt = options(kTiny, "", gen, prompt->size());
+    const Out want = plain(opt, cfg, *prompt, gen);
+    for (const size_t min_match : {1, 2, 3})
+      for (const bool adaptive : {true, false}) {
+        CAPTURE(min_match);
+        CAPTURE(adaptive);
+        pipeline::DraftPolicyOptions po;
+        po.max_drafts = 4;
+        po.min_match = min_match;
+        po.adaptive = adaptive;
+        pipeline::DraftPolicy policy(po);
+        const Out got = spec(opt, cfg, *prompt, gen, 4, {}, 0, {}, &policy);
+        check_same(want, got);
+        CHECK(got.stats.emitted == uint64_t(gen));
+        CHECK(got.stats.passes == got.stats.emitted - got.stats.accepted);
+        if (prompt == &pop) {
+          CHECK(std::equal(want.ids.begin(), want.ids.end(), o.ids.begin()));
+          CHECK(got.stats.accepted >= uint64_t(gen) / 2);
+        }
+      }
+  }
 }
 
 TEST_CASE("a caller that stops mid-pass leaves the decoder where plain decoding would be") {

@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <string>
 
 #include "tests/run_helpers.hpp"
@@ -29,6 +30,26 @@ std::string line_with(const std::string& out, const std::string& what) {
   return out.substr(at, out.find('\n', at) - at);
 }
 
+// The numbers of generate's "speculative: D drafted, A accepted ...; P passes (V verify) for T tokens"
+// and "speculative policy: ...; K pauses, Q tokens decoded without drafting" lines.
+struct Totals {
+  long drafted = -1, accepted = -1, passes = -1, verify = -1, tokens = -1, pauses = -1, paused = -1;
+  // Rows fed after the prompt's pass, per token after the first: plain decoding's is 1.
+  double rows_per_token() const { return double(passes - 1 + drafted) / double(tokens - 1); }
+};
+
+Totals totals(const std::string& out) {
+  Totals t;
+  const std::string l = line_with(out, "speculative: ");
+  std::sscanf(l.c_str(),
+              "speculative: %ld drafted, %ld accepted (acceptance %*f); %ld passes (%ld verify) for %ld",
+              &t.drafted, &t.accepted, &t.passes, &t.verify, &t.tokens);
+  const std::string p = line_with(out, "speculative policy: ");
+  const size_t at = p.find("; ");
+  if (at != std::string::npos) std::sscanf(p.c_str() + at, "; %ld pauses, %ld tokens", &t.pauses, &t.paused);
+  return t;
+}
+
 }  // namespace
 
 TEST_CASE("generate --spec N: the plain run's ids, logits dump and saved state, resident and streamed") {
@@ -44,17 +65,24 @@ TEST_CASE("generate --spec N: the plain run's ids, logits dump and saved state, 
     };
     const std::string plain = gen("plain", "");
     CHECK(plain.find("speculative:") == std::string::npos);
-    for (const std::string n : {"1", "3", "8"}) {
+    // The drafter that verifies at every 1-id match (the prompt's repeat gives drafts the random
+    // model rejects: rollbacks), and the default adaptive policy.
+    for (const std::string n : {"1", "3", "8", "3 adaptive", "8 adaptive"}) {
       CAPTURE(n);
-      const std::string out = gen("spec" + n, " --spec " + n);
+      const bool adaptive = n.find(" adaptive") != std::string::npos;
+      const std::string spec = n.substr(0, n.find(' '));
+      const std::string out =
+          gen("spec" + spec + (adaptive ? "a" : ""),
+              " --spec " + spec + (adaptive ? "" : " --spec-policy fixed --spec-min-match 1"));
       CHECK(line_with(out, "generated ids:") == line_with(plain, "generated ids:"));
-      CHECK(slurp(d / ("spec" + n + ".logits")) == slurp(d / "plain.logits"));
-      CHECK(slurp(d / ("spec" + n + ".k3st")) == slurp(d / "plain.k3st"));
+      const std::string name = "spec" + spec + (adaptive ? "a" : "");
+      CHECK(slurp(d / (name + ".logits")) == slurp(d / "plain.logits"));
+      CHECK(slurp(d / (name + ".k3st")) == slurp(d / "plain.k3st"));
       const std::string s = line_with(out, "speculative:");
       INFO(s);
       CHECK(s.find("30 tokens") != std::string::npos);
-      // The repeats give drafts (the random model rejects them).
-      CHECK(s.find(" 0 drafted") == std::string::npos);
+      // The repeats give drafts at a 1-id match (the random model rejects them).
+      if (!adaptive) CHECK(s.find(" 0 drafted") == std::string::npos);
     }
     // --spec-oracle: the plain run's answer as drafts, every one accepted; 30 tokens in 1 + 6 passes.
     std::string answer = line_with(plain, "generated ids: ").substr(15);
@@ -76,6 +104,19 @@ TEST_CASE("--spec refusals exit 2 naming the flag") {
     INFO(r.out);
     CHECK(r.code == 2);
     CHECK(r.out.find("--spec") != std::string::npos);
+  }
+  // The drafting policy's flags: each refusal names its flag.
+  for (const auto& [bad, flag] :
+       {std::pair<std::string, std::string>{"--spec 2 --spec-min-match 0", "--spec-min-match 0"},
+        {"--spec 2 --spec-min-match 17", "--spec-min-match 17"},
+        {"--spec-min-match 2", "--spec-min-match needs --spec"},
+        {"--spec 2 --spec-policy eager", "--spec-policy eager"},
+        {"--spec-policy fixed", "--spec-policy needs --spec"}}) {
+    CAPTURE(bad);
+    const Run r = run("generate " + kModel + " --ids 1,2,3 --gen 4 " + bad);
+    INFO(r.out);
+    CHECK(r.code == 2);
+    CHECK(r.out.find(flag) != std::string::npos);
   }
   // --spec 0 is plain decoding.
   CHECK(run("generate " + kModel + " --ids 1,2,3 --gen 4 --spec 0").code == 0);
@@ -103,4 +144,34 @@ TEST_CASE("chat --spec N: the same replies and the same saved state as plain gre
                                   " --spec 3 --temperature 0.5");
   CHECK(bad.code == 2);
   CHECK(bad.err.find("--spec") != std::string::npos);
+}
+
+TEST_CASE("generate --spec on ids lookup cannot predict: the adaptive policy drafts far less, same ids") {
+  // Random weights never continue a plain prompt the way lookup guesses. The drafter before the
+  // policy (--spec-policy fixed --spec-min-match 1) verifies drafts at most steps -- on a resident,
+  // compute-bound model each draft costs about a step -- and the default drafts a small fraction of
+  // that, feeding close to one row a token: close to plain decoding's work. The ids are plain's.
+  const std::string ids = "54,121,104,16,219,63,4,31,48,193,57";
+  const auto gen = [&](const std::string& extra) {
+    const Run r = run("generate " + kModel + " --ids " + ids + " --gen 160" + extra);
+    INFO(r.out);
+    REQUIRE(r.code == 0);
+    return r.out;
+  };
+  const std::string plain = gen("");
+  const std::string before = gen(" --spec 4 --spec-policy fixed --spec-min-match 1");
+  const std::string now = gen(" --spec 4");
+  CHECK(line_with(before, "generated ids:") == line_with(plain, "generated ids:"));
+  CHECK(line_with(now, "generated ids:") == line_with(plain, "generated ids:"));
+  const Totals b = totals(before), a = totals(now);
+  INFO(line_with(before, "speculative: "), "\n", line_with(now, "speculative: "), "\n",
+       line_with(now, "speculative policy: "));
+  REQUIRE(b.tokens == 160);
+  REQUIRE(a.tokens == 160);
+  CHECK(b.pauses == 0);
+  CHECK(b.drafted > 100);             // the old drafter: many verify passes of 4 drafts
+  CHECK(a.drafted * 8 <= b.drafted);  // far fewer drafts
+  CHECK(a.rows_per_token() <= 1.1);
+  CHECK(b.rows_per_token() > 1.5);
+  CHECK(line_with(now, "speculative policy: ").find("adaptive, matches of >= 2 ids") != std::string::npos);
 }

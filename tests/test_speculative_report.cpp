@@ -29,7 +29,8 @@ using k3::test::Run;
 using k3::test::TempDir;
 
 const std::string kModel = std::string(K3_FIXTURES) + "/tiny-k3";
-// A passage said twice (18 ids): lookup drafts from the first decode step on.
+// A passage said twice (18 ids): lookup drafts from the first decode step on at a minimum match of
+// one id (the passage's repeat ends with the prompt: the first generated id breaks every longer one).
 const std::string kPrompt = "17,203,34,2,239,195,88,61,17,203,34,2,239,195,88,61,17,203";
 
 std::string line_with(const std::string& out, const std::string& what) {
@@ -59,6 +60,9 @@ struct PassRow {
   int64_t rows, drafted, accepted, emitted;
   bool operator==(const PassRow&) const = default;
 };
+
+// The drafter that verifies drafts at every 1-id match (rejected ones here: rollbacks exercised).
+const std::string kEager = " --spec-policy fixed --spec-min-match 1";
 
 // The oracle run of 30 tokens with --spec 4 after the 18-id prompt: the prefill emits one token,
 // five passes of 4 drafts emit 5 each, and the last may draft only 3 (4 tokens are left).
@@ -97,6 +101,7 @@ TEST_CASE("generate --spec --out: the report carries the totals and one row per 
     simdjson::dom::element s;
     REQUIRE(doc["speculative"].get(s) == simdjson::SUCCESS);
     CHECK(json_int(s, "drafts_per_pass") == 4);
+    CHECK(json_string(s, "policy") == "oracle");
     CHECK(json_int(s, "drafted") == 23);
     CHECK(json_int(s, "accepted") == 23);
     CHECK(json_int(s, "passes") == 7);
@@ -120,10 +125,14 @@ TEST_CASE("generate --spec --out: the report carries the totals and one row per 
 
     // Prompt lookup: drafts that the random model mostly rejects. The rows add up to the totals
     // the run printed.
-    const Run lookup = generate("--gen 30 --spec 3 --out " + (d / "lookup.json") + budget);
+    const Run lookup = generate("--gen 30 --spec 3 --out " + (d / "lookup.json") + budget + kEager);
     const Totals t = totals_of(lookup.out);
     REQUIRE(parser.load(d / "lookup.json").get(doc) == simdjson::SUCCESS);
     REQUIRE(doc["speculative"].get(s) == simdjson::SUCCESS);
+    CHECK(json_string(s, "policy") == "fixed");
+    CHECK(json_int(s, "min_match") == 1);
+    CHECK(json_int(s, "pauses") == 0);
+    CHECK(json_int(s, "paused_tokens") == 0);
     CHECK(json_int(s, "drafted") == t.drafted);
     CHECK(json_int(s, "accepted") == t.accepted);
     CHECK(json_int(s, "passes") == t.passes);
@@ -149,6 +158,24 @@ TEST_CASE("generate --spec --out: the report carries the totals and one row per 
     CHECK(accepted == t.accepted);
     CHECK(verify == t.verify);
     CHECK(emitted == 30);
+
+    // The adaptive policy at a 1-id minimum match: the drafts rejected, it pauses; the report's
+    // policy fields are what the run printed.
+    const Run adaptive =
+        generate("--gen 30 --spec 3 --spec-min-match 1 --out " + (d / "adaptive.json") + budget);
+    const std::string pl = line_with(adaptive.out, "speculative policy: ");
+    long pauses = -1, paused = -1;
+    REQUIRE(pl.find("adaptive, matches of >= 1 ids; ") != std::string::npos);
+    std::sscanf(pl.c_str() + pl.find("; "), "; %ld pauses, %ld tokens", &pauses, &paused);
+    REQUIRE(parser.load(d / "adaptive.json").get(doc) == simdjson::SUCCESS);
+    REQUIRE(doc["speculative"].get(s) == simdjson::SUCCESS);
+    CHECK(json_string(s, "policy") == "adaptive");
+    CHECK(json_int(s, "min_match") == 1);
+    CHECK(json_int(s, "pauses") == pauses);
+    CHECK(json_int(s, "paused_tokens") == paused);
+    CHECK(pauses >= 1);
+    CHECK(paused > 0);
+    CHECK(json_int(s, "drafted") < t.drafted);
   }
 }
 
@@ -158,8 +185,9 @@ TEST_CASE(
   const Run plain = generate("--gen 30 --preset ultra");
   for (const bool oracle : {true, false}) {
     CAPTURE(oracle);
-    const Run r = generate(fmt::format("--gen 30 --preset ultra --spec {} --trace {}{}", oracle ? 4 : 3,
-                                       d / "t.json", oracle ? " --spec-oracle " + answer_of(plain.out) : ""));
+    const Run r =
+        generate(fmt::format("--gen 30 --preset ultra --spec {} --trace {}{}", oracle ? 4 : 3, d / "t.json",
+                             oracle ? " --spec-oracle " + answer_of(plain.out) : kEager));
     simdjson::dom::parser parser;
     simdjson::dom::element doc;
     REQUIRE(parser.load(d / "t.json").get(doc) == simdjson::SUCCESS);

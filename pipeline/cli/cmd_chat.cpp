@@ -31,6 +31,7 @@
 #include "pipeline/dist/comm.hpp"
 #include "pipeline/dist/rank_experts.hpp"
 #include "pipeline/run/decoder.hpp"
+#include "pipeline/run/draft_policy.hpp"
 #include "pipeline/run/model_tokenizer.hpp"
 #include "pipeline/run/sampler_flags.hpp"
 #include "pipeline/run/speculative.hpp"
@@ -54,6 +55,9 @@ struct ChatArgs {
   size_t context = 4096;
   int threads = 0;
   int spec = 0;  // --spec: drafts per verify pass (0: off)
+  std::optional<int> spec_min_match;
+  std::optional<std::string> spec_policy;
+  DraftPolicyOptions draft;  // from --spec, --spec-min-match, --spec-policy
   stages::SamplerOptions sampling;
 };
 
@@ -90,6 +94,7 @@ class ChatSession {
         dec_(dec),
         tok_(tok),
         sampler_(a.sampling),
+        policy_(a.draft),
         ranks_(dist::world()),
         lead_(ranks_.rank() == 0),
         interactive_(lead_ && ::isatty(STDIN_FILENO) != 0) {
@@ -267,15 +272,18 @@ class ChatSession {
         break;
       }
       const int most = int(std::min<size_t>(size_t(a_.max_reply - n), dec_.room()));
-      speculative_step(dec_, sampler_, a_.spec, most, spec_, [&](int32_t id, std::span<const float>) {
-        if (n == 0) t_first = now() - t0;
-        show(parser.feed(decoder.push(id)), in_thinking_block);
-        const auto st = parser.state();
-        over = st == text::ReplyParser::State::done || st == text::ReplyParser::State::malformed ||
-               std::find(end_ids_.begin(), end_ids_.end(), id) != end_ids_.end();
-        if (!over) ++n;  // as before: the token that ends the reply is not counted
-        return !over;
-      });
+      speculative_step(
+          dec_, sampler_, a_.spec, most, spec_,
+          [&](int32_t id, std::span<const float>) {
+            if (n == 0) t_first = now() - t0;
+            show(parser.feed(decoder.push(id)), in_thinking_block);
+            const auto st = parser.state();
+            over = st == text::ReplyParser::State::done || st == text::ReplyParser::State::malformed ||
+                   std::find(end_ids_.begin(), end_ids_.end(), id) != end_ids_.end();
+            if (!over) ++n;  // as before: the token that ends the reply is not counted
+            return !over;
+          },
+          {}, &policy_);
     }
     show(parser.feed(decoder.finish()), in_thinking_block);
     show(parser.finish(), in_thinking_block);
@@ -300,9 +308,12 @@ class ChatSession {
         n, dt, n > 1 && dt > t_first ? (n - 1) / (dt - t_first) : 0.0, t_first, prompt_ids,
         dec_.stream() ? fmt::format(", read {}", human_bytes(double(bytes))).c_str() : "", ended);
     if (a_.spec > 0)
-      std::fprintf(stderr, "[speculative so far: %llu drafted, %llu accepted; %.3f trunk passes per token]\n",
+      std::fprintf(stderr,
+                   "[speculative so far: %llu drafted, %llu accepted; %.3f trunk passes per token; %llu "
+                   "pauses, %llu tokens without drafting]\n",
                    (unsigned long long)spec_.drafted, (unsigned long long)spec_.accepted,
-                   spec_.passes_per_token());
+                   spec_.passes_per_token(), (unsigned long long)policy_.pauses(),
+                   (unsigned long long)policy_.paused_tokens());
   }
 
   void show(const text::ReplyText& t, bool& in_thinking_block) {
@@ -334,6 +345,7 @@ class ChatSession {
   const text::Tokenizer& tok_;
   stages::Sampler sampler_;
   SpecStats spec_;
+  DraftPolicy policy_;  // carried across replies
   dist::Comm& ranks_;
   const bool lead_;  // rank 0 (or the only process): reads stdin, prints, writes files
   bool interactive_;
@@ -348,6 +360,7 @@ int run_chat(ChatArgs& a) {
   text::validate(opts);
   stages::validate(a.sampling);
   check_spec_flag(a.spec, a.sampling, a.dec.recompute);
+  a.draft = spec_policy_options(a.spec, a.spec_min_match, a.spec_policy);
   a.dec.stream.spec = a.spec;  // a streamed run's plan holds the verify pass's journal
   check_stream_flags(a.dec.stream);
   check_model_dir(a.dec.model_dir, a.dec.config.has_value());
@@ -444,6 +457,11 @@ Action add_chat(CLI::App& sub) {
          "speculative decoding: verify up to N prompt-lookup drafts per pass (0..16, greedy only; the "
          "same reply)")
       ->capture_default_str();
+  sub.add_option("--spec-min-match", a->spec_min_match,
+                 "with --spec: draft only after a match of at least M ids (1..16; default 2)");
+  sub.add_option("--spec-policy", a->spec_policy,
+                 "with --spec: adaptive (the default: fewer drafts and pauses while they are rejected) or "
+                 "fixed (N drafts at every match)");
   sub.add_option("--threads", a->threads, "compute threads (0 = oneTBB default)")->check(CLI::Range(0, 4096));
   add_stream_flags(sub, a->dec.stream);
   return [a] { return run_chat(*a); };

@@ -8,7 +8,8 @@
 // --temperature > 0 (pipeline/run/decoder.hpp, stages/sampler.hpp). Text runs stop at the end of the
 // model's turn ([EOS] / <|end_of_msg|>) or at a --stop string; --gen caps every run.
 // --spec N (greedy only): up to N prompt-lookup drafts verified per pass, the same ids and logits
-// (pipeline/run/speculative.hpp, docs/speculative.md).
+// (pipeline/run/speculative.hpp, docs/speculative.md); --spec-min-match / --spec-policy choose when
+// and how much to draft (pipeline/run/draft_policy.hpp).
 #include <fmt/format.h>
 #include <tbb/global_control.h>
 #include <unistd.h>
@@ -28,6 +29,7 @@
 #include "pipeline/cli/commands.hpp"
 #include "pipeline/dist/rank_experts.hpp"
 #include "pipeline/run/decoder.hpp"
+#include "pipeline/run/draft_policy.hpp"
 #include "pipeline/run/model_tokenizer.hpp"
 #include "pipeline/run/run_report.hpp"
 #include "pipeline/run/sampler_flags.hpp"
@@ -46,12 +48,13 @@ constexpr int kMaxGen = 4096;
 struct GenerateOptions {
   DecoderOptions dec;
   std::optional<std::string> ids, prompt, prompt_file, tokenizer, out_path, dump_logits, save_state,
-      load_state, spec_oracle;
+      load_state, spec_oracle, spec_policy;
   std::vector<std::string> stop;
   int gen = 128;
   bool incremental = false, print_ids = false, ignore_eos = false;
   int threads = 0;
   int spec = 0;  // --spec: drafts per verify pass (0: off)
+  std::optional<int> spec_min_match;
   stages::SamplerOptions sampling;
 };
 
@@ -117,6 +120,7 @@ int run_generate(GenerateOptions o) {
   if (o.incremental && o.dec.recompute)
     throw io::usage_error("--incremental and --recompute exclude each other");
   check_spec_flag(o.spec, o.sampling, o.dec.recompute);
+  const DraftPolicyOptions policy_opts = spec_policy_options(o.spec, o.spec_min_match, o.spec_policy);
   o.dec.stream.spec = o.spec;  // a streamed run's plan holds the verify pass's journal
   if (o.spec_oracle && o.spec == 0) throw io::usage_error("--spec-oracle needs --spec N (N >= 1)");
   if (!o.stop.empty() && !text_mode)
@@ -199,8 +203,10 @@ int run_generate(GenerateOptions o) {
               o.dec.recompute ? "full recompute" : "incremental (KV cache + carried KDA state)", o.gen,
               o.threads > 0 ? std::to_string(o.threads).c_str() : "default");
   if (o.spec > 0)
-    std::printf("  spec    : up to %d prompt-lookup drafts verified per pass (greedy, same ids and logits)\n",
-                o.spec);
+    std::printf(
+        "  spec    : up to %d prompt-lookup drafts verified per pass (greedy, same ids and logits); %s "
+        "policy, matches of >= %zu ids\n",
+        o.spec, policy_opts.adaptive ? "adaptive" : "fixed", policy_opts.min_match);
   if (o.dec.layers > 0 && o.dec.layers < cfg.n_layers)
     std::printf(
         "  NOTE    : --layers %d runs only the first %d of %d layers; the output is not the model's\n",
@@ -264,6 +270,7 @@ int run_generate(GenerateOptions o) {
   // instead of looking it up, so every draft is accepted: the upper bound of --spec on a checkpoint
   // that never repeats itself (perf/spec_bench.sh; a synthetic one has random weights).
   DraftFn drafter;
+  DraftPolicy policy(policy_opts);
   if (o.spec_oracle) {
     const std::vector<int32_t> answer = parse_id_list(*o.spec_oracle, "--spec-oracle", c.vocab);
     const size_t start = dec.seq().size() - 1;  // the first generated id lands at start + 1
@@ -297,7 +304,7 @@ int run_generate(GenerateOptions o) {
           }
           return !stopped;
         },
-        drafter);
+        drafter, &policy);
     const double dt = now() - ts;
     t_steps += dt;
     if (g == 0) t_first = dt;
@@ -355,6 +362,11 @@ int run_generate(GenerateOptions o) {
         (unsigned long long)spec.drafted, (unsigned long long)spec.accepted, spec.acceptance(),
         (unsigned long long)spec.passes, (unsigned long long)spec.verifies, (unsigned long long)spec.emitted,
         spec.passes_per_token());
+  if (o.spec > 0 && !o.spec_oracle)
+    std::printf(
+        "speculative policy: %s, matches of >= %zu ids; %llu pauses, %llu tokens decoded without drafting\n",
+        policy_opts.adaptive ? "adaptive" : "fixed", policy_opts.min_match,
+        (unsigned long long)policy.pauses(), (unsigned long long)policy.paused_tokens());
   const uint64_t rss = peak_rss_bytes();
   std::printf("PEAK RSS %s (quote this, not the plan)\n", human_bytes(static_cast<double>(rss)).c_str());
 
@@ -373,6 +385,10 @@ int run_generate(GenerateOptions o) {
   if (o.spec > 0) {
     SpecReport& sr = r.speculative.emplace();
     sr.drafts_per_pass = o.spec;
+    sr.policy = o.spec_oracle ? "oracle" : policy_opts.adaptive ? "adaptive" : "fixed";
+    sr.min_match = int(policy_opts.min_match);
+    sr.pauses = policy.pauses();
+    sr.paused_tokens = policy.paused_tokens();
     sr.drafted = spec.drafted;
     sr.accepted = spec.accepted;
     sr.passes = spec.passes;
@@ -440,6 +456,11 @@ Action add_generate(CLI::App& sub) {
   sub.add_option("--spec-oracle", o->spec_oracle,
                  "measurement: draft these ids (what a plain run generated) instead of looking drafts up -- "
                  "the all-accepted upper bound of --spec");
+  sub.add_option("--spec-min-match", o->spec_min_match,
+                 "with --spec: draft only after a match of at least M ids (1..16; default 2)");
+  sub.add_option("--spec-policy", o->spec_policy,
+                 "with --spec: adaptive (the default: fewer drafts and pauses while they are rejected) or "
+                 "fixed (N drafts at every match)");
   sub.add_option("--threads", o->threads, "compute threads (0 = oneTBB default)")->check(CLI::Range(0, 4096));
   add_stream_flags(sub, o->dec.stream);
   return [o] { return run_generate(*o); };

@@ -20,6 +20,11 @@ struct SpecReportPass {
 };
 struct SpecReport {
   int drafts_per_pass = 0;  // N
+  // The drafting policy (pipeline/run/draft_policy.hpp): "adaptive", "fixed" or "oracle"
+  // (--spec-oracle), the shortest match drafted from, the pauses it made and the tokens in them.
+  std::string policy = "adaptive";
+  int min_match = 0;
+  uint64_t pauses = 0, paused_tokens = 0;
   uint64_t drafted = 0, accepted = 0, passes = 0, verify_passes = 0, emitted = 0;
   std::vector<SpecReportPass> pass_log;
 };

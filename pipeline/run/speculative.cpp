@@ -8,6 +8,7 @@
 #include "io/error.hpp"
 #include "pipeline/graph/trace.hpp"
 #include "pipeline/run/decoder.hpp"
+#include "pipeline/run/draft_policy.hpp"
 #include "stages/forward.hpp"
 #include "stages/kda.hpp"
 
@@ -22,10 +23,30 @@ void check_spec_flag(int spec, const stages::SamplerOptions& sampling, bool reco
   if (spec > 0 && recompute) throw io::usage_error("--spec needs incremental decoding: drop --recompute");
 }
 
-std::vector<int32_t> draft_lookup(std::span<const int32_t> seq, size_t n, size_t max_ngram) {
+DraftPolicyOptions spec_policy_options(int spec, std::optional<int> min_match,
+                                       const std::optional<std::string>& policy) {
+  DraftPolicyOptions o;
+  o.max_drafts = size_t(std::max(spec, 0));
+  if (min_match) {
+    if (*min_match < 1 || *min_match > kMaxMinMatch)
+      throw io::usage_error(
+          fmt::format("--spec-min-match {}: the ids a match needs must be 1..{}", *min_match, kMaxMinMatch));
+    if (spec == 0) throw io::usage_error("--spec-min-match needs --spec N (N >= 1)");
+    o.min_match = size_t(*min_match);
+  }
+  if (policy) {
+    o.adaptive = parse_spec_policy(*policy);
+    if (spec == 0) throw io::usage_error("--spec-policy needs --spec N (N >= 1)");
+  }
+  return o;
+}
+
+std::vector<int32_t> draft_lookup(std::span<const int32_t> seq, size_t n, size_t max_ngram,
+                                  size_t min_match) {
   const size_t L = seq.size();
   if (n == 0) return {};
-  for (size_t m = std::min(max_ngram, L > 0 ? L - 1 : 0); m >= 1; --m) {
+  min_match = std::max<size_t>(1, min_match);
+  for (size_t m = std::min(max_ngram, L > 0 ? L - 1 : 0); m >= min_match; --m) {
     const std::span<const int32_t> tail = seq.last(m);
     // Occurrences starting at i, the most recent first; i + m < L so at least one id follows.
     for (size_t i = L - m; i-- > 0;) {
@@ -77,7 +98,7 @@ void record_pass(SpecStats& stats, const SpecPass& p, bool traced, uint64_t begi
 }  // namespace
 
 int speculative_step(Decoder& dec, stages::Sampler& sampler, int n_draft, int max_tokens, SpecStats& stats,
-                     const EmitFn& emit, const DraftFn& drafter) {
+                     const EmitFn& emit, const DraftFn& drafter, DraftPolicy* policy) {
   if (n_draft > 0 && sampler.options().temperature != 0)
     throw io::usage_error("--spec needs greedy decoding (--temperature 0)");
   if (max_tokens < 1) throw io::runtime_error("speculative_step: no token wanted (internal error)");
@@ -88,7 +109,9 @@ int speculative_step(Decoder& dec, stages::Sampler& sampler, int n_draft, int ma
   std::vector<int32_t> drafts;
   if (n_draft > 0 && dec.pending() == 1 && !dec.recompute()) {
     const size_t n = size_t(std::min(n_draft, max_tokens - 1));
-    drafts = drafter ? drafter(dec.seq(), n) : draft_lookup(dec.seq(), n);
+    drafts = drafter  ? drafter(dec.seq(), n)
+             : policy ? policy->propose(dec.seq(), n)
+                      : draft_lookup(dec.seq(), n);
     if (drafts.size() > n) drafts.resize(n);
   }
   ++stats.passes;
@@ -99,6 +122,7 @@ int speculative_step(Decoder& dec, stages::Sampler& sampler, int n_draft, int ma
     dec.push(next);
     ++stats.emitted;
     emit(next, logits);
+    if (policy) policy->observe(0, 0, 1);
     record_pass(stats,
                 {.rows = rows, .drafted = 0, .accepted = 0, .emitted = 1, .seconds = clock_seconds() - t0},
                 traced, t0_us);
@@ -129,6 +153,7 @@ int speculative_step(Decoder& dec, stages::Sampler& sampler, int n_draft, int ma
   dec.keep(e);
   dec.push(toks[e - 1]);
   stats.emitted += e;
+  if (policy) policy->observe(drafts.size(), toks.size() - 1, e);
   record_pass(stats,
               {.rows = uint32_t(drafts.size() + 1),
                .drafted = uint32_t(drafts.size()),

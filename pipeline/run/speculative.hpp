@@ -10,7 +10,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "io/config.hpp"
@@ -20,6 +22,8 @@
 namespace k3::pipeline {
 
 class Decoder;
+class DraftPolicy;
+struct DraftPolicyOptions;
 
 // Most drafts a verify pass may carry (--spec 0..kMaxSpec): 17 rows stay far below the 64-row pass
 // the activations are sized for, and the logits of a pass grow with the rows.
@@ -28,13 +32,19 @@ inline constexpr int kMaxSpec = 16;
 // The --spec flag's rules, one place for generate and chat: 0..kMaxSpec drafts, greedy sampling
 // only, incremental decoding only. Throws usage Error (exit 2) naming --spec.
 void check_spec_flag(int spec, const stages::SamplerOptions& sampling, bool recompute);
-// The longest n-gram the drafter looks up.
+// The drafting policy's flags (pipeline/run/draft_policy.hpp): --spec-min-match M (1..kMaxMinMatch,
+// default 2) and --spec-policy adaptive|fixed, each refused without --spec N (N >= 1). Throws usage
+// Error (exit 2) naming the flag.
+DraftPolicyOptions spec_policy_options(int spec, std::optional<int> min_match,
+                                       const std::optional<std::string>& policy);
+// The longest n-gram the drafter looks up (a --spec-min-match above it looks up that many).
 inline constexpr size_t kDraftMaxNgram = 3;
 
-// Prompt lookup: for m = max_ngram down to 1, the last m ids of `seq` are searched for earlier in
-// `seq`, most recent occurrence first; the first match gives up to `n` of the ids that followed it
-// (fewer when the sequence ends first). Empty when nothing matches or n == 0.
-std::vector<int32_t> draft_lookup(std::span<const int32_t> seq, size_t n, size_t max_ngram = kDraftMaxNgram);
+// Prompt lookup: for m = max_ngram down to min_match (at least 1), the last m ids of `seq` are
+// searched for earlier in `seq`, most recent occurrence first; the first match gives up to `n` of
+// the ids that followed it (fewer when the sequence ends first). Empty when nothing matches or n == 0.
+std::vector<int32_t> draft_lookup(std::span<const int32_t> seq, size_t n, size_t max_ngram = kDraftMaxNgram,
+                                  size_t min_match = 1);
 
 // One forward pass of a speculative decode: a plain step (drafted 0; rows = the ids it fed, a
 // prompt's on the first step) or a verify pass (rows = 1 + drafted).
@@ -70,12 +80,14 @@ using EmitFn = std::function<bool(int32_t id, std::span<const float> logits)>;
 using DraftFn = std::function<std::vector<int32_t>(std::span<const int32_t> seq, size_t n)>;
 
 // One decode step of `dec` (it must have a pending id): with n_draft > 0, one pending id and drafts
-// found, a verify pass; otherwise a plain step (Decoder::logits). Emits 1..min(max_tokens, k+1) ids
+// found, a verify pass; otherwise a plain step (Decoder::logits). The drafts come from `drafter`
+// when given, else from `policy` (which then observes every pass, plain ones included), else from
+// draft_lookup. Emits 1..min(max_tokens, k+1) ids
 // in order (before the decoder has settled: `emit` must not use `dec`), each pushed into `dec` as
 // plain decoding would, and returns how many. With n_draft > 0 `sampler` must be greedy
 // (temperature 0, else a usage error naming --spec; a repeat penalty is allowed: each row is judged
 // with its own context); n_draft = 0 is exactly the plain step, for any sampler.
 int speculative_step(Decoder& dec, stages::Sampler& sampler, int n_draft, int max_tokens, SpecStats& stats,
-                     const EmitFn& emit, const DraftFn& drafter = {});
+                     const EmitFn& emit, const DraftFn& drafter = {}, DraftPolicy* policy = nullptr);
 
 }  // namespace k3::pipeline
