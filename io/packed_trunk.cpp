@@ -709,11 +709,7 @@ void PackedTrunk::check_source(const ShardSet& shards) const {
 
 void PackedTrunk::check_loaded(int l, std::span<const std::byte> bytes) const {
   const TrunkLayer& L = layer(l);
-  std::atomic<bool>& ok = loaded_ok_[size_t(l)];
-  if (ok.load(std::memory_order_acquire)) return;
-  if (!L.has_xxh64)
-    throw runtime_error(
-        fmt::format("trunk: {}: layer {} has no xxh64 checksum; re-run pack-trunk", json_path_.string(), l));
+  if (loaded_ok_[size_t(l)].load(std::memory_order_acquire)) return;  // hashed once a layer
   if (bytes.size() < L.nbytes)
     throw runtime_error(fmt::format("trunk: {}: layer {}: {} bytes read, {} expected", file_.path().string(),
                                     l, bytes.size(), L.nbytes));

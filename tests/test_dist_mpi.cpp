@@ -123,6 +123,16 @@ Synth& synth() {  // one checkpoint for every case and subcase
   return s;
 }
 
+// A job whose rank 1 cannot load its slice (a shard cut short: `cut`) ends with exit 1 and one line.
+void check_slice_refused(const test::Run& r, const std::string& cut) {
+  CHECK_FALSE(r.timed_out);
+  CHECK(r.code == 1);
+  CHECK(count(r.err, "k3flow: ") == 1);
+  const std::string line = line_with(r.err, "k3flow: ");
+  CHECK(line.find("rank 1 of 2 could not load its slice") != std::string::npos);
+  CHECK(line.find(fs::path(cut).filename().string()) != std::string::npos);
+}
+
 }  // namespace
 
 TEST_CASE("mpirun -np 1, 2, 4 on the tiny oracle model: the single process's ids and logits bytes") {
@@ -231,12 +241,7 @@ TEST_CASE("faults under mpirun end every rank's run with one clear error, never 
         mpirun(fmt::format("-np 1 {} {} : -np 1 {} {}", K3FLOW_BIN, fmt::format(fmt::runtime(gen), s.model),
                            K3FLOW_BIN, fmt::format(fmt::runtime(gen), bad))),
         60);
-    CHECK_FALSE(r.timed_out);
-    CHECK(r.code == 1);
-    CHECK(count(r.err, "k3flow: ") == 1);
-    const std::string line = line_with(r.err, "k3flow: ");
-    CHECK(line.find("rank 1 of 2 could not load its slice") != std::string::npos);
-    CHECK(line.find(fs::path(cut).filename().string()) != std::string::npos);
+    check_slice_refused(r, cut);
   }
   SUBCASE("a rank killed at its first expert exchange: the job ends, naming the rank") {
     const test::Run r = test::shell(mpirun(fmt::format("-x K3FLOW_DIST_FAULT=1:exit -np 3 {} {}", K3FLOW_BIN,
@@ -414,12 +419,7 @@ TEST_CASE("mpirun serve faults: a follower that cannot load or dies in a step en
         mpirun(fmt::format("-np 1 {} {} : -np 1 {} {}", K3FLOW_BIN, fmt::format(fmt::runtime(serve), tiny),
                            K3FLOW_BIN, fmt::format(fmt::runtime(serve), bad))),
         60);
-    CHECK_FALSE(r.timed_out);
-    CHECK(r.code == 1);
-    CHECK(count(r.err, "k3flow: ") == 1);
-    const std::string line = line_with(r.err, "k3flow: ");
-    CHECK(line.find("rank 1 of 2 could not load its slice") != std::string::npos);
-    CHECK(line.find(fs::path(cut).filename().string()) != std::string::npos);
+    check_slice_refused(r, cut);
   }
   SUBCASE("rank 1 killed at its first expert exchange: the request fails and the job ends, naming the rank") {
     test::ServeChild s(tiny + " --no-progress", kMpiEnv, true, 120,
