@@ -160,6 +160,35 @@ TEST_CASE("pinning iterates to a fixed point: a pin that shrinks the slot frees 
   CHECK(q.total() == 18 * kPage);
 }
 
+TEST_CASE("a layer that would span every ring slot is pinned when that costs at most 25 % more reads") {
+  // `wide`-shaped in pages: layers 3, 7, 11, 15 are 10 pages, the twelve others 14. At 194 pages the
+  // fixed point streams one 14-page layer and two 10-page ones (34 pages a token) through a ring of
+  // 2 x 10 pages, which the 14-page layer spans whole: nothing can be read while the layer before it
+  // in the ring waits to be computed, nor after it until it has been. Pinning every 14-page layer
+  // instead streams the four small ones (40 pages, 18 % more) through the same ring, none spanning.
+  PlanInputs in;
+  for (int l = 0; l < 16; ++l) in.layers.push_back({(l % 4 == 3 ? 10 : 14) * kPage, 0});
+  MemoryPlan p = k3::pipeline::make_plan(in, total(194 * kPage));
+  check_consistent(p);
+  CHECK(p.spanning_layer == -1);
+  CHECK(p.ring_slots == 2);
+  CHECK(p.slot_read_bytes == 10 * kPage);
+  CHECK(p.streamed_bytes == 40 * kPage);
+  CHECK(p.pinned == std::vector<int>{0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14});
+
+  // Where pinning the spanning layer does not fit, the span stays: a 10-page outlier beside 4-page
+  // layers (the fixed-point case above), at its floor and just above it.
+  PlanInputs outlier;
+  outlier.layers = {{10 * kPage, 0}, {4 * kPage, 0}, {4 * kPage, 0}, {4 * kPage, 0}};
+  MemoryPlan f = k3::pipeline::make_plan(outlier, total(10 * kPage));
+  CHECK(f.spanning_layer == 0);
+  CHECK(f.span_slots == 2);
+  // 14 pages: pinning the outlier needs 10 + a 2 x 4-page ring = 18: it does not fit, the span stays.
+  MemoryPlan g = k3::pipeline::make_plan(outlier, total(14 * kPage));
+  check_consistent(g);
+  CHECK(g.spanning_layer == 0);
+}
+
 TEST_CASE("streamed layers of one size are spread over the token, not bunched after the pinned ones") {
   // 16 equal layers, room for the 2-slot ring and 8 pins: streamed every other layer (first pick
   // layer 0, then each the farthest from those already streamed, cyclically; ties to the lower).

@@ -290,37 +290,67 @@ MemoryPlan make_plan(const PlanInputs& in, const PlanBudget& want) {
     if (one.dec && trunk_avail >= ring0 && trunk_avail - ring0 >= extra) D = 2;
   }
 
-  // Largest-first pinning to a fixed point: pins only ever shrink the ring, so every pass stays
-  // within the budget, and a pass that pins nothing ends the loop.
-  std::vector<bool> pinned(n, false);
+  // Largest-first pinning to a fixed point from `pinned` (layers already pinned stay pinned): pins
+  // only ever shrink the ring, so every pass stays within the budget, and a pass that pins nothing
+  // ends the loop. False when the starting pins do not fit beside their own ring.
+  const std::vector<bool> every(n, true);
+  const uint64_t stage_all = pools_for(in.layers, every, S, D, compressed, in.fused_slot_bytes).bytes();
   std::vector<int> order(n);
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(),
                    [&](int a, int b) { return footprint(in.layers[a]) > footprint(in.layers[b]); });
-  uint64_t pinned_bytes = 0;
-  Pools pools = pools_for(in.layers, pinned, S, D, compressed, in.fused_slot_bytes);
-  const std::vector<bool> every(n, true);
-  const uint64_t stage_all = pools_for(in.layers, every, S, D, compressed, in.fused_slot_bytes).bytes();
-  for (bool changed = true; changed;) {
-    changed = false;
-    uint64_t unpinned = p.trunk_bytes - pinned_bytes;
-    if (unpinned && unpinned + stage_all <= trunk_avail - pinned_bytes) {  // everything fits without a ring
-      std::fill(pinned.begin(), pinned.end(), true);
-      pinned_bytes = p.trunk_bytes;
-      pools = pools_for(in.layers, pinned, S, D, compressed, in.fused_slot_bytes);
-      break;
-    }
-    uint64_t avail = trunk_avail - pinned_bytes - pools.bytes();
-    for (int l : order) {
-      uint64_t b = footprint(in.layers[l]);
-      if (!pinned[l] && b <= avail) {
-        pinned[l] = true;
-        pinned_bytes += b;
-        avail -= b;
-        changed = true;
+  auto pin_fixed_point = [&](std::vector<bool>& pins, uint64_t& pins_bytes, Pools& with) {
+    pins_bytes = 0;
+    for (size_t l = 0; l < n; ++l)
+      if (pins[l]) pins_bytes += footprint(in.layers[l]);
+    with = pools_for(in.layers, pins, S, D, compressed, in.fused_slot_bytes);
+    if (pins_bytes + with.bytes() > trunk_avail) return false;
+    for (bool changed = true; changed;) {
+      changed = false;
+      uint64_t unpinned = p.trunk_bytes - pins_bytes;
+      if (unpinned && unpinned + stage_all <= trunk_avail - pins_bytes) {  // everything fits without a ring
+        std::fill(pins.begin(), pins.end(), true);
+        pins_bytes = p.trunk_bytes;
+        with = pools_for(in.layers, pins, S, D, compressed, in.fused_slot_bytes);
+        break;
       }
+      uint64_t avail = trunk_avail - pins_bytes - with.bytes();
+      for (int l : order) {
+        uint64_t b = footprint(in.layers[l]);
+        if (!pins[l] && b <= avail) {
+          pins[l] = true;
+          pins_bytes += b;
+          avail -= b;
+          changed = true;
+        }
+      }
+      with = pools_for(in.layers, pins, S, D, compressed, in.fused_slot_bytes);
     }
-    pools = pools_for(in.layers, pinned, S, D, compressed, in.fused_slot_bytes);
+    return true;
+  };
+  std::vector<bool> pinned(n, false);
+  uint64_t pinned_bytes = 0;
+  Pools pools;
+  pin_fixed_point(pinned, pinned_bytes, pools);  // nothing pinned at the start always fits (floor)
+  // A spanning layer takes the whole ring (docs/design.md §3.2): it cannot be read until the layer
+  // before it in the ring has been computed, nor anything after it until it has, so the disk idles
+  // for a layer's compute twice a token (docs/performance.md, "A layer that fills the ring").
+  // Pinning it (and re-pinning the rest around it) usually costs a few more streamed bytes; that
+  // plan is taken when it reads at most kSpanByteAllowance times the span plan's bytes per token.
+  // At the floor, or when the spanning layer does not fit beside the ring, the span stays.
+  constexpr double kSpanByteAllowance = 1.25;
+  const uint64_t spanning_streamed = p.trunk_bytes - pinned_bytes;
+  for (std::vector<bool> alt(n, false); pools.ring.spanning >= 0;) {
+    alt[size_t(pools.ring.spanning)] = true;
+    std::vector<bool> next = alt;
+    uint64_t alt_bytes = 0;
+    Pools alt_pools;
+    if (!pin_fixed_point(next, alt_bytes, alt_pools) ||
+        double(p.trunk_bytes - alt_bytes) > kSpanByteAllowance * double(spanning_streamed))
+      break;
+    pinned = std::move(next);
+    pinned_bytes = alt_bytes;
+    pools = alt_pools;
   }
   spread_pins(in.layers, pinned);
   // the same sizes unpinned: only the indices move

@@ -21,7 +21,9 @@
 // (docs/engine.md §3.3, the split-first arena of the C fork). The price: while the spanning layer is
 // read or computed no other trunk layer is in memory, so two trunk reads per token do not overlap
 // compute. The graph must allocate the ring as one arena of S x slot_read_bytes so that adjacent
-// slots are contiguous; a spanning layer takes slots [0, span).
+// slots are contiguous; a spanning layer takes slots [0, span). So a plan with a spanning layer is
+// kept only when pinning that layer instead does not fit, or would stream more than 1.25 x its bytes
+// per token (then the layers around it are re-pinned from scratch to a fixed point).
 //
 // Compressed trunk (PlanInputs::codec, docs/codec.md): the reader reads a layer's STORED bytes, and
 // the graph's decode stage decodes them into a decoded slot, where the layer is bound and computed:
