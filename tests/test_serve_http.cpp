@@ -382,8 +382,15 @@ TEST_CASE("a full queue answers 429 at once; a client that disconnects frees its
   const Completion got = parse_completion(parse_response(raw));
   CHECK(got.status == 200);
   CHECK(got.completion_tokens == 4);
-  Json h(http(s.port(), "GET", "/health").body);
-  CHECK(int64_t(h.doc["active"]) == 0);
+  // B's last bytes can reach us just before the scheduler retires its sequence (seen once in a
+  // loaded full suite): the slot is free within the same bounded wait as above.
+  int64_t b_active = -1;
+  for (int i = 0; i < 3000 && b_active != 0; ++i) {
+    Json h(http(s.port(), "GET", "/health").body);
+    b_active = int64_t(h.doc["active"]);
+    if (b_active != 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  CHECK(b_active == 0);
   const std::map<std::string, double> m = metric_values(http(s.port(), "GET", "/metrics").body);
   CHECK(m.at("k3flow_generated_tokens_total") < 3000);  // A was cut short
   CHECK(m.at(R"(k3flow_requests_total{endpoint="/v1/completions",status="429"})") == 1);
