@@ -219,7 +219,7 @@ HeadWeights bind_head(const io::ModelConfig&, const Layout& lay, std::span<const
                       std::span<float> widen) {
   Binder b(lay, bytes, widen);
   HeadWeights h;
-  h.embed = b.dense(Field::embed);
+  if (b.has(Field::embed)) h.embed = b.dense(Field::embed);  // else read by rows (EmbedRows)
   h.final_norm = b.vec(Field::final_norm);
   h.out_res_norm = b.vec(Field::out_res_norm);
   h.out_res_proj = b.vec(Field::out_res_proj);

@@ -188,7 +188,7 @@ void StreamingModel::forward_batch(std::span<const stages::Segment> segs, std::s
   {
     m.act.compute_begin();
     TraceSpan span(m.embed_track, "embed", "compute", m.args(-1));
-    stages::embed_tokens(m.head->w, c, ids, buf.P);
+    m.head->embed(c, ids, buf.P);
     m.step(v0).after_layer(stages::ForwardWatch::kEmbedding, buf.P, m.E);
     m.act.compute_end();
   }

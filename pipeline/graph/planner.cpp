@@ -20,6 +20,7 @@
 #include "pipeline/support/human_bytes.hpp"
 #include "stages/bind.hpp"
 #include "stages/forward.hpp"
+#include "stages/head.hpp"
 #include "stages/tensors.hpp"
 
 namespace k3::pipeline {
@@ -498,9 +499,14 @@ PlanInputs plan_inputs(const io::ModelConfig& c, const io::ShardSet& shards, con
     in.fused_slot_bytes = std::max<uint64_t>(pages, 1) * kDirectAlign;
   }
 
-  stages::Layout head = stages::locate(stages::model_tensors(c), shards, c);
-  const uint64_t head_bytes =
-      align_up(head.buffer_bytes, kDirectAlign) + align_up(4 * head.widen_floats, kDirectAlign);
+  // The embedding is read a row per id where it can be (WeightSources::Head, stages::EmbedRows): the
+  // head holds one row's bytes instead of the table.
+  const std::optional<stages::EmbedRows> rows = stages::embed_rows_of(shards, c);
+  stages::Layout head =
+      stages::locate(rows ? stages::head_tensors_without_embed(c) : stages::model_tensors(c), shards, c);
+  const uint64_t head_bytes = align_up(head.buffer_bytes, kDirectAlign) +
+                              align_up(4 * head.widen_floats, kDirectAlign) +
+                              (rows ? align_up(rows->row_bytes(), kDirectAlign) : 0);
   // KDA state for the KDA layers only (the references allocate it for every layer; MLA layers have
   // none) and the KV cache: what stages::DecodeState allocates, from the same StateSizes.
   const stages::StateSizes state = stages::StateSizes::of(c, n, context);
@@ -522,7 +528,8 @@ PlanInputs plan_inputs(const io::ModelConfig& c, const io::ShardSet& shards, con
       io::UringReader::ring_bytes(std::max(trunk_opts.queue_depth, trunk_opts.max_depth));
   const uint64_t expert_ring = io::UringReader::ring_bytes(expert_reader_options(0).queue_depth);
   in.resident = {
-      {"embedding + lm_head + head vectors", 1, head_bytes, head_bytes},
+      {rows ? "lm_head + head vectors (embedding rows read per id)" : "embedding + lm_head + head vectors", 1,
+       head_bytes, head_bytes},
       {fmt::format("KDA recurrent + conv state ({} KDA layers{})", state.n_kda, seqs),
        S * uint64_t(state.n_kda), state.kda_layer_bytes(), S * state.kda_bytes()},
       {fmt::format("MLA KV cache ({} positions{}, {} MLA layers)", context, seqs, state.n_mla), S * context,

@@ -151,13 +151,24 @@ void WeightSources::expert(int l, int e, ExpertRead& out) const {
 
 std::unique_ptr<WeightSources::Head> WeightSources::load_head() const {
   auto h = std::make_unique<Head>();
-  const stages::Layout lay = stages::locate(stages::model_tensors(cfg_), shards_, cfg_);
+  h->rows = stages::embed_rows_of(shards_, cfg_);
+  if (h->rows) h->row.resize(h->rows->row_bytes());
+  const stages::Layout lay = stages::locate(
+      h->rows ? stages::head_tensors_without_embed(cfg_) : stages::model_tensors(cfg_), shards_, cfg_);
   h->bytes = io::AlignedBuffer(lay.buffer_bytes + lay.base_mod8 + 1);
   std::span<std::byte> dst = h->bytes.bytes().subspan(lay.base_mod8, lay.buffer_bytes);
   stages::read_layout(lay, shards_, dst);
   h->widen.assign(lay.widen_floats, 0.0f);
   h->w = stages::bind_head(cfg_, lay, dst, h->widen);
   return h;
+}
+
+void WeightSources::Head::embed(const io::ModelConfig& c, std::span<const int32_t> ids,
+                                std::span<float> out) {
+  if (rows)
+    stages::embed_rows(*rows, ids, out, row);
+  else
+    stages::embed_tokens(w, c, ids, out);
 }
 
 PlanInputs WeightSources::plan_inputs(uint64_t context, std::vector<PlanTerm> extra, int max_seqs,

@@ -23,6 +23,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -32,6 +33,7 @@
 #include "io/safetensors.hpp"
 #include "pipeline/graph/planner.hpp"
 #include "stages/bind.hpp"
+#include "stages/head.hpp"
 
 namespace k3::io {
 class PackedTrunk;
@@ -91,11 +93,17 @@ class WeightSources {
   uint64_t expert_window_bytes() const { return expert_window_; }  // read part of an expert slot
   uint64_t expert_widen_floats() const { return expert_widen_; }   // widen part (0 for MXFP4)
 
-  // The head (embedding, final norm, output AttnRes, lm_head), read and bound into owned memory.
+  // The head (final norm, output AttnRes, lm_head), read and bound into owned memory; the embedding
+  // stays in the checkpoint and is read a row per id (`rows`, stages::EmbedRows) unless its dtype
+  // needs widening at bind (then it is bound with the rest, w.embed).
   struct Head {
     io::AlignedBuffer bytes;
     std::vector<float> widen;
     stages::HeadWeights w;
+    std::optional<stages::EmbedRows> rows;
+    std::vector<std::byte> row;  // one row's bytes, for rows
+    // out[t] = the embedding of ids[t], as stages::embed_tokens gives it.
+    void embed(const io::ModelConfig&, std::span<const int32_t> ids, std::span<float> out);
   };
   std::unique_ptr<Head> load_head() const;
 
