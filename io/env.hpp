@@ -35,9 +35,6 @@ inline constexpr Var kTrunkMaxQd{"K3FLOW_TRUNK_MAX_QD", Kind::setting,
                                  "K3FLOW_TRUNK_QD: a fixed depth)"};
 inline constexpr Var kTrunkGatedQd{"K3FLOW_TRUNK_GATED_QD", Kind::setting,
                                    "the trunk reader's depth while an urgent expert read is out"};
-inline constexpr Var kTrunkSlackQd{"K3FLOW_TRUNK_SLACK_QD", Kind::setting,
-                                   "the trunk reader's depth while its reads are ahead of the compute "
-                                   "(default 1; 0: never capped)"};
 inline constexpr Var kExpertQd{"K3FLOW_EXPERT_QD", Kind::setting, "expert reader queue depth (default 4)"};
 inline constexpr Var kExpertChunkKb{"K3FLOW_EXPERT_CHUNK_KB", Kind::setting,
                                     "expert reader chunk size in KiB (default a quarter expert)"};
@@ -76,28 +73,11 @@ inline constexpr Var kDistFault{"K3FLOW_DIST_FAULT", Kind::test_hook,
 inline constexpr Var kFuzzTmpdir{"K3_FUZZ_TMPDIR", Kind::test_hook,
                                  "DIR: the fuzz targets' scratch directory (tests/fuzz, not k3flow)"};
 
-inline constexpr Var kAll[] = {kIsa,
-                               kNoUring,
-                               kTrunkQd,
-                               kTrunkChunkKb,
-                               kTrunkMaxQd,
-                               kTrunkGatedQd,
-                               kTrunkSlackQd,
-                               kExpertQd,
-                               kExpertChunkKb,
-                               kNoHuge,
-                               kDistTimeout,
-                               kDistLoadTimeout,
-                               kFailAfterBytes,
-                               kFailMode,
-                               kSynthFailAfter,
-                               kTestStepDelayMs,
-                               kTestReadDelayMs,
-                               kTestMemAvailable,
-                               kBenchChild,
-                               kFuzzTmpdir,
-                               kTestLoadDelayMs,
-                               kDistFault};
+inline constexpr Var kAll[] = {
+    kIsa,        kNoUring,         kTrunkQd,         kTrunkChunkKb,    kTrunkMaxQd,       kTrunkGatedQd,
+    kExpertQd,   kExpertChunkKb,   kNoHuge,          kDistTimeout,     kDistLoadTimeout,  kFailAfterBytes,
+    kFailMode,   kSynthFailAfter,  kTestStepDelayMs, kTestReadDelayMs, kTestMemAvailable, kBenchChild,
+    kFuzzTmpdir, kTestLoadDelayMs, kDistFault};
 
 // The listed variable named `name`; a name that is not listed is a programming error (logic_error).
 const Var& find(std::string_view name);

@@ -188,10 +188,8 @@ struct UringReader::Impl {
   uint64_t submitted = 0, completed = 0;
 
   std::atomic<uint64_t> n_requests{0}, n_failed{0}, n_uring_chunks{0}, n_uring_bytes{0}, n_pread_bytes{0},
-      n_direct_bytes{0}, n_resubmissions{0}, peak_in_flight{0}, n_epochs{0}, n_gated_turns{0},
-      n_capped_turns{0}, cur_depth{0};
-  std::atomic<unsigned> depth_cap{0};  // set_depth_cap
-  std::optional<DepthTuner> tuner;     // adaptive readers only; touched by the reader's thread alone
+      n_direct_bytes{0}, n_resubmissions{0}, peak_in_flight{0}, n_epochs{0}, n_gated_turns{0}, cur_depth{0};
+  std::optional<DepthTuner> tuner;  // adaptive readers only; touched by the reader's thread alone
 
   io_uring ring{};
   int wake_fd = -1;
@@ -346,10 +344,6 @@ struct UringReader::Impl {
       if (opt.gated_depth > 0 && opt.gate && opt.gate->raised() && opt.gated_depth < depth) {
         limit = opt.gated_depth;
         ++n_gated_turns;
-      }
-      if (const unsigned cap = depth_cap.load(std::memory_order_relaxed); cap > 0 && cap < limit) {
-        limit = cap;
-        ++n_capped_turns;
       }
       while (inflight < limit) {
         Op* op = next_op();
@@ -538,12 +532,7 @@ ReaderCounters UringReader::counters() const {
   return ReaderCounters{i.n_requests.load(),      i.n_failed.load(),       i.n_uring_chunks.load(),
                         i.n_uring_bytes.load(),   i.n_pread_bytes.load(),  i.n_direct_bytes.load(),
                         i.n_resubmissions.load(), i.peak_in_flight.load(), i.cur_depth.load(),
-                        i.n_epochs.load(),        i.n_gated_turns.load(),  i.n_capped_turns.load(),
-                        i.depth_cap.load()};
-}
-
-void UringReader::set_depth_cap(unsigned cap) {
-  impl_->depth_cap.store(cap, std::memory_order_relaxed);
+                        i.n_epochs.load(),        i.n_gated_turns.load()};
 }
 
 size_t UringReader::ring_bytes(unsigned queue_depth) {

@@ -115,8 +115,6 @@ struct ReaderCounters {
   uint64_t depth = 0;           // the depth in effect now (adaptive readers change it)
   uint64_t epochs = 0;          // saturated epochs the tuner has seen
   uint64_t gated_turns = 0;     // loop turns that issued less because the urgent gate was raised
-  uint64_t capped_turns = 0;    // loop turns that issued less because of set_depth_cap
-  uint64_t depth_cap = 0;       // the cap in effect now (0: none)
 };
 
 class UringReader {
@@ -148,12 +146,6 @@ class UringReader {
   void submit(const ReadRequest& request, const Callback& on_done);
   // Queues several reads under one wake-up; `on_done` runs once per request (distinguish by tag).
   void submit(std::span<const ReadRequest> requests, const Callback& on_done);
-
-  // At most `cap` chunks in flight from the reader's next loop turn on (0: no cap), below whatever
-  // the depth and the gate allow; capped turns are not measured by the depth tuner. For a caller
-  // that knows the reads are ahead of their consumer: fewer bytes in the device queue let a read
-  // another reader submits (an expert the compute waits for) wait behind less. Any thread.
-  void set_depth_cap(unsigned cap);
 
   // Blocks until every request submitted so far has completed (its callback has returned).
   void wait_idle();

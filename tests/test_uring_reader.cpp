@@ -496,31 +496,6 @@ TEST_CASE("urgent reads raise the gate; a reader sharing it holds its depth whil
   }
 }
 
-TEST_CASE("set_depth_cap holds the depth below the window and the gate until it is lifted") {
-  const auto& pat = pattern();
-  File f = File::open_read(pat.path, File::Mode::direct_preferred);
-  UringReader trunk(UringReader::Options{.chunk_bytes = 64 << 10, .queue_depth = 16});
-  REQUIRE(trunk.backend() == UringReader::Backend::uring);
-  AlignedBuffer buf(size_t{16} << 20);
-  Sink sink;
-  trunk.set_depth_cap(1);  // set before the read: every turn of it capped
-  CHECK(trunk.counters().depth_cap == 1);
-  trunk.submit({&f, 0, buf.bytes(), 1}, sink.callback());
-  REQUIRE(sink.wait_for(1, std::chrono::seconds(60)));
-  CHECK(sink.last[1].ok());
-  CHECK(std::memcmp(buf.data(), pat.bytes.data(), buf.size()) == 0);
-  CHECK(trunk.counters().peak_in_flight == 1);
-  CHECK(trunk.counters().capped_turns > 0);
-  // A cap at or above the depth changes nothing; 0 lifts it.
-  trunk.set_depth_cap(0);
-  CHECK(trunk.counters().depth_cap == 0);
-  std::memset(buf.data(), 0, buf.size());
-  trunk.submit({&f, 0, buf.bytes(), 2}, sink.callback());
-  REQUIRE(sink.wait_for(2, std::chrono::seconds(60)));
-  CHECK(std::memcmp(buf.data(), pat.bytes.data(), buf.size()) == 0);
-  CHECK(trunk.counters().peak_in_flight == 16);
-}
-
 TEST_CASE("an urgent read is not starved by an adaptive trunk reader that is saturated") {
   // The graph's pair of readers: a trunk reader adapting its depth over a long read, and an expert
   // reader whose demand read raises the gate. The demand read, submitted after the trunk read is in

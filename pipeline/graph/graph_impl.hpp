@@ -35,7 +35,6 @@
 #include "pipeline/graph/reader_options.hpp"
 #include "pipeline/graph/slot_pool.hpp"
 #include "pipeline/graph/trace.hpp"
-#include "pipeline/graph/trunk_slack.hpp"
 #include "stages/moe.hpp"
 
 namespace k3::pipeline {
@@ -201,8 +200,6 @@ struct StreamingModel::Impl {
   std::optional<PrefetchTuner> tuner;
   std::atomic<bool> prefetch_on{true};
   int64_t ring_scheduled_through = -1;  // ring jobs are queued for every call <= this
-  // The trunk reader's depth cap from each streamed layer's slack (attention, before the compute).
-  TrunkSlack trunk_slack{int(n), trunk_slack_config()};
 
   // ---- node-local scratch, reused (each of these nodes is serial) ----
   std::vector<SlotRef> span_held;                        // trunk_read

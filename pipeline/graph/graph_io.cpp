@@ -16,11 +16,8 @@ void StreamingModel::Impl::counters() {
   const int64_t experts = cache ? int64_t(cache->occupied()) : 0;
   Trace::counter("trunk ring slots in use", ring);
   Trace::counter("expert slots in use", experts);
-  // The trunk reader's depth as it adapts to the device (reader_options.cpp, io::DepthTuner), and
-  // its cap while the reads are ahead of the compute (TrunkSlack; 0: none).
-  const io::ReaderCounters rc = trunk_reader.counters();
-  Trace::counter("trunk reader depth", int64_t(rc.depth));
-  Trace::counter("trunk reader cap", int64_t(rc.depth_cap));
+  // The trunk reader's depth as it adapts to the device (reader_options.cpp, io::DepthTuner).
+  Trace::counter("trunk reader depth", int64_t(trunk_reader.counters().depth));
   if (trunk.compressed()) Trace::counter("trunk decode slots in use", int64_t(decode_in_use.load()));
   Trace::counter("resident weight bytes",
                  ring * int64_t(trunk.slot_read_bytes()) +
@@ -44,8 +41,6 @@ void StreamingModel::Impl::submit_trunk(Visit visit, SlotRef slot_ref, TrunkRead
   const uint64_t total = ls.read_bytes;
   if (slot >= 0) ring_in_use += trunk.parts(layer);
   const uint64_t seq = read_seq++;  // trunk_read is serial: its submission order
-  const auto queued = std::chrono::steady_clock::now();
-  trunk_reader.set_depth_cap(trunk_slack.read_submitted(layer));
   counters();
   act.read_begin(total, false);
   stats[kTrunkRead]->bytes.fetch_add(total, std::memory_order_relaxed);
@@ -59,23 +54,22 @@ void StreamingModel::Impl::submit_trunk(Visit visit, SlotRef slot_ref, TrunkRead
   // submission itself throws, nothing will complete, so the wait is given back here.
   gw.reserve_wait();
   try {
-    trunk_reader.submit(
-        trunk_reqs, [this, &gw, &h, visit, slot_ref, id, total, seq, queued](const io::ReadCompletion& r) {
-          if (!r.ok()) {
-            h.read_failed.store(true);
-            fail(r.message);
-          }
-          if (h.pending_reads.fetch_sub(1) == 1) {
-            if (read_delay_ms > 0)  // test hook: the layer lands that much later
-              std::this_thread::sleep_for(std::chrono::milliseconds(read_delay_ms));
-            if (Trace::enabled()) Trace::async_end("trunk read", "io", id, trunk_track.tid());
-            act.read_end(total);
-            const std::chrono::duration<double> took = std::chrono::steady_clock::now() - queued;
-            trunk_reader.set_depth_cap(trunk_slack.read_landed(visit.layer, took.count()));
-            if (!h.read_failed.load()) gw.try_put(TrunkReady{.visit = visit, .slot = slot_ref, .seq = seq});
-            gw.release_wait();
-          }
-        });
+    trunk_reader.submit(trunk_reqs,
+                        [this, &gw, &h, visit, slot_ref, id, total, seq](const io::ReadCompletion& r) {
+                          if (!r.ok()) {
+                            h.read_failed.store(true);
+                            fail(r.message);
+                          }
+                          if (h.pending_reads.fetch_sub(1) == 1) {
+                            if (read_delay_ms > 0)  // test hook: the layer lands that much later
+                              std::this_thread::sleep_for(std::chrono::milliseconds(read_delay_ms));
+                            if (Trace::enabled()) Trace::async_end("trunk read", "io", id, trunk_track.tid());
+                            act.read_end(total);
+                            if (!h.read_failed.load())
+                              gw.try_put(TrunkReady{.visit = visit, .slot = slot_ref, .seq = seq});
+                            gw.release_wait();
+                          }
+                        });
   } catch (...) {
     act.read_end(total);
     gw.release_wait();

@@ -6,7 +6,6 @@
 #include <tbb/parallel_for.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstring>
 #include <numeric>
 #include <utility>
@@ -157,7 +156,6 @@ void StreamingModel::Impl::trunk_bind_body(const TrunkReady& m, Outputs<kTrunkBi
       std::sort(fused_ranges[size_t(l)].begin(), fused_ranges[size_t(l)].end());
       fused_known[size_t(l)].store(true, std::memory_order_release);
     }
-    h.bound_ns.store(std::chrono::steady_clock::now().time_since_epoch().count(), std::memory_order_relaxed);
     h.visit.store(key(m.visit), std::memory_order_release);
     if (m.slot.pinned()) {
       trunk.set_pin_loaded(l);
@@ -173,11 +171,6 @@ void StreamingModel::Impl::attention_body(const GatedLayer& in, Outputs<kAttenti
   const TrunkReady& r = std::get<size_t(LayerGateIn::ready)>(in);
   StepState& S = step(r.visit);
   const int l = r.visit.layer;
-  if (!r.slot.pinned()) {  // a streamed layer: was it waited for? (TrunkSlack)
-    const int64_t bound = trunk.holder(l, r.slot.index).bound_ns.load(std::memory_order_relaxed);
-    const int64_t now = std::chrono::steady_clock::now().time_since_epoch().count();
-    trunk_reader.set_depth_cap(trunk_slack.compute_started(l, double(now - bound) * 1e-9));
-  }
   run_node(kAttention, true, args(l, -1, r.slot.index), [&] {
     S.cur = StepState::Current{l, r.slot, &trunk.holder(l, r.slot.index).w};
     S.layer_segs = stages::layer_segments(S.segs, l);

@@ -3,8 +3,7 @@
 // with the same ones beside the device's own ceiling (device_probe.hpp).
 // Experiments: K3FLOW_{TRUNK,EXPERT}_{QD,CHUNK_KB}, K3FLOW_TRUNK_MAX_QD (the adaptive cap; equal to
 // K3FLOW_TRUNK_QD: a fixed depth) and K3FLOW_TRUNK_GATED_QD (the trunk's depth while an urgent expert
-// read is out; 0: no gate) override them (README, environment); K3FLOW_TRUNK_SLACK_QD sets the depth
-// the graph caps the trunk reader at while its reads are ahead of the compute (trunk_slack.hpp).
+// read is out; 0: no gate) override them (README, environment).
 #pragma once
 #include <cstdint>
 #include <memory>

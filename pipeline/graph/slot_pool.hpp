@@ -59,7 +59,6 @@ class TrunkSlots {
     stages::LayerWeights w;
     std::atomic<int> pending_reads{0};
     std::atomic<bool> read_failed{false};
-    std::atomic<int64_t> bound_ns{0};  // steady clock when trunk_bind bound it (TrunkSlack)
   };
 
   // Throws runtime Error if a layer does not fit the slot the plan gives it (an internal error).
