@@ -61,7 +61,9 @@ void same_rows(const fs::path& model) {
 }  // namespace
 
 TEST_CASE("embedding rows read per id equal the resident table's, bit for bit") {
-  SUBCASE("fixtures/tiny-k3") { same_rows(test::fixture_path("tiny-k3")); }
+  SUBCASE("fixtures/tiny-k3") {
+    same_rows(test::fixture_path("tiny-k3"));
+  }
   SUBCASE("a synthetic BF16 table") {
     TempDir d;
     const test::Run s = test::k3flow(fmt::format("synth {} --size tiny --seed 3", d / "m"));
@@ -93,8 +95,8 @@ TEST_CASE("the plan's head term holds lm_head and the vectors, not the embedding
     if (name != "lm_head + head vectors (embedding rows read per id)") continue;
     found = true;
     const uint64_t bytes = uint64_t(pool["bytes"]);
-    MESSAGE(fmt::format("head term {} B; the head with the table {} B; the table {} B", bytes, all.buffer_bytes,
-                        table));
+    MESSAGE(fmt::format("head term {} B; the head with the table {} B; the table {} B", bytes,
+                        all.buffer_bytes, table));
     CHECK(bytes + table <= all.buffer_bytes + 3 * 4096 + 4 * all.widen_floats);
     CHECK(bytes >= all.buffer_bytes - table);
   }
