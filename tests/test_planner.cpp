@@ -9,7 +9,6 @@
 #include "io/error.hpp"
 #include "pipeline/graph/planner.hpp"
 
-using k3::pipeline::LayerFootprint;
 using k3::pipeline::MemoryPlan;
 using k3::pipeline::PlanBudget;
 using k3::pipeline::PlanInputs;
