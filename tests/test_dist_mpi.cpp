@@ -124,6 +124,25 @@ Synth& synth() {  // one checkpoint for every case and subcase
 }
 
 // A job whose rank 1 cannot load its slice (a shard cut short: `cut`) ends with exit 1 and one line.
+// A copy of `model` in `bad` (a directory of symlinks) whose first file `pick` accepts is a real
+// copy cut to half its size; returns that file's path (empty when `pick` accepted none).
+std::string with_truncated_file(const fs::path& model, const fs::path& bad,
+                                const std::function<bool(const fs::path&)>& pick) {
+  fs::create_directory(bad);
+  std::string cut;
+  for (const fs::directory_entry& e : fs::directory_iterator(model)) {
+    const fs::path to = bad / e.path().filename();
+    if (cut.empty() && pick(e.path())) {
+      cut = to.string();
+      fs::copy_file(e.path(), to);
+      fs::resize_file(to, fs::file_size(to) / 2);
+    } else {
+      fs::create_symlink(e.path(), to);
+    }
+  }
+  return cut;
+}
+
 void check_slice_refused(const test::Run& r, const std::string& cut) {
   CHECK_FALSE(r.timed_out);
   CHECK(r.code == 1);
@@ -224,18 +243,8 @@ TEST_CASE("faults under mpirun end every rank's run with one clear error, never 
     // Rank 1 sees the checkpoint through a directory where one shard is cut short.
     const std::string bad = s.dir / "bad";
     fs::remove_all(bad);
-    fs::create_directory(bad);
-    std::string cut;
-    for (const fs::directory_entry& e : fs::directory_iterator(s.model)) {
-      const fs::path to = fs::path(bad) / e.path().filename();
-      if (cut.empty() && e.path().filename().string().find("model-00002") == 0) {
-        cut = to.string();
-        fs::copy_file(e.path(), to);
-        fs::resize_file(to, fs::file_size(to) / 2);
-      } else {
-        fs::create_symlink(e.path(), to);
-      }
-    }
+    const std::string cut = with_truncated_file(
+        s.model, bad, [](const fs::path& f) { return f.filename().string().find("model-00002") == 0; });
     REQUIRE(!cut.empty());
     const test::Run r = test::shell(
         mpirun(fmt::format("-np 1 {} {} : -np 1 {} {}", K3FLOW_BIN, fmt::format(fmt::runtime(gen), s.model),
@@ -401,18 +410,8 @@ TEST_CASE("mpirun serve faults: a follower that cannot load or dies in a step en
   SUBCASE("rank 1 sees a truncated shard: every rank exits 1, one line names the rank and the file") {
     test::TempDir dir;
     const std::string bad = dir / "bad";
-    fs::create_directory(bad);
-    std::string cut;
-    for (const fs::directory_entry& e : fs::directory_iterator(tiny)) {
-      const fs::path to = fs::path(bad) / e.path().filename();
-      if (e.path().extension() == ".safetensors") {
-        cut = to.string();
-        fs::copy_file(e.path(), to);
-        fs::resize_file(to, fs::file_size(to) / 2);
-      } else {
-        fs::create_symlink(e.path(), to);
-      }
-    }
+    const std::string cut =
+        with_truncated_file(tiny, bad, [](const fs::path& f) { return f.extension() == ".safetensors"; });
     REQUIRE(!cut.empty());
     const std::string serve = "serve {} --port 0 --no-progress";
     const test::Run r = test::shell(
