@@ -187,20 +187,26 @@ void Scheduler::run() {
   cv_.notify_all();
 }
 
+void Scheduler::end_queued(Finish f, const std::string& error) {
+  for (auto& [r, ch] : queue_)
+    ch->finish(
+        Outcome{.finish = f, .error = error, .prompt_tokens = int(r.prompt.size()), .completion_tokens = 0});
+  queue_.clear();
+  g_.queued = 0;
+}
+
+void Scheduler::end_active(Finish f, const std::string& error) {
+  for (auto& a : active_) finish(*a, f, error);
+  active_.clear();
+  g_.active = 0;
+}
+
 void Scheduler::fail_ranks(const std::string& error) {
   // This rank's step failed where the others' did not: they wait inside it for this rank's experts,
   // so nothing more can be computed. Every request ends with the error; the command ends the run.
-  for (auto& a : active_) finish(*a, Finish::error, error);
-  active_.clear();
-  g_.active = 0;
+  end_active(Finish::error, error);
   std::lock_guard lock(m_);
-  for (auto& [r, ch] : queue_)
-    ch->finish(Outcome{.finish = Finish::error,
-                       .error = error,
-                       .prompt_tokens = int(r.prompt.size()),
-                       .completion_tokens = 0});
-  queue_.clear();
-  g_.queued = 0;
+  end_queued(Finish::error, error);
   fatal_ = true;
   failure_ = io::runtime_error(fmt::format("a decode step failed on this rank: {}", error));
   phase_ = Phase::failed;
@@ -217,17 +223,9 @@ void Scheduler::loop() {
       cv_.wait(lock, [&] { return stopping_ || !active_.empty() || can_admit(); });
       if (stopping_ && std::chrono::steady_clock::now() >= deadline_) {
         // The bound passed: whatever is left is cancelled, queued requests included.
-        for (auto& [r, ch] : queue_)
-          ch->finish(Outcome{.finish = Finish::cancelled,
-                             .error = "the server is shutting down",
-                             .prompt_tokens = int(r.prompt.size()),
-                             .completion_tokens = 0});
-        queue_.clear();
-        g_.queued = 0;
+        end_queued(Finish::cancelled, "the server is shutting down");
         lock.unlock();
-        for (auto& a : active_) finish(*a, Finish::cancelled, "the server is shutting down");
-        active_.clear();
-        g_.active = 0;
+        end_active(Finish::cancelled, "the server is shutting down");
         return;
       }
       if (stopping_ && queue_.empty() && active_.empty()) return;
@@ -325,9 +323,7 @@ void Scheduler::decode_step() {
   // is reset when the next sequence takes it. The server keeps serving.
   const auto failed = [&](const char* what) {
     std::fprintf(stderr, "k3flow serve: a decode step failed: %s\n", what);
-    for (auto& a : active_) finish(*a, Finish::error, what);
-    active_.clear();
-    g_.active = 0;
+    end_active(Finish::error, what);
   };
   try {
     // The rows' checks first: a bad row computes nothing (nor is it sent to the other ranks).

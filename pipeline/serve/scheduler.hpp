@@ -115,6 +115,9 @@ class Scheduler {
   void admit();
   void decode_step();
   void finish(Active&, Finish, std::string error = {});
+  // Every queued request (m_ held) / every active sequence (the scheduler thread) ended with `f`.
+  void end_queued(Finish f, const std::string& error);
+  void end_active(Finish f, const std::string& error);
   void fail_ranks(const std::string& error);
   bool several() const { return opt_.ranks && opt_.ranks->size() > 1; }
 
