@@ -9,6 +9,7 @@
 #include <string>
 
 #include "tests/run_helpers.hpp"
+#include "tests/spec_totals.hpp"
 
 namespace {
 
@@ -24,31 +25,9 @@ Run run(const std::string& args) {
   return k3::test::k3flow_sh(args + " 2>&1");
 }
 
-std::string line_with(const std::string& out, const std::string& what) {
-  const size_t at = out.find(what);
-  if (at == std::string::npos) return "<no " + what + ">";
-  return out.substr(at, out.find('\n', at) - at);
-}
-
-// The numbers of generate's "speculative: D drafted, A accepted ...; P passes (V verify) for T tokens"
-// and "speculative policy: ...; K pauses, Q tokens decoded without drafting" lines.
-struct Totals {
-  long drafted = -1, accepted = -1, passes = -1, verify = -1, tokens = -1, pauses = -1, paused = -1;
-  // Rows fed after the prompt's pass, per token after the first: plain decoding's is 1.
-  double rows_per_token() const { return double(passes - 1 + drafted) / double(tokens - 1); }
-};
-
-Totals totals(const std::string& out) {
-  Totals t;
-  const std::string l = line_with(out, "speculative: ");
-  std::sscanf(l.c_str(),
-              "speculative: %ld drafted, %ld accepted (acceptance %*f); %ld passes (%ld verify) for %ld",
-              &t.drafted, &t.accepted, &t.passes, &t.verify, &t.tokens);
-  const std::string p = line_with(out, "speculative policy: ");
-  const size_t at = p.find("; ");
-  if (at != std::string::npos) std::sscanf(p.c_str() + at, "; %ld pauses, %ld tokens", &t.pauses, &t.paused);
-  return t;
-}
+using k3::test::line_with;
+using Totals = k3::test::SpecTotals;
+constexpr auto totals = k3::test::spec_totals;
 
 }  // namespace
 

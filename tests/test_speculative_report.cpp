@@ -20,6 +20,7 @@
 #include "io/config.hpp"
 #include "stages/forward.hpp"
 #include "tests/run_helpers.hpp"
+#include "tests/spec_totals.hpp"
 #include "tests/trace_json.hpp"
 
 namespace {
@@ -33,11 +34,7 @@ const std::string kModel = std::string(K3_FIXTURES) + "/tiny-k3";
 // one id (the passage's repeat ends with the prompt: the first generated id breaks every longer one).
 const std::string kPrompt = "17,203,34,2,239,195,88,61,17,203,34,2,239,195,88,61,17,203";
 
-std::string line_with(const std::string& out, const std::string& what) {
-  const size_t at = out.find(what);
-  if (at == std::string::npos) return "<no " + what + ">";
-  return out.substr(at, out.find('\n', at) - at);
-}
+using k3::test::line_with;
 
 // "generated ids: 1 2 3" -> "1,2,3"
 std::string answer_of(const std::string& out) {
@@ -69,18 +66,8 @@ const std::string kEager = " --spec-policy fixed --spec-min-match 1";
 const std::vector<PassRow> kOraclePasses = {{18, 0, 0, 1}, {5, 4, 4, 5}, {5, 4, 4, 5}, {5, 4, 4, 5},
                                             {5, 4, 4, 5},  {5, 4, 4, 5}, {4, 3, 3, 4}};
 
-// The numbers of generate's "speculative: D drafted, A accepted ...; P passes (V verify) for T tokens" line.
-struct Totals {
-  long drafted = -1, accepted = -1, passes = -1, verify = -1, tokens = -1;
-};
-Totals totals_of(const std::string& out) {
-  Totals t;
-  const std::string l = line_with(out, "speculative: ");
-  std::sscanf(l.c_str(),
-              "speculative: %ld drafted, %ld accepted (acceptance %*f); %ld passes (%ld verify) for %ld",
-              &t.drafted, &t.accepted, &t.passes, &t.verify, &t.tokens);
-  return t;
-}
+using Totals = k3::test::SpecTotals;
+constexpr auto totals_of = k3::test::spec_totals;
 
 }  // namespace
 
