@@ -81,7 +81,12 @@ TEST_CASE("plan --max-seqs: the carried state of every sequence is planned, and 
 
 TEST_CASE("bench --batch child: 4 sequences on a checkpoint over 3x the budget stay under it, same ids") {
   Small& s = small();
-  const double gb = 0.09;
+  // 0.075 GiB: 3.5 MiB over the floor, so the plan pins no layer and streams all 6 through a 2-slot
+  // ring. A sanitized process is larger than the process allowance, and its plan leaves that term
+  // out (plan_run's "planned at the floor" warning), which frees ~17 MiB for the pools: at 0.09 it
+  // pinned all 6 layers, so no decode step read the trunk and the check below compared 0 with 0.
+  // At 0.075 it pins 2 and streams 4.
+  const double gb = 0.075;
   const uint64_t budget = uint64_t(std::llround(gb * (1 << 30)));
   REQUIRE(s.on_disk >= 3 * budget);
   const std::string common =
@@ -101,6 +106,11 @@ TEST_CASE("bench --batch child: 4 sequences on a checkpoint over 3x the budget s
   // pass per row would read it 4x). Not equal: the ring reads ahead into the next step, and how
   // much of that lands inside the measured steps depends on timing (up to ~1.3x seen at load 14).
   const double t1 = std::stod(batch_field(b1.out, "trunk")), t4 = std::stod(batch_field(b4.out, "trunk"));
+  const std::string why =
+      "the plan at this budget holds the whole trunk: no decode step reads it, so this case tests "
+      "nothing (lower the budget)\n" +
+      b1.out;
+  REQUIRE_MESSAGE(t1 > 0, why);
   CHECK(t4 < 2 * t1);
 }
 
