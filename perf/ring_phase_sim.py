@@ -24,20 +24,19 @@ def simulate(S, span, streamed, tokens=16, first_extra=0):
     """Per token: how many other layers held a slot when the spanning layer (the first streamed
     layer) got its run. `first_extra` one-slot reads before the first token shift the start."""
     free = deque(range(S))
-    jobs = deque([("extra", 1)] * first_extra)
+    jobs = deque(["one"] * first_extra)
     for _ in range(tokens):
-        for layer in range(streamed):
-            jobs.append(("span" if layer == 0 else "one", span if layer == 0 else 1))
+        jobs.extend(["span"] + ["one"] * (streamed - 1))
     holding = deque()  # slot lists of layers read and not yet computed, in compute order
     gathered, head, held_by_others = [], None, []
     while jobs or holding or head:
         if head is None and jobs:
             head = jobs.popleft()
-        if head and head[0] != "span" and free:
+        if head == "one" and free:
             holding.append([free.popleft()])
             head = None
             continue
-        if head and head[0] == "span" and free:
+        if head == "span" and free:
             gathered.append(free.popleft())
             s = set(gathered)
             run = next((a for a in sorted(s) if a + span <= S and all(a + i in s for i in range(span))), None)
