@@ -5,6 +5,7 @@
 #include <simdjson.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <map>
 #include <set>
@@ -26,6 +27,7 @@ TEST_CASE("trace: off records nothing, on records spans, async reads and counter
   Trace::counter("ignored", 1);
   CHECK(Trace::event_count() == 0);
 
+  const auto enabled_at = std::chrono::steady_clock::now();
   Trace::enable();
   Trace::name_thread("main");
   { TraceSpan s("attention", "compute", TraceArgs{.layer = 3}); }
@@ -44,6 +46,13 @@ TEST_CASE("trace: off records nothing, on records spans, async reads and counter
   Trace::write(path);
   simdjson::dom::parser parser;
   simdjson::dom::element doc = parser.load(path.string());
+  // ts 0 on the steady clock (CLOCK_MONOTONIC), to line the trace up with `perf record -k CLOCK_MONOTONIC`.
+  const auto us = [](std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration_cast<std::chrono::microseconds>(t.time_since_epoch()).count();
+  };
+  const int64_t origin = int64_t(doc["otherData"]["monotonic_origin_us"]);
+  CHECK(origin >= us(enabled_at));
+  CHECK(origin <= us(std::chrono::steady_clock::now()));
   std::set<std::string> phases;
   std::set<int64_t> tids;
   for (simdjson::dom::object ev : doc["traceEvents"].get_array()) {

@@ -199,7 +199,12 @@ size_t Trace::event_count() {
 }
 
 void Trace::write(const std::filesystem::path& path) {
-  std::string out = "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n";
+  // otherData.monotonic_origin_us: the steady clock (CLOCK_MONOTONIC on Linux) at ts 0, so a trace
+  // lines up with `perf record -k CLOCK_MONOTONIC` (scheduler events, samples) of the same run.
+  const auto origin = std::chrono::duration_cast<std::chrono::microseconds>(registry().t0.time_since_epoch());
+  std::string out =
+      "{\"displayTimeUnit\":\"ms\",\"otherData\":{\"monotonic_origin_us\":" + std::to_string(origin.count()) +
+      "},\"traceEvents\":[\n";
   const int pid = static_cast<int>(::getpid());
   out += "{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":" + std::to_string(pid) +
          ",\"tid\":0,\"args\":{\"name\":\"k3flow\"}}";
