@@ -217,6 +217,13 @@ TEST_CASE("aggregate: median and min over repeats, T_io, T_cpu, busy shares, ove
   CHECK(r.read_vs_ceiling == doctest::Approx(3.0 / 5.0));
   CHECK(r.io_wait_share == doctest::Approx(0.04 / 0.4));
   CHECK(r.io_busy_share == doctest::Approx(0.9));
+  CHECK(r.attainable_efficiency == 0);  // no CPU share measured: no bound
+  // The compute keeps 0.5 of its CPU while reads stream, the reads 0.8 of their rate: T_io 0.2, T_cpu
+  // 0.5 -> at best 0.5 + 0.2 x 0.5 / 0.8.
+  r = aggregate("overlap", runs, Ceiling{8.0, 2.0, 0.5, 0.8}, 0.5, 0);
+  CHECK(r.attainable_s_per_token == doctest::Approx(0.5 + 0.2 * 0.5 / 0.8));
+  CHECK(r.attainable_efficiency == doctest::Approx(0.5 / 0.625));
+  CHECK(r.overlap_efficiency == doctest::Approx(0.5 / 0.4));  // the measured one is unchanged
   // No random ceiling measured: experts priced at the sequential one.
   CHECK(aggregate("overlap", runs, Ceiling{8.0, 0.0}, 0.5, 0).t_io == doctest::Approx(1.0 / 8.0));
 }
@@ -229,12 +236,18 @@ TEST_CASE("rank, JSON and last line") {
   sum.ceiling_gbps_samples = {2.4, 2.5, 2.6};
   sum.engine_probe_gbps = 1.5;
   sum.t_cpu_per_token = 0.1;
+  sum.cpu_threads = 2;
+  sum.cpu_share_reading = 0.68;
+  sum.cpu_share_reading_samples = {0.67, 0.68, 0.7};
+  sum.cpu_share_quiet = 0.99;
+  sum.read_share_beside = 0.6;
   for (auto [name, s, eff] : {std::tuple{"serial", 0.4, 0.25}, {"overlap", 0.2, 0.5}, {"trunk", 0.3, 0.33}}) {
     StrategyResult r;
     r.strategy = name;
     r.s_per_token = s;
     r.s_runs = {s};
     r.overlap_efficiency = eff;
+    r.attainable_efficiency = 0.8;
     r.ids = {7, 8};
     sum.strategies.push_back(r);
   }
@@ -259,6 +272,14 @@ TEST_CASE("rank, JSON and last line") {
   CHECK(doc["strategies"].get_array().size() == 3);
   CHECK(doc["strategies"].at(1)["lookahead_hit_rate"].is_null());
   CHECK(int64_t(doc["strategies"].at(1)["ids"].at(1)) == 8);
+  CHECK(int64_t(doc["cpu_threads"]) == 2);
+  CHECK(double(doc["cpu_share_reading"]) == doctest::Approx(0.68));
+  CHECK(doc["cpu_share_reading_samples"].get_array().size() == 3);
+  CHECK(double(doc["cpu_share_quiet"]) == doctest::Approx(0.99));
+  CHECK(double(doc["read_share_beside"]) == doctest::Approx(0.6));
+  CHECK(double(doc["strategies"].at(1)["attainable_efficiency"]) == doctest::Approx(0.8));
+  CHECK(bench_table(sum).find(" bound ") != std::string::npos);
+  CHECK(bench_table(sum).find("   0.800 ") != std::string::npos);
 
   sum.strategies.erase(sum.strategies.begin());  // no serial
   rank(sum);

@@ -160,6 +160,35 @@ TEST_CASE("the device ceiling reads what it claims: bytes, the queue depth reach
     CHECK(r.dest_bytes == uint64_t{256} << 20);
     CHECK(format_ceiling(r).find("into 256.00 MiB of memory") != std::string::npos);
   }
+  {  // spinners beside a second sequential pass: their share of the CPU, quiet and while reading
+    const ProbePattern p = probe_pattern(cfg, shards, &trunk);
+    CeilingOptions o;
+    o.seconds = 0.1;
+    o.queue_depth = 4;
+    o.chunk_bytes = size_t{64} << 10;
+    const CeilingResult without = probe_ceiling(p, o);
+    CHECK_FALSE(without.cpu_reading.measured());  // not asked for: nothing spun, nothing printed
+    CHECK(without.read_share_beside() == 0);
+    CHECK(format_ceiling(without).find("spinning") == std::string::npos);
+    o.cpu_threads = 1;
+    o.cpu_seconds = 0.3;
+    const CeilingResult r = probe_ceiling(p, o);
+    REQUIRE(r.cpu_reading.measured());
+    CHECK(r.cpu_reading.threads == 1);
+    CHECK(r.cpu_quiet.threads == 1);
+    CHECK(r.cpu_quiet.seconds >= 0.15);
+    CHECK(r.cpu_reading.seconds >= 0.3);  // the spinners ran as long as the reads beside them
+    CHECK(r.beside_spinners.bytes > 0);
+    CHECK(r.beside_spinners.requests > 0);
+    CHECK(r.read_share_beside() > 0);
+    CHECK(r.read_share_beside() <= 1);
+    for (const CpuShare* c : {&r.cpu_quiet, &r.cpu_reading}) {
+      CHECK(c->share > 0);
+      CHECK(c->share <= 1);
+    }
+    CHECK(format_ceiling(r).find("CPU kept by 1 spinning thread while these reads stream") !=
+          std::string::npos);
+  }
   {  // an area asked for is used as given, but never smaller than the largest request
     const ProbePattern p = probe_pattern(cfg, shards, &trunk);
     CeilingOptions o;

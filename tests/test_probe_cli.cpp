@@ -69,6 +69,16 @@ TEST_CASE("probe --json: the ceiling's deep queue beside the engine's settings, 
   CHECK(num(doc["random_gbps"]) > 0);
   CHECK(num(doc["engine_gbps"]) > 0);
   CHECK(num(doc["engine_vs_ceiling"]) == doctest::Approx(num(doc["engine_gbps"]) / num(doc["ceiling_gbps"])));
+  // One spinner per hardware thread by default, quiet and beside the reads.
+  CHECK(num(doc["cpu"]["threads"]) >= 1);
+  for (const char* k : {"share_reading", "share_quiet"}) {
+    CAPTURE(k);
+    CHECK(num(doc["cpu"][k]) > 0);
+    CHECK(num(doc["cpu"][k]) <= 1);
+  }
+  CHECK(num(doc["cpu"]["reading_gbps"]) > 0);
+  CHECK(num(doc["cpu"]["read_share"]) > 0);
+  CHECK(num(doc["cpu"]["read_share"]) <= 1);
 
   // Text: both rates and the last line.
   const k3::test::Run t =
@@ -80,6 +90,15 @@ TEST_CASE("probe --json: the ceiling's deep queue beside the engine's settings, 
   CHECK(t.out.find("reading shards") != std::string::npos);
   CHECK(t.out.find("device probe: ") != std::string::npos);
   CHECK(t.out.find("ceiling_gbps=") != std::string::npos);
+  CHECK(t.out.find(" cpu_share_reading=") != std::string::npos);
+  CHECK(t.out.find("CPU kept by ") != std::string::npos);
+  // --cpu-threads 0 skips the spinners: no line, no field on the last line.
+  const k3::test::Run q =
+      k3::test::k3flow_sh(fmt::format("probe {} --seconds 0.1 --cpu-threads 0", tiny_model()));
+  INFO(q.err);
+  REQUIRE(q.code == 0);
+  CHECK(q.out.find("CPU kept by ") == std::string::npos);
+  CHECK(q.out.find("cpu_share_reading=") == std::string::npos);
 }
 
 TEST_CASE("probe refuses bad input with one line naming it, exit 2") {

@@ -10,6 +10,7 @@
 #include "io/error.hpp"
 #include "io/json_text.hpp"
 #include "io/safetensors_writer.hpp"
+#include "pipeline/bench/cpu_share.hpp"
 #include "pipeline/support/human_bytes.hpp"
 
 namespace k3::pipeline {
@@ -300,6 +301,11 @@ StrategyResult aggregate(const std::string& strategy, const std::vector<RunSampl
     r.disk_busy = r.t_io / r.s_per_token;
     r.cpu_busy = r.t_cpu / r.s_per_token;
     r.overlap_efficiency = std::max(r.t_io, r.t_cpu) / r.s_per_token;
+    if (ceiling.cpu_share_reading > 0 && r.t_io > 0) {
+      r.attainable_s_per_token =
+          attainable_seconds(r.t_io, r.t_cpu, ceiling.cpu_share_reading, ceiling.read_share_beside);
+      r.attainable_efficiency = std::max(r.t_io, r.t_cpu) / r.attainable_s_per_token;
+    }
     r.io_wait_share = median(wait) / r.s_per_token;
   }
   if (predicted > 0) r.lookahead_hit_rate = double(used) / double(predicted);
@@ -326,16 +332,17 @@ void rank(BenchSummary& s) {
 }
 
 std::string bench_table(const BenchSummary& s) {
-  std::string out =
-      fmt::format("{:<10} {:>11} {:>11} {:>12} {:>9} {:>9} {:>11} {:>8} {:>10} {:>9} {:>8} {:>10} {:>12}\n",
-                  "strategy", "s/tok med", "s/tok min", "read/tok", "disk %", "CPU %", "compute/tok",
-                  "overlap", "read GB/s", "/ceiling", "io wait", "lookahead", "peak RSS");
+  std::string out = fmt::format(
+      "{:<10} {:>11} {:>11} {:>12} {:>9} {:>9} {:>11} {:>8} {:>8} {:>10} {:>9} {:>8} {:>10} {:>12}\n",
+      "strategy", "s/tok med", "s/tok min", "read/tok", "disk %", "CPU %", "compute/tok", "overlap", "bound",
+      "read GB/s", "/ceiling", "io wait", "lookahead", "peak RSS");
   for (const StrategyResult& r : s.strategies) {
     out += fmt::format(
-        "{:<10} {:>11.4f} {:>11.4f} {:>12} {:>9} {:>9} {:>11.4f} {:>8.3f} {:>10} {:>9} {:>8} {:>10} "
+        "{:<10} {:>11.4f} {:>11.4f} {:>12} {:>9} {:>9} {:>11.4f} {:>8.3f} {:>8} {:>10} {:>9} {:>8} {:>10} "
         "{:>12}{}\n",
         r.strategy, r.s_per_token, r.s_per_token_min, human_bytes(r.bytes_per_token), pct(r.disk_busy),
         pct(r.cpu_busy), r.compute_per_token, r.overlap_efficiency,
+        r.attainable_efficiency > 0 ? fmt::format("{:.3f}", r.attainable_efficiency) : std::string("-"),
         r.effective_read_gbps > 0 ? fmt::format("{:.3f}", r.effective_read_gbps) : std::string("-"),
         r.read_vs_ceiling > 0 ? fmt::format("{:.3f}", r.read_vs_ceiling) : std::string("-"),
         pct(r.io_wait_share), r.lookahead_hit_rate ? pct(*r.lookahead_hit_rate) : std::string("-"),
@@ -361,6 +368,13 @@ std::string bench_json(const BenchSummary& s) {
       .field("engine_probe_trunk_gbps", s.engine_probe_trunk_gbps)
       .field("engine_probe_expert_gbps", s.engine_probe_expert_gbps)
       .field("device_direct_fraction", s.device_direct_fraction)
+      .field("cpu_threads", s.cpu_threads)
+      .field("cpu_share_reading", s.cpu_share_reading)
+      .field("cpu_share_reading_samples", s.cpu_share_reading_samples)
+      .field("cpu_share_quiet", s.cpu_share_quiet)
+      .field("cpu_share_quiet_samples", s.cpu_share_quiet_samples)
+      .field("read_share_beside", s.read_share_beside)
+      .field("read_share_beside_samples", s.read_share_beside_samples)
       .field("t_cpu_per_token", s.t_cpu_per_token)
       .field("t_cpu_source", s.t_cpu_source)
       .field("gen", s.gen)
@@ -385,6 +399,8 @@ std::string bench_json(const BenchSummary& s) {
         .field("disk_busy", r.disk_busy)
         .field("cpu_busy", r.cpu_busy)
         .field("overlap_efficiency", r.overlap_efficiency)
+        .field("attainable_s_per_token", r.attainable_s_per_token)
+        .field("attainable_efficiency", r.attainable_efficiency)
         .field("ceiling_gbps", r.ceiling_gbps)
         .field("effective_read_gbps", r.effective_read_gbps)
         .field("read_vs_ceiling", r.read_vs_ceiling)

@@ -12,7 +12,10 @@
 //   1. the device's ceiling (pipeline/bench/device_probe.* probe_ceiling: a deep queue of large O_DIRECT
 //      requests, independent of the engine's reader settings), and beside it the engine's own read
 //      pattern with the engine's settings, once at the start of every round; T_io is priced with the
-//      ceiling's medians, so the overlap efficiency cannot divide the engine's rate by itself;
+//      ceiling's medians, so the overlap efficiency cannot divide the engine's rate by itself; then
+//      spinner threads (as many as --threads) measure the CPU the compute keeps while those reads
+//      stream (cpu_share.hpp), which gives each strategy the `bound` column: the most overlap can
+//      reach on this machine;
 //   2. compute time per token with every weight resident: `k3flow generate` without a budget, when
 //      the model fits in available memory (else each strategy's own compute busy time);
 //   3. each strategy decoded R times, each run a child `k3flow generate --strategy S --mem-gb X`
@@ -39,6 +42,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "io/config.hpp"
@@ -339,6 +343,9 @@ int run_bench(const BenchArgs& a) {
   const ProbePattern pattern = probe_pattern(config, shards, trunk ? &*trunk : nullptr);
   CeilingOptions co;
   co.seconds = a.probe_seconds * 2 / 3;
+  // The compute threads' CPU, quiet and beside the reads: as many spinners as the runs compute with.
+  co.cpu_threads = a.threads > 0 ? a.threads : int(std::max(1u, std::thread::hardware_concurrency()));
+  sum.cpu_threads = co.cpu_threads;
   ProbeOptions po;
   po.seconds = a.probe_seconds / 3;
   po.trunk_reader = trunk_reader_options();
@@ -358,13 +365,16 @@ int run_bench(const BenchArgs& a) {
       std::fprintf(
           txt,
           "  [%d/%d] %-10s ceiling %.3f GB/s sequential, %.3f random; engine settings: token pattern "
-          "%.3f GB/s, trunk %.3f, experts %.3f\n",
+          "%.3f GB/s, trunk %.3f, experts %.3f; CPU kept while reading %.3f (quiet %.3f)\n",
           r + 1, a.repeat, "probe", ceiling.gbps(), ceiling.random.gbps(), probe.gbps(), probe.trunk.gbps(),
-          probe.experts.gbps());
+          probe.experts.gbps(), ceiling.cpu_reading.share, ceiling.cpu_quiet.share);
     }
     std::fflush(txt);
     sum.ceiling_gbps_samples.push_back(ceiling.gbps());
     sum.ceiling_random_gbps_samples.push_back(ceiling.random.gbps());
+    sum.cpu_share_reading_samples.push_back(ceiling.cpu_reading.share);
+    sum.cpu_share_quiet_samples.push_back(ceiling.cpu_quiet.share);
+    sum.read_share_beside_samples.push_back(ceiling.read_share_beside());
     sum.ceiling_queue_depth = ceiling.queue_depth;
     sum.ceiling_chunk_bytes = ceiling.chunk_bytes;
     sum.engine_probe_gbps_samples.push_back(probe.gbps());
@@ -458,6 +468,9 @@ int run_bench(const BenchArgs& a) {
   sum.t_cpu_per_token = t_cpu;
   sum.ceiling_gbps = median(sum.ceiling_gbps_samples);
   sum.ceiling_random_gbps = median(sum.ceiling_random_gbps_samples);
+  sum.cpu_share_reading = median(sum.cpu_share_reading_samples);
+  sum.cpu_share_quiet = median(sum.cpu_share_quiet_samples);
+  sum.read_share_beside = median(sum.read_share_beside_samples);
   sum.engine_probe_gbps = median(sum.engine_probe_gbps_samples);
   sum.engine_probe_trunk_gbps = median(probe_trunk);
   sum.engine_probe_expert_gbps = median(probe_experts);
@@ -473,11 +486,19 @@ int run_bench(const BenchArgs& a) {
       sum.ceiling_gbps_samples.size(), sum.ceiling_gbps_samples.size() == 1 ? "" : "s", *gmin, *gmax,
       sum.ceiling_random_gbps, sum.engine_probe_gbps,
       sum.ceiling_gbps > 0 ? sum.engine_probe_gbps / sum.ceiling_gbps : 0.0);
+  std::fprintf(
+      txt,
+      "CPU kept by %d spinning thread%s while the ceiling's reads stream: %.3f of their time, median "
+      "of %zu (device quiet: %.3f); the reads beside them: %.3f of the ceiling\n",
+      sum.cpu_threads, sum.cpu_threads == 1 ? "" : "s", sum.cpu_share_reading,
+      sum.cpu_share_reading_samples.size(), sum.cpu_share_quiet, sum.read_share_beside);
 
   // ---- 4. table, JSON, verdict ----
   for (size_t i = 0; i < rows.size(); ++i)
     sum.strategies.push_back(aggregate(
-        rows[i].label, samples[i], Ceiling{sum.ceiling_gbps, sum.ceiling_random_gbps}, t_cpu, plan.budget));
+        rows[i].label, samples[i],
+        Ceiling{sum.ceiling_gbps, sum.ceiling_random_gbps, sum.cpu_share_reading, sum.read_share_beside},
+        t_cpu, plan.budget));
   rank(sum);
   const RunSample& any = samples.front().front();
   std::fprintf(txt, "\n%s", bench_table(sum).c_str());
@@ -492,13 +513,17 @@ int run_bench(const BenchArgs& a) {
       txt,
       "disk %% = T_io / s/token with T_io = trunk bytes / %.3f GB/s + expert bytes / %.3f GB/s (the device "
       "ceiling's medians); CPU %% = T_cpu / s/token with T_cpu from the %s; overlap = max(T_io, T_cpu) / "
-      "s/token; compute/tok = the strategy's own compute busy time per token (above T_cpu: compute ran "
+      "s/token; bound = the most overlap can reach on this machine, max(T_io, T_cpu) over the least time "
+      "when the compute keeps %.3f of its CPU and the reads %.3f of their rate while both run "
+      "(cpu_share.hpp); "
+      "compute/tok = the strategy's own compute busy time per token (above T_cpu: compute ran "
       "slower "
       "while the disk streamed); read GB/s = bytes read / time with a read in flight (decode steps), "
       "/ceiling = "
       "that over the ceiling for the same byte mix; io wait = share of s/token the compute waited on a "
       "read\n",
-      sum.ceiling_gbps, sum.ceiling_random_gbps, sum.t_cpu_source.c_str());
+      sum.ceiling_gbps, sum.ceiling_random_gbps, sum.t_cpu_source.c_str(), sum.cpu_share_reading,
+      sum.read_share_beside);
   std::fprintf(txt,
                "every run emitted the same ids [%s] and byte-identical step-0 logits; peak RSS from wait4\n",
                fmt::format("{}", fmt::join(any.ids, ",")).c_str());

@@ -3,15 +3,20 @@
 //   ceiling: a deep queue of large O_DIRECT requests (32 x 8 MiB unless told otherwise) over the
 //            packed trunk file (or every shard) front to back, then random expert-sized reads;
 //   engine:  one token's reads replayed with the engine's reader settings (reader_options.*).
-// The last line is `ceiling_gbps=X random_gbps=Y engine_gbps=Z engine_vs_ceiling=R`; with --json the
-// whole result is one JSON object on stdout instead of the text.
+//   CPU:     spinner threads (--cpu-threads, default one per hardware thread) with the device quiet,
+//            then beside the ceiling's sequential reads: the share of their time they keep
+//            (cpu_share.hpp); on a VM the host's side of the I/O can take it from the vCPUs.
+// The last line is `ceiling_gbps=X random_gbps=Y engine_gbps=Z engine_vs_ceiling=R
+// cpu_share_reading=C`; with --json the whole result is one JSON object on stdout instead of the text.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 
 #include "io/config.hpp"
 #include "io/error.hpp"
@@ -34,6 +39,7 @@ struct ProbeArgs {
   unsigned queue_depth = 32;
   unsigned chunk_kb = 8192;
   unsigned dest_mb = 0;  // 0: probe_ceiling's default
+  int cpu_threads = -1;  // -1: the machine's hardware threads; 0: not measured
   bool json = false;
 };
 
@@ -81,6 +87,8 @@ int run_probe(const ProbeArgs& a) {
   co.queue_depth = a.queue_depth;
   co.chunk_bytes = size_t(a.chunk_kb) << 10;
   co.dest_bytes = uint64_t(a.dest_mb) << 20;
+  co.cpu_threads =
+      a.cpu_threads >= 0 ? a.cpu_threads : int(std::max(1u, std::thread::hardware_concurrency()));
   const CeilingResult ceiling = probe_ceiling(pattern, co);
 
   ProbeOptions po;
@@ -107,6 +115,16 @@ int run_probe(const ProbeArgs& a) {
     phase_json(w, ceiling.random);
     w.field("random_source", ceiling.random_source)
         .end_object()
+        .key("cpu")
+        .begin_object()
+        .field("threads", ceiling.cpu_reading.threads)
+        .field("share_reading", ceiling.cpu_reading.share)
+        .field("share_quiet", ceiling.cpu_quiet.share)
+        .field("longest_gap_reading_s", ceiling.cpu_reading.longest_gap)
+        .field("longest_gap_quiet_s", ceiling.cpu_quiet.longest_gap)
+        .field("reading_gbps", ceiling.beside_spinners.gbps())
+        .field("read_share", ceiling.read_share_beside())
+        .end_object()
         .key("engine")
         .begin_object()
         .field("trunk_queue_depth", engine.trunk_queue_depth)
@@ -132,8 +150,10 @@ int run_probe(const ProbeArgs& a) {
   std::printf("%s", format_ceiling(ceiling).c_str());
   std::printf("%s", format_probe(pattern, engine).c_str());
   std::printf("engine settings / ceiling: token pattern %.3f, trunk reads %.3f\n", ratio, trunk_ratio);
-  std::printf("ceiling_gbps=%.3f random_gbps=%.3f engine_gbps=%.3f engine_vs_ceiling=%.3f\n", ceiling.gbps(),
+  std::printf("ceiling_gbps=%.3f random_gbps=%.3f engine_gbps=%.3f engine_vs_ceiling=%.3f", ceiling.gbps(),
               ceiling.random.gbps(), engine.gbps(), ratio);
+  if (ceiling.cpu_reading.measured()) std::printf(" cpu_share_reading=%.3f", ceiling.cpu_reading.share);
+  std::printf("\n");
   return 0;
 }
 
@@ -158,6 +178,10 @@ Action add_probe(CLI::App& sub) {
                  "ceiling: MiB of memory the reads land in, front to back (default: 256 MiB or the window in "
                  "flight, whichever is larger)")
       ->check(CLI::Range(1, 1 << 20));
+  sub.add_option("--cpu-threads", a->cpu_threads,
+                 "spinner threads measuring the CPU compute keeps while reads stream, and with the device "
+                 "quiet (default: the machine's hardware threads; 0: skip)")
+      ->check(CLI::Range(0, 1024));
   sub.add_flag("--json", a->json, "print the result as one JSON object instead of text");
   return [a] { return run_probe(*a); };
 }

@@ -486,7 +486,7 @@ CeilingResult probe_ceiling(const ProbePattern& p, const CeilingOptions& o) {
   size_t fi = 0;
   uint64_t off = 0;
   int passes = 0;
-  r.sequential = run_ceiling_phase(ro, window, o.seconds * 0.6, o.chunk_bytes, [&] {
+  auto next_sequential = [&] {
     const io::File* f = files[fi];
     const uint64_t end = align_down(f->size(), kDirectAlign);
     const uint64_t n = std::min<uint64_t>(o.chunk_bytes, end - off);
@@ -500,9 +500,13 @@ CeilingResult probe_ceiling(const ProbePattern& p, const CeilingOptions& o) {
       }
     }
     return req;
-  });
+  };
+  r.sequential = run_ceiling_phase(ro, window, o.seconds * 0.6, o.chunk_bytes, next_sequential);
   r.sequential.passes = passes;
   r.sequential.span_bytes = span;
+  auto sequential_again = [&](double seconds) {
+    return run_ceiling_phase(ro, window, seconds, o.chunk_bytes, next_sequential);
+  };
 
   // ---- random: expert windows (or random aligned windows) picked uniformly ----
   uint64_t random_span = 0, largest = 0;
@@ -521,6 +525,13 @@ CeilingResult probe_ceiling(const ProbePattern& p, const CeilingOptions& o) {
     return io::ReadRequest{e.file, at, place(e.bytes), 0};
   });
   r.random.span_bytes = synthetic ? span : random_span;
+
+  // ---- the CPU a compute thread keeps: spinners with the device quiet, then beside reads ----
+  if (o.cpu_threads > 0) {
+    r.cpu_quiet = measure_cpu_share(o.cpu_threads, {}, o.cpu_seconds / 2);
+    r.cpu_reading =
+        measure_cpu_share(o.cpu_threads, [&] { r.beside_spinners = sequential_again(o.cpu_seconds); });
+  }
   return r;
 }
 
@@ -546,6 +557,13 @@ std::string format_ceiling(const CeilingResult& r) {
         "  NOTE: the files ({}) were read {} times over: a cache in the device or host can flatter a model "
         "this small\n",
         human_bytes(double(r.sequential.span_bytes)), r.sequential.passes);
+  if (r.cpu_reading.measured())
+    s += fmt::format(
+        "  CPU kept by {} spinning thread{} while these reads stream: {:.3f} of their time (device quiet: "
+        "{:.3f}); longest stall {:.1f} ms; the reads beside them {:.3f} GB/s ({:.3f} of the sequential "
+        "rate)\n",
+        r.cpu_reading.threads, r.cpu_reading.threads == 1 ? "" : "s", r.cpu_reading.share, r.cpu_quiet.share,
+        r.cpu_reading.longest_gap * 1e3, r.beside_spinners.gbps(), r.read_share_beside());
   const uint64_t all = r.sequential.bytes + r.random.bytes;
   if (all && double(r.sequential.direct_bytes + r.random.direct_bytes) < 0.99 * double(all))
     s +=

@@ -21,6 +21,7 @@
 // reads (the checkpoint's own expert windows, or 17.5 MiB-class windows when it has no experts).
 // T_io and the overlap efficiency are priced with this ceiling (`k3flow bench`, `k3flow probe`).
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -28,6 +29,7 @@
 #include "io/config.hpp"
 #include "io/file.hpp"
 #include "io/uring_reader.hpp"
+#include "pipeline/bench/cpu_share.hpp"
 
 namespace k3::io {
 class PackedTrunk;
@@ -107,6 +109,11 @@ struct CeilingOptions {
   // disk's host copy the bytes far faster than into the engine's ring, which is written front to
   // back every token.
   uint64_t dest_bytes = 0;
+  // > 0: after the two phases, that many threads spin (pipeline/bench/cpu_share.hpp) for
+  // cpu_seconds / 2 with the device quiet, then for cpu_seconds beside another sequential read
+  // with the same depth: the CPU the compute keeps while reads stream.
+  int cpu_threads = 0;
+  double cpu_seconds = 0.6;
 };
 
 struct CeilingPhase {
@@ -126,7 +133,17 @@ struct CeilingResult {
   size_t chunk_bytes = 0;
   std::string random_source;  // "expert windows" or "random windows"
   uint64_t dest_bytes = 0;    // the area the reads landed in (CeilingOptions::dest_bytes)
+  // With CeilingOptions::cpu_threads: spinners with the device quiet, and beside `beside_spinners`
+  // (the sequential pattern again, its rate shows whether the spinners slowed the reads).
+  CpuShare cpu_quiet, cpu_reading;
+  CeilingPhase beside_spinners;
   double gbps() const { return sequential.gbps(); }
+  // The reads' rate beside the spinners over the sequential ceiling, at most 1 (0: not measured).
+  double read_share_beside() const {
+    return beside_spinners.bytes && sequential.gbps() > 0
+               ? std::min(1.0, beside_spinners.gbps() / sequential.gbps())
+               : 0.0;
+  }
 };
 
 // Reads the pattern's files (trunk.bin, or every shard): sequentially with `queue_depth` x
