@@ -85,23 +85,19 @@ TEST_CASE("bad requests are refused, and a failing load stops the spinners") {
   CHECK_FALSE(CpuShare{}.measured());
 }
 
-TEST_CASE("the floor on a token's time when reads and compute slow each other down") {
-  // Nothing lost either way: plain max(T_io, T_cpu), and shares out of range count as 1.
-  CHECK(attainable_seconds(0.02, 0.03, 1.0, 1.0) == doctest::Approx(0.03));
-  CHECK(attainable_seconds(0.05, 0.03, 1.0, 1.0) == doctest::Approx(0.05));
-  CHECK(attainable_seconds(0.02, 0.03, 0.0, 1.5) == doctest::Approx(0.03));
-  CHECK(attainable_seconds(0, 0, 0.5, 0.5) == doctest::Approx(0.0));
-  // Compute loses a third of its CPU while reads are in flight, reads keep their rate: the compute
-  // needs longer than the reads, so it runs slowed for all of T_io and alone for the rest.
+TEST_CASE("the floor on a token's time when reads take part of the compute's CPU") {
+  // Nothing lost: plain max(T_io, T_cpu); shares out of range count as 1.
+  CHECK(attainable_seconds(0.02, 0.03, 1.0) == doctest::Approx(0.03));
+  CHECK(attainable_seconds(0.05, 0.03, 1.0) == doctest::Approx(0.05));
+  CHECK(attainable_seconds(0.02, 0.03, 0.0) == doctest::Approx(0.03));
+  CHECK(attainable_seconds(0.02, 0.03, 1.5) == doctest::Approx(0.03));
+  CHECK(attainable_seconds(0, 0, 0.5) == doctest::Approx(0.0));
+  // Compute loses a third of its CPU while reads are in flight and needs longer than the reads: it
+  // runs slowed for all of T_io and alone for the rest.
   CHECK(attainable_seconds(0.020, 0.030, 2.0 / 3.0) == doctest::Approx(0.030 + 0.020 / 3.0));
   // The compute fits inside the reads even slowed: the reads set the pace.
   CHECK(attainable_seconds(0.10, 0.05, 0.6) == doctest::Approx(0.10));
-  // Reads slowed to 0.5 beside the compute: 0.02 s of reads take 0.04 s overlapped.
-  CHECK(attainable_seconds(0.020, 0.030, 2.0 / 3.0, 0.5) == doctest::Approx(0.030 + 0.020 / 3.0 / 0.5));
-  // Disk-bound with both slowed: compute done overlapped (T_cpu / share), the rest of the reads alone.
-  CHECK(attainable_seconds(0.10, 0.02, 0.5, 0.8) == doctest::Approx(0.10 + 0.02 * 0.2 / 0.5));
-  // Shares that add to at most 1: overlapping never pays, the two run one after the other.
-  CHECK(attainable_seconds(0.02, 0.03, 0.5, 0.5) == doctest::Approx(0.05));
-  // The two branches meet where T_cpu / cpu_share == T_io / read_share.
-  CHECK(attainable_seconds(0.03, 0.04, 0.8, 0.6) == doctest::Approx(0.05));
+  // The two forms meet where T_cpu == cpu_share x T_io.
+  CHECK(attainable_seconds(0.10, 0.06, 0.6) == doctest::Approx(0.10));
+  CHECK(attainable_seconds(0.10, 0.0601, 0.6) == doctest::Approx(0.1001));
 }

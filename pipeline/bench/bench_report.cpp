@@ -302,8 +302,7 @@ StrategyResult aggregate(const std::string& strategy, const std::vector<RunSampl
     r.cpu_busy = r.t_cpu / r.s_per_token;
     r.overlap_efficiency = std::max(r.t_io, r.t_cpu) / r.s_per_token;
     if (ceiling.cpu_share_reading > 0 && r.t_io > 0) {
-      r.attainable_s_per_token =
-          attainable_seconds(r.t_io, r.t_cpu, ceiling.cpu_share_reading, ceiling.read_share_beside);
+      r.attainable_s_per_token = attainable_seconds(r.t_io, r.t_cpu, ceiling.cpu_share_reading);
       r.attainable_efficiency = std::max(r.t_io, r.t_cpu) / r.attainable_s_per_token;
     }
     r.io_wait_share = median(wait) / r.s_per_token;

@@ -96,9 +96,9 @@ struct StrategyResult {
   double compute_per_token = 0;  // this strategy's own compute busy time per token (median): against
                                  // t_cpu it shows how much slower compute runs while the disk streams
   double disk_busy = 0, cpu_busy = 0, overlap_efficiency = 0;  // shares of s_per_token
-  // With the ceiling's cpu_share_reading and read_share_beside: the fastest a token can be on this
-  // machine when compute and reads slow each other down that much while both run (cpu_share.hpp
-  // attainable_seconds), and the overlap efficiency that would be. 0 when not measured.
+  // With the ceiling's cpu_share_reading: the fastest a token can be on this machine when the compute
+  // keeps only that share of its CPU while reads are in flight (cpu_share.hpp attainable_seconds), and
+  // the overlap efficiency that would be -- the most any schedule reaches here. 0 when not measured.
   double attainable_s_per_token = 0, attainable_efficiency = 0;
   double ceiling_gbps = 0;         // the ceiling for this strategy's byte mix: bytes_per_token / t_io
   double effective_read_gbps = 0;  // median over repeats of the run's bytes / io busy time
@@ -124,8 +124,6 @@ struct Ceiling {
   // Of the compute threads' CPU, the share they keep while reads stream (cpu_share.hpp; 0: not
   // measured). Prices `attainable_efficiency`.
   double cpu_share_reading = 0;
-  // The ceiling's reads beside those spinners, over the ceiling (0: not measured).
-  double read_share_beside = 0;
 };
 
 // t_cpu_resident: compute per token measured resident (step 2), if any.
@@ -149,7 +147,8 @@ struct BenchSummary {
   std::vector<double> engine_probe_gbps_samples;
   double engine_probe_trunk_gbps = 0, engine_probe_expert_gbps = 0;
   // The CPU the compute threads keep, spinning (cpu_share.hpp) beside the ceiling's sequential reads
-  // and with the device quiet, once a round: medians of the samples. 0 when not measured.
+  // and with the device quiet, once a round, and the reads' rate beside them over the ceiling: medians
+  // of the samples. 0 when not measured.
   int cpu_threads = 0;
   double cpu_share_reading = 0, cpu_share_quiet = 0, read_share_beside = 0;
   std::vector<double> cpu_share_reading_samples, cpu_share_quiet_samples, read_share_beside_samples;

@@ -496,8 +496,7 @@ int run_bench(const BenchArgs& a) {
   // ---- 4. table, JSON, verdict ----
   for (size_t i = 0; i < rows.size(); ++i)
     sum.strategies.push_back(aggregate(
-        rows[i].label, samples[i],
-        Ceiling{sum.ceiling_gbps, sum.ceiling_random_gbps, sum.cpu_share_reading, sum.read_share_beside},
+        rows[i].label, samples[i], Ceiling{sum.ceiling_gbps, sum.ceiling_random_gbps, sum.cpu_share_reading},
         t_cpu, plan.budget));
   rank(sum);
   const RunSample& any = samples.front().front();
@@ -513,9 +512,8 @@ int run_bench(const BenchArgs& a) {
       txt,
       "disk %% = T_io / s/token with T_io = trunk bytes / %.3f GB/s + expert bytes / %.3f GB/s (the device "
       "ceiling's medians); CPU %% = T_cpu / s/token with T_cpu from the %s; overlap = max(T_io, T_cpu) / "
-      "s/token; bound = the most overlap can reach on this machine, max(T_io, T_cpu) over the least time "
-      "when the compute keeps %.3f of its CPU and the reads %.3f of their rate while both run "
-      "(cpu_share.hpp); "
+      "s/token; bound = the most overlap can reach on this machine, max(T_io, T_cpu) / max(T_io, T_cpu + "
+      "(1 - %.3f) x T_io), the compute keeping %.3f of its CPU while reads are in flight (cpu_share.hpp); "
       "compute/tok = the strategy's own compute busy time per token (above T_cpu: compute ran "
       "slower "
       "while the disk streamed); read GB/s = bytes read / time with a read in flight (decode steps), "
@@ -523,7 +521,7 @@ int run_bench(const BenchArgs& a) {
       "that over the ceiling for the same byte mix; io wait = share of s/token the compute waited on a "
       "read\n",
       sum.ceiling_gbps, sum.ceiling_random_gbps, sum.t_cpu_source.c_str(), sum.cpu_share_reading,
-      sum.read_share_beside);
+      sum.cpu_share_reading);
   std::fprintf(txt,
                "every run emitted the same ids [%s] and byte-identical step-0 logits; peak RSS from wait4\n",
                fmt::format("{}", fmt::join(any.ids, ",")).c_str());

@@ -75,14 +75,12 @@ CpuShare measure_cpu_share(int threads, const std::function<void()>& beside, dou
   return c;
 }
 
-double attainable_seconds(double t_io, double t_cpu, double cpu_share, double read_share) {
+double attainable_seconds(double t_io, double t_cpu, double cpu_share) {
   const double c = cpu_share > 0 && cpu_share <= 1 ? cpu_share : 1.0;
-  const double r = read_share > 0 && read_share <= 1 ? read_share : 1.0;
   t_io = std::max(t_io, 0.0);
   t_cpu = std::max(t_cpu, 0.0);
-  if (c + r <= 1) return t_io + t_cpu;
-  if (t_cpu / c >= t_io / r) return t_cpu + t_io * (1 - c) / r;
-  return t_io + t_cpu * (1 - r) / c;
+  if (t_cpu <= c * t_io) return t_io;
+  return t_cpu + (1 - c) * t_io;
 }
 
 }  // namespace k3::pipeline

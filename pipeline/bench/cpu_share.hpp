@@ -27,15 +27,14 @@ struct CpuShare {
 // Error for threads < 1 or, with an empty `beside`, seconds <= 0.
 CpuShare measure_cpu_share(int threads, const std::function<void()>& beside, double seconds = 0);
 
-// The fastest a token can be when reads and compute slow each other down. Reads need t_io of time at
-// the device's ceiling and compute t_cpu of the whole CPU. While both run, the compute gets
-// `cpu_share` of its speed and the reads `read_share` of theirs (each in (0, 1]; anything else
-// counts as 1); alone, each runs at full speed. The least time, over every way of arranging the two
-// (a linear program in the time spent overlapped, read alone and computing alone):
-//   cpu_share + read_share <= 1: t_io + t_cpu (overlap never pays);
-//   t_cpu / cpu_share >= t_io / read_share: t_cpu + t_io (1 - cpu_share) / read_share;
-//   otherwise: t_io + t_cpu (1 - read_share) / cpu_share.
-// With both shares 1 that is max(t_io, t_cpu). Real dependencies can only add to it.
-double attainable_seconds(double t_io, double t_cpu, double cpu_share, double read_share = 1.0);
+// The fastest a token can be when reads take part of the compute's CPU. Reads need t_io of time at
+// the device's ceiling, compute t_cpu of the whole CPU; while reads are in flight the compute runs at
+// `cpu_share` of its speed (in (0, 1]; anything else counts as 1). The reads are taken at their full
+// rate -- the most favourable case, since the ceiling's deep queue is also the pattern that costs the
+// least CPU time per byte -- so this is a floor no schedule beats, not a prediction:
+//   t_cpu <= cpu_share * t_io: t_io (the compute fits inside the reads, even slowed);
+//   otherwise: t_cpu + (1 - cpu_share) * t_io.
+// With cpu_share 1 that is max(t_io, t_cpu).
+double attainable_seconds(double t_io, double t_cpu, double cpu_share);
 
 }  // namespace k3::pipeline
