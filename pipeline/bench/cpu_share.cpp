@@ -46,13 +46,13 @@ CpuShare measure_cpu_share(int threads, const std::function<void()>& beside, dou
   std::vector<SpinResult> res(static_cast<size_t>(threads));
   std::vector<std::thread> spinners;
   spinners.reserve(size_t(threads));
-  const auto t0 = std::chrono::steady_clock::now();
-  for (int i = 0; i < threads; ++i) spinners.emplace_back(spin, std::cref(stop), std::ref(res[size_t(i)]));
   auto finish = [&] {
     stop.store(true, std::memory_order_relaxed);
     for (std::thread& t : spinners) t.join();
   };
-  try {
+  const auto t0 = std::chrono::steady_clock::now();
+  try {  // a thread that cannot start, or a load that throws: the started spinners still stop
+    for (int i = 0; i < threads; ++i) spinners.emplace_back(spin, std::cref(stop), std::ref(res[size_t(i)]));
     if (beside)
       beside();
     else
