@@ -148,7 +148,7 @@ const char* kFakeGenerate = R"FAKE(#!/bin/bash
 shift
 if [ "$1" = --help ]; then
   printf 'Options:\n  --ids TEXT\n  --gen INT\n  --incremental\n  --out TEXT\n  --dump-logits TEXT\n'
-  printf '  --strategy TEXT\n  --mem-gb FLOAT\n  --threads INT\n'
+  printf '  --strategy TEXT\n  --mem-gb FLOAT\n  --threads INT\n  --ring INT\n'
   exit 0
 fi
 out=; logits=; st=resident; mem=
@@ -158,6 +158,7 @@ while [ $# -gt 0 ]; do
     --dump-logits) logits=$2; shift;;
     --strategy) st=$2; shift;;
     --mem-gb) mem=$2; shift;;
+    --ring) echo "$st $2" >> "$FAKE_LOG.ring"; shift;;
   esac
   shift
 done
@@ -329,6 +330,31 @@ TEST_CASE("--strategy picks a subset in the order given; without serial the spee
   CHECK(r.last_stdout_line.ends_with(" speedup_vs_serial=n/a"));
 }
 
+TEST_CASE("--ring N reaches every streamed run, not the resident one, and the bench's own plan") {
+  Fake f;
+  const std::string args = fmt::format(
+      "bench {} --mem-gb 0.005 --gen 2 --repeat 1 --probe-seconds 0.1 --strategy overlap,auto", tiny_model());
+  Run r = k3flow(args + " --ring 3", f.env());
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  CHECK(slurp(f.log) == "resident \noverlap 0.005\nauto 0.005\n");
+  CHECK(slurp(f.log + ".ring") == "overlap 3\nauto 3\n");
+  // The default passes nothing, so an engine without the flag still benches.
+  fs::remove(f.log + ".ring");
+  r = k3flow(args, f.env());
+  REQUIRE(r.code == 0);
+  CHECK(!fs::exists(f.log + ".ring"));
+  // The bench plans with the ring it asks for: a third slot, a higher floor.
+  auto floor_of = [](const std::string& text) {
+    const size_t at = text.find("plan floor ");
+    return at == std::string::npos ? std::string() : text.substr(at, text.find(')', at) - at);
+  };
+  const Run three = k3flow(args + " --ring 3", f.env());
+  REQUIRE(three.code == 0);
+  CHECK(!floor_of(r.out).empty());
+  CHECK(floor_of(three.out) != floor_of(r.out));
+}
+
 TEST_CASE("--json prints the JSON document alone on stdout, the text on stderr; --out writes the same") {
   Fake f;
   TempDir d;
@@ -452,6 +478,8 @@ TEST_CASE("bad flags exit 2 naming the flag, before any run and without output f
       {"bench " + m + " --mem-gb 1 --ids 1,x", "--ids"},
       {"bench " + m + " --mem-gb 1 --ids 99999", "--ids"},
       {"bench " + m + " --mem-gb 1 --threads -1", "--threads"},
+      {"bench " + m + " --mem-gb 1 --ring 1", "--ring"},
+      {"bench " + m + " --mem-gb 1 --batch 1,2 --ring 3", "--ring"},
       {"bench " + m + " --mem-gb 1 --probe-seconds 0", "--probe-seconds"},
       {"bench " + d / "no-such-model" + " --mem-gb 1", "MODEL_DIR"},
   };

@@ -1,5 +1,5 @@
 // `k3flow bench MODEL_DIR [--trunk DIR [--trunk-b DIR]] (--mem-gb X | --preset P) [--strategy LIST]
-//  [--gen N] [--repeat R] [--ids LIST] [--threads N] [--out FILE] [--json] [--trace-dir DIR]`: the
+//  [--gen N] [--repeat R] [--ids LIST] [--threads N] [--ring N] [--out FILE] [--json] [--trace-dir DIR]`: the
 // overlap strategies compared on one checkpoint and one budget in one run (docs/design.md §5). With
 // `--batch 1,2,4,8` it measures batched decode instead, and with `--batch B --join N` a prompt
 // joining B - 1 decoding sequences under each `--prefill` mode (pipeline/bench/bench_batch.hpp).
@@ -79,6 +79,7 @@ struct BenchArgs {
   bool json = false;
   std::optional<double> mem_gb;
   int gen = 8, repeat = 3, threads = 0;
+  int ring = 2;  // --ring N: trunk ring slots of every streamed run and of the bench's own plan
   double probe_seconds = 1.5;
   std::string batch;    // --batch 1,2,4,8: batched decode instead of the strategies (bench_batch.hpp)
   int batch_child = 0;  // --batch-child B (hidden): this process is one of --batch's children
@@ -195,8 +196,9 @@ class Runner {
 int run_batched(const BenchArgs& a) {
   if (a.preset.empty() && !a.mem_gb)
     throw io::usage_error("bench --batch: give a budget: --mem-gb X or --preset NAME");
-  if (a.json || !a.out_path.empty() || !a.trace_dir.empty())
-    throw io::usage_error("bench --batch: --json, --out and --trace-dir are not supported with --batch");
+  if (a.json || !a.out_path.empty() || !a.trace_dir.empty() || a.ring != 2)
+    throw io::usage_error(
+        "bench --batch: --json, --out, --trace-dir and --ring are not supported with --batch");
   BatchBenchArgs b;
   b.model_dir = a.model_dir;
   b.trunk_dir = a.trunk_dir;
@@ -272,6 +274,7 @@ int run_bench(const BenchArgs& a) {
   const PlanInputs in =
       plan_inputs(config, shards, trunk ? &*trunk : nullptr, ids.size() + size_t(a.gen) + 1);
   PlanBudget pb;
+  pb.ring_slots = a.ring;
   if (!a.preset.empty()) {
     pb.total = preset_budget(a.preset, in);
     pb.source = fmt::format("--preset {}", a.preset);
@@ -307,6 +310,7 @@ int run_bench(const BenchArgs& a) {
   auto has = [&](const char* flag) { return lists_flag(help.out, flag); };
   if (!a.trace_dir.empty() && !has("--trace"))
     throw io::usage_error("--trace-dir: this k3flow generate has no --trace flag");
+  if (a.ring != 2 && !has("--ring")) throw io::usage_error("--ring: this k3flow generate has no --ring flag");
   BenchSummary sum;
   const bool use_preset = !a.preset.empty() && has("--preset");
   for (const char* f : {"--strategy", "--mem-gb", "--incremental"})
@@ -435,6 +439,7 @@ int run_bench(const BenchArgs& a) {
                      {"--mem-gb", a.mem_gb ? fmt::format("{}", *a.mem_gb)
                                            : fmt::format("{}", double(plan.budget) / double(1 << 30))});
       if (trunk && has("--trunk")) extra.insert(extra.end(), {"--trunk", rows[i].trunk_dir});
+      if (a.ring != 2) extra.insert(extra.end(), {"--ring", std::to_string(a.ring)});
       if (!a.trace_dir.empty())
         extra.insert(
             extra.end(),
@@ -600,6 +605,10 @@ Action add_bench(CLI::App& sub) {
                  "modulo the vocabulary)");
   sub.add_option("--threads", a->threads, "compute threads for every run (0 = oneTBB default)")
       ->check(CLI::Range(0, 4096));
+  sub.add_option("--ring", a->ring,
+                 "trunk ring slots of every streamed run: more slots read further ahead and pin fewer layers")
+      ->check(CLI::Range(2, 64))
+      ->capture_default_str();
   sub.add_option("--out", a->out_path, "write the results as one JSON object to FILE (atomically)");
   sub.add_flag("--json", a->json, "print the results as one JSON object on stdout (the text goes to stderr)");
   sub.add_option("--trace-dir", a->trace_dir,
