@@ -30,8 +30,9 @@ CpuShare measure_cpu_share(int threads, const std::function<void()>& beside, dou
 // The fastest a token can be when reads take part of the compute's CPU. Reads need t_io of time at
 // the device's ceiling, compute t_cpu of the whole CPU; while reads are in flight the compute runs at
 // `cpu_share` of its speed (in (0, 1]; anything else counts as 1). The reads are taken at their full
-// rate -- the most favourable case, since the ceiling's deep queue is also the pattern that costs the
-// least CPU time per byte -- so this is a floor no schedule beats, not a prediction:
+// rate -- the most favourable case: of the patterns measured (docs/performance.md), the ceiling's
+// deep queue costs the compute the least CPU time per byte -- so this is a floor, not a prediction
+// (a run below it would mean the share was measured pessimistically):
 //   t_cpu <= cpu_share * t_io: t_io (the compute fits inside the reads, even slowed);
 //   otherwise: t_cpu + (1 - cpu_share) * t_io.
 // With cpu_share 1 that is max(t_io, t_cpu).
