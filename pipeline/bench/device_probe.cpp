@@ -504,9 +504,6 @@ CeilingResult probe_ceiling(const ProbePattern& p, const CeilingOptions& o) {
   r.sequential = run_ceiling_phase(ro, window, o.seconds * 0.6, o.chunk_bytes, next_sequential);
   r.sequential.passes = passes;
   r.sequential.span_bytes = span;
-  auto sequential_again = [&](double seconds) {
-    return run_ceiling_phase(ro, window, seconds, o.chunk_bytes, next_sequential);
-  };
 
   // ---- random: expert windows (or random aligned windows) picked uniformly ----
   uint64_t random_span = 0, largest = 0;
@@ -529,8 +526,9 @@ CeilingResult probe_ceiling(const ProbePattern& p, const CeilingOptions& o) {
   // ---- the CPU a compute thread keeps: spinners with the device quiet, then beside reads ----
   if (o.cpu_threads > 0) {
     r.cpu_quiet = measure_cpu_share(o.cpu_threads, {}, o.cpu_seconds / 2);
-    r.cpu_reading =
-        measure_cpu_share(o.cpu_threads, [&] { r.beside_spinners = sequential_again(o.cpu_seconds); });
+    r.cpu_reading = measure_cpu_share(o.cpu_threads, [&] {  // the sequential pattern again, from where it was
+      r.beside_spinners = run_ceiling_phase(ro, window, o.cpu_seconds, o.chunk_bytes, next_sequential);
+    });
   }
   return r;
 }
