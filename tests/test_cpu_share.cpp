@@ -58,10 +58,19 @@ TEST_CASE("a spinner sharing its one CPU with a busy thread keeps about half of 
     MESSAGE("SKIPPED: sched_setaffinity refused here, so no thread can be made to share a CPU");
     return;
   }
-  // The spinner inherits the pin; the calling thread, pinned too, computes beside it.
-  const CpuShare shared = measure_cpu_share(1, [] { busy_for(0.6); });
-  const CpuShare alone = measure_cpu_share(1, {}, 0.4);  // the caller sleeps: the CPU is the spinner's
-  INFO("shared " << shared.share << " (" << shared.gaps << " gaps), alone " << alone.share);
+  // The spinner inherits the pin; the calling thread, pinned too, computes beside it. Anything else
+  // runnable on that CPU (another test, another process) takes its share of both measurements, so
+  // the check is the ratio of the two, taken back to back, in up to three tries: a spinner that did
+  // not count its lost time reads the same in both and fails all three.
+  CpuShare shared, alone;
+  double ratio = 1.0;
+  for (int attempt = 0; attempt < 3 && ratio >= 0.8; ++attempt) {
+    shared = measure_cpu_share(1, [] { busy_for(0.6); });
+    alone = measure_cpu_share(1, {}, 0.4);  // the caller sleeps: the CPU is the spinner's
+    ratio = alone.share > 0 ? shared.share / alone.share : 1.0;
+    MESSAGE("try " << attempt + 1 << ": shared " << shared.share << " (" << shared.gaps << " gaps), alone "
+                   << alone.share << ", ratio " << ratio);
+  }
   CHECK(shared.threads == 1);
   CHECK(shared.seconds >= 0.6);
   CHECK(alone.seconds >= 0.4);
@@ -69,7 +78,7 @@ TEST_CASE("a spinner sharing its one CPU with a busy thread keeps about half of 
   CHECK(shared.share < 0.75);  // half, give or take the scheduler and other load on that CPU
   CHECK(shared.gaps > 0);
   CHECK(shared.longest_gap > k3::pipeline::kGapSeconds);
-  CHECK(alone.share > shared.share + 0.1);
+  CHECK(ratio < 0.8);  // alone: 1 (or 1/(1+n) beside n others); shared: 1/2 (or 1/(2+n))
   // Two spinners on one sleeping caller's CPU share it between them.
   const CpuShare two = measure_cpu_share(2, {}, 0.5);
   INFO("two " << two.share);
