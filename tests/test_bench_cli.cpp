@@ -141,7 +141,8 @@ void check_keys(const Json& j) {
 
 // A stand-in for `k3flow generate`: the streaming engine's full report, with per-strategy step-1
 // wall times serial 0.4, trunk 0.3, overlap 0.2, lookahead 0.25 s (resident 0.1) and a step 0 far
-// slower, so using it would show. FAKE_FAIL / FAKE_BAD_IDS / FAKE_BAD_LOGITS / FAKE_WRONG_STRATEGY
+// slower, so using it would show; FAKE_RING_WALL replaces the step-1 time of a run given --ring.
+// FAKE_FAIL / FAKE_BAD_IDS / FAKE_BAD_LOGITS / FAKE_WRONG_STRATEGY
 // name a strategy to misbehave; every call is logged to FAKE_LOG.
 const char* kFakeGenerate = R"FAKE(#!/bin/bash
 [ "$1" = generate ] || { echo "fake: expected generate, got $1" >&2; exit 9; }
@@ -151,20 +152,21 @@ if [ "$1" = --help ]; then
   printf '  --strategy TEXT\n  --mem-gb FLOAT\n  --threads INT\n  --ring INT\n'
   exit 0
 fi
-out=; logits=; st=resident; mem=
+out=; logits=; st=resident; mem=; ring=
 while [ $# -gt 0 ]; do
   case "$1" in
     --out) out=$2; shift;;
     --dump-logits) logits=$2; shift;;
     --strategy) st=$2; shift;;
     --mem-gb) mem=$2; shift;;
-    --ring) echo "$st $2" >> "$FAKE_LOG.ring"; shift;;
+    --ring) echo "$st $2" >> "$FAKE_LOG.ring"; ring=$2; shift;;
   esac
   shift
 done
 echo "$st $mem" >> "$FAKE_LOG"
 if [ "$st" = "$FAKE_FAIL" ]; then echo "STEP TOKEN"; echo "k3flow: $st ran out of expert slots" >&2; exit 1; fi
 case $st in serial) w=0.4;; trunk) w=0.3;; overlap) w=0.2;; lookahead) w=0.25;; auto) w=0.22;; *) w=0.1;; esac
+[ -n "$ring" ] && [ -n "$FAKE_RING_WALL" ] && w=$FAKE_RING_WALL
 ids="7,8"; [ "$st" = "$FAKE_BAD_IDS" ] && ids="7,9"
 said=$st; [ "$st" = "$FAKE_WRONG_STRATEGY" ] && said=serial
 printf 'LOGITS' > "$logits"; [ "$st" = "$FAKE_BAD_LOGITS" ] && printf 'LOGITX' > "$logits"
@@ -355,6 +357,33 @@ TEST_CASE("--ring N reaches every streamed run, not the resident one, and the be
   CHECK(floor_of(three.out) != floor_of(r.out));
 }
 
+TEST_CASE("--ring 2,3 runs every strategy at each depth and names the fastest row's flags") {
+  Fake f;
+  TempDir d;
+  const Run r =
+      k3flow(fmt::format("bench {} --mem-gb 0.005 --gen 2 --repeat 1 --probe-seconds 0.1 --strategy "
+                         "overlap,auto --ring 2,3 --out {}",
+                         tiny_model(), d / "bench.json"),
+             f.env("FAKE_RING_WALL=0.15"));
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("strategies overlap,auto, each at ring 2,3") != std::string::npos);
+  // Ring 2 is the engine's default and is not passed; ring 3 is, to the ring-3 rows only.
+  CHECK(slurp(f.log) == "resident \noverlap 0.005\noverlap 0.005\nauto 0.005\nauto 0.005\n");
+  CHECK(slurp(f.log + ".ring") == "overlap 3\nauto 3\n");
+  const Json j(d / "bench.json");
+  std::vector<std::pair<std::string, int64_t>> rows;
+  for (simdjson::dom::element s : j.doc["strategies"].get_array())
+    rows.emplace_back(str(s["strategy"]), int64_t(s["ring"]));
+  CHECK(rows == std::vector<std::pair<std::string, int64_t>>{
+                    {"overlap@ring2", 2}, {"overlap@ring3", 3}, {"auto@ring2", 2}, {"auto@ring3", 3}});
+  // The stand-in's ring-3 runs are faster (0.15 s against 0.2 and 0.22): the first of them wins.
+  CHECK(str(j.doc["best"]) == "overlap@ring3");
+  CHECK(r.last_stdout_line.starts_with("best=overlap@ring3 overlap_efficiency="));
+  CHECK(r.out.find("fastest here: k3flow generate " + tiny_model() + " --strategy overlap --ring 3\n") !=
+        std::string::npos);
+}
+
 TEST_CASE("--json prints the JSON document alone on stdout, the text on stderr; --out writes the same") {
   Fake f;
   TempDir d;
@@ -479,6 +508,10 @@ TEST_CASE("bad flags exit 2 naming the flag, before any run and without output f
       {"bench " + m + " --mem-gb 1 --ids 99999", "--ids"},
       {"bench " + m + " --mem-gb 1 --threads -1", "--threads"},
       {"bench " + m + " --mem-gb 1 --ring 1", "--ring"},
+      {"bench " + m + " --mem-gb 1 --ring 65", "--ring"},
+      {"bench " + m + " --mem-gb 1 --ring 2,2", "--ring"},
+      {"bench " + m + " --mem-gb 1 --ring 2,x", "--ring"},
+      {"bench " + m + " --mem-gb 1 --ring 2,", "--ring"},
       {"bench " + m + " --mem-gb 1 --batch 1,2 --ring 3", "--ring"},
       {"bench " + m + " --mem-gb 1 --probe-seconds 0", "--probe-seconds"},
       {"bench " + d / "no-such-model" + " --mem-gb 1", "MODEL_DIR"},

@@ -413,6 +413,7 @@ std::string bench_json(const BenchSummary& s) {
         .field("timing_source", r.timing_source)
         .field("bytes_source", r.bytes_source)
         .field("codec", r.codec)
+        .field("ring", r.ring)
         .field("decoded_bytes_per_token", r.decoded_bytes_per_token)
         .field("decode_seconds_per_token", r.decode_seconds_per_token)
         .field("ids", r.ids)

@@ -115,6 +115,7 @@ struct StrategyResult {
   // a compressed trunk (0 when raw): the decode stage per token, mean over repeats (report totals / gen)
   double decoded_bytes_per_token = 0, decode_seconds_per_token = 0;
   std::string codec;  // the trunk's codec as the child reports it (empty: not reported)
+  int ring = 2;       // trunk ring slots the runs were given (bench --ring)
 };
 
 // The device's ceiling in 1e9 B/s: sequential prices trunk bytes, random prices expert bytes (and all

@@ -1,5 +1,6 @@
 // `k3flow bench MODEL_DIR [--trunk DIR [--trunk-b DIR]] (--mem-gb X | --preset P) [--strategy LIST]
-//  [--gen N] [--repeat R] [--ids LIST] [--threads N] [--ring N] [--out FILE] [--json] [--trace-dir DIR]`: the
+//  [--gen N] [--repeat R] [--ids LIST] [--threads N] [--ring N[,M]] [--out FILE] [--json] [--trace-dir DIR]`:
+//  the
 // overlap strategies compared on one checkpoint and one budget in one run (docs/design.md §5). With
 // `--batch 1,2,4,8` it measures batched decode instead, and with `--batch B --join N` a prompt
 // joining B - 1 decoding sequences under each `--prefill` mode (pipeline/bench/bench_batch.hpp).
@@ -9,6 +10,10 @@
 // `<strategy>@<codec>`; every run must still give the same ids and logits; a comparison follows the
 // table: s/token median and min, stored and decoded bytes per token, decode seconds per token
 // (docs/codec.md, "The decode stage").
+// With --ring 2,3 (several trunk ring depths) every strategy runs once per depth, rows labelled
+// `<strategy>@ring<N>`: a deeper ring reads further ahead but pins fewer layers, and which pays
+// depends on whether the device or the compute is the bottleneck here, so the bench measures it;
+// the line before the last names the fastest row's flags for `k3flow generate`.
 //   1. the device's ceiling (pipeline/bench/device_probe.* probe_ceiling: a deep queue of large O_DIRECT
 //      requests, independent of the engine's reader settings), and beside it the engine's own read
 //      pattern with the engine's settings, once at the start of every round; T_io is priced with the
@@ -33,6 +38,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <charconv>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -79,7 +85,7 @@ struct BenchArgs {
   bool json = false;
   std::optional<double> mem_gb;
   int gen = 8, repeat = 3, threads = 0;
-  int ring = 2;  // --ring N: trunk ring slots of every streamed run and of the bench's own plan
+  std::string ring = "2";  // --ring N[,M...]: trunk ring slots of the streamed runs (one row each)
   double probe_seconds = 1.5;
   std::string batch;    // --batch 1,2,4,8: batched decode instead of the strategies (bench_batch.hpp)
   int batch_child = 0;  // --batch-child B (hidden): this process is one of --batch's children
@@ -105,6 +111,27 @@ std::vector<std::string> parse_strategies(const std::string& text) {
     if (std::find(out.begin(), out.end(), name) != out.end())
       throw io::usage_error(fmt::format("--strategy: '{}' given twice", name));
     out.push_back(name);
+    i = j + 1;
+  }
+  return out;
+}
+
+// --ring 2,3: trunk ring slot counts, each 2..64, none twice (a usage error names the bad entry).
+std::vector<int> parse_rings(const std::string& text) {
+  std::vector<int> out;
+  size_t i = 0;
+  while (i <= text.size()) {
+    size_t j = text.find(',', i);
+    if (j == std::string::npos) j = text.size();
+    const std::string item = text.substr(i, j - i);
+    int n = 0;
+    const auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), n);
+    if (item.empty() || ec != std::errc() || end != item.data() + item.size() || n < 2 || n > 64)
+      throw io::usage_error(
+          fmt::format("--ring: '{}' in '{}' is not a slot count from 2 to 64 (e.g. --ring 2,3)", item, text));
+    if (std::find(out.begin(), out.end(), n) != out.end())
+      throw io::usage_error(fmt::format("--ring: {} given twice in '{}'", n, text));
+    out.push_back(n);
     i = j + 1;
   }
   return out;
@@ -196,7 +223,7 @@ class Runner {
 int run_batched(const BenchArgs& a) {
   if (a.preset.empty() && !a.mem_gb)
     throw io::usage_error("bench --batch: give a budget: --mem-gb X or --preset NAME");
-  if (a.json || !a.out_path.empty() || !a.trace_dir.empty() || a.ring != 2)
+  if (a.json || !a.out_path.empty() || !a.trace_dir.empty() || a.ring != "2")
     throw io::usage_error(
         "bench --batch: --json, --out, --trace-dir and --ring are not supported with --batch");
   BatchBenchArgs b;
@@ -244,6 +271,7 @@ int run_bench(const BenchArgs& a) {
   if (!a.batch.empty() || a.batch_child > 0) return run_batched(a);
   // ---- usage checks ----
   const std::vector<std::string> strategies = parse_strategies(a.strategies);
+  const std::vector<int> rings = parse_rings(a.ring);
   if (!a.out_path.empty()) {
     const fs::path out(a.out_path);
     const fs::path parent = out.has_parent_path() ? out.parent_path() : fs::path(".");
@@ -274,7 +302,6 @@ int run_bench(const BenchArgs& a) {
   const PlanInputs in =
       plan_inputs(config, shards, trunk ? &*trunk : nullptr, ids.size() + size_t(a.gen) + 1);
   PlanBudget pb;
-  pb.ring_slots = a.ring;
   if (!a.preset.empty()) {
     pb.total = preset_budget(a.preset, in);
     pb.source = fmt::format("--preset {}", a.preset);
@@ -282,22 +309,33 @@ int run_bench(const BenchArgs& a) {
     pb.total = gib_bytes(*a.mem_gb);
     pb.source = fmt::format("--mem-gb {}", *a.mem_gb);
   }
-  const MemoryPlan plan = make_plan(in, pb);  // a budget below the floor is refused here (exit 2)
-  if (trunk_b)  // and below trunk B's (a compressed trunk's floor holds a decode slot too)
-    make_plan(plan_inputs(config, shards, &*trunk_b, ids.size() + size_t(a.gen) + 1), pb);
-  // The rows: every strategy, from --trunk and (with --trunk-b) from trunk B, labelled by codec.
+  // Every ring depth is planned: a budget below any one's floor is refused here (exit 2), and below
+  // trunk B's (a compressed trunk's floor holds a decode slot too). The plan shown is the deepest
+  // ring's, whose floor is the highest.
+  MemoryPlan plan;
+  for (int ring : rings) {
+    pb.ring_slots = ring;
+    MemoryPlan p = make_plan(in, pb);
+    if (trunk_b) make_plan(plan_inputs(config, shards, &*trunk_b, ids.size() + size_t(a.gen) + 1), pb);
+    if (plan.budget == 0 || p.floor > plan.floor) plan = std::move(p);
+  }
+  // The rows: every strategy at every ring depth, from --trunk and (with --trunk-b) from trunk B,
+  // labelled by codec and (with several depths) by ring; A and B of one pair stay adjacent.
   struct Row {
     std::string strategy, label, trunk_dir;
+    int ring = 2;
   };
   std::vector<Row> rows;
   {
     std::string la = trunk ? io::codec::codec_name(trunk->codec()) : "",
                 lb = trunk_b ? io::codec::codec_name(trunk_b->codec()) : "";
     if (trunk_b && la == lb) la = "a", lb = "b";
-    for (const std::string& st : strategies) {
-      rows.push_back(Row{st, trunk_b ? fmt::format("{}@{}", st, la) : st, a.trunk_dir});
-      if (trunk_b) rows.push_back(Row{st, fmt::format("{}@{}", st, lb), a.trunk_b_dir});
-    }
+    for (const std::string& st : strategies)
+      for (int ring : rings) {
+        const std::string base = rings.size() > 1 ? fmt::format("{}@ring{}", st, ring) : st;
+        rows.push_back(Row{st, trunk_b ? fmt::format("{}@{}", base, la) : base, a.trunk_dir, ring});
+        if (trunk_b) rows.push_back(Row{st, fmt::format("{}@{}", base, lb), a.trunk_b_dir, ring});
+      }
   }
 
   // ---- what the child understands ----
@@ -310,7 +348,8 @@ int run_bench(const BenchArgs& a) {
   auto has = [&](const char* flag) { return lists_flag(help.out, flag); };
   if (!a.trace_dir.empty() && !has("--trace"))
     throw io::usage_error("--trace-dir: this k3flow generate has no --trace flag");
-  if (a.ring != 2 && !has("--ring")) throw io::usage_error("--ring: this k3flow generate has no --ring flag");
+  if (a.ring != "2" && !has("--ring"))
+    throw io::usage_error("--ring: this k3flow generate has no --ring flag");
   BenchSummary sum;
   const bool use_preset = !a.preset.empty() && has("--preset");
   for (const char* f : {"--strategy", "--mem-gb", "--incremental"})
@@ -325,13 +364,15 @@ int run_bench(const BenchArgs& a) {
   if (trunk) cache_dirs.emplace_back(a.trunk_dir);
   if (trunk_b) cache_dirs.emplace_back(a.trunk_b_dir);
 
+  const std::string ring_note =
+      rings.size() > 1 ? fmt::format(", each at ring {}", fmt::join(rings, ",")) : std::string();
   std::fprintf(txt,
                "bench: %s, budget %s (%s; plan floor %s), %zu prompt ids, %d tokens%s, %d repeat%s, "
-               "strategies %s\n",
+               "strategies %s%s\n",
                a.model_dir.c_str(), human_bytes(double(plan.budget)).c_str(), pb.source.c_str(),
                human_bytes(double(plan.floor)).c_str(), ids.size(), a.gen,
                has("--incremental") ? " incremental" : "", a.repeat, a.repeat == 1 ? "" : "s",
-               fmt::format("{}", fmt::join(strategies, ",")).c_str());
+               fmt::format("{}", fmt::join(strategies, ",")).c_str(), ring_note.c_str());
   if (trunk_b)
     std::fprintf(txt, "trunks: A %s (codec %s), B %s (codec %s), alternating in every round\n",
                  a.trunk_dir.c_str(), io::codec::codec_name(trunk->codec()), a.trunk_b_dir.c_str(),
@@ -439,7 +480,7 @@ int run_bench(const BenchArgs& a) {
                      {"--mem-gb", a.mem_gb ? fmt::format("{}", *a.mem_gb)
                                            : fmt::format("{}", double(plan.budget) / double(1 << 30))});
       if (trunk && has("--trunk")) extra.insert(extra.end(), {"--trunk", rows[i].trunk_dir});
-      if (a.ring != 2) extra.insert(extra.end(), {"--ring", std::to_string(a.ring)});
+      if (rows[i].ring != 2) extra.insert(extra.end(), {"--ring", std::to_string(rows[i].ring)});
       if (!a.trace_dir.empty())
         extra.insert(
             extra.end(),
@@ -499,10 +540,12 @@ int run_bench(const BenchArgs& a) {
       sum.cpu_share_reading_samples.size(), sum.cpu_share_quiet, sum.read_share_beside);
 
   // ---- 4. table, JSON, verdict ----
-  for (size_t i = 0; i < rows.size(); ++i)
+  for (size_t i = 0; i < rows.size(); ++i) {
     sum.strategies.push_back(aggregate(
         rows[i].label, samples[i], Ceiling{sum.ceiling_gbps, sum.ceiling_random_gbps, sum.cpu_share_reading},
         t_cpu, plan.budget));
+    sum.strategies.back().ring = rows[i].ring;
+  }
   rank(sum);
   const RunSample& any = samples.front().front();
   std::fprintf(txt, "\n%s", bench_table(sum).c_str());
@@ -564,6 +607,13 @@ int run_bench(const BenchArgs& a) {
     }
   }
   for (const std::string& n : runner.notes) std::fprintf(txt, "NOTE: %s\n", n.c_str());
+  for (const Row& row : rows)
+    if (row.label == sum.best) {
+      std::string flags = fmt::format("--strategy {}", row.strategy);
+      if (row.ring != 2) flags += fmt::format(" --ring {}", row.ring);
+      if (trunk) flags += fmt::format(" --trunk {}", row.trunk_dir);
+      std::fprintf(txt, "fastest here: k3flow generate %s %s\n", a.model_dir.c_str(), flags.c_str());
+    }
   const std::string doc = bench_json(sum);
   if (!a.out_path.empty()) {
     write_file_atomic(a.out_path, doc);
@@ -606,8 +656,8 @@ Action add_bench(CLI::App& sub) {
   sub.add_option("--threads", a->threads, "compute threads for every run (0 = oneTBB default)")
       ->check(CLI::Range(0, 4096));
   sub.add_option("--ring", a->ring,
-                 "trunk ring slots of every streamed run: more slots read further ahead and pin fewer layers")
-      ->check(CLI::Range(2, 64))
+                 "trunk ring slots of every streamed run, 2..64: more slots read further ahead and pin fewer "
+                 "layers; a list (2,3) runs every strategy at each depth, rows <strategy>@ring<N>")
       ->capture_default_str();
   sub.add_option("--out", a->out_path, "write the results as one JSON object to FILE (atomically)");
   sub.add_flag("--json", a->json, "print the results as one JSON object on stdout (the text goes to stderr)");
