@@ -1,6 +1,9 @@
 // Child processes for `k3flow bench`: every measured decode is a separate `k3flow generate`, so one
 // strategy's allocations, page-cache footprint and thread pools cannot leak into the next one's
 // numbers, and its peak RSS comes from the kernel (wait4's rusage), not from the child's own word.
+// That figure is the larger of the child's own peak and what this process holds resident when it
+// spawns the child (the kernel folds the spawning address space's peak into the child's; run_child
+// resets this process's peak to its current RSS first).
 #pragma once
 #include <cstdint>
 #include <filesystem>
@@ -12,7 +15,7 @@ namespace k3::pipeline {
 struct ChildRun {
   int exit_code = -1;           // -1 when the child died of a signal
   int signal = 0;               // the signal, if it did
-  uint64_t peak_rss_bytes = 0;  // ru_maxrss from wait4, in bytes
+  uint64_t peak_rss_bytes = 0;  // ru_maxrss from wait4, in bytes (see above)
   double wall_seconds = 0;
   std::string out, err;  // everything it wrote to stdout / stderr
   bool ok() const { return exit_code == 0; }

@@ -38,6 +38,7 @@
 #include "pipeline/support/id_list.hpp"
 #include "pipeline/support/interrupt.hpp"
 #include "pipeline/support/output_file.hpp"
+#include "pipeline/support/process_memory.hpp"
 
 namespace k3::pipeline {
 

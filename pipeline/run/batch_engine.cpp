@@ -10,6 +10,7 @@
 #include "pipeline/graph/planner.hpp"
 #include "pipeline/run/run_report.hpp"
 #include "pipeline/support/human_bytes.hpp"
+#include "pipeline/support/process_memory.hpp"
 
 namespace k3::pipeline {
 

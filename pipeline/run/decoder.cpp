@@ -11,6 +11,7 @@
 #include "io/error.hpp"
 #include "pipeline/run/run_report.hpp"
 #include "pipeline/support/human_bytes.hpp"
+#include "pipeline/support/process_memory.hpp"
 #include "stages/head.hpp"
 #include "stages/moe.hpp"
 #include "stages/tensors.hpp"

@@ -1,7 +1,6 @@
 #include "pipeline/run/run_report.hpp"
 
 #include <fmt/format.h>
-#include <sys/resource.h>
 
 #include "io/json_text.hpp"
 
@@ -81,12 +80,6 @@ std::string to_json(const RunReport& r) {
   }
   w.end_object();
   return w.str() + "\n";
-}
-
-uint64_t peak_rss_bytes() {
-  rusage u{};
-  getrusage(RUSAGE_SELF, &u);
-  return static_cast<uint64_t>(u.ru_maxrss) * 1024;
 }
 
 }  // namespace k3::pipeline

@@ -66,7 +66,4 @@ struct RunReport {
 
 std::string to_json(const RunReport&);
 
-// getrusage(RUSAGE_SELF).ru_maxrss in bytes.
-uint64_t peak_rss_bytes();
-
 }  // namespace k3::pipeline

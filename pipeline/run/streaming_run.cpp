@@ -20,6 +20,7 @@
 #include "pipeline/graph/trace.hpp"
 #include "pipeline/run/speculative.hpp"
 #include "pipeline/support/human_bytes.hpp"
+#include "pipeline/support/process_memory.hpp"
 
 namespace k3::pipeline {
 
@@ -50,20 +51,11 @@ uint64_t gib_flag(double gb, const char* flag) {
   return uint64_t(std::llround(gb * double(kGiB)));
 }
 
-uint64_t proc_kb(const char* file, const char* key) {
-  std::ifstream f(file);
-  std::string line;
-  const std::string k = std::string(key) + ":";
-  while (std::getline(f, line))
-    if (line.rfind(k, 0) == 0) return std::strtoull(line.c_str() + k.size(), nullptr, 10);
-  return 0;
-}
-
 }  // namespace
 
 uint64_t available_memory_bytes() {
   if (const auto test = io::env::u64(io::env::kTestMemAvailable)) return *test;
-  uint64_t avail = proc_kb("/proc/meminfo", "MemAvailable") * 1024;
+  uint64_t avail = proc_field_kb("/proc/meminfo", "MemAvailable") * 1024;
   std::ifstream max_f("/sys/fs/cgroup/memory.max"), cur_f("/sys/fs/cgroup/memory.current");
   std::string max_s;
   uint64_t cur = 0;
@@ -72,10 +64,6 @@ uint64_t available_memory_bytes() {
     avail = std::min(avail, lim > cur ? lim - cur : 0);
   }
   return avail;
-}
-
-uint64_t current_rss_bytes() {
-  return proc_kb("/proc/self/status", "VmRSS") * 1024;
 }
 
 uint64_t checkpoint_bytes(const io::ShardSet& shards) {

@@ -139,7 +139,5 @@ uint64_t available_memory_bytes();
 // memory, not all of it: the rest is for the page cache and the machine's other processes (a run
 // planned at 100% on a shared 24 GiB machine was killed by the OOM killer).
 inline constexpr double kDefaultBudgetShare = 0.8;
-// VmRSS of this process in bytes (0 when unreadable).
-uint64_t current_rss_bytes();
 
 }  // namespace k3::pipeline

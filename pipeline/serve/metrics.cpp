@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "pipeline/run/streaming_run.hpp"
+#include "pipeline/support/process_memory.hpp"
 
 namespace k3::pipeline::serve {
 
