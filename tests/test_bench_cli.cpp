@@ -479,6 +479,21 @@ TEST_CASE("--trunk-b: raw and exp4 trunks alternate in one bench, same bits, sto
   CHECK(names == std::vector<std::string>{"serial@none", "serial@exp4", "auto@none", "auto@exp4"});
   // (which trunk reads fewer bytes here depends on the plan: the compressed floor holds a decoded slot
   // too, so at this tiny budget it pins fewer layers -- docs/codec.md, "The decode stage")
+  // With two ring depths the pairs stay pairs: <strategy>@ring<N>@<codec>, compared per depth.
+  const Run rings = k3flow(
+      fmt::format("bench {} --trunk {} --trunk-b {} --mem-gb 0.005 --strategy overlap --ring 2,3 --gen 2 "
+                  "--repeat 1 --probe-seconds 0.1 --out {}",
+                  tiny_model(), raw, exp4, d / "rings.json"));
+  INFO(rings.out);
+  REQUIRE(rings.code == 0);
+  names.clear();
+  const Json jr(d / "rings.json");
+  for (simdjson::dom::element s : jr.doc["strategies"].get_array()) names.push_back(str(s["strategy"]));
+  CHECK(names == std::vector<std::string>{"overlap@ring2@none", "overlap@ring2@exp4", "overlap@ring3@none",
+                                          "overlap@ring3@exp4"});
+  CHECK(rings.out.find("\n  overlap@ring2 s/token ") != std::string::npos);
+  CHECK(rings.out.find("\n  overlap@ring3 s/token ") != std::string::npos);
+  CHECK(rings.out.find(" --trunk ") != std::string::npos);  // the fastest row's flags name its trunk
   // --trunk-b alone is a usage error
   const Run bad = k3flow(fmt::format("bench {} --trunk-b {} --mem-gb 0.008", tiny_model(), exp4));
   CHECK(bad.code == 2);

@@ -324,6 +324,7 @@ int run_bench(const BenchArgs& a) {
   struct Row {
     std::string strategy, label, trunk_dir;
     int ring = 2;
+    std::string pair;  // the label without the trunk: what the A/B comparison calls the pair
   };
   std::vector<Row> rows;
   {
@@ -333,8 +334,8 @@ int run_bench(const BenchArgs& a) {
     for (const std::string& st : strategies)
       for (int ring : rings) {
         const std::string base = rings.size() > 1 ? fmt::format("{}@ring{}", st, ring) : st;
-        rows.push_back(Row{st, trunk_b ? fmt::format("{}@{}", base, la) : base, a.trunk_dir, ring});
-        if (trunk_b) rows.push_back(Row{st, fmt::format("{}@{}", base, lb), a.trunk_b_dir, ring});
+        rows.push_back(Row{st, trunk_b ? fmt::format("{}@{}", base, la) : base, a.trunk_dir, ring, base});
+        if (trunk_b) rows.push_back(Row{st, fmt::format("{}@{}", base, lb), a.trunk_b_dir, ring, base});
       }
   }
 
@@ -598,7 +599,7 @@ int run_bench(const BenchArgs& a) {
           txt,
           "  %-10s s/token %.4f -> %.4f (%s), min %.4f -> %.4f (%s); read/token %s -> %s; decoded/token "
           "%s -> %s; decode %.4f -> %.4f s/token\n",
-          rows[i].strategy.c_str(), ra.s_per_token, rb.s_per_token,
+          rows[i].pair.c_str(), ra.s_per_token, rb.s_per_token,
           change(ra.s_per_token, rb.s_per_token).c_str(), ra.s_per_token_min, rb.s_per_token_min,
           change(ra.s_per_token_min, rb.s_per_token_min).c_str(), human_bytes(ra.bytes_per_token).c_str(),
           human_bytes(rb.bytes_per_token).c_str(), human_bytes(ra.decoded_bytes_per_token).c_str(),
