@@ -67,11 +67,18 @@ struct Run {
   int code = -1;
   bool timed_out = false;
   std::string out, err;
-  uint64_t peak_rss = 0;  // the child's, as the kernel measured it (wait4 ru_maxrss)
+  uint64_t peak_rss = 0;  // the child's, as the kernel measured it (wait4 ru_maxrss; see reset_peak_rss)
   int signal = 0;         // the signal that ended the child, if one did (code is then -1)
 };
 
 namespace detail {
+
+// Before a fork: this process's peak RSS reset to its current RSS (Linux >= 4.0, best effort). The
+// kernel carries the spawning address space's peak into the child's ru_maxrss, so a test that once
+// held a large buffer would otherwise see it in every later child's peak_rss.
+inline void reset_peak_rss() {
+  std::ofstream("/proc/self/clear_refs") << "5";
+}
 
 // Waits for `pid` (whose stdout and stderr go to the files `out` and `err`), killing it after
 // `timeout_s`; `while_running` as for k3flow below.
@@ -121,6 +128,7 @@ inline Run k3flow(const std::string& args, const std::string& env = "", int time
   const std::string out = io / "out", err = io / "err";
   std::vector<std::string> argv = words(args);
   argv.insert(argv.begin(), K3FLOW_BIN);
+  detail::reset_peak_rss();
   const pid_t pid = ::fork();
   REQUIRE(pid >= 0);
   if (pid == 0) {
@@ -146,6 +154,7 @@ inline Run k3flow(const std::string& args, const std::string& env = "", int time
 inline Run shell(const std::string& cmd, int timeout_s = 600) {
   TempDir io;
   const std::string out = io / "out", err = io / "err";
+  detail::reset_peak_rss();
   const pid_t pid = ::fork();
   REQUIRE(pid >= 0);
   if (pid == 0) {
