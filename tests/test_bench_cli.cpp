@@ -526,7 +526,7 @@ TEST_CASE("bad flags exit 2 naming the flag, before any run and without output f
       {"bench " + m + " --mem-gb 1 --ring 65", "--ring"},
       {"bench " + m + " --mem-gb 1 --ring 2,2", "--ring"},
       {"bench " + m + " --mem-gb 1 --ring 2,x", "--ring"},
-      {"bench " + m + " --mem-gb 1 --ring 2,", "--ring"},
+      {"bench " + m + " --mem-gb 1 --ring ,", "--ring"},
       {"bench " + m + " --mem-gb 1 --batch 1,2 --ring 3", "--ring"},
       {"bench " + m + " --mem-gb 1 --probe-seconds 0", "--probe-seconds"},
       {"bench " + d / "no-such-model" + " --mem-gb 1", "MODEL_DIR"},

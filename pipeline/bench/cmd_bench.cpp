@@ -38,7 +38,6 @@
 
 #include <algorithm>
 #include <cctype>
-#include <charconv>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -116,23 +115,17 @@ std::vector<std::string> parse_strategies(const std::string& text) {
   return out;
 }
 
-// --ring 2,3: trunk ring slot counts, each 2..64, none twice (a usage error names the bad entry).
+// --ring 2,3: trunk ring slot counts, each 2..64, none twice; separators as for --ids
+// (support/id_list.hpp). A usage error names the bad entry.
 std::vector<int> parse_rings(const std::string& text) {
   std::vector<int> out;
-  size_t i = 0;
-  while (i <= text.size()) {
-    size_t j = text.find(',', i);
-    if (j == std::string::npos) j = text.size();
-    const std::string item = text.substr(i, j - i);
-    int n = 0;
-    const auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), n);
-    if (item.empty() || ec != std::errc() || end != item.data() + item.size() || n < 2 || n > 64)
+  for (const int32_t n : parse_id_list(text, "--ring")) {
+    if (n < 2 || n > 64)
       throw io::usage_error(
-          fmt::format("--ring: '{}' in '{}' is not a slot count from 2 to 64 (e.g. --ring 2,3)", item, text));
+          fmt::format("--ring: {} in '{}' is not a slot count from 2 to 64 (e.g. --ring 2,3)", n, text));
     if (std::find(out.begin(), out.end(), n) != out.end())
       throw io::usage_error(fmt::format("--ring: {} given twice in '{}'", n, text));
     out.push_back(n);
-    i = j + 1;
   }
   return out;
 }
