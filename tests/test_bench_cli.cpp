@@ -380,8 +380,8 @@ TEST_CASE("--ring 2,3 runs every strategy at each depth and names the fastest ro
   // The stand-in's ring-3 runs are faster (0.15 s against 0.2 and 0.22): the first of them wins.
   CHECK(str(j.doc["best"]) == "overlap@ring3");
   CHECK(r.last_stdout_line.starts_with("best=overlap@ring3 overlap_efficiency="));
-  CHECK(r.out.find("fastest here: k3flow generate " + tiny_model() + " --strategy overlap --ring 3\n") !=
-        std::string::npos);
+  CHECK(r.out.find("fastest here: k3flow generate " + tiny_model() +
+                   " --mem-gb 0.005 --strategy overlap --ring 3\n") != std::string::npos);
 }
 
 TEST_CASE("--json prints the JSON document alone on stdout, the text on stderr; --out writes the same") {

@@ -603,7 +603,11 @@ int run_bench(const BenchArgs& a) {
   for (const std::string& n : runner.notes) std::fprintf(txt, "NOTE: %s\n", n.c_str());
   for (const Row& row : rows)
     if (row.label == sum.best) {
-      std::string flags = fmt::format("--strategy {}", row.strategy);
+      // what the row ran with, so the line can be pasted: budget, threads, strategy, ring, trunk
+      std::string flags =
+          a.mem_gb ? fmt::format("--mem-gb {}", *a.mem_gb) : fmt::format("--preset {}", a.preset);
+      if (a.threads > 0) flags += fmt::format(" --threads {}", a.threads);
+      flags += fmt::format(" --strategy {}", row.strategy);
       if (row.ring != 2) flags += fmt::format(" --ring {}", row.ring);
       if (trunk) flags += fmt::format(" --trunk {}", row.trunk_dir);
       std::fprintf(txt, "fastest here: k3flow generate %s %s\n", a.model_dir.c_str(), flags.c_str());
