@@ -1,9 +1,9 @@
 // `k3flow bench MODEL_DIR [--trunk DIR [--trunk-b DIR]] (--mem-gb X | --preset P) [--strategy LIST]
-//  [--gen N] [--repeat R] [--ids LIST] [--threads N] [--ring N[,M]] [--out FILE] [--json] [--trace-dir DIR]`:
-//  the
-// overlap strategies compared on one checkpoint and one budget in one run (docs/design.md §5). With
-// `--batch 1,2,4,8` it measures batched decode instead, and with `--batch B --join N` a prompt
-// joining B - 1 decoding sequences under each `--prefill` mode (pipeline/bench/bench_batch.hpp).
+//  [--gen N] [--repeat R] [--ids LIST] [--threads N] [--ring N[,M]] [--out FILE] [--json]
+//  [--trace-dir DIR]`: the overlap strategies compared on one checkpoint and one budget in one run
+// (docs/design.md §5). With `--batch 1,2,4,8` it measures batched decode instead, and with
+// `--batch B --join N` a prompt joining B - 1 decoding sequences under each `--prefill` mode
+// (pipeline/bench/bench_batch.hpp).
 // With --trunk-b (a second pack of the same checkpoint, e.g. `pack-trunk --codec exp4`), every
 // strategy runs from both trunks, the two alternating inside each round (A first in odd rounds, B
 // first in even ones) with the page cache dropped before every run, rows labelled
@@ -216,7 +216,7 @@ class Runner {
 int run_batched(const BenchArgs& a) {
   if (a.preset.empty() && !a.mem_gb)
     throw io::usage_error("bench --batch: give a budget: --mem-gb X or --preset NAME");
-  if (a.json || !a.out_path.empty() || !a.trace_dir.empty() || a.ring != "2")
+  if (a.json || !a.out_path.empty() || !a.trace_dir.empty() || parse_rings(a.ring) != std::vector<int>{2})
     throw io::usage_error(
         "bench --batch: --json, --out, --trace-dir and --ring are not supported with --batch");
   BatchBenchArgs b;
@@ -342,7 +342,7 @@ int run_bench(const BenchArgs& a) {
   auto has = [&](const char* flag) { return lists_flag(help.out, flag); };
   if (!a.trace_dir.empty() && !has("--trace"))
     throw io::usage_error("--trace-dir: this k3flow generate has no --trace flag");
-  if (a.ring != "2" && !has("--ring"))
+  if (rings != std::vector<int>{2} && !has("--ring"))
     throw io::usage_error("--ring: this k3flow generate has no --ring flag");
   BenchSummary sum;
   const bool use_preset = !a.preset.empty() && has("--preset");
