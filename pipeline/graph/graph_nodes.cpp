@@ -248,6 +248,9 @@ void StreamingModel::Impl::expert_landed_body(const ExpertLanded& m, Outputs<kEx
   MoeLayerRun& moe = step(m.visit).moe;
   const bool ser = strategy == Strategy::serial;
   const bool binds = ser ? moe.completes_wave() : m.read;
+  std::optional<Visit> shared_go;
+  bool done = false;  // the body ran to its end (not a failed read, a prefetch, or a throw)
+  go_out.clear();
   run_node(kExpertLanded, binds, args(moe.layer(), -1, m.slot), [&] {
     int gi = m.group;
     const bool defer = ser && m.read;
@@ -264,12 +267,17 @@ void StreamingModel::Impl::expert_landed_body(const ExpertLanded& m, Outputs<kEx
         }
       }
     }
-    go_out.clear();
     const MoeLayerRun::Landed landed = moe.landed(
         defer ? -1 : gi, defer ? m.slot : -1, [this](int slot) { return bind_landed(slot); }, go_out);
-    for (const ExpertGo& x : go_out) port<LandedOut::go>(out).try_put(x);
-    if (landed.start_shared) port<LandedOut::shared>(out).try_put(SharedGo{landed.visit});
+    if (landed.start_shared) shared_go = landed.visit;
+    done = true;
   });
+  if (!done) return;
+  // After the span (the node runs one body at a time, so go_out is still this call's): a put can run
+  // the expert's compute -- and under serial the next wave's reads -- on another thread before this
+  // one closes its span, and the binding span would then seem to compute while those reads are out.
+  for (const ExpertGo& x : go_out) port<LandedOut::go>(out).try_put(x);
+  if (shared_go) port<LandedOut::shared>(out).try_put(SharedGo{*shared_go});
 }
 
 void StreamingModel::Impl::shared_body(const SharedGo& m, Outputs<kShared>& out) {
