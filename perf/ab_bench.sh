@@ -10,9 +10,10 @@
 #
 #   perf/ab_bench.sh BINARY_A BINARY_B MODEL_DIR [bench flags...]
 #
-# Example (the restructured graph against the binary before it, the wide synthetic profile):
-#   ROUNDS=3 perf/ab_bench.sh /tmp/old/k3flow build/k3flow /work/k3wide/model \
-#     --trunk /work/k3wide/trunk --mem-gb 0.92 --gen 12 --threads 2
+# Example (the restructured graph against the binary before it; $WIDE holds the wide synthetic
+# profile, docs/performance.md):
+#   ROUNDS=3 perf/ab_bench.sh OLD/k3flow build/k3flow $WIDE/model \
+#     --trunk $WIDE/trunk --mem-gb 0.92 --gen 12 --threads 2
 # Environment: ROUNDS (3), STRATEGIES (serial,trunk,overlap,lookahead,auto), OUT (a directory for
 # every run's JSON; default a temporary one, removed).
 set -euo pipefail

@@ -12,7 +12,7 @@ build=${1:-build}
 size=${2:-small}
 gen=${3:-16}
 mem_gb=${4:-}
-model=$(mktemp -d /tmp/k3_dist_bench.XXXXXX)
+model=$(mktemp -d -t k3_dist_bench.XXXXXX)
 trap 'rm -rf "$model"' EXIT
 "$build/k3flow" synth "$model/m" --size "$size" --seed 1 > /dev/null
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1

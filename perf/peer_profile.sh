@@ -6,7 +6,7 @@
 # tokens. Prints, per strategy, s/token, bytes read per token, the engine's effective read rate and
 # the device ceiling measured in the same run (`k3flow bench`, pipeline/bench/device_probe.*).
 #
-#   perf/peer_profile.sh [WORK_DIR]          (default /tmp/k3peer; ~17 GB of disk: model + trunk)
+#   perf/peer_profile.sh [WORK_DIR]          (default out/peer; ~17 GB of disk: model + trunk)
 #
 # Environment: K3FLOW (default build/k3flow), MEM_GB (1.34), THREADS (2), GEN (12), REPEAT (3),
 # STRATEGY (serial,trunk,overlap,lookahead,auto), PROBE_SECONDS (3), and any K3FLOW_TRUNK_* reader
@@ -14,7 +14,7 @@
 set -euo pipefail
 
 K3FLOW=${K3FLOW:-build/k3flow}
-WORK=${1:-/tmp/k3peer}
+WORK=${1:-out/peer}
 MEM_GB=${MEM_GB:-1.34}
 THREADS=${THREADS:-2}
 GEN=${GEN:-12}

@@ -7,7 +7,7 @@
 # 1-minute load; then min and median per engine and the ratio k3flow/C of the medians. Fails (exit 3)
 # if the two engines emit different ids: a speed figure for a different answer is worth nothing.
 #
-#   perf/peer_vs_c.sh C_ENGINE_DIR K3FLOW_BINARY [WORK_DIR]      (WORK_DIR default /tmp/k3peer)
+#   perf/peer_vs_c.sh C_ENGINE_DIR K3FLOW_BINARY [WORK_DIR]      (WORK_DIR default out/peer)
 #
 # WORK_DIR holds model/ and trunk/ as peer_profile.sh leaves them; the C engine's own packed trunk
 # goes to C_PACK (default C_ENGINE_DIR/pack, ~6.4 GB) and is written once if missing.
@@ -22,11 +22,11 @@
 # with C_ENV="OMP_WAIT_POLICY=passive", the same ids either way. Quote both when the host is busy.
 #
 # How the C engine was obtained and built (2026-12-01, commit 01a7334ad58530fd3178f883582afd0717550b6f
-# of github.com/Speedstu/kimi-k3-in-c, a fork extending its v1.0.0):
-#   git clone https://github.com/Speedstu/kimi-k3-in-c /work/cref      (or `git archive HEAD | tar -x`)
-#   make -C /work/cref -j2 bin/k3       # its Makefile: cc -O3 -std=gnu99 -march=native -fopenmp
+# of github.com/Speedstu/kimi-k3-in-c, a fork extending its v1.0.0), into a folder $CREF:
+#   git clone https://github.com/Speedstu/kimi-k3-in-c $CREF      (or `git archive HEAD | tar -x`)
+#   make -C $CREF -j2 bin/k3       # its Makefile: cc -O3 -std=gnu99 -march=native -fopenmp
 #                                       # -pthread -ffp-contract=off, libm + libgomp, no other deps
-#   python3 /work/cref/tools/pack_trunk.py MODEL /work/cref/pack 26    # stdlib only; this script
+#   python3 $CREF/tools/pack_trunk.py MODEL $CREF/pack 26    # stdlib only; this script
 #                                       # runs the same command when C_PACK/trunk.json is missing
 # Its run, per its README (`k3 --help`): `bin/k3 MODEL --trunk PACK --trunk-gb X --cache-gb Y
 # --threads N --incremental --ids ... --gen N --out run.json` (greedy is its default, temperature 0).
@@ -41,7 +41,7 @@ usage() { echo "usage: perf/peer_vs_c.sh C_ENGINE_DIR K3FLOW_BINARY [WORK_DIR]" 
 [ $# -ge 2 ] || usage
 CDIR=$(realpath "$1")
 K3FLOW=$(realpath "$2")
-WORK=$(realpath "${3:-/tmp/k3peer}")
+WORK=$(realpath "${3:-out/peer}")
 ROUNDS=${ROUNDS:-3}
 GEN=${GEN:-12}
 THREADS=${THREADS:-2}

@@ -8,13 +8,13 @@
 # peer synthetic checkpoint, disk-bound at 1.81 GiB (docs/performance.md, "Batched decode").
 #
 #   perf/prefill_join.sh [BUILD_DIR] [OUT_DIR]        (defaults: build, out/prefill_join)
-#   MODEL=/work/k3peer/model TRUNK=/work/k3peer/trunk MEM_GB=1.81 B=4 JOIN=64 CHUNKS="16" GEN=6 \
+#   MODEL=out/peer/model TRUNK=out/peer/trunk MEM_GB=1.81 B=4 JOIN=64 CHUNKS="16" GEN=6 \
 #     REPEAT=2 THREADS=2 perf/prefill_join.sh
 set -eu
 BUILD=${1:-build}
 OUT=${2:-out/prefill_join}
-MODEL=${MODEL:-/work/k3peer/model}
-TRUNK=${TRUNK-/work/k3peer/trunk}
+MODEL=${MODEL:-out/peer/model}
+TRUNK=${TRUNK-out/peer/trunk}
 MEM_GB=${MEM_GB:-1.81}
 B=${B:-4}
 JOIN=${JOIN:-64}

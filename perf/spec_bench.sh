@@ -17,7 +17,7 @@
 # speed figure for a different answer is worth nothing.
 # A measured example is in docs/speculative.md.
 #
-#   perf/spec_bench.sh K3FLOW_BINARY [WORK_DIR]   (default /tmp/k3peer: model/ and trunk/ as perf/peer_profile.sh leaves them)
+#   perf/spec_bench.sh K3FLOW_BINARY [WORK_DIR]   (default out/peer: model/ and trunk/ as perf/peer_profile.sh leaves them)
 #
 # Environment: ROUNDS (3), GEN (32), SPEC (4, the drafts per pass), MEM_GB (1.8), THREADS (2),
 # OUT (WORK_DIR/spec-bench-<utc time>). Measure on a quiet host (1-minute load < 1.5).
@@ -26,7 +26,7 @@ set -euo pipefail
 usage() { echo "usage: perf/spec_bench.sh K3FLOW_BINARY [WORK_DIR]" >&2; exit 2; }
 [ $# -ge 1 ] || usage
 K3FLOW=$(realpath "$1")
-WORK=$(realpath "${2:-/tmp/k3peer}")
+WORK=$(realpath "${2:-out/peer}")
 ROUNDS=${ROUNDS:-3}
 GEN=${GEN:-32}
 SPEC=${SPEC:-4}

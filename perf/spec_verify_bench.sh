@@ -19,7 +19,7 @@
 # reference's: a verify pass that changes the answer is no speed-up.
 #
 #   perf/spec_verify_bench.sh K3FLOW_BINARY [WORK_DIR]
-#     WORK_DIR (default /tmp/k3peer) holds model/ and trunk/ as perf/peer_profile.sh leaves them.
+#     WORK_DIR (default out/peer) holds model/ and trunk/ as perf/peer_profile.sh leaves them.
 #
 # Environment: ROUNDS (3), PASSES (3, verify passes per run), KS ("1 2 4 8"), MEM_GB (1.8),
 # THREADS (2), TRUNK (WORK_DIR/trunk), OUT (WORK_DIR/spec-verify-<utc time>).
@@ -29,7 +29,7 @@ set -euo pipefail
 usage() { echo "usage: perf/spec_verify_bench.sh K3FLOW_BINARY [WORK_DIR]" >&2; exit 2; }
 [ $# -ge 1 ] || usage
 K3FLOW=$(realpath "$1")
-WORK=$(realpath "${2:-/tmp/k3peer}")
+WORK=$(realpath "${2:-out/peer}")
 ROUNDS=${ROUNDS:-3}
 PASSES=${PASSES:-3}
 KS=${KS:-"1 2 4 8"}

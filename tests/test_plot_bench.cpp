@@ -36,7 +36,7 @@ uint32_t be32(const std::string& s, size_t at) {
 }
 
 // What `k3flow bench --out FILE` writes (the fields the chart reads, and a few it ignores).
-const char* kBench = R"({"model":"/tmp/k3-synth-small","budget_bytes":268435456,"ceiling_gbps":2.1,
+const char* kBench = R"({"model":"out/k3-synth-small","budget_bytes":268435456,"ceiling_gbps":2.1,
 "t_cpu_per_token":0.05,"strategies":[
 {"strategy":"serial","s_per_token":0.21,"s_per_token_min":0.2,"bytes_per_token":3.2e8,"t_io":0.152,"t_cpu":0.05,"overlap_efficiency":0.724,"lookahead_hit_rate":null,"peak_rss_bytes":250000000,"ids":[1,2]},
 {"strategy":"trunk","s_per_token":0.17,"s_per_token_min":0.16,"bytes_per_token":3.2e8,"t_io":0.152,"t_cpu":0.05,"overlap_efficiency":0.894,"lookahead_hit_rate":null,"peak_rss_bytes":250000000,"ids":[1,2]},
