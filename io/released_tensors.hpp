@@ -1,7 +1,7 @@
 // The released checkpoint's tensors, by name, as a function of the config (docs/model.md §2.1): one
 // decoder layer's trunk, one routed expert, the model-level tensors. The one written list: the
 // engine's binder (stages/tensors.*), the real checkpoint's catalogue (io/k3_names.*) and the
-// synthetic checkpoints (perf/synth_layout.cpp) all derive theirs from it.
+// synthetic checkpoints (io/synth/synth_layout.cpp) all derive theirs from it.
 #pragma once
 #include <cstdint>
 #include <string>

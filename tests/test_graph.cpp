@@ -17,7 +17,7 @@
 #include "io/config.hpp"
 #include "io/packed_trunk.hpp"
 #include "io/safetensors.hpp"
-#include "perf/synth.hpp"
+#include "io/synth/synth.hpp"
 #include "pipeline/graph/expert_cache.hpp"
 #include "pipeline/graph/graph.hpp"
 #include "pipeline/graph/planner.hpp"
@@ -36,9 +36,9 @@ namespace {
 
 // 8 layers: dense layer 0, MoE 1..7, MLA at 3 and 7 (one-based 4, 8), 32 experts of which 4 per token.
 io::ModelConfig test_dims() {
-  io::ModelConfig c = perf::preset_dims("tiny");
+  io::ModelConfig c = io::synth::preset_dims("tiny");
   c.n_layers = 8;
-  c.full_attn_layers = perf::default_full_attn(8);
+  c.full_attn_layers = io::synth::default_full_attn(8);
   return c;
 }
 
@@ -48,9 +48,9 @@ struct Checkpoint {
   Checkpoint() {
     model = dir.path / "m";
     trunk = dir.path / "t";
-    perf::SynthOptions o;
+    io::synth::SynthOptions o;
     o.seed = 21;
-    perf::write_checkpoint(perf::layout_dense(test_dims(), 3), model, o);
+    io::synth::write_checkpoint(io::synth::layout_dense(test_dims(), 3), model, o);
     const io::ShardSet shards = io::ShardSet::open(model);
     io::pack_trunk(shards, test_dims().n_layers, trunk);
   }

@@ -1,4 +1,4 @@
-// perf/synth.* and `k3flow synth`: what is written is what was asked for (dims, names, dtypes,
+// io/synth/synth.* and `k3flow synth`: what is written is what was asked for (dims, names, dtypes,
 // shapes, layout), values are valid and well scaled, runs are reproducible, refusals name the
 // flag, and a failed run leaves nothing behind.
 #include <doctest/doctest.h>
@@ -24,7 +24,7 @@
 
 #include "io/config.hpp"
 #include "io/safetensors.hpp"
-#include "perf/synth.hpp"
+#include "io/synth/synth.hpp"
 #include "tests/run_helpers.hpp"
 
 namespace fs = std::filesystem;
@@ -49,7 +49,7 @@ const char* kDims =
     "--dense-inter 80 --block-size 2 --full-attn 3,6 --first-dense 1";
 
 k3::io::ModelConfig expected_dims() {
-  k3::io::ModelConfig c = k3::perf::preset_dims("tiny");
+  k3::io::ModelConfig c = k3::io::synth::preset_dims("tiny");
   c.n_layers = 6, c.hidden = 96, c.vocab = 300, c.kda_heads = 3, c.kda_head_dim = 16, c.mla_heads = 2;
   c.q_lora_rank = 40, c.kv_lora_rank = 24, c.qk_nope = 16, c.qk_rope = 8, c.v_head = 12;
   c.n_experts = 12, c.top_k = 3, c.n_shared = 2, c.latent = 64, c.moe_inter = 96, c.dense_inter = 80;
@@ -129,7 +129,7 @@ TEST_CASE("synth -> ShardSet round trip: dims, names, dtypes, shapes, layout, va
   CHECK_FALSE(got.is_mla(0));
 
   // One shard per layer plus the head, named like the released ones.
-  const auto plan = k3::perf::layout_dense(want, 0);
+  const auto plan = k3::io::synth::layout_dense(want, 0);
   REQUIRE(plan.shards.size() == 7);
   CHECK(fs::exists(out / "model-00001-of-000007.safetensors"));
   CHECK(fs::exists(out / "model-00007-of-000007.safetensors"));
@@ -258,27 +258,27 @@ TEST_CASE("synth -> ShardSet round trip: dims, names, dtypes, shapes, layout, va
 }
 
 TEST_CASE("fill_bytes: any split of a tensor gives the same bytes") {
-  k3::perf::SynthCheckpoint p = k3::perf::layout_dense(k3::perf::preset_dims("tiny"), 0);
+  k3::io::synth::SynthCheckpoint p = k3::io::synth::layout_dense(k3::io::synth::preset_dims("tiny"), 0);
   for (const auto& t : p.shards[1].tensors) {
     const uint64_t n = t.entry.nbytes();
     std::vector<std::byte> whole(n), parts(n);
-    k3::perf::fill_bytes(t, 42, 0, whole);
+    k3::io::synth::fill_bytes(t, 42, 0, whole);
     uint64_t pos = 0, step = 1;
     while (pos < n) {
       const uint64_t len = std::min(n - pos, step);
-      k3::perf::fill_bytes(t, 42, pos, {parts.data() + pos, len});
+      k3::io::synth::fill_bytes(t, 42, pos, {parts.data() + pos, len});
       pos += len, step = step * 3 + 1;
     }
     REQUIRE_MESSAGE(whole == parts, t.entry.name);
   }
   // A tensor larger than one generator chunk, split across the chunk boundary at odd offsets.
-  k3::perf::SynthTensor big{{"big", DType::BF16, {3u << 19}}, -1, -1, k3::perf::Fill::normal, 0.1f};
+  k3::io::synth::SynthTensor big{{"big", DType::BF16, {3u << 19}}, -1, -1, k3::io::synth::Fill::normal, 0.1f};
   std::vector<std::byte> whole(big.entry.nbytes()), parts(whole.size());
-  k3::perf::fill_bytes(big, 1, 0, whole);
-  const uint64_t cut1 = k3::perf::kFillChunk - 3, cut2 = 2 * k3::perf::kFillChunk + 5;
-  k3::perf::fill_bytes(big, 1, 0, {parts.data(), cut1});
-  k3::perf::fill_bytes(big, 1, cut1, {parts.data() + cut1, cut2 - cut1});
-  k3::perf::fill_bytes(big, 1, cut2, {parts.data() + cut2, parts.size() - cut2});
+  k3::io::synth::fill_bytes(big, 1, 0, whole);
+  const uint64_t cut1 = k3::io::synth::kFillChunk - 3, cut2 = 2 * k3::io::synth::kFillChunk + 5;
+  k3::io::synth::fill_bytes(big, 1, 0, {parts.data(), cut1});
+  k3::io::synth::fill_bytes(big, 1, cut1, {parts.data() + cut1, cut2 - cut1});
+  k3::io::synth::fill_bytes(big, 1, cut2, {parts.data() + cut2, parts.size() - cut2});
   CHECK(whole == parts);
 }
 
@@ -360,11 +360,11 @@ TEST_CASE("an unwritable OUT_DIR is refused with exit 1, naming it") {
 
 TEST_CASE("the free-space refusal tells two close sizes apart, in bytes and binary units") {
   // Both round to "0.02 GB", which is how the refusal read once.
-  const std::string m = k3::perf::free_space_refusal("/out", 21'474'836, 21'500'000);
+  const std::string m = k3::io::synth::free_space_refusal("/out", 21'474'836, 21'500'000);
   CHECK(m ==
         "output directory /out has 21474836 bytes free (20.48 MiB), the checkpoint needs 21500000 bytes "
         "(20.50 MiB)");
-  const std::string n = k3::perf::free_space_refusal("/out", 21'499'999, 21'500'000);
+  const std::string n = k3::io::synth::free_space_refusal("/out", 21'499'999, 21'500'000);
   CHECK_MESSAGE(n.find("21499999 bytes free") != std::string::npos, n);
   CHECK_MESSAGE(n.find("needs 21500000 bytes") != std::string::npos, n);
 }
@@ -428,14 +428,14 @@ TEST_CASE("presets have the advertised sizes and pass validation") {
   const std::pair<const char*, double> sizes[] = {
       {"tiny", 4e6}, {"small", 0.3e9}, {"medium", 3e9}, {"large", 12e9}};
   for (const auto& [name, bytes] : sizes) {
-    const auto plan = k3::perf::layout_dense(k3::perf::preset_dims(name), 0);
+    const auto plan = k3::io::synth::layout_dense(k3::io::synth::preset_dims(name), 0);
     CHECK_MESSAGE(double(plan.data_bytes()) > bytes / 2, name);
     CHECK_MESSAGE(double(plan.data_bytes()) < bytes * 2, name);
     const auto& c = plan.config;
     CHECK(c.n_experts >= 8 * c.top_k);  // K3-shaped: a token touches a small fraction of experts
   }
-  CHECK(k3::perf::default_full_attn(93).size() == 24);
-  CHECK(k3::perf::default_full_attn(93).back() == 93);
+  CHECK(k3::io::synth::default_full_attn(93).size() == 24);
+  CHECK(k3::io::synth::default_full_attn(93).back() == 93);
 }
 
 TEST_CASE("a forward pass over a synthetic model stays finite and non-degenerate") {

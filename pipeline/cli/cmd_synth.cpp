@@ -1,4 +1,4 @@
-// `k3flow synth OUT_DIR`: write a synthetic checkpoint in the released format (perf/synth.hpp).
+// `k3flow synth OUT_DIR`: write a synthetic checkpoint in the released format (io/synth/synth.hpp).
 #include <fmt/format.h>
 
 #include <charconv>
@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "io/error.hpp"
-#include "perf/synth.hpp"
+#include "io/synth/synth.hpp"
 #include "pipeline/cli/commands.hpp"
 #include "pipeline/support/human_bytes.hpp"
 #include "pipeline/support/interrupt.hpp"
@@ -88,22 +88,22 @@ int run_synth(SynthArgs& a) {
       std::filesystem::exists(a.out_dir, ec) && !std::filesystem::is_directory(a.out_dir, ec))
     throw io::usage_error(fmt::format("OUT_DIR {}: is not a directory", a.out_dir));
   if (a.ranks_opt->count()) check_input_file(a.ranks, "--ranks");
-  perf::SynthCheckpoint plan;
+  io::synth::SynthCheckpoint plan;
   if (a.sparse) {
-    plan = perf::layout_sparse();
+    plan = io::synth::layout_sparse();
   } else {
-    io::ModelConfig c = perf::preset_dims(a.size);
+    io::ModelConfig c = io::synth::preset_dims(a.size);
     for (size_t i = 0; i < std::size(kDimFlags); ++i)
       if (a.dim_opts[i]->count()) c.*kDimFlags[i].field = a.dims[i];
     if (a.full_attn_opt->count())
       c.full_attn_layers = parse_layer_list(a.full_attn);
     else
-      c.full_attn_layers = perf::default_full_attn(c.n_layers);
-    plan = perf::layout_dense(c, a.shards);
+      c.full_attn_layers = io::synth::default_full_attn(c.n_layers);
+    plan = io::synth::layout_dense(c, a.shards);
   }
 
   std::string tokenizer_note;
-  perf::synth_tokenizer(plan.config.vocab, a.ranks, plan, tokenizer_note);
+  io::synth::synth_tokenizer(plan.config.vocab, a.ranks, plan, tokenizer_note);
   const uint64_t data = plan.data_bytes();
   if (a.dry_run) {
     fmt::print("synth plan: {} tensors in {} shards, {} data bytes ({}){}\n{}\n", plan.tensor_count(),
@@ -117,14 +117,14 @@ int run_synth(SynthArgs& a) {
                                         : Progress::Mode::automatic);
   // Ctrl-C / SIGTERM while writing: stop at the next block and remove the partial output.
   InterruptScope interrupts;
-  perf::SynthOptions opt;
+  io::synth::SynthOptions opt;
   opt.cancelled = &InterruptScope::requested;
   opt.seed = a.seed;
   opt.overwrite = a.force;
   if (bar.enabled()) opt.progress = [&bar](uint64_t done, uint64_t total) { bar.update(done, total); };
-  perf::SynthReport r;
+  io::synth::SynthReport r;
   try {
-    r = perf::write_checkpoint(plan, a.out_dir, opt);
+    r = io::synth::write_checkpoint(plan, a.out_dir, opt);
   } catch (const io::Error& e) {
     if (!InterruptScope::requested()) throw;
     // Stopped by the signal, not failed: the exit code says which (130 / 143), as in every command.

@@ -19,9 +19,9 @@
 #include "io/aligned.hpp"
 #include "io/env.hpp"
 #include "io/error.hpp"
-#include "perf/synth.hpp"
+#include "io/synth/synth.hpp"
 
-namespace k3::perf {
+namespace k3::io::synth {
 
 namespace fs = std::filesystem;
 
@@ -328,4 +328,4 @@ SynthReport write_checkpoint(const SynthCheckpoint& plan, const fs::path& out_di
   return report;
 }
 
-}  // namespace k3::perf
+}  // namespace k3::io::synth

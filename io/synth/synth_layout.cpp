@@ -8,9 +8,9 @@
 #include "io/error.hpp"
 #include "io/released_tensors.hpp"
 #include "io/safetensors_writer.hpp"
-#include "perf/synth.hpp"
+#include "io/synth/synth.hpp"
 
-namespace k3::perf {
+namespace k3::io::synth {
 
 namespace {
 
@@ -321,4 +321,4 @@ SynthCheckpoint layout_dense(const io::ModelConfig& c, int shards) {
   return plan;
 }
 
-}  // namespace k3::perf
+}  // namespace k3::io::synth

@@ -17,7 +17,7 @@
 #include "io/config.hpp"
 #include "io/safetensors_writer.hpp"
 
-namespace k3::perf {
+namespace k3::io::synth {
 
 // How a tensor's values are generated (dense checkpoints).
 enum class Fill : uint8_t {
@@ -127,4 +127,4 @@ std::string free_space_refusal(const std::filesystem::path& out_dir, uint64_t av
 SynthReport write_checkpoint(const SynthCheckpoint& plan, const std::filesystem::path& out_dir,
                              const SynthOptions& options);
 
-}  // namespace k3::perf
+}  // namespace k3::io::synth

@@ -1,9 +1,9 @@
 // The full-scale replica of the released checkpoint: io/k3_names is the one list of its tensors,
 // shard by shard in data order; synth only writes their headers.
 #include "io/k3_names.hpp"
-#include "perf/synth.hpp"
+#include "io/synth/synth.hpp"
 
-namespace k3::perf {
+namespace k3::io::synth {
 
 SynthCheckpoint layout_sparse() {
   SynthCheckpoint plan;
@@ -21,4 +21,4 @@ SynthCheckpoint layout_sparse() {
   return plan;
 }
 
-}  // namespace k3::perf
+}  // namespace k3::io::synth

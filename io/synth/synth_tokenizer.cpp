@@ -4,9 +4,9 @@
 #include <string>
 
 #include "io/error.hpp"
-#include "perf/synth.hpp"
+#include "io/synth/synth.hpp"
 
-namespace k3::perf {
+namespace k3::io::synth {
 
 namespace {
 
@@ -104,4 +104,4 @@ bool synth_tokenizer(int vocab, const std::filesystem::path& ranks_file, SynthCh
   return true;
 }
 
-}  // namespace k3::perf
+}  // namespace k3::io::synth

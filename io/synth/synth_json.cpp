@@ -8,9 +8,9 @@
 #include <utility>
 #include <vector>
 
-#include "perf/synth.hpp"
+#include "io/synth/synth.hpp"
 
-namespace k3::perf {
+namespace k3::io::synth {
 
 namespace {
 
@@ -103,4 +103,4 @@ std::string index_json(const SynthCheckpoint& plan) {
   return out;
 }
 
-}  // namespace k3::perf
+}  // namespace k3::io::synth

@@ -4,9 +4,9 @@
 #include <cstring>
 #include <string_view>
 
-#include "perf/synth.hpp"
+#include "io/synth/synth.hpp"
 
-namespace k3::perf {
+namespace k3::io::synth {
 
 namespace {
 
@@ -187,4 +187,4 @@ void fill_bytes(const SynthTensor& t, uint64_t seed, uint64_t offset, std::span<
   }
 }
 
-}  // namespace k3::perf
+}  // namespace k3::io::synth

@@ -1,1 +1,0 @@
-// Keeps k3_synth a real library while perf/ is being filled in.
