@@ -423,7 +423,7 @@ struct StreamingModel::Impl {
   void describe_edges();  // graph_wiring.cpp: the same table, to the DOT description
   void prepare_call(std::span<const stages::Segment> segs, size_t T, std::span<float> logits, bool head_all);
 
-  // The node bodies (graph_nodes_*.cpp), one per node that runs code, in the diagram's order.
+  // The node bodies (graph_nodes.cpp), one per node that runs code, in the diagram's order.
   void trunk_read_body(const TrunkClaim&, TrunkReadNode::gateway_type&);
   void trunk_decode_body(const DecodeClaim&, Outputs<kTrunkDecode>&);
   void trunk_bind_body(const TrunkReady&, Outputs<kTrunkBind>&);
