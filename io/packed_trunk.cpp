@@ -23,6 +23,7 @@
 #include "io/aligned.hpp"
 #include "io/env.hpp"
 #include "io/error.hpp"
+#include "io/released_tensors.hpp"
 #include "io/safetensors_writer.hpp"
 
 namespace fs = std::filesystem;
@@ -38,14 +39,8 @@ const TrunkTensor* TrunkLayer::find(std::string_view name) const {
 }
 
 int trunk_layer_of(std::string_view name) {
-  constexpr std::string_view prefix = "language_model.model.layers.";
-  if (!name.starts_with(prefix)) return -1;
-  name.remove_prefix(prefix.size());
-  int l = -1;
-  auto [end, ec] = std::from_chars(name.data(), name.data() + name.size(), l);
-  if (ec != std::errc() || end == name.data() + name.size() || *end != '.') return -1;
-  if (name.find(".block_sparse_moe.experts.") != std::string_view::npos) return -1;
-  return l;
+  const NameOwner o = owner_of(name);
+  return o.kind == NameOwner::Kind::layer_trunk ? o.layer : -1;
 }
 
 TrunkLayout layout_trunk(const ShardSet& shards, int n_layers) {

@@ -2,6 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <charconv>
+#include <utility>
+
 namespace k3::io {
 
 namespace {
@@ -111,16 +114,64 @@ std::vector<ReleasedTensor> released_expert(const ModelConfig& c, int layer, int
   };
 }
 
+std::string_view model_tensor_name(TensorField f) {
+  switch (f) {
+    case F::embed:
+      return "language_model.model.embed_tokens.weight";
+    case F::final_norm:
+      return "language_model.model.norm.weight";
+    case F::out_res_norm:
+      return "language_model.model.output_attn_res_norm.weight";
+    case F::out_res_proj:
+      return "language_model.model.output_attn_res_proj.weight";
+    case F::lm_head:
+      return "language_model.lm_head.weight";  // no `.model.`
+    default:
+      return {};
+  }
+}
+
 std::vector<ReleasedTensor> released_model_tensors(const ModelConfig& c) {
   const uint64_t E = u(c.hidden), V = u(c.vocab);
-  const std::string M = kPrefix;
-  return {
-      {M + "embed_tokens.weight", {V, E}, DType::BF16, F::embed},
-      {M + "norm.weight", {E}, DType::BF16, F::final_norm},
-      {M + "output_attn_res_norm.weight", {E}, DType::BF16, F::out_res_norm},
-      {M + "output_attn_res_proj.weight", {1, E}, DType::BF16, F::out_res_proj},
-      {"language_model.lm_head.weight", {V, E}, DType::BF16, F::lm_head},  // no `.model.`
+  auto t = [](F f, std::vector<uint64_t> shape) {
+    return ReleasedTensor{std::string(model_tensor_name(f)), std::move(shape), DType::BF16, f};
   };
+  return {t(F::embed, {V, E}), t(F::final_norm, {E}), t(F::out_res_norm, {E}), t(F::out_res_proj, {1, E}),
+          t(F::lm_head, {V, E})};
+}
+
+NameOwner owner_of(std::string_view name) {
+  NameOwner r;
+  for (F f : {F::embed, F::final_norm, F::out_res_norm, F::out_res_proj, F::lm_head})
+    if (name == model_tensor_name(f)) {
+      r.kind = NameOwner::Kind::model;
+      r.field = f;
+      return r;
+    }
+  // `<kPrefix>layers.L.` then either `block_sparse_moe.experts.E.` (a routed expert) or the trunk.
+  auto take_index = [&name](int& out) {
+    auto [p, ec] = std::from_chars(name.data(), name.data() + name.size(), out);
+    if (ec != std::errc() || p == name.data() || p == name.data() + name.size() || *p != '.') return false;
+    name.remove_prefix(size_t(p - name.data()) + 1);
+    return true;
+  };
+  const std::string layers = std::string(kPrefix) + "layers.";
+  if (!name.starts_with(layers)) return r;
+  name.remove_prefix(layers.size());
+  int layer = -1;
+  if (!take_index(layer)) return r;
+  constexpr std::string_view kExperts = "block_sparse_moe.experts.";
+  if (name.starts_with(kExperts)) {
+    name.remove_prefix(kExperts.size());
+    int expert = -1;
+    if (!take_index(expert)) return r;
+    r.kind = NameOwner::Kind::expert;
+    r.expert = expert;
+  } else {
+    r.kind = NameOwner::Kind::layer_trunk;
+  }
+  r.layer = layer;
+  return r;
 }
 
 }  // namespace k3::io

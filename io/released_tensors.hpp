@@ -5,6 +5,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "io/config.hpp"
@@ -107,5 +108,18 @@ std::vector<ReleasedTensor> released_expert(const ModelConfig&, int layer, int e
 
 // embed_tokens, norm, output_attn_res_norm, output_attn_res_proj, lm_head.
 std::vector<ReleasedTensor> released_model_tensors(const ModelConfig&);
+
+// The released name of a model-level tensor (embed .. lm_head); empty for any other field.
+std::string_view model_tensor_name(TensorField);
+
+// What a released name belongs to, read from the name alone (no config): a layer's trunk, one
+// routed expert of a layer, a model-level tensor (`field` says which), or nothing we know.
+struct NameOwner {
+  enum class Kind : uint8_t { other, layer_trunk, expert, model };
+  Kind kind = Kind::other;
+  int layer = -1, expert = -1;
+  TensorField field = TensorField::embed;  // Kind::model only
+};
+NameOwner owner_of(std::string_view name);
 
 }  // namespace k3::io

@@ -1,6 +1,7 @@
 // The canonical real tensor list: counts, published shard sizes to the byte, expert geometry,
 // contiguity of the trunk run and of each expert, and a config that parses to the real values.
 #include <doctest/doctest.h>
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <map>
@@ -9,6 +10,7 @@
 
 #include "io/config.hpp"
 #include "io/k3_names.hpp"
+#include "io/released_tensors.hpp"
 #include "io/safetensors_writer.hpp"
 
 using namespace k3::io;
@@ -64,6 +66,43 @@ TEST_CASE("head shard and the model-level tensors") {
   CHECK(by.at("language_model.model.embed_tokens.weight").nbytes() == 2'348'810'240ull);
   CHECK(by.count("language_model.model.norm.weight") == 1);
   CHECK(by.at("language_model.model.output_attn_res_proj.weight").shape == std::vector<uint64_t>{1, 7168});
+}
+
+TEST_CASE(
+    "owner_of reads each real name's owner: shard s <= 92 is layer s's trunk or experts, 93 the model "
+    "level") {
+  using K = NameOwner::Kind;
+  for (uint32_t s : {0u, 1u, 3u, 92u}) {
+    int trunk = 0, experts = 0;
+    std::map<int, int> tensors_of;  // expert id -> its tensors (names sort 0, 1, 10, 100, ...)
+    for (const TensorEntry& e : k3_shard_tensors(s)) {
+      const NameOwner o = owner_of(e.name);
+      CHECK_MESSAGE(o.layer == int(s), e.name);
+      const bool is_expert = e.name.find(".block_sparse_moe.experts.") != std::string::npos;
+      CHECK_MESSAGE(o.kind == (is_expert ? K::expert : K::layer_trunk), e.name);
+      if (is_expert) {
+        CHECK(e.name.find(fmt::format(".experts.{}.w", o.expert)) != std::string::npos);
+        tensors_of[o.expert]++;
+        experts++;
+      }
+      trunk += o.kind == K::layer_trunk;
+    }
+    CHECK(experts == (s == 0 ? 0 : 6 * int(kK3Experts)));
+    for (const auto& [id, n] : tensors_of) CHECK((id >= 0 && id < int(kK3Experts) && n == 6));
+    CHECK(trunk > 0);
+  }
+  std::map<TensorField, int> model;
+  for (const TensorEntry& e : k3_shard_tensors(kK3Layers)) {
+    const NameOwner o = owner_of(e.name);
+    REQUIRE(o.kind == K::model);
+    CHECK(model_tensor_name(o.field) == e.name);
+    model[o.field]++;
+  }
+  CHECK(model.size() == 5);
+  for (const TensorEntry& e : k3_shard_tensors(94)) CHECK(owner_of(e.name).kind == K::other);  // vision
+  CHECK(owner_of("language_model.model.layers.x.foo").kind == K::other);
+  CHECK(owner_of("language_model.model.layers.3.block_sparse_moe.experts.x.w1").kind == K::other);
+  CHECK(owner_of("language_model.model.layers.12").kind == K::other);
 }
 
 TEST_CASE("experts are 17,547,264 bytes, six adjacent tensors in w1,w2,w3 order after the trunk run") {

@@ -4,7 +4,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <charconv>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -17,6 +16,7 @@
 #include "io/config.hpp"
 #include "io/error.hpp"
 #include "io/json_text.hpp"
+#include "io/released_tensors.hpp"
 #include "io/safetensors.hpp"
 #include "io/safetensors_writer.hpp"
 #include "pipeline/cli/commands.hpp"
@@ -32,42 +32,26 @@ namespace fs = std::filesystem;
 enum class Role { trunk, expert, embedding, head, other };
 constexpr const char* kRoleNames[] = {"trunk", "expert", "embedding", "head", "other"};
 constexpr const char* kDtypeNames[] = {"U8", "BF16", "F16", "F32"};
-constexpr std::string_view kLayersPrefix = "language_model.model.layers.";
-
 struct ParsedName {
   Role role = Role::other;
   int layer = -1, expert = -1;
 };
 
-bool take_int(std::string_view& s, int& out) {
-  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), out);
-  if (ec != std::errc() || p == s.data() || p == s.data() + s.size() || *p != '.') return false;
-  s.remove_prefix(p - s.data() + 1);
-  return true;
-}
-
 // Roles by released name (docs/model.md §2.1). The model-level norm and AttnRes pair belong to the head.
 ParsedName classify(std::string_view name) {
-  ParsedName r;
-  if (name == "language_model.model.embed_tokens.weight") {
-    r.role = Role::embedding;
-  } else if (name == "language_model.lm_head.weight" || name == "language_model.model.norm.weight" ||
-             name == "language_model.model.output_attn_res_norm.weight" ||
-             name == "language_model.model.output_attn_res_proj.weight") {
-    r.role = Role::head;
-  } else if (name.starts_with(kLayersPrefix)) {
-    std::string_view rest = name.substr(kLayersPrefix.size());
-    if (!take_int(rest, r.layer)) return {};
-    constexpr std::string_view kExperts = "block_sparse_moe.experts.";
-    if (rest.starts_with(kExperts)) {
-      rest.remove_prefix(kExperts.size());
-      if (!take_int(rest, r.expert)) return {};
-      r.role = Role::expert;
-    } else {
-      r.role = Role::trunk;
-    }
+  using K = io::NameOwner::Kind;
+  const io::NameOwner o = io::owner_of(name);
+  switch (o.kind) {
+    case K::model:
+      return {o.field == io::TensorField::embed ? Role::embedding : Role::head, -1, -1};
+    case K::layer_trunk:
+      return {Role::trunk, o.layer, -1};
+    case K::expert:
+      return {Role::expert, o.layer, o.expert};
+    case K::other:
+      break;
   }
-  return r;
+  return {};
 }
 
 // Bytes and extent of a group of tensors that should form one contiguous run in one shard.
@@ -168,14 +152,15 @@ Census take_census(const fs::path& dir) {
   if (c.trunk_contiguous != static_cast<size_t>(L))
     c.problems.push_back(
         fmt::format("{} of {} layers' trunk tensors are not one contiguous run", L - c.trunk_contiguous, L));
-  if (auto e = set.find("language_model.model.embed_tokens.weight")) {
+  if (auto e = set.find(io::model_tensor_name(io::TensorField::embed))) {
     if (e->shape[0] != uint64_t(c.cfg.vocab) || e->shape[1] != uint64_t(c.cfg.hidden))
       c.problems.push_back(fmt::format("embed_tokens is [{}, {}], config says [{}, {}]", e->shape[0],
                                        e->shape[1], c.cfg.vocab, c.cfg.hidden));
   } else {
-    c.problems.emplace_back("no language_model.model.embed_tokens.weight");
+    c.problems.push_back(fmt::format("no {}", io::model_tensor_name(io::TensorField::embed)));
   }
-  if (!set.find("language_model.lm_head.weight")) c.problems.emplace_back("no language_model.lm_head.weight");
+  if (!set.find(io::model_tensor_name(io::TensorField::lm_head)))
+    c.problems.push_back(fmt::format("no {}", io::model_tensor_name(io::TensorField::lm_head)));
   return c;
 }
 
