@@ -9,19 +9,14 @@
 #include <utility>
 
 #include "io/aligned.hpp"
+#include "io/codec/codec.hpp"
 #include "io/error.hpp"
 #include "io/json_text.hpp"
-#include "io/packed_trunk.hpp"
 #include "io/safetensors_writer.hpp"
 #include "io/uring_reader.hpp"
 #include "pipeline/graph/call_buffers.hpp"
 #include "pipeline/graph/reader_options.hpp"
-#include "pipeline/graph/streaming_source.hpp"
 #include "pipeline/support/human_bytes.hpp"
-#include "stages/bind.hpp"
-#include "stages/forward.hpp"
-#include "stages/head.hpp"
-#include "stages/tensors.hpp"
 
 namespace k3::pipeline {
 
@@ -459,94 +454,6 @@ std::vector<PlanTerm> scratch_terms(const io::ModelConfig& c, uint64_t context, 
       {fmt::format("matmul inputs widened to f64 ({}-row pass)", R), 1, widened, widened},
       {fmt::format("pass logits ({} row{})", S, S == 1 ? "" : "s"), S, logits, S * logits},
   };
-}
-
-PlanInputs plan_inputs(const io::ModelConfig& c, const io::ShardSet& shards, const io::PackedTrunk* trunk,
-                       uint64_t context, int n_bound, int max_seqs, int spec) {
-  const int n = n_bound <= 0 || n_bound > c.n_layers ? c.n_layers : n_bound;
-  PlanInputs in;
-  if (trunk) {
-    const bool compressed = trunk->codec() != io::codec::Codec::none;
-    for (const io::TrunkLayer& L : trunk->layers())
-      in.layers.push_back(
-          {.read_bytes = L.nbytes, .widen_bytes = 0, .stored_bytes = compressed ? L.stored_bytes : 0});
-    in.codec = io::codec::codec_name(trunk->codec());
-  } else {
-    for (const io::TrunkLayer& L : io::layout_trunk(shards, c.n_layers).layers)
-      in.layers.push_back({L.nbytes, 0});
-  }
-  in.layers.resize(size_t(n));
-  for (int l = 0; l < n; ++l)
-    in.layers[size_t(l)].widen_bytes =
-        4 * stages::locate(stages::layer_tensors(c, l).tensors, shards, c).widen_floats;
-  if (trunk && io::codec::fused_decode(trunk->codec())) {
-    // The decoded slot of a fused codec: only the pages the decode stage writes (vectors, the
-    // router, blocks cut by a tensor edge) are ever touched; one slot serves every layer, so the
-    // union of their pages (pack-trunk writes blocks of the default size; trunk_decode checks it).
-    const uint64_t block_bytes = 2 * uint64_t(io::codec::default_block_values(trunk->codec()));
-    std::vector<bool> page;
-    for (int l = 0; l < n; ++l) {
-      const io::TrunkLayer& T = trunk->layer(l);
-      const auto coded = stages::coded_ranges(c, l, packed_layer_layout(c, T, l), 0);
-      page.resize(std::max<size_t>(page.size(), size_t(align_up(T.nbytes, kDirectAlign) / kDirectAlign)));
-      for (uint32_t b : fused_staged_blocks(coded, T.nbytes, block_bytes)) {
-        const uint64_t b0 = b * block_bytes, b1 = std::min(b0 + block_bytes, T.nbytes);
-        for (uint64_t q = b0 / kDirectAlign; q < (b1 + kDirectAlign - 1) / kDirectAlign; ++q)
-          page[size_t(q)] = true;
-      }
-    }
-    const auto pages = uint64_t(std::count(page.begin(), page.end(), true));
-    in.fused_slot_bytes = std::max<uint64_t>(pages, 1) * kDirectAlign;
-  }
-
-  // The embedding is read a row per id where it can be (WeightSources::Head, stages::EmbedRows): the
-  // head holds one row's bytes instead of the table.
-  const std::optional<stages::EmbedRows> rows = stages::embed_rows_of(shards, c);
-  stages::Layout head =
-      stages::locate(rows ? stages::head_tensors_without_embed(c) : stages::model_tensors(c), shards, c);
-  const uint64_t head_bytes = align_up(head.buffer_bytes, kDirectAlign) +
-                              align_up(4 * head.widen_floats, kDirectAlign) +
-                              (rows ? align_up(rows->row_bytes(), kDirectAlign) : 0);
-  // KDA state for the KDA layers only (the references allocate it for every layer; MLA layers have
-  // none) and the KV cache: what stages::DecodeState allocates, from the same StateSizes.
-  const stages::StateSizes state = stages::StateSizes::of(c, n, context);
-  const uint64_t S = uint64_t(std::max(max_seqs, 1));
-  bool moe = false;
-  for (int l = 0; l < n; ++l) moe = moe || (!c.is_dense(l) && c.n_experts > 0);
-  const std::vector<PlanTerm> scratch = scratch_terms(c, context, int(S), moe, spec);
-  in.seq_kda_bytes = state.kda_bytes();
-  in.seq_kv_bytes = state.kv_bytes();
-  in.context = context;
-  in.max_seqs = int(S);
-  in.pass_rows = pass_rows(context, int(S));
-  const std::string seqs = S > 1 ? fmt::format(" x {} sequences", S) : "";
-  const uint64_t index = shards.index_bytes() + (trunk ? trunk->index_bytes() : 0);
-  // The two readers' rings, at the queue depths the graph opens them with (reader_options.hpp); an
-  // adaptive reader's ring is sized for its deepest window.
-  const io::UringReader::Options trunk_opts = trunk_reader_options();
-  const uint64_t trunk_ring =
-      io::UringReader::ring_bytes(std::max(trunk_opts.queue_depth, trunk_opts.max_depth));
-  const uint64_t expert_ring = io::UringReader::ring_bytes(expert_reader_options(0).queue_depth);
-  in.resident = {
-      {rows ? "lm_head + head vectors (embedding rows read per id)" : "embedding + lm_head + head vectors", 1,
-       head_bytes, head_bytes},
-      {fmt::format("KDA recurrent + conv state ({} KDA layers{})", state.n_kda, seqs),
-       S * uint64_t(state.n_kda), state.kda_layer_bytes(), S * state.kda_bytes()},
-      {fmt::format("MLA KV cache ({} positions{}, {} MLA layers)", context, seqs, state.n_mla), S * context,
-       state.kv_position_bytes(), S * state.kv_bytes()},
-  };
-  in.resident.insert(in.resident.end(), scratch.begin(), scratch.end());
-  in.resident.push_back(
-      {trunk ? "tensor index (shards + trunk.json)" : "tensor index (shards)", 1, index, index});
-  in.resident.push_back({"io_uring rings (trunk + experts)", 2, trunk_ring == expert_ring ? trunk_ring : 0,
-                         trunk_ring + expert_ring});
-  if (c.first_dense < c.n_layers && c.n_experts > 0) {
-    in.expert_bytes = stages::locate_expert(shards, c, c.first_dense, 0).buffer_bytes;
-    in.top_k = c.top_k;
-    for (int l = 0; l < n; ++l)
-      if (!c.is_dense(l)) in.routed_experts += uint64_t(c.n_experts);
-  }
-  return in;
 }
 
 uint64_t exchange_buffer_bytes(const io::ModelConfig& c, uint64_t context, int max_seqs) {

@@ -168,18 +168,6 @@ uint64_t plan_floor(const PlanInputs& in, int ring_slots = 2);
 uint64_t preset_budget(std::string_view name, const PlanInputs& in, int ring_slots = 2);
 std::vector<std::string> preset_names();
 
-// Inputs from a checkpoint: layer footprints from the packed trunk when given, else as pack-trunk
-// would lay the layers out from the shard index; resident terms for `context` positions. The first
-// `n_bound` layers are planned (<= 0: all); the KDA state and MLA KV cache terms are
-// stages::StateSizes, the very sizes stages::DecodeState allocates, `max_seqs` times (a batched
-// run holds that many sequences' states: pipeline::BatchEngine). The activation terms
-// (scratch_terms) are for a pass of pass_rows(context, max_seqs) rows -- the engine (Decoder,
-// BatchEngine) splits anything longer into passes of at most that many -- and, with `spec` > 0, a
-// verify pass of 1 + spec rows.
-PlanInputs plan_inputs(const io::ModelConfig& config, const io::ShardSet& shards,
-                       const io::PackedTrunk* trunk, uint64_t context, int n_bound = 0, int max_seqs = 1,
-                       int spec = 0);
-
 // Expert parallel (docs/distributed.md §6): one rank of `ranks` plans its own slice. Its expert slots
 // stop at the routed experts it owns (`owned_per_layer` of every MoE layer's), and the expert
 // exchange's two buffers -- this rank's rows out, every rank's rows in, each at most a pass's rows

@@ -42,6 +42,18 @@ struct TrunkLayer;
 
 namespace k3::pipeline {
 
+// The planner's inputs from a checkpoint: layer footprints from the packed trunk when given, else as
+// pack-trunk would lay the layers out from the shard index; resident terms for `context` positions. The first
+// `n_bound` layers are planned (<= 0: all); the KDA state and MLA KV cache terms are
+// stages::StateSizes, the very sizes stages::DecodeState allocates, `max_seqs` times (a batched
+// run holds that many sequences' states: pipeline::BatchEngine). The activation terms
+// (scratch_terms) are for a pass of pass_rows(context, max_seqs) rows -- the engine (Decoder,
+// BatchEngine) splits anything longer into passes of at most that many -- and, with `spec` > 0, a
+// verify pass of 1 + spec rows.
+PlanInputs plan_inputs(const io::ModelConfig& config, const io::ShardSet& shards,
+                       const io::PackedTrunk* trunk, uint64_t context, int n_bound = 0, int max_seqs = 1,
+                       int spec = 0);
+
 // One positioned read into a slot: `bytes` at `offset` of `file` to slot byte `dst_offset`.
 struct Extent {
   const io::File* file = nullptr;
