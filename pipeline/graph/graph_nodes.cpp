@@ -2,18 +2,14 @@
 // member function per node that runs code, in the diagram's order: trunk, layer, MoE, head. A body
 // reads the step it works for from its message's visit (Impl::step) and names the port it sends on.
 #include <fmt/format.h>
-#include <tbb/blocked_range.h>
-#include <tbb/parallel_for.h>
 
 #include <algorithm>
-#include <cstring>
-#include <numeric>
 #include <utility>
 #include <variant>
 
 #include "io/error.hpp"
+#include "io/layer_decode.hpp"
 #include "io/packed_trunk.hpp"
-#include "io/xxh64.hpp"
 #include "pipeline/graph/graph_impl.hpp"
 #include "stages/attnres.hpp"
 #include "stages/head.hpp"
@@ -75,46 +71,12 @@ void StreamingModel::Impl::trunk_decode_body(const DecodeClaim& in, Outputs<kTru
     } else {
       for (uint32_t b = 0; b < st.n_blocks(); ++b) todo.push_back(b);
     }
-    auto decode = [&](std::span<const uint32_t> blocks, std::span<std::byte> into, uint64_t into_at) {
-      // 16 blocks (128 KiB decoded for exp4 and exp3) a task: a layer spreads over every worker
-      tbb::parallel_for(
-          tbb::blocked_range<size_t>(0, blocks.size(), 16), [&](const tbb::blocked_range<size_t>& b) {
-            for (size_t i = b.begin(); i < b.end();) {  // runs of consecutive blocks in one call
-              size_t j = i + 1;
-              while (j < b.end() && blocks[j] == blocks[j - 1] + 1) ++j;
-              const uint64_t at = st.block_start(blocks[i]);
-              st.decode_blocks_to(
-                  blocks[i], blocks[j - 1] + 1,
-                  into.subspan(size_t(at - into_at), size_t(st.blocks_end(blocks[j - 1] + 1) - at)), verify);
-              i = j;
-            }
-          });
-    };
     if (fuse && verify) {
-      // A fused layer's first pass: the decoded slot holds only the staged blocks (its other pages
-      // are never touched: the plan does not count them), so the whole layer is decoded in order
-      // through a window, block checks verified, hashed as it passes (trunk.json's xxh64, as
-      // check_loaded would), and the staged blocks copied out of the window.
-      constexpr uint32_t kWindowBlocks = 128;  // 1 MiB decoded for exp4 and exp3
-      io::Xxh64 h;
-      std::vector<uint32_t> all;
-      size_t k = 0;
-      for (uint32_t w0 = 0; w0 < st.n_blocks(); w0 += kWindowBlocks) {
-        const uint32_t w1 = std::min(st.n_blocks(), w0 + kWindowBlocks);
-        const uint64_t at = st.block_start(w0), len = st.blocks_end(w1) - at;
-        decode_window.resize(size_t(len));
-        all.resize(w1 - w0);
-        std::iota(all.begin(), all.end(), w0);
-        decode(all, decode_window, at);
-        h.update(decode_window);
-        for (; k < todo.size() && todo[k] < w1; ++k) {
-          const uint64_t b0 = st.block_start(todo[k]), b1 = st.blocks_end(todo[k] + 1);
-          std::memcpy(dst.data() + b0, decode_window.data() + (b0 - at), size_t(b1 - b0));
-        }
-      }
-      src.trunk()->check_loaded_digest(l, h.digest());
+      // A fused layer's first pass: the decoded slot holds only the staged blocks, so the whole
+      // layer is decoded through a window and hashed as it passes (check_loaded's xxh64).
+      src.trunk()->check_loaded_digest(l, io::decode_staged_hashing(st, todo, dst, decode_window));
     } else {
-      decode(todo, dst, 0);
+      io::decode_blocks(st, todo, dst, 0, verify);
     }
     decoded_once[size_t(l)] = 1;
     if (fuse) dec_stream[size_t(d.index)].emplace(st);
