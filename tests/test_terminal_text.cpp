@@ -124,15 +124,15 @@ TEST_CASE("generate: control characters escaped on a terminal, raw to a pipe") {
 }
 
 TEST_CASE("chat: escaped on a terminal; --jsonl keeps one reply per line") {
-  const std::string args = fmt::format("chat {} --max-reply 24 --show-thinking", kTiny);
-  const std::string input = "Hi\nTell me more\nAnd then?\n";
+  const std::string args = fmt::format("chat {} --max-reply 24 --no-thinking", kTiny);
+  const std::string input = "Hi\nMore\n";
   const Run piped = k3flow_sh(args + " 2>/dev/null <<'EOF'\n" + input + "EOF", "", 120);
   REQUIRE(piped.code == 0);
   REQUIRE(controls(piped.out) > 0);
   REQUIRE(piped.out.find('\\') == std::string::npos);
-  // Three turns, but the replies' own newlines make more lines than that: what --jsonl is for.
+  // Two turns, but the replies' own newlines make more lines than that: what --jsonl is for.
   const auto lines = std::count(piped.out.begin(), piped.out.end(), '\n');
-  CHECK(lines > 3);
+  CHECK(lines > 2);
   const std::string shown = on_terminal(args, input);
   CHECK(controls(shown) == 0);
   CHECK(unescaped(shown) == piped.out);
@@ -142,7 +142,7 @@ TEST_CASE("chat: escaped on a terminal; --jsonl keeps one reply per line") {
   std::istringstream in(jsonl.out);
   std::string line;
   int records = 0;
-  std::string all_reasoning;
+  std::string all_text;
   simdjson::dom::parser p;
   while (std::getline(in, line)) {
     ++records;
@@ -150,17 +150,15 @@ TEST_CASE("chat: escaped on a terminal; --jsonl keeps one reply per line") {
     REQUIRE_MESSAGE(!p.parse(line).get(rec), line);
     CHECK(int64_t(rec["tokens"]) == 24);
     CHECK(std::string_view(rec["stopped_by"]) == "the --max-reply cap");
-    all_reasoning += std::string_view(rec["reasoning"]);
-    all_reasoning += std::string_view(rec["reply"]);
+    CHECK(std::string_view(rec["reasoning"]).empty());  // --no-thinking
+    all_text += std::string_view(rec["reply"]);
   }
-  CHECK(records == 3);
-  // The records hold the very text the plain chat printed (there between <think> tags).
+  CHECK(records == 2);
+  // The records hold the very text the plain chat printed.
   std::string plain = piped.out;
-  for (const char* tag : {"<think>\n", "\n</think>\n"})
-    for (size_t at; (at = plain.find(tag)) != std::string::npos;) plain.erase(at, std::string(tag).size());
   plain.erase(std::remove(plain.begin(), plain.end(), '\n'), plain.end());
-  all_reasoning.erase(std::remove(all_reasoning.begin(), all_reasoning.end(), '\n'), all_reasoning.end());
-  CHECK(all_reasoning == plain);
+  all_text.erase(std::remove(all_text.begin(), all_text.end(), '\n'), all_text.end());
+  CHECK(all_text == plain);
 }
 
 TEST_CASE("an unknown subcommand is named, with the list; none at all says which exist") {
