@@ -66,7 +66,7 @@ const std::string kCompletion = R"({"prompt":"Hello","max_tokens":4})";
 TEST_CASE("slowloris: more silent and trickling sockets than --max-connections; a real request completes") {
   ServeChild s(kTiny + " --max-connections 3 --idle-seconds 1 --read-seconds 1");
   // The readiness poll's last connection counts itself out just after its answer.
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
   const auto t0 = Clock::now();
   // Accepted in this order, the first three take the slots: one that trickles a header byte every
   // 100 ms (a per-read timeout would never fire on it), one that sends half a request and stops,

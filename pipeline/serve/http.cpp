@@ -273,10 +273,7 @@ void Server::Impl::session(tcp::socket sock) {
   for (;;) {
     // Between requests the connection may sit idle for `idle` (a keep-alive client's pool);
     // silent longer, it is closed without an answer, as an idle keep-alive is.
-    if (buf.size() == 0 && !wait_readable(sock, Clock::now() + opt.idle)) {
-      metrics.count("idle", 0);
-      break;
-    }
+    if (buf.size() == 0 && !wait_readable(sock, Clock::now() + opt.idle)) break;
     DeadlineReader reader{sock, Clock::now() + opt.read};
     http::request_parser<http::string_body> parser;
     parser.body_limit(opt.max_body_bytes);
