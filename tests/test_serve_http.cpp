@@ -367,6 +367,7 @@ TEST_CASE("a full queue answers 429 at once; a client that disconnects frees its
   const auto t0 = std::chrono::steady_clock::now();
   const HttpResponse c = http(s.port(), "POST", "/v1/completions", completion_body("Hey", 4, false));
   CHECK(c.status == 429);
+  CHECK(c.headers.at("retry-after") == "1");
   CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10));  // at once, not after A
   Json cj(c.body);
   CHECK(std::string_view(cj.doc["error"]["type"]) == "rate_limit_error");

@@ -5,7 +5,10 @@
 //                     read; /save F, /load F, /reset, /quit, /help. Ctrl-C stops the reply, not
 //                     the session; SIGTERM ends it (exit 143, --save-state still written).
 //   stdin a pipe:     one user message per line (the same commands), each reply printed as one
-//                     block followed by a newline: scriptable and testable.
+//                     block followed by a newline: scriptable and testable. --jsonl prints each
+//                     reply as one JSON object on one line instead, whatever newlines it holds.
+// On a terminal the reply's control characters are shown escaped (support/terminal_text.hpp); to a
+// file or a pipe it is written as generated.
 // The think channel is generated but hidden unless --show-thinking.
 // Under mpirun (docs/distributed.md §6) rank 0 owns the terminal and the files: it reads each line
 // and sends it, with Ctrl-C / SIGTERM as a flag before every step, and the other ranks follow, each
@@ -24,6 +27,7 @@
 #include <vector>
 
 #include "io/error.hpp"
+#include "io/json_text.hpp"
 #include "io/text/chat_history.hpp"
 #include "io/text/text_stream.hpp"
 #include "io/text/xtml.hpp"
@@ -38,6 +42,7 @@
 #include "pipeline/support/human_bytes.hpp"
 #include "pipeline/support/interrupt.hpp"
 #include "pipeline/support/output_file.hpp"
+#include "pipeline/support/terminal_text.hpp"
 
 namespace k3::pipeline {
 
@@ -49,7 +54,7 @@ using Role = text::ChatMessage::Role;
 struct ChatArgs {
   DecoderOptions dec;
   std::optional<std::string> tokenizer, system, history, save_state;
-  bool show_thinking = false, no_thinking = false;
+  bool show_thinking = false, no_thinking = false, jsonl = false;
   std::string effort = "max";
   int max_reply = 1024;
   size_t context = 4096;
@@ -287,9 +292,11 @@ class ChatSession {
     }
     show(parser.feed(decoder.finish()), in_thinking_block);
     show(parser.finish(), in_thinking_block);
-    if (in_thinking_block) std::fputs("\n</think>\n", stdout);
-    std::fputs("\n", stdout);
-    std::fflush(stdout);
+    if (!a_.jsonl) {
+      if (in_thinking_block) std::fputs("\n</think>\n", stdout);
+      std::fputs("\n", stdout);
+      std::fflush(stdout);
+    }
     close_reply(parser);
     if (parser.state() == text::ReplyParser::State::done) ended = "the end of the turn";
     if (parser.state() == text::ReplyParser::State::malformed) ended = "a reply that left the chat format";
@@ -300,6 +307,7 @@ class ChatSession {
     history_.push_back(parser.message());
     if (a_.history && lead_) text::save_history(*a_.history, history_);
     if (!lead_) return;
+    if (a_.jsonl) record(n, ended);
     const double dt = now() - t0;
     const uint64_t bytes = dec_.stream() ? dec_.stream()->bytes_read() - bytes0 : 0;
     std::fprintf(
@@ -317,17 +325,43 @@ class ChatSession {
   }
 
   void show(const text::ReplyText& t, bool& in_thinking_block) {
+    if (a_.jsonl) {  // one record at the end of the turn
+      reply_ += t.reply;
+      reasoning_ += t.reasoning;
+      return;
+    }
     if (a_.show_thinking && !t.reasoning.empty()) {
       if (!in_thinking_block) std::fputs("<think>\n", stdout);
       in_thinking_block = true;
-      std::fputs(t.reasoning.c_str(), stdout);
+      write_text(t.reasoning);
     }
     if (!t.reply.empty()) {
       if (in_thinking_block) std::fputs("\n</think>\n", stdout);
       in_thinking_block = false;
-      std::fwrite(t.reply.data(), 1, t.reply.size(), stdout);
+      write_text(t.reply);
     }
     std::fflush(stdout);
+  }
+
+  void write_text(const std::string& s) {
+    const std::string shown = escape_ ? terminal_escaped(s) : s;
+    std::fwrite(shown.data(), 1, shown.size(), stdout);
+  }
+
+  // --jsonl: the turn as one line, {"reply","reasoning","tokens","stopped_by"}; JSON escapes every
+  // control character, so a terminal shows it safely too.
+  void record(int tokens, const char* stopped_by) {
+    io::JsonWriter w;
+    w.begin_object()
+        .field("reply", reply_)
+        .field("reasoning", reasoning_)
+        .field("tokens", tokens)
+        .field("stopped_by", stopped_by)
+        .end_object();
+    std::printf("%s\n", w.str().c_str());
+    std::fflush(stdout);
+    reply_.clear();
+    reasoning_.clear();
   }
 
   // A reply cut short (the cap, Ctrl-C, a full context, a malformed reply) still leaves a whole
@@ -349,7 +383,9 @@ class ChatSession {
   dist::Comm& ranks_;
   const bool lead_;  // rank 0 (or the only process): reads stdin, prints, writes files
   bool interactive_;
-  bool term_ = false;  // SIGTERM ended the session (several ranks: as rank 0 saw it)
+  bool term_ = false;                        // SIGTERM ended the session (several ranks: as rank 0 saw it)
+  const bool escape_ = is_terminal(stdout);  // control characters shown escaped
+  std::string reply_, reasoning_;            // --jsonl: the turn's text so far
   text::ChatOptions opts_;
   std::vector<int32_t> end_ids_;
   std::vector<text::ChatMessage> history_;
@@ -434,6 +470,9 @@ Action add_chat(CLI::App& sub) {
   sub.add_option("--history", a->history,
                  "conversation JSONL: continued if it exists, rewritten after every reply");
   sub.add_flag("--show-thinking", a->show_thinking, "print the think channel (between <think> and </think>)");
+  sub.add_flag("--jsonl", a->jsonl,
+               "print each reply as one line of JSON, {\"reply\",\"reasoning\",\"tokens\",\"stopped_by\"} "
+               "(newlines in a reply stay inside its record)");
   sub.add_flag("--no-thinking", a->no_thinking, "reply without a think channel");
   sub.add_option("--think-effort", a->effort, "thinking effort: low, high or max")
       ->check(CLI::IsMember({"low", "high", "max"}))

@@ -39,6 +39,7 @@
 #include "pipeline/support/interrupt.hpp"
 #include "pipeline/support/output_file.hpp"
 #include "pipeline/support/process_memory.hpp"
+#include "pipeline/support/terminal_text.hpp"
 
 namespace k3::pipeline {
 
@@ -91,9 +92,12 @@ std::string read_prompt_file(const std::string& path) {
 }
 
 // In text mode stdout carries only the continuation: the descriptor the user sees as stdout is
-// kept for the text, and fd 1 is pointed at stderr, so every diagnostic printf lands there.
+// kept for the text, and fd 1 is pointed at stderr, so every diagnostic printf lands there. On a
+// terminal the text's control characters are shown escaped (support/terminal_text.hpp); to a file
+// or a pipe it is written as generated.
 struct TextOut {
   FILE* text = stdout;
+  bool escape = is_terminal(stdout);
   void split_from_diagnostics() {
     std::fflush(stdout);
     const int fd = dup(STDOUT_FILENO);
@@ -103,7 +107,8 @@ struct TextOut {
   }
   void write(const std::string& s) {
     if (s.empty()) return;
-    std::fwrite(s.data(), 1, s.size(), text);
+    const std::string shown = escape ? terminal_escaped(s) : s;
+    std::fwrite(shown.data(), 1, shown.size(), text);
     std::fflush(text);
   }
 };

@@ -80,6 +80,19 @@ int main(int argc, char** argv) {
   } catch (const CLI::Success& e) {
     return app.exit(e);  // --help, --version
   } catch (const CLI::ParseError& e) {
+    // No subcommand chosen: CLI11 says only that one is required; name the word it did not know.
+    if (app.get_subcommands().empty() && dynamic_cast<const CLI::RequiredError*>(&e) != nullptr) {
+      std::string known;
+      for (const CLI::App* sub : app.get_subcommands({}))
+        known += (known.empty() ? "" : ", ") + sub->get_name();
+      for (int i = 1; i < argc; ++i)
+        if (argv[i][0] != '-')
+          return fail(fmt::format("unknown subcommand '{}' (one of: {})", argv[i], known), pl::kExitUsage,
+                      true);
+      return fail(
+          fmt::format("a subcommand is required: one of {} (k3flow --help says what each does)", known),
+          pl::kExitUsage, true);
+    }
     // CLI11's own message, as one line, naming the command whose --help lists the flags.
     std::string where = "k3flow";
     for (CLI::App* sub : app.get_subcommands()) where += " " + sub->get_name();

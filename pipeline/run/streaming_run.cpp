@@ -97,6 +97,20 @@ CLI::Validator positive_gib() {
       "GiB > 0");
 }
 
+// A --preset name, refused as the command line is read (before any config or checkpoint).
+CLI::Validator known_preset() {
+  return CLI::Validator(
+      [](std::string& v) -> std::string {
+        std::string known;
+        for (const std::string& n : preset_names()) {
+          if (n == v) return {};
+          known += (known.empty() ? "" : ", ") + n;
+        }
+        return fmt::format("unknown preset '{}' (known: {})", v, known);
+      },
+      "NAME");
+}
+
 void add_plan_flags(CLI::App& sub, StreamFlags& f) {
   sub.add_option("--trunk", f.trunk_dir,
                  "packed trunk directory (trunk.json + trunk.bin): one read per layer. Without a budget "
@@ -110,7 +124,8 @@ void add_plan_flags(CLI::App& sub, StreamFlags& f) {
   auto* preset =
       sub.add_option("--preset", f.preset,
                      "named budget: ultra (the floor), laptop 8, desktop 32, workstation 96, server "
-                     "128, max 224 GiB");
+                     "128, max 224 GiB")
+          ->check(known_preset());
   auto* trunk_gb =
       sub.add_option("--trunk-gb", f.trunk_gb, "GiB for the trunk ring + pinned layers (with --cache-gb)")
           ->check(positive_gib());

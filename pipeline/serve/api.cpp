@@ -331,16 +331,28 @@ std::string ResponseBuilder::body(const Outcome& o) const {
   return w.str();
 }
 
-std::string models_body(const std::string& model, int64_t created) {
-  io::JsonWriter w;
-  w.begin_object().field("object", "list").key("data").begin_array();
+namespace {
+void model_object(io::JsonWriter& w, const std::string& model, int64_t created) {
   w.begin_object()
       .field("id", model)
       .field("object", "model")
       .field("created", created)
       .field("owned_by", "k3flow")
       .end_object();
+}
+}  // namespace
+
+std::string models_body(const std::string& model, int64_t created) {
+  io::JsonWriter w;
+  w.begin_object().field("object", "list").key("data").begin_array();
+  model_object(w, model, created);
   w.end_array().end_object();
+  return w.str();
+}
+
+std::string model_body(const std::string& model, int64_t created) {
+  io::JsonWriter w;
+  model_object(w, model, created);
   return w.str();
 }
 

@@ -81,6 +81,7 @@ class ResponseBuilder {
 };
 
 std::string models_body(const std::string& model, int64_t created);
+std::string model_body(const std::string& model, int64_t created);  // GET /v1/models/{id}
 const char* finish_reason(Finish);  // stop / length (cancelled and error never reach a client body)
 
 }  // namespace k3::pipeline::serve

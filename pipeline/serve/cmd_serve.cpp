@@ -1,8 +1,11 @@
-// `k3flow serve MODEL_DIR`: an OpenAI-compatible HTTP server (docs/serve.md). It listens first --
-// stdout says `listening on http://HOST:PORT` -- and opens the model on the scheduler thread, so
-// GET /health answers 503 with the load's progress until the weights are in. Diagnostics (the
-// load, the plan) go to stderr; stdout carries only the listening line. SIGINT / SIGTERM stop
-// accepting, let in-flight requests finish within --drain-seconds (then cancel them) and exit 0.
+// `k3flow serve MODEL_DIR`: an OpenAI-compatible HTTP server (docs/serve.md). It checks every flag
+// (paths, the config, a budget against the plan's floor), binds the port -- a port in use ends it
+// there, before any weight is read -- and only then says `listening on http://HOST:PORT` on stdout
+// and opens the model on the scheduler thread, so GET /health answers 503 with the load's progress
+// until the weights are in. A load that fails stops the server at once (the port closes) and exits
+// with the error's code. Diagnostics (the load, the plan) go to stderr; stdout carries only the
+// listening line. SIGINT / SIGTERM stop accepting, let in-flight requests finish within
+// --drain-seconds (then cancel them), print what was drained on stderr and exit 0.
 // Under mpirun (docs/distributed.md §6) rank 0 is the server and the scheduler; the other ranks load
 // their slice of the experts and run the steps rank 0 sends them (pipeline/serve/rank_steps.hpp). They
 // ignore SIGINT / SIGTERM: the signal to rank 0 drains the server, then rank 0 tells them to stop and
@@ -21,9 +24,11 @@
 #include <string>
 
 #include "io/error.hpp"
+#include "io/packed_trunk.hpp"
 #include "pipeline/cli/commands.hpp"
 #include "pipeline/dist/comm.hpp"
 #include "pipeline/dist/rank_experts.hpp"
+#include "pipeline/graph/streaming_source.hpp"
 #include "pipeline/run/batch_engine.hpp"
 #include "pipeline/run/decoder.hpp"
 #include "pipeline/run/model_tokenizer.hpp"
@@ -40,13 +45,37 @@ namespace {
 
 struct ServeArgs {
   DecoderOptions dec;
-  std::optional<std::string> tokenizer, model_name, api_key;
+  std::optional<std::string> tokenizer, model_name, api_key, cors;
   std::string host = "127.0.0.1", prefill = "inline";
   size_t prefill_chunk = 0;
   int max_seqs = 4, queue = 16, threads = 0, port = 8080, max_connections = 64;
   size_t context = 4096, max_body_kb = 1024;
-  double drain_seconds = 10;
+  double drain_seconds = 10, idle_seconds = 30, read_seconds = 30;
 };
+
+// A budget below the plan's floor is refused before the server listens, by the plan the scheduler's
+// engine makes when it loads (the same flags, slots and positions): only the shards' headers and
+// the trunk's index are read here.
+void check_budget(const ServeArgs& a, const io::ModelConfig& cfg) {
+  if (!a.dec.stream.budget_given() && a.dec.stream.trunk_dir.empty()) return;
+  StreamFlags flags = a.dec.stream;
+  flags.max_seqs = a.max_seqs;
+  const io::ShardSet shards = open_model_shards(a.dec.model_dir);
+  const int layers = bound_layers(cfg, a.dec.layers);
+  std::optional<io::PackedTrunk> trunk;
+  if (!flags.trunk_dir.empty()) trunk.emplace(io::PackedTrunk::open(flags.trunk_dir, cfg.n_layers));
+  const std::unique_ptr<WeightSources> src =
+      WeightSources::open(cfg, shards, trunk ? &*trunk : nullptr, layers);
+  plan_run(flags, *src, run_capacity(a.dec), flags.ring);
+}
+
+std::chrono::milliseconds millis(double seconds) {
+  return std::chrono::milliseconds(int64_t(seconds * 1000));
+}
+
+const char* signal_name(int sig) {
+  return sig == SIGINT ? "SIGINT" : "SIGTERM";
+}
 
 // The signals that stop the server, blocked in every thread (the scheduler's and the connections'
 // inherit the mask) so no blocking read is interrupted; the accept loop polls for them. Threads
@@ -106,6 +135,8 @@ int run_serve(ServeArgs a) {
     serve::check_host(a.host);
     prefill = PrefillPolicy{.mode = parse_prefill_mode(a.prefill, "--prefill"), .chunk = a.prefill_chunk};
     if (a.api_key && a.api_key->empty()) throw io::usage_error("--api-key: empty");
+    if (a.cors && (a.cors->empty() || a.cors->find_first_of("\r\n ,") != std::string::npos))
+      throw io::usage_error(fmt::format("--cors '{}': give one origin (https://host[:port]) or *", *a.cors));
     if (a.context > kMaxPositions)
       throw io::usage_error(fmt::format("--context {}: more than the {} positions this build allows",
                                         a.context, kMaxPositions));
@@ -113,6 +144,8 @@ int run_serve(ServeArgs a) {
     if (lead) tok = model_tokenizer(a.dec.model_dir, a.tokenizer, cfg, "serve");  // rank 0 serves text
   });
   a.dec.capacity = a.context;
+  // One process: its plan is the scheduler's (several ranks plan each its own slice, as they load).
+  if (ranks.size() == 1) check_budget(a, cfg);
   std::optional<tbb::global_control> threads;
   if (a.threads > 0)
     threads.emplace(tbb::global_control::max_allowed_parallelism, static_cast<size_t>(a.threads));
@@ -132,12 +165,6 @@ int run_serve(ServeArgs a) {
   std::printf("%s\n", cfg.summary().c_str());
 
   StopSignals signals;
-  serve::Scheduler sched(serve::SchedulerOptions{.dec = a.dec,
-                                                 .max_seqs = a.max_seqs,
-                                                 .queue = a.queue,
-                                                 .prefill = prefill,
-                                                 .ranks = ranks.size() > 1 ? &ranks : nullptr},
-                         cfg, *tok);
   std::string name =
       a.model_name.value_or(std::filesystem::path(a.dec.model_dir).lexically_normal().filename());
   if (name.empty()) name = std::filesystem::path(a.dec.model_dir).lexically_normal().parent_path().filename();
@@ -147,8 +174,18 @@ int run_serve(ServeArgs a) {
                                             .max_body_bytes = a.max_body_kb * 1024,
                                             .model = name,
                                             .max_connections = a.max_connections,
-                                            .channel_bytes = 1 << 20},
-                       sched, *tok);
+                                            .channel_bytes = 1 << 20,
+                                            .idle = millis(a.idle_seconds),
+                                            .read = millis(a.read_seconds),
+                                            .cors_origin = a.cors},
+                       *tok);
+  // Bound: the weights load now, on the scheduler's thread.
+  serve::Scheduler sched(serve::SchedulerOptions{.dec = a.dec,
+                                                 .max_seqs = a.max_seqs,
+                                                 .queue = a.queue,
+                                                 .prefill = prefill,
+                                                 .ranks = ranks.size() > 1 ? &ranks : nullptr},
+                         cfg, *tok);
   const std::string url = a.host.find(':') != std::string::npos
                               ? fmt::format("http://[{}]:{}", a.host, server.port())
                               : fmt::format("http://{}:{}", a.host, server.port());
@@ -164,7 +201,8 @@ int run_serve(ServeArgs a) {
 
   int sig = 0;
   bool announced_ready = false;
-  server.run(
+  const serve::DrainReport drained = server.run(
+      sched,
       [&] {
         if (!announced_ready && sched.phase() == serve::Phase::ready) {
           announced_ready = true;
@@ -174,14 +212,20 @@ int run_serve(ServeArgs a) {
         sig = signals.pending();
         return sig != 0;
       },
-      std::chrono::milliseconds(int64_t(a.drain_seconds * 1000)));
+      millis(a.drain_seconds));
   if (sched.phase() == serve::Phase::failed && sched.failure()) {
     // A rank that could not load its slice failed every rank's load: printed once, by rank 0.
     if (sched.failure_collective())
       throw dist::CollectiveError(sched.failure()->kind(), sched.failure()->what());
     throw *sched.failure();
   }
-  std::fprintf(stderr, "k3flow serve: stopped by %s\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+  std::fprintf(
+      stderr,
+      "k3flow serve: stopped by %s: %d request%s in flight, %d finished, %d cancelled at the %g s drain "
+      "bound; %d connection%s closed\n",
+      signal_name(sig), drained.in_flight, drained.in_flight == 1 ? "" : "s",
+      drained.in_flight - drained.cancelled, drained.cancelled, a.drain_seconds, drained.connections,
+      drained.connections == 1 ? "" : "s");
   return 0;
 }
 
@@ -223,6 +267,19 @@ Action add_serve(CLI::App& sub) {
                  "on SIGINT / SIGTERM: how long in-flight requests may run before they are cancelled")
       ->check(CLI::Range(0.0, 3600.0))
       ->capture_default_str();
+  sub.add_option("--idle-seconds", a->idle_seconds,
+                 "a connection with no request started this long after it opened or after its last "
+                 "response is closed (a silent socket cannot hold a --max-connections slot)")
+      ->check(CLI::Range(0.05, 86400.0))
+      ->capture_default_str();
+  sub.add_option("--read-seconds", a->read_seconds,
+                 "a request's headers and body must arrive within this many seconds of its first byte "
+                 "(else 408 and the connection is closed)")
+      ->check(CLI::Range(0.05, 86400.0))
+      ->capture_default_str();
+  sub.add_option("--cors", a->cors,
+                 "allow browser pages from ORIGIN (or *): Access-Control-Allow-Origin on every answer, "
+                 "OPTIONS preflight answered (without it OPTIONS is 405)");
   sub.add_option("--model-name", a->model_name, "the model id clients name (default: MODEL_DIR's name)");
   sub.add_option("--tokenizer", a->tokenizer,
                  "tokenizer directory (tiktoken.model + tokenizer_config.json; default MODEL_DIR)");

@@ -9,7 +9,9 @@
 #include <boost/asio/write.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <cerrno>
 #include <chrono>
+#include <climits>
 #include <ctime>
 #include <thread>
 
@@ -25,12 +27,14 @@ namespace net = boost::asio;
 using tcp = net::ip::tcp;
 using namespace std::chrono_literals;
 
+using Clock = std::chrono::steady_clock;
+
 struct Server::Impl {
-  Impl(ServerOptions o, Scheduler& s, const io::text::Tokenizer& t)
-      : opt(std::move(o)), sched(s), tok(t), acceptor(ioc), started(std::time(nullptr)) {}
+  Impl(ServerOptions o, const io::text::Tokenizer& t)
+      : opt(std::move(o)), tok(t), acceptor(ioc), started(std::time(nullptr)) {}
 
   ServerOptions opt;
-  Scheduler& sched;
+  Scheduler* sched_ptr = nullptr;  // set by run(), before the first connection is accepted
   const io::text::Tokenizer& tok;
   Metrics metrics;
   net::io_context ioc;
@@ -38,13 +42,24 @@ struct Server::Impl {
   int64_t started;
   std::atomic<uint64_t> next_id{1};
   std::atomic<bool> stopping{false};
+  std::atomic<bool> draining{false};    // the scheduler is stopping: a cancelled request is the stop's
+  std::atomic<int> drain_cancelled{0};  // requests cut at the drain bound
 
   std::mutex m;
   std::condition_variable cv;
   std::set<int> open_fds;  // connection sockets, shut down for reading at the end
   int connections = 0;
 
+  Scheduler& sched() const { return *sched_ptr; }
   void session(tcp::socket sock);
+  // The headers every answer carries: Server, CORS's Allow-Origin (with --cors), Retry-After on 429
+  // and 503, WWW-Authenticate on 401.
+  void decorate(http::fields& h, int status) const;
+  // One whole answer; returns the status sent (0: the write failed, the client was gone).
+  int send(tcp::socket& sock, int status, std::string body, bool keep_alive,
+           const char* type = "application/json") const;
+  int preflight(tcp::socket& sock, const http::request<http::string_body>& req, bool keep_alive) const;
+  bool authorized(const http::request<http::string_body>& req) const;
   // Answers one request; returns the status sent (0: none, the client was gone).
   int handle(tcp::socket& sock, const http::request<http::string_body>& req, bool keep_alive,
              std::string& endpoint);
@@ -62,11 +77,91 @@ bool client_gone(tcp::socket& sock) {
   return ::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
 }
 
-int send(tcp::socket& sock, int status, std::string body, bool keep_alive,
-         const char* type = "application/json") {
+// Beast's string_view is Boost's own in Debian's Boost 1.74 (no conversion to std's).
+std::string_view view(beast::string_view v) {
+  return {v.data(), v.size()};
+}
+
+bool iequal(std::string_view a, std::string_view b) {
+  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
+           return std::tolower(static_cast<unsigned char>(x)) == std::tolower(static_cast<unsigned char>(y));
+         });
+}
+
+// Waits until `sock` has bytes (or a hang-up or error, which the read that follows reports) or
+// `deadline` passes: false then.
+bool wait_readable(tcp::socket& sock, Clock::time_point deadline) {
+  for (;;) {
+    const int64_t left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    if (left <= 0) return false;
+    pollfd p{.fd = sock.native_handle(), .events = POLLIN, .revents = 0};
+    const int r = ::poll(&p, 1, int(std::min<int64_t>(left, INT_MAX)));
+    if (r > 0 || (r < 0 && errno != EINTR)) return true;
+  }
+}
+
+// The connection's socket as Beast's synchronous read stream, with a deadline for the whole request:
+// each read waits at most until `deadline`, then fails with timed_out. (A per-read timeout would let
+// a client that trickles a byte at a time hold the connection for ever.)
+struct DeadlineReader {
+  tcp::socket& sock;
+  Clock::time_point deadline;
+  template <class Buffers>
+  size_t read_some(const Buffers& b, beast::error_code& ec) {
+    if (!wait_readable(sock, deadline)) {
+      ec = net::error::timed_out;
+      return 0;
+    }
+    return sock.read_some(b, ec);
+  }
+  template <class Buffers>
+  size_t read_some(const Buffers& b) {
+    beast::error_code ec;
+    const size_t n = read_some(b, ec);
+    if (ec) throw beast::system_error(ec);
+    return n;
+  }
+};
+
+// A path segment with its %XX escapes decoded (a model id may hold '/', which clients escape).
+std::string percent_decoded(std::string_view s) {
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '%' && i + 2 < s.size() && std::isxdigit(static_cast<unsigned char>(s[i + 1])) &&
+        std::isxdigit(static_cast<unsigned char>(s[i + 2]))) {
+      out += char(std::stoi(std::string(s.substr(i + 1, 2)), nullptr, 16));
+      i += 2;
+    } else {
+      out += s[i];
+    }
+  }
+  return out;
+}
+
+double seconds(std::chrono::milliseconds d) {
+  return double(d.count()) / 1000.0;
+}
+
+}  // namespace
+
+void Server::Impl::decorate(http::fields& h, int status) const {
+  h.set(http::field::server, "k3flow");
+  if (opt.cors_origin) {
+    h.set(http::field::access_control_allow_origin, *opt.cors_origin);
+    if (*opt.cors_origin != "*") h.set(http::field::vary, "Origin");
+  }
+  // A client's retry loop (the openai package's among them) honours it: the queue or the load
+  // usually moves within a second.
+  if (status == 429 || status == 503) h.set(http::field::retry_after, "1");
+  if (status == 401) h.set(http::field::www_authenticate, "Bearer");
+}
+
+int Server::Impl::send(tcp::socket& sock, int status, std::string body, bool keep_alive,
+                       const char* type) const {
   http::response<http::string_body> res{http::status(unsigned(status)), 11};
-  res.set(http::field::server, "k3flow");
-  res.set(http::field::content_type, type);
+  decorate(res, status);
+  if (!body.empty()) res.set(http::field::content_type, type);
   res.keep_alive(keep_alive);
   res.body() = std::move(body);
   res.prepare_payload();
@@ -75,7 +170,30 @@ int send(tcp::socket& sock, int status, std::string body, bool keep_alive,
   return ec ? 0 : status;
 }
 
-}  // namespace
+// A browser's CORS preflight: which methods and headers the real request may use. Asked without
+// credentials, so it is answered before the API key is checked.
+int Server::Impl::preflight(tcp::socket& sock, const http::request<http::string_body>& req, bool keep) const {
+  http::response<http::string_body> res{http::status::no_content, 11};
+  decorate(res, 204);
+  res.set(http::field::access_control_allow_methods, "GET, POST, OPTIONS");
+  const std::string_view asked = view(req[http::field::access_control_request_headers]);
+  res.set(http::field::access_control_allow_headers,
+          asked.empty() ? std::string("Authorization, Content-Type") : std::string(asked));
+  res.set(http::field::access_control_max_age, "600");
+  res.keep_alive(keep);  // a 204 has no body and no Content-Length (RFC 9110 §8.6)
+  beast::error_code ec;
+  http::write(sock, res, ec);
+  return ec ? 0 : 204;
+}
+
+// `Authorization: Bearer KEY`, the scheme in any case (RFC 9110 §11.1), the key exactly.
+bool Server::Impl::authorized(const http::request<http::string_body>& req) const {
+  const std::string_view h = view(req[http::field::authorization]);
+  const size_t space = h.find(' ');
+  if (space == std::string_view::npos || !iequal(h.substr(0, space), "bearer")) return false;
+  const size_t key_at = h.find_first_not_of(' ', space);
+  return key_at != std::string_view::npos && h.substr(key_at) == *opt.api_key;
+}
 
 void check_host(const std::string& host) {
   beast::error_code ec;
@@ -83,8 +201,8 @@ void check_host(const std::string& host) {
   if (ec) throw io::usage_error(fmt::format("--host {}: not an IP address", host));
 }
 
-Server::Server(ServerOptions o, Scheduler& s, const io::text::Tokenizer& t)
-    : impl_(std::make_unique<Impl>(std::move(o), s, t)) {
+Server::Server(ServerOptions o, const io::text::Tokenizer& t)
+    : impl_(std::make_unique<Impl>(std::move(o), t)) {
   beast::error_code ec;
   const net::ip::address addr = net::ip::make_address(impl_->opt.host, ec);
   if (ec) throw io::usage_error(fmt::format("--host {}: not an IP address", impl_->opt.host));
@@ -102,8 +220,10 @@ Server::Server(ServerOptions o, Scheduler& s, const io::text::Tokenizer& t)
 
 Server::~Server() = default;
 
-void Server::run(const std::function<bool()>& stop, std::chrono::milliseconds drain) {
+DrainReport Server::run(Scheduler& sched, const std::function<bool()>& stop,
+                        std::chrono::milliseconds drain) {
   Impl& s = *impl_;
+  s.sched_ptr = &sched;
   while (!stop()) {
     pollfd p{.fd = s.acceptor.native_handle(), .events = POLLIN, .revents = 0};
     if (::poll(&p, 1, 100) <= 0) continue;
@@ -118,7 +238,7 @@ void Server::run(const std::function<bool()>& stop, std::chrono::milliseconds dr
       std::unique_lock lock(s.m);
       if (s.connections >= s.opt.max_connections) {
         lock.unlock();
-        send(sock, 503, json_error(503, "server_error", "too many connections; try again"), false);
+        s.send(sock, 503, json_error(503, "server_error", "too many connections; try again"), false);
         sock.close(ec);
         s.metrics.count("connections", 503);
         continue;
@@ -132,28 +252,50 @@ void Server::run(const std::function<bool()>& stop, std::chrono::milliseconds dr
   // connection still waiting for a request is shut down for reading, which ends its thread.
   beast::error_code ec;
   s.acceptor.close(ec);
-  s.sched.stop(drain);
+  DrainReport report;
+  report.in_flight = sched.gauges().active.load() + sched.gauges().queued.load();
+  {
+    std::lock_guard lock(s.m);
+    report.connections = s.connections;
+  }
+  s.draining = true;
+  sched.stop(drain);
   s.stopping = true;
   std::unique_lock lock(s.m);
   for (int fd : s.open_fds) ::shutdown(fd, SHUT_RD);
   s.cv.wait_for(lock, 5s, [&] { return s.connections == 0; });
+  report.cancelled = s.drain_cancelled.load();
+  return report;
 }
 
 void Server::Impl::session(tcp::socket sock) {
   beast::flat_buffer buf;
   for (;;) {
+    // Between requests the connection may sit idle for `idle` (a keep-alive client's pool);
+    // silent longer, it is closed without an answer, as an idle keep-alive is.
+    if (buf.size() == 0 && !wait_readable(sock, Clock::now() + opt.idle)) break;
+    DeadlineReader reader{sock, Clock::now() + opt.read};
     http::request_parser<http::string_body> parser;
     parser.body_limit(opt.max_body_bytes);
     parser.header_limit(64 * 1024);
     beast::error_code ec;
-    http::read_header(sock, buf, parser, ec);
+    http::read_header(reader, buf, parser, ec);
     if (!ec && parser.get()[http::field::expect] == "100-continue") {
       // curl asks before sending a body over 1 KiB; a refused size is answered below without it.
       const auto& h = parser.get();
       if (!h.has_content_length() || *parser.content_length() <= opt.max_body_bytes)
         net::write(sock, net::buffer(std::string_view("HTTP/1.1 100 Continue\r\n\r\n")), ec);
     }
-    if (!ec) http::read(sock, buf, parser, ec);
+    if (!ec) http::read(reader, buf, parser, ec);
+    if (ec == net::error::timed_out) {
+      const int st = send(sock, 408,
+                          json_error(408, "invalid_request_error",
+                                     fmt::format("the request did not arrive within {} s (--read-seconds)",
+                                                 seconds(opt.read))),
+                          false);
+      metrics.count("timeout", st ? st : 408);
+      break;
+    }
     if (ec == http::error::body_limit) {
       const int st =
           send(sock, 413,
@@ -190,8 +332,7 @@ void Server::Impl::session(tcp::socket sock) {
 
 int Server::Impl::handle(tcp::socket& sock, const http::request<http::string_body>& req, bool keep,
                          std::string& endpoint) {
-  // Beast's string_view is Boost's own in Debian's Boost 1.74 (no conversion to std's): copy the span.
-  std::string_view target(req.target().data(), req.target().size());
+  std::string_view target = view(req.target());
   target = target.substr(0, target.find('?'));
   endpoint = std::string(target);
   const bool get = req.method() == http::verb::get, post = req.method() == http::verb::post;
@@ -201,39 +342,50 @@ int Server::Impl::handle(tcp::socket& sock, const http::request<http::string_bod
                            fmt::format("{} {}: use {}", std::string(req.method_string()), target, allowed)),
                 keep);
   };
+  if (req.method() == http::verb::options && opt.cors_origin) return preflight(sock, req, keep);
   if (target == "/health") {
     if (!get) return wrong_method("GET");
     io::JsonWriter w;
-    const Phase ph = sched.phase();
+    const Phase ph = sched().phase();
     w.begin_object().field("status", phase_name(ph)).field("model", opt.model);
     if (ph == Phase::loading) {
       w.field("phase", "loading weights")
-          .field("bytes_read", sched.gauges().load_bytes_read.load())
-          .field("checkpoint_bytes", sched.gauges().load_bytes_total.load());
+          .field("bytes_read", sched().gauges().load_bytes_read.load())
+          .field("checkpoint_bytes", sched().gauges().load_bytes_total.load());
     } else if (ph == Phase::ready) {
-      w.field("max_seqs", sched.max_seqs())
-          .field("context", sched.capacity())
-          .field("active", sched.gauges().active.load())
-          .field("queued", sched.gauges().queued.load());
+      w.field("max_seqs", sched().max_seqs())
+          .field("context", sched().capacity())
+          .field("active", sched().gauges().active.load())
+          .field("queued", sched().gauges().queued.load());
     }
     w.end_object();
     return send(sock, ph == Phase::ready ? 200 : 503, w.str(), keep);
   }
-  if (opt.api_key) {
-    const std::string want = "Bearer " + *opt.api_key;
-    if (req[http::field::authorization] != want)
-      return send(sock, 401,
-                  json_error(401, "authentication_error",
-                             "missing or wrong API key (send the header Authorization: Bearer KEY)"),
-                  keep);
+  if (opt.api_key && !authorized(req)) {
+    return send(sock, 401,
+                json_error(401, "authentication_error",
+                           "missing or wrong API key (send the header Authorization: Bearer KEY)"),
+                keep);
   }
   if (target == "/metrics") {
     if (!get) return wrong_method("GET");
-    return send(sock, 200, metrics.render(sched), keep, "text/plain; version=0.0.4; charset=utf-8");
+    return send(sock, 200, metrics.render(sched()), keep, "text/plain; version=0.0.4; charset=utf-8");
   }
   if (target == "/v1/models") {
     if (!get) return wrong_method("GET");
     return send(sock, 200, models_body(opt.model, started), keep);
+  }
+  if (constexpr std::string_view models = "/v1/models/"; target.substr(0, models.size()) == models) {
+    endpoint = "/v1/models/{id}";  // one label for every id asked
+    if (!get) return wrong_method("GET");
+    const std::string id = percent_decoded(target.substr(models.size()));
+    if (id != opt.model)
+      return send(
+          sock, 404,
+          json_error(404, "invalid_request_error",
+                     fmt::format("The model '{}' does not exist (this server serves '{}')", id, opt.model)),
+          keep);
+    return send(sock, 200, model_body(opt.model, started), keep);
   }
   if (target == "/v1/completions" || target == "/v1/chat/completions") {
     if (!post) return wrong_method("POST");
@@ -245,20 +397,20 @@ int Server::Impl::handle(tcp::socket& sock, const http::request<http::string_bod
 
 int Server::Impl::generate(tcp::socket& sock, const http::request<http::string_body>& req, Endpoint ep,
                            bool keep) {
-  if (sched.phase() != Phase::ready)
+  if (sched().phase() != Phase::ready)
     return send(sock, 503,
                 json_error(503, "server_error",
-                           fmt::format("the model is {} (GET /health)", phase_name(sched.phase()))),
+                           fmt::format("the model is {} (GET /health)", phase_name(sched().phase()))),
                 keep);
   ApiRequest ar;
   try {
     ar = parse_request(ep, req.body(),
-                       ApiContext{.model = opt.model, .tok = tok, .capacity = sched.capacity()});
+                       ApiContext{.model = opt.model, .tok = tok, .capacity = sched().capacity()});
   } catch (const ApiError& e) {
     return send(sock, e.status, error_body(e), keep);
   }
   auto ch = std::make_shared<Channel>(opt.channel_bytes);
-  switch (sched.submit(ar.gen, ch)) {
+  switch (sched().submit(ar.gen, ch)) {
     case Scheduler::Submit::queued:
       break;
     case Scheduler::Submit::queue_full:
@@ -279,7 +431,7 @@ int Server::Impl::generate(tcp::socket& sock, const http::request<http::string_b
   http::response<http::empty_body> head{http::status::ok, 11};
   http::response_serializer<http::empty_body> head_sr{head};
   if (ar.stream) {
-    head.set(http::field::server, "k3flow");
+    decorate(head, 200);
     head.set(http::field::content_type, "text/event-stream");
     head.set(http::field::cache_control, "no-cache");
     head.keep_alive(keep);
@@ -313,6 +465,7 @@ int Server::Impl::generate(tcp::socket& sock, const http::request<http::string_b
   }
   const Outcome out = *ch->outcome();
   if (gone) return 0;
+  if (out.finish == Finish::cancelled && draining) ++drain_cancelled;
   if (!ar.stream) {
     if (out.finish == Finish::error) return send(sock, 500, json_error(500, "server_error", out.error), keep);
     if (out.finish == Finish::cancelled)

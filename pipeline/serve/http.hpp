@@ -3,9 +3,15 @@
 // connection thread never blocks the scheduler: it drains its request's Channel at its own pace,
 // and a client that stops reading is cancelled once the channel's bound is passed. A client that
 // disconnects is noticed (POLLRDHUP, or a failed write) and its sequence cancelled at the next step.
+// A connection holds its slot only while it is useful: a request must start within `idle` of the
+// connection opening (or of the previous response) and arrive whole within `read` of its first
+// byte; otherwise the connection is closed (a request cut short is answered 408 first), so silent
+// or trickling sockets cannot lock other clients out.
 //
-// Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health (open even
-// with --api-key), GET /metrics. Every error is OpenAI's {"error":{"message","type"}} body.
+// Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /v1/models/{id},
+// GET /health (open even with --api-key), GET /metrics; OPTIONS (CORS preflight) with --cors. Every
+// error is OpenAI's {"error":{"message","type"}} body; 401 carries `WWW-Authenticate: Bearer`, 429
+// and 503 `Retry-After`.
 #pragma once
 #include <atomic>
 #include <chrono>
@@ -32,6 +38,16 @@ struct ServerOptions {
   std::string model;  // the served model's name
   int max_connections = 64;
   size_t channel_bytes = 1 << 20;  // a request's text buffered for a slow client before it is cancelled
+  std::chrono::milliseconds idle{30000};   // no request started this long after connect / a response: closed
+  std::chrono::milliseconds read{30000};   // a request's headers and body must arrive within this
+  std::optional<std::string> cors_origin;  // Access-Control-Allow-Origin; OPTIONS preflight answered
+};
+
+// What the stop after a signal or a failed load did, for the shutdown line.
+struct DrainReport {
+  int in_flight = 0;    // requests queued or decoding when the server stopped accepting
+  int cancelled = 0;    // of those, cut at the drain bound
+  int connections = 0;  // connections still open then (idle keep-alives included), all closed
 };
 
 // Usage Error (exit 2) unless `host` is an IPv4 or IPv6 address (checked before the model loads).
@@ -39,16 +55,17 @@ void check_host(const std::string& host);
 
 class Server {
  public:
-  // Binds and listens. Throws usage Error (exit 2) for a --host that is not an address, runtime
-  // Error (exit 1) when the address cannot be bound.
-  Server(ServerOptions, Scheduler&, const io::text::Tokenizer&);
+  // Binds and listens; nothing is accepted before run(). Throws usage Error (exit 2) for a --host
+  // that is not an address, runtime Error (exit 1) when the address cannot be bound. Called before
+  // the model loads, so a port in use is reported at once.
+  Server(ServerOptions, const io::text::Tokenizer&);
   ~Server();
   uint16_t port() const { return port_; }
 
-  // Accepts until `stop()` returns true (asked every 100 ms). Then it stops accepting, lets the
-  // scheduler finish or cancel what is in flight within `drain`, answers what is left and closes
+  // Serves `sched` until `stop()` returns true (asked every 100 ms). Then it stops accepting, lets
+  // the scheduler finish or cancel what is in flight within `drain`, answers what is left and closes
   // every connection.
-  void run(const std::function<bool()>& stop, std::chrono::milliseconds drain);
+  DrainReport run(Scheduler& sched, const std::function<bool()>& stop, std::chrono::milliseconds drain);
 
  private:
   struct Impl;

@@ -1,0 +1,136 @@
+// `k3flow serve` driven by the official `openai` npm client, as an application would use it.
+// tests/test_serve_openai_client.cpp starts the server and runs
+//
+//   node tests/openai_client/serve_e2e.mjs BASE_URL
+//
+// with the expectations in the environment: K3FLOW_MODEL (the served model's id), K3FLOW_API_KEY,
+// K3FLOW_PROMPT, K3FLOW_MAX_TOKENS and K3FLOW_EXPECT_IDS (comma-separated: the ids `k3flow generate`
+// gives for that prompt, greedy). Each case is one async function in `cases`; add a case by adding
+// a function. Every case runs; the script prints `ok NAME` or `FAIL NAME: why` per case and exits 1
+// if any failed.
+import OpenAI from 'openai';
+
+const baseURL = process.argv[2];
+const env = (name) => {
+  const v = process.env[name];
+  if (v === undefined) throw new Error(`${name} is not set`);
+  return v;
+};
+const model = env('K3FLOW_MODEL');
+const apiKey = env('K3FLOW_API_KEY');
+const prompt = env('K3FLOW_PROMPT');
+const maxTokens = Number(env('K3FLOW_MAX_TOKENS'));
+const expectIds = env('K3FLOW_EXPECT_IDS').split(',').map(Number);
+
+// No retries: a failure must show as itself, not as a slow success.
+const client = new OpenAI({ baseURL, apiKey, maxRetries: 0, timeout: 60_000 });
+
+function check(cond, what) {
+  if (!cond) throw new Error(what);
+}
+function sameIds(got, want, what) {
+  check(JSON.stringify(got) === JSON.stringify(want), `${what}: ids ${JSON.stringify(got)} != ${JSON.stringify(want)}`);
+}
+
+const chatMessages = [
+  { role: 'system', content: 'Be brief.' },
+  { role: 'user', content: 'Name a colour.' },
+];
+
+const cases = {
+  async modelsList() {
+    const ids = [];
+    for await (const m of client.models.list()) ids.push(m.id);
+    sameIds(ids, [model], 'models.list');
+  },
+
+  async modelsRetrieve() {
+    const m = await client.models.retrieve(model);
+    check(m.id === model && m.object === 'model', `models.retrieve: ${JSON.stringify(m)}`);
+    try {
+      await client.models.retrieve('no-such-model');
+      check(false, 'models.retrieve of another id succeeded');
+    } catch (e) {
+      check(e instanceof OpenAI.NotFoundError, `another id: ${e}`);
+    }
+  },
+
+  // `return_token_ids` is k3flow's extension; the client passes unknown fields through both ways.
+  async completion() {
+    const r = await client.completions.create({ model, prompt, max_tokens: maxTokens, return_token_ids: true });
+    check(r.object === 'text_completion', `object ${r.object}`);
+    const c = r.choices[0];
+    sameIds(c.token_ids, expectIds, 'completions.create');
+    check(c.finish_reason === 'length', `finish_reason ${c.finish_reason}`);
+    check(r.usage.completion_tokens === maxTokens, `usage ${JSON.stringify(r.usage)}`);
+  },
+
+  async completionStream() {
+    const stream = await client.completions.create({
+      model, prompt, max_tokens: maxTokens, stream: true, return_token_ids: true,
+      stream_options: { include_usage: true },
+    });
+    const ids = [];
+    let text = '', finish = null, usage = null;
+    for await (const chunk of stream) {
+      if (chunk.usage) usage = chunk.usage;
+      for (const c of chunk.choices) {
+        text += c.text;
+        ids.push(...(c.token_ids ?? []));
+        if (c.finish_reason) finish = c.finish_reason;
+      }
+    }
+    sameIds(ids, expectIds, 'streamed completions.create');
+    const whole = await client.completions.create({ model, prompt, max_tokens: maxTokens });
+    check(text === whole.choices[0].text, 'streamed text differs from the whole text');
+    check(finish === 'length', `finish_reason ${finish}`);
+    check(usage && usage.completion_tokens === maxTokens, `usage ${JSON.stringify(usage)}`);
+  },
+
+  async chat() {
+    const r = await client.chat.completions.create({ model, messages: chatMessages, max_tokens: 8, thinking: false });
+    check(r.object === 'chat.completion', `object ${r.object}`);
+    const m = r.choices[0].message;
+    check(m.role === 'assistant' && typeof m.content === 'string', `message ${JSON.stringify(m)}`);
+    check(r.usage.completion_tokens > 0 && r.usage.prompt_tokens > 0, `usage ${JSON.stringify(r.usage)}`);
+  },
+
+  async chatStream() {
+    const body = { model, messages: chatMessages, max_tokens: 8, thinking: false, return_token_ids: true };
+    const whole = await client.chat.completions.create(body);
+    const stream = await client.chat.completions.create({ ...body, stream: true });
+    let content = '', role = null;
+    const ids = [];
+    for await (const chunk of stream) {
+      const d = chunk.choices[0]?.delta ?? {};
+      role ??= d.role;
+      content += d.content ?? '';
+      ids.push(...(chunk.choices[0]?.token_ids ?? []));
+    }
+    check(role === 'assistant', `first delta role ${role}`);
+    check(content === whole.choices[0].message.content, 'streamed content differs from the whole reply');
+    sameIds(ids, whole.choices[0].token_ids, 'streamed chat');
+  },
+
+  async wrongKey() {
+    const bad = new OpenAI({ baseURL, apiKey: 'wrong-key', maxRetries: 0 });
+    try {
+      await bad.models.list();
+      check(false, 'a wrong key was let through');
+    } catch (e) {
+      check(e instanceof OpenAI.AuthenticationError && e.status === 401, `wrong key: ${e}`);
+    }
+  },
+};
+
+let failed = 0;
+for (const [name, run] of Object.entries(cases)) {
+  try {
+    await run();
+    console.log(`ok ${name}`);
+  } catch (e) {
+    failed += 1;
+    console.log(`FAIL ${name}: ${e?.stack ?? e}`);
+  }
+}
+process.exit(failed ? 1 : 0);

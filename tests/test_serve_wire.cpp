@@ -1,0 +1,289 @@
+// `k3flow serve` on the wire, the real binary on loopback (tests/test_serve_client.hpp) with
+// fixtures/tiny-k3: silent and trickling sockets are timed out (--idle-seconds, --read-seconds) so
+// they cannot lock a real client out of --max-connections; an idle keep-alive is closed; the
+// headers a client acts on (Retry-After, WWW-Authenticate, CORS); GET /v1/models/{id}; the start-up
+// order (a port in use, a budget below the floor and an unknown preset end the command before
+// "listening"; a load that fails ends the server at once); the shutdown line.
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+#include <poll.h>
+#include <simdjson.h>
+
+#include <chrono>
+#include <filesystem>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/run_helpers.hpp"
+#include "tests/test_serve_client.hpp"
+
+using namespace k3::test;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+const std::string kTiny = std::string(K3_FIXTURES) + "/tiny-k3";
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// Everything the server sends on `fd` until it closes the connection (or `timeout_s` passes).
+std::string read_until_closed(int fd, int timeout_s = 20) {
+  std::string raw;
+  char buf[4096];
+  const auto until = Clock::now() + std::chrono::seconds(timeout_s);
+  while (Clock::now() < until) {
+    pollfd p{.fd = fd, .events = POLLIN, .revents = 0};
+    if (::poll(&p, 1, 100) <= 0) continue;
+    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) break;
+    raw.append(buf, size_t(n));
+  }
+  return raw;
+}
+
+std::string error_type(const HttpResponse& r) {
+  simdjson::dom::parser p;
+  simdjson::dom::element doc;
+  if (p.parse(r.body).get(doc)) return "not JSON: " + r.body;
+  std::string_view t;
+  if (doc["error"]["type"].get(t)) return "no error.type: " + r.body;
+  return std::string(t);
+}
+
+// A response header's value ("" when absent).
+std::string header(const HttpResponse& r, const std::string& name) {
+  const auto it = r.headers.find(name);
+  return it == r.headers.end() ? "" : it->second;
+}
+
+const std::string kCompletion = R"({"prompt":"Hello","max_tokens":4})";
+
+}  // namespace
+
+TEST_CASE("slowloris: more silent and trickling sockets than --max-connections; a real request completes") {
+  ServeChild s(kTiny + " --max-connections 3 --idle-seconds 1 --read-seconds 1");
+  // The readiness poll's last connection counts itself out just after its answer.
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const auto t0 = Clock::now();
+  // Accepted in this order, the first three take the slots: one that trickles a header byte every
+  // 100 ms (a per-read timeout would never fire on it), one that sends half a request and stops,
+  // one that never sends a byte. Two more of the last two kinds are refused 503 at once.
+  std::vector<int> fds;
+  for (int i = 0; i < 5; ++i) {
+    fds.push_back(connect_loopback(s.port()));
+    REQUIRE(fds.back() >= 0);
+    if (i == 1 || i == 3)
+      REQUIRE(send_all(fds.back(), "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"));
+  }
+  std::atomic<bool> trickling{true};
+  std::thread dripper([&] {
+    const std::string line = "X-Slow: " + std::string(200, 'a');
+    for (size_t i = 0; i < line.size() && trickling; ++i) {
+      if (!send_all(fds[0], line.substr(i, 1))) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  });
+  // A real client retries its 503s (as the openai package does, after Retry-After) and is served
+  // once the timeouts have freed the slots.
+  HttpResponse got;
+  int refusals = 0;
+  while (seconds_since(t0) < 20) {
+    got = http(s.port(), "POST", "/v1/completions", kCompletion);
+    if (got.status != 503) break;
+    ++refusals;
+    CHECK(header(got, "retry-after") == "1");
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  const double served_after = seconds_since(t0);
+  CHECK(got.status == 200);
+  CHECK(refusals > 0);  // the silent sockets did hold every slot
+  // The slots are held about --idle-seconds / --read-seconds: well under 10 s even on a loaded host.
+  CHECK(served_after < 10);
+  MESSAGE("served after " << served_after << " s and " << refusals << " refusals");
+  std::vector<HttpResponse> answers;
+  for (int fd : fds) answers.push_back(parse_response(read_until_closed(fd)));
+  trickling = false;
+  dripper.join();
+  for (int fd : fds) ::close(fd);
+  CHECK(answers[0].status == 408);  // the trickler: its request did not arrive within --read-seconds
+  CHECK(answers[0].body.find("--read-seconds") != std::string::npos);
+  CHECK(answers[1].status == 408);  // half a request
+  CHECK(answers[2].status == 0);    // silent: closed without a word, as an idle keep-alive is
+  CHECK(answers[3].status == 503);  // over --max-connections
+  CHECK(answers[4].status == 503);
+  CHECK(header(answers[4], "retry-after") == "1");
+  CHECK(s.stop(SIGTERM) == 0);
+}
+
+TEST_CASE("a keep-alive connection serves several requests, then is closed after --idle-seconds") {
+  ServeChild s(kTiny + " --idle-seconds 0.5");
+  const int fd = connect_loopback(s.port());
+  REQUIRE(fd >= 0);
+  const std::string get = "GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
+  for (int i = 0; i < 2; ++i) {
+    REQUIRE(send_all(fd, get));
+    // One response: its head, then Content-Length bytes.
+    std::string raw;
+    char buf[4096];
+    size_t want = std::string::npos;
+    while (raw.size() != want) {
+      const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+      REQUIRE(n > 0);
+      raw.append(buf, size_t(n));
+      if (const size_t head = raw.find("\r\n\r\n"); head != std::string::npos && want == std::string::npos)
+        want = head + 4 + size_t(std::stoul(parse_response(raw).headers.at("content-length")));
+    }
+    CHECK(parse_response(raw).status == 200);
+  }
+  const auto t0 = Clock::now();
+  CHECK(read_until_closed(fd).empty());
+  const double idle = seconds_since(t0);
+  CHECK(idle >= 0.4);
+  CHECK(idle < 10);
+  ::close(fd);
+}
+
+TEST_CASE("headers a client acts on: WWW-Authenticate, any-case Bearer, Retry-After while loading") {
+  SUBCASE("API key") {
+    ServeChild s(kTiny + " --api-key sekrit");
+    const HttpResponse no = http(s.port(), "GET", "/v1/models");
+    CHECK(no.status == 401);
+    CHECK(header(no, "www-authenticate") == "Bearer");
+    CHECK(error_type(no) == "authentication_error");
+    CHECK(http(s.port(), "GET", "/v1/models", "", {"Authorization: Bearer wrong"}).status == 401);
+    CHECK(http(s.port(), "GET", "/v1/models", "", {"Authorization: Basic sekrit"}).status == 401);
+    CHECK(http(s.port(), "GET", "/v1/models", "", {"Authorization: Bearer"}).status == 401);
+    for (const char* scheme : {"Bearer", "bearer", "BEARER"}) {
+      CAPTURE(scheme);
+      CHECK(
+          http(s.port(), "GET", "/v1/models", "", {fmt::format("Authorization: {} sekrit", scheme)}).status ==
+          200);
+    }
+  }
+  SUBCASE("503 while the model loads") {
+    ServeChild s(kTiny, "K3FLOW_TEST_LOAD_DELAY_MS=3000", /*wait_ready=*/false);
+    const HttpResponse r = http(s.port(), "POST", "/v1/completions", kCompletion);
+    CHECK(r.status == 503);
+    CHECK(header(r, "retry-after") == "1");
+    CHECK(header(http(s.port(), "GET", "/health"), "retry-after") == "1");
+  }
+}
+
+TEST_CASE("GET /v1/models/{id}: the served model, or 404 with OpenAI's error body") {
+  ServeChild s(kTiny + " --model-name org/k3-tiny");
+  const HttpResponse r = http(s.port(), "GET", "/v1/models/org%2Fk3-tiny");
+  REQUIRE(r.status == 200);
+  simdjson::dom::parser p;
+  simdjson::dom::element m = p.parse(r.body);
+  CHECK(std::string_view(m["id"]) == "org/k3-tiny");
+  CHECK(std::string_view(m["object"]) == "model");
+  CHECK(std::string_view(m["owned_by"]) == "k3flow");
+  CHECK(http(s.port(), "GET", "/v1/models/org/k3-tiny").status == 200);  // unescaped, as some clients send
+  const HttpResponse other = http(s.port(), "GET", "/v1/models/gpt-4");
+  CHECK(other.status == 404);
+  CHECK(error_type(other) == "invalid_request_error");
+  CHECK(other.body.find("gpt-4") != std::string::npos);
+  CHECK(http(s.port(), "POST", "/v1/models/org%2Fk3-tiny", "{}").status == 405);
+}
+
+TEST_CASE("CORS: --cors answers the preflight and marks every answer; without it OPTIONS is 405") {
+  {
+    ServeChild plain(kTiny);
+    const HttpResponse r = http(plain.port(), "OPTIONS", "/v1/chat/completions");
+    CHECK(r.status == 405);
+    CHECK(r.headers.count("access-control-allow-origin") == 0);
+    CHECK(http(plain.port(), "GET", "/v1/models").headers.count("access-control-allow-origin") == 0);
+  }
+  ServeChild s(kTiny + " --cors https://app.example --api-key sekrit");
+  // The browser's preflight carries no credentials: answered before the key is checked.
+  const HttpResponse pre = http(s.port(), "OPTIONS", "/v1/chat/completions", "",
+                                {"Origin: https://app.example", "Access-Control-Request-Method: POST",
+                                 "Access-Control-Request-Headers: authorization, content-type"});
+  CHECK(pre.status == 204);
+  CHECK(header(pre, "access-control-allow-origin") == "https://app.example");
+  CHECK(header(pre, "access-control-allow-methods").find("POST") != std::string::npos);
+  CHECK(header(pre, "access-control-allow-headers") == "authorization, content-type");
+  CHECK(pre.headers.count("content-length") == 0);
+  const std::vector<std::string> auth = {"Authorization: Bearer sekrit", "Origin: https://app.example"};
+  const HttpResponse models = http(s.port(), "GET", "/v1/models", "", auth);
+  CHECK(models.status == 200);
+  CHECK(header(models, "access-control-allow-origin") == "https://app.example");
+  CHECK(header(models, "vary") == "Origin");
+  // Errors and streams too: a browser can read neither without it.
+  CHECK(header(http(s.port(), "GET", "/v1/models"), "access-control-allow-origin") == "https://app.example");
+  const HttpResponse st =
+      http(s.port(), "POST", "/v1/completions", R"({"prompt":"Hello","max_tokens":2,"stream":true})", auth);
+  CHECK(st.status == 200);
+  CHECK(header(st, "access-control-allow-origin") == "https://app.example");
+  for (const char* bad : {"--cors ''", "--cors 'a b'", "--cors 'https://a,https://b'"}) {
+    CAPTURE(bad);
+    const Run r = k3flow_sh(fmt::format("serve {} --port 0 {}", kTiny, bad), "", 60);
+    CHECK(r.code == 2);
+    CHECK(r.err.find("--cors") != std::string::npos);
+    CHECK(r.out.find("listening") == std::string::npos);
+  }
+}
+
+TEST_CASE("start-up: refusals come before 'listening'; a port in use ends the command before the load") {
+  SUBCASE("a port in use: exit 1 at once, naming it, though the load would take 30 s") {
+    ServeChild first(kTiny);
+    const auto t0 = Clock::now();
+    const Run r =
+        k3flow(fmt::format("serve {} --port {}", kTiny, first.port()), "K3FLOW_TEST_LOAD_DELAY_MS=30000", 60);
+    CHECK(r.code == 1);
+    CHECK(seconds_since(t0) < 10);
+    CHECK(r.err.find(fmt::format("--port {}", first.port())) != std::string::npos);
+    CHECK(r.err.find("cannot listen") != std::string::npos);
+    CHECK(r.out.find("listening") == std::string::npos);
+  }
+  SUBCASE("a budget below the plan's floor: exit 2 before listening") {
+    const Run r = k3flow(fmt::format("serve {} --port 0 --mem-gb 0.001", kTiny), "", 60);
+    CHECK(r.code == 2);
+    CHECK(r.err.find("floor") != std::string::npos);
+    CHECK(r.out.find("listening") == std::string::npos);
+  }
+  SUBCASE("an unknown preset: refused before the model directory is even looked at") {
+    const Run r = k3flow("serve /no/such/model --port 0 --preset phone", "", 60);
+    CHECK(r.code == 2);
+    CHECK(r.err.find("unknown preset 'phone'") != std::string::npos);
+    CHECK(r.out.find("listening") == std::string::npos);
+  }
+  SUBCASE("a checkpoint that fails to load: the server stops at once, the port closes, exit 1") {
+    TempDir d;
+    const std::filesystem::path m = d.path / "m";
+    std::filesystem::copy(kTiny, m);
+    const std::filesystem::path shard = m / "model-00001-of-000001.safetensors";
+    std::filesystem::resize_file(shard, std::filesystem::file_size(shard) - 4096);
+    // The load is held 1 s so that /health can be seen answering 503 first.
+    ServeChild s(m.string(), "K3FLOW_TEST_LOAD_DELAY_MS=1000", /*wait_ready=*/false);
+    const int port = s.port();
+    CHECK(http(port, "GET", "/health").status == 503);
+    CHECK(s.wait_exit(30) == 1);
+    CHECK(s.err().find("lie outside the data section") != std::string::npos);
+    CHECK(connect_loopback(port, 1) < 0);  // a /health poller sees the connection refused
+  }
+}
+
+TEST_CASE("SIGTERM: the shutdown line says what was in flight and what was closed") {
+  ServeChild s(kTiny);
+  const int idle = connect_loopback(s.port());
+  REQUIRE(idle >= 0);
+  // The idle connection is counted once the server has accepted it: a request on another one
+  // proves the accept loop has passed it.
+  CHECK(http(s.port(), "GET", "/v1/models").status == 200);
+  CHECK(s.stop(SIGTERM) == 0);
+  const std::string err = s.err();
+  const std::string line =
+      "k3flow serve: stopped by SIGTERM: 0 requests in flight, 0 finished, 0 cancelled at the 10 s drain "
+      "bound; ";
+  const size_t at = err.find(line);
+  REQUIRE_MESSAGE(at != std::string::npos, err);
+  // The idle one, and the models request's own if its thread had not counted itself out yet.
+  const int closed = std::atoi(err.c_str() + at + line.size());
+  CHECK(closed >= 1);
+  CHECK(closed <= 2);
+  ::close(idle);
+}
