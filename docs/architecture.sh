@@ -25,16 +25,23 @@ trap 'rm -rf "$tmp"' EXIT
 # Link edges between our targets, as CMake resolved them for this build.
 cmake --graphviz="$tmp/targets.dot" "$build" >/dev/null
 
-# The flow graph as the engine builds it. --trunk-gb 0.002 leaves the tiny model's trunk a ring of
-# two slots beside the pinned layers, so every pool the planner can make appears with slots.
-"$k3" generate fixtures/tiny-k3 --ids 1,2,3 --gen 1 --trunk-gb 0.002 --cache-gb 0.001 \
-  --no-progress --graph-dot "$tmp/flow.dot" >"$tmp/generate.log" 2>&1 ||
-  { cat "$tmp/generate.log" >&2; exit 1; }
+# The flow graph as the engine builds it, twice: over the raw trunk (the checkpoint's own shards)
+# and over a trunk packed with a codec, whose graph adds the decode stage. --trunk-gb 0.002 leaves
+# the tiny model's trunk a ring of slots beside the pinned layers, so every pool appears with slots.
+"$k3" pack-trunk fixtures/tiny-k3 "$tmp/trunk" --codec exp3 --no-progress >"$tmp/pack.log" 2>&1 ||
+  { cat "$tmp/pack.log" >&2; exit 1; }
+for trunk in raw packed; do
+  extra=()
+  [ "$trunk" = packed ] && extra=(--trunk "$tmp/trunk")
+  "$k3" generate fixtures/tiny-k3 "${extra[@]}" --ids 1,2,3 --gen 1 --trunk-gb 0.002 --cache-gb 0.001 \
+    --no-progress --graph-dot "$tmp/flow-$trunk.dot" >"$tmp/generate.log" 2>&1 ||
+    { cat "$tmp/generate.log" >&2; exit 1; }
+done
 
-python3 - "$tmp/targets.dot" "$tmp/flow.dot" docs/architecture.dot <<'PY'
+python3 - "$tmp/targets.dot" "$tmp/flow-raw.dot" "$tmp/flow-packed.dot" docs/architecture.dot <<'PY'
 import os, re, sys
 
-targets_dot, flow_dot, out_path = sys.argv[1:4]
+targets_dot, raw_dot, packed_dot, out_path = sys.argv[1:5]
 SKIP_TOP = {"build", "tests", "perf", "fixtures", "docs", "out"}  # not product code
 
 # Folders that build a library: the add_library line of their CMakeLists.txt (interface libraries
@@ -113,7 +120,7 @@ for folder in sorted(lib_of_folder):
     out.append(f'    "{folder}" [label="{folder}\\n{lib_of_folder[folder]}", shape=folder];')
 for (a, b), n in sorted(includes.items()):
     if (a, b) in why:
-        out.append(f'    "{a}" -> "{b}" [label="{n}, {why[(a, b)]}", color=red, fontcolor=red, constraint=false];')
+        out.append(f'    "{a}" -> "{b}" [xlabel="{n}, {why[(a, b)]}", color=red, fontcolor=red, constraint=false];')
     elif (a, b) not in implied:
         out.append(f'    "{a}" -> "{b}" [label="{n}"];')
 for a, b in sorted(links - includes.keys()):
@@ -121,16 +128,33 @@ for a, b in sorted(links - includes.keys()):
         out.append(f'    "{a}" -> "{b}" [style=dashed, color=gray40];')
 out.append('  }')
 
-# The flow graph: k3flow's own DOT, run counters dropped, its clusters nested in one cluster.
-flow = open(flow_dot).read()
+# The flow graph: k3flow's own DOT of the packed-trunk graph (the raw one's nodes and the decode
+# stage), run counters dropped, the nodes the raw trunk's graph does not have drawn dashed, the
+# raw graph's own arrows added dotted, its clusters nested in one cluster.
+def node_ids(text):
+    return set(re.findall(r'^\s*"([^"]+)" \[label=', text, re.M))
+raw_nodes = node_ids(open(raw_dot).read())
+flow = open(packed_dot).read()
 flow = re.sub(r'\\n\d+ items, busy [0-9.]+ s(, [0-9.]+ [KMGT]?i?B)?', '', flow)
+only_packed = sorted(node_ids(flow) - raw_nodes)
+for n in only_packed:
+    flow = re.sub(r'^(\s*"' + re.escape(n) + r'" \[label=.*)\];$', r'\1, style=dashed];', flow, flags=re.M)
 body = flow[flow.index("{") + 1:flow.rindex("}")]
+# Arrows only the raw trunk's graph has (its reads go straight to trunk_bind): drawn dotted.
+def edges(text):
+    return {(a, b): l for a, b, l in re.findall(r'^\s*"([^"]+)" -> "([^"]+)"(?: \[label="([^"]*)"\])?;', text, re.M)}
+packed_edges = edges(flow)
+only_raw = {e: l for e, l in edges(open(raw_dot).read()).items() if e not in packed_edges}
+for (a, b), l in sorted(only_raw.items()):
+    body += f'\n  "{a}" -> "{b}" [label="raw trunk: {l}", style=dotted];'
 body = "\n".join(l for l in body.splitlines() if not l.strip().startswith(("rankdir", "node [")))
 body = body.replace('subgraph "cluster_', 'subgraph "cluster_flow_')
 out += ['  subgraph cluster_flow {',
         '    label="the flow graph (k3flow generate --graph-dot): boxes are tbb::flow nodes with their '
-        'concurrency, cylinders the slot pools planned for tiny-k3 at --trunk-gb 0.002 --cache-gb 0.001";',
-        '    fontname="Helvetica"; fontsize=12;', body, '  }']
+        'concurrency, cylinders the slot pools planned for tiny-k3 at --trunk-gb 0.002 --cache-gb 0.001\\l'
+        'with a trunk packed by a codec (pack-trunk --codec exp3); dashed: only in that graph '
+        '(the decode stage); dotted: only in the raw trunk\'s graph\\l";',
+        '    fontname="Helvetica"; fontsize=12; labeljust=l;', body, '  }']
 # pipeline/graph/ builds the flow graph: one arrow into it keeps the two parts in one picture.
 graph_folder = next((f for f in lib_of_folder if f.rstrip("/").endswith("graph")), None)
 first_flow = re.search(r'^\s*"([^"]+)" \[label=', body, re.M).group(1)
@@ -139,7 +163,8 @@ if graph_folder:
 out.append('}')
 open(out_path, "w").write("\n".join(out) + "\n")
 print(f"{len(lib_of_folder)} library folders, {len(includes)} folder-to-folder includes "
-      f"({len(why)} red, {len(implied)} implied by a longer path), {len(links)} link edges")
+      f"({len(why)} red, {len(implied)} implied by a longer path), {len(links)} link edges; "
+      f"flow graph: {len(node_ids(flow))} nodes and pools, {len(only_packed)} only with a packed trunk")
 PY
 
 dot -Tsvg docs/architecture.dot -o docs/architecture.svg
