@@ -23,8 +23,8 @@
 #include "io/json_text.hpp"
 #include "io/packed_trunk.hpp"
 #include "io/safetensors.hpp"
+#include "pipeline/bench/bench_commands.hpp"
 #include "pipeline/bench/device_probe.hpp"
-#include "pipeline/cli/commands.hpp"
 #include "pipeline/graph/reader_options.hpp"
 
 namespace k3::pipeline {

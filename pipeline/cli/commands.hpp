@@ -1,26 +1,21 @@
-// The k3flow subcommands. Each lives in a cmd_<name>.cpp of the folder it belongs to (pipeline/cli/,
-// pipeline/bench/ for bench and probe), declares its flags on the subcommand it is given and
-// returns the action to run when that subcommand is chosen; pipeline/cli/main.cpp registers them. Errors are
-// thrown as k3::io::Error; pipeline/support/exit_codes.* maps them to exit codes in one place.
+// The k3flow subcommands. Each lives in a cmd_<name>.cpp of the folder it belongs to: pipeline/cli/
+// for most, pipeline/bench/ for bench and probe, pipeline/serve/ for serve (those two folders
+// declare theirs in their own header, so nothing below pipeline/cli/ includes this file).
+// pipeline/cli/main.cpp registers them all.
 #pragma once
-#include <CLI/CLI.hpp>
-#include <cstddef>
-#include <functional>
+#include "pipeline/bench/bench_commands.hpp"
+#include "pipeline/serve/serve_command.hpp"
+#include "pipeline/support/command.hpp"
 
 namespace k3::pipeline {
-
-using Action = std::function<int()>;
 
 Action add_inspect(CLI::App& sub);
 Action add_synth(CLI::App& sub);
 Action add_generate(CLI::App& sub);
 Action add_plan(CLI::App& sub);
 Action add_pack_trunk(CLI::App& sub);
-Action add_bench(CLI::App& sub);
-Action add_probe(CLI::App& sub);
 Action add_chat(CLI::App& sub);
 Action add_tokenize(CLI::App& sub);
 Action add_detokenize(CLI::App& sub);
-Action add_serve(CLI::App& sub);  // pipeline/serve/cmd_serve.cpp
 
 }  // namespace k3::pipeline

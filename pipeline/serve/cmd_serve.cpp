@@ -25,7 +25,6 @@
 
 #include "io/error.hpp"
 #include "io/packed_trunk.hpp"
-#include "pipeline/cli/commands.hpp"
 #include "pipeline/dist/comm.hpp"
 #include "pipeline/dist/rank_experts.hpp"
 #include "pipeline/graph/streaming_source.hpp"
@@ -36,6 +35,7 @@
 #include "pipeline/serve/http.hpp"
 #include "pipeline/serve/rank_steps.hpp"
 #include "pipeline/serve/scheduler.hpp"
+#include "pipeline/serve/serve_command.hpp"
 #include "pipeline/support/interrupt.hpp"
 #include "pipeline/support/output_file.hpp"
 
