@@ -5,8 +5,9 @@
 //     Decoder gives for the whole prompt, and so does every greedy step after (fixtures/tiny-k3,
 //     resident and streamed at the floor), including a snapshot taken between two passes of a step;
 //   - the scheduler with the cache: requests sharing prefixes (a turn that extends an earlier one's
-//     prompt and reply, one sharing the first pass, a repeat) get the ids a lone run gives, and
-//     report the prefix they resumed from;
+//     prompt and reply, one sharing the first pass, a repeat, one sharing most of a longer prompt
+//     whose boundary snapshots are spaced by doubling) get the ids a lone run gives, and report the
+//     prefix they resumed from;
 //   - `k3flow serve --prompt-cache-gb`: usage.prompt_tokens_details.cached_tokens and the /metrics
 //     counters, over HTTP; `k3flow plan` holds the budget as a term.
 #include <doctest/doctest.h>
@@ -276,10 +277,21 @@ void scheduler_with_cache(bool streamed) {
   CHECK(again.ids == solo_ids(cfg, a, seeded, gen));
   CHECK(again.outcome.cached_tokens == 64);
 
+  // Inside a prompt a snapshot is taken where the positions doubled since the last: a prompt of 200
+  // ids fed in passes of 64 leaves them at 64 and 128 (not at 192) and at its end, so a prompt
+  // sharing its first 195 ids resumes at 128.
+  const std::vector<int32_t> d = prompt_ids(200, 3, cfg.vocab);
+  CHECK(run_one(sched, req(d, {})).outcome.cached_tokens == 0);
+  std::vector<int32_t> e(d.begin(), d.begin() + 195);
+  e.insert(e.end(), tail.begin(), tail.end());
+  const Collected fifth = run_one(sched, req(e, seeded));
+  CHECK(fifth.ids == solo_ids(cfg, e, seeded, gen));
+  CHECK(fifth.outcome.cached_tokens == 128);
+
   const Gauges& g = sched.gauges();
-  CHECK(g.cache_hits.load() == 3);
-  CHECK(g.cache_misses.load() == 1);
-  CHECK(g.cache_hit_tokens.load() == uint64_t(a.size() + gen - 1 + 64 + 64));
+  CHECK(g.cache_hits.load() == 4);
+  CHECK(g.cache_misses.load() == 2);
+  CHECK(g.cache_hit_tokens.load() == uint64_t(a.size() + gen - 1 + 64 + 64 + 128));
   CHECK(g.cache_bytes.load() > 0);
   CHECK(g.cache_bytes.load() <= so.prompt_cache_bytes);
 }

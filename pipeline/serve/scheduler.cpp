@@ -70,7 +70,8 @@ struct Scheduler::Active {
   std::vector<int32_t> pending;  // what is left to feed: the prompt's ids not yet fed, or the id sampled last
   bool prompting = true;         // pending is (the rest of) the prompt
   int generated = 0;
-  int cached_tokens = 0;  // the prompt's first ids, restored from the prompt cache
+  int cached_tokens = 0;   // the prompt's first ids, restored from the prompt cache
+  size_t snapshot_at = 0;  // positions of its last snapshot (or of the one it resumed from)
   bool done = false;
 };
 
@@ -163,10 +164,10 @@ void Scheduler::run() {
     by_slot_.assign(size_t(engine_->max_seqs()), nullptr);
     if (opt_.prompt_cache_bytes > 0 && !several()) {
       cache_ = std::make_unique<PromptCache>(opt_.prompt_cache_bytes);
-      // A prompt longer than a pass is fed in several: each pass boundary is a prefix worth keeping
+      // A prompt longer than a pass is fed in several: a pass boundary is a prefix worth keeping
       // (another prompt sharing a system prompt resumes from the last one inside the shared part).
       engine_->set_after_partial_pass([this](int seq) {
-        if (const Active* a = by_slot_[size_t(seq)]; a && a->prompting) remember(*a);
+        if (Active* a = by_slot_[size_t(seq)]; a && a->prompting) remember(*a, true);
       });
     }
     {
@@ -280,6 +281,7 @@ void Scheduler::admit() {
         engine_->restore(a->slot, *snap);
         a->pending.erase(a->pending.begin(), a->pending.begin() + long(snap->positions));
         a->cached_tokens = int(snap->positions);
+        a->snapshot_at = snap->positions;
       }
     by_slot_[size_t(a->slot)] = a.get();
     g_.prompt_tokens += a->req.prompt.size();
@@ -289,13 +291,17 @@ void Scheduler::admit() {
   publish_cache_gauges();
 }
 
-void Scheduler::remember(const Active& a) {
+void Scheduler::remember(Active& a, bool boundary) {
   // The slot holds the state after the first cached() ids of prompt + generated.
   const size_t n = engine_->cached(a.slot);
+  // Inside a prompt, only where the positions have at least doubled since the sequence's last
+  // snapshot: a prompt's snapshots then hold at most about twice its own state, where one at every
+  // boundary would hold (and copy) its length squared over the boundaries' spacing.
+  if (boundary && n < 2 * a.snapshot_at) return;
   const std::span<const int32_t> ids =
       std::span<const int32_t>(a.context).first(std::min(n, a.context.size()));
   if (ids.size() != n || !cache_->make_room(ids, engine_->snapshot_bytes(n))) return;
-  cache_->insert(ids, engine_->snapshot(a.slot));
+  if (cache_->insert(ids, engine_->snapshot(a.slot))) a.snapshot_at = n;
 }
 
 void Scheduler::publish_cache_gauges() {
@@ -422,7 +428,7 @@ void Scheduler::decode_step() {
     // A sequence samples once everything it had pending is fed (a prompt may take several steps).
     if (feed[i] == 0) continue;
     a.pending.erase(a.pending.begin(), a.pending.begin() + long(feed[i]));
-    if (cache_ && a.prompting) remember(a);  // the prompt's end, or where this step's chunk of it ended
+    if (cache_ && a.prompting) remember(a, !a.pending.empty());  // a chunk's end, or the prompt's
     if (!a.pending.empty()) continue;
     a.prompting = false;
     int32_t id = 0;

@@ -128,7 +128,8 @@ class Scheduler {
   void end_active(Finish f, const std::string& error);
   void fail_ranks(const std::string& error);
   // Prompt cache: a snapshot of slot `a.slot` after the ids it has been fed, when worth holding.
-  void remember(const Active& a);
+  // `boundary`: a pass or chunk boundary inside the prompt (taken only where positions doubled).
+  void remember(Active& a, bool boundary = false);
   void publish_cache_gauges();
   bool several() const { return opt_.ranks && opt_.ranks->size() > 1; }
 
