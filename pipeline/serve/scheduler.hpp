@@ -8,9 +8,15 @@
 // soon as it is done (an end id or stop string, max_tokens, a full context, or its client gone); the others
 // never wait for it.
 //
+// With a prompt cache (SchedulerOptions::prompt_cache_bytes, pipeline/serve/prompt_cache.hpp) an
+// admitted request resumes from the longest held snapshot of its prompt's prefix and feeds only the
+// rest; snapshots are taken inside prompts (pass and chunk boundaries where the positions doubled),
+// at each prompt's end and when a reply ends. Outcome::cached_tokens says how many ids it skipped.
+//
 // Exactness: a request's ids are those `k3flow generate` produces for the same prompt and sampling
 // options, whatever else shares its steps: BatchEngine gives each row the solo run's logits bytes,
-// and the sampler sees the same logits and the same context (prompt + generated).
+// and the sampler sees the same logits and the same context (prompt + generated). A restored prefix
+// is the state those ids leave, and feeding the rest after it is a chunked prefill (the same bits).
 //
 // The engine is opened on the scheduler thread, so the server can listen (and answer /health) while
 // the weights load. Nothing here knows HTTP: tests drive it directly.
