@@ -151,6 +151,7 @@ Action add_plan(CLI::App& sub) {
                  "each rank holds, messages and bytes exchanged per token; with a budget also a rank's plan "
                  "(for --max-seqs sequences: serve's)")
       ->check(CLI::Range(1, 65536));
+  add_prompt_cache_flag(sub, a->flags);
   sub.add_flag("--json", a->json, "print the plan as one JSON object");
   return [a] { return run_plan(*a); };
 }

@@ -84,6 +84,53 @@ void BatchEngine::reset(int seq) {
   states_.at(size_t(seq))->reset();
 }
 
+uint64_t BatchEngine::snapshot_bytes(size_t positions) const {
+  const stages::StateSizes& z = states_.front()->sizes();
+  return z.kda_bytes() + uint64_t(positions) * z.kv_position_bytes();
+}
+
+BatchEngine::Snapshot BatchEngine::snapshot(int seq) {
+  stages::DecodeState& st = *states_.at(size_t(seq));
+  Snapshot s;
+  s.positions = st.cached;
+  s.kda.reserve(st.kda_bytes() / 4);
+  for (int l = 0; l < st.n_bound(); ++l) {
+    const std::span<const float> k = st.kda_layer(l);
+    s.kda.insert(s.kda.end(), k.begin(), k.end());
+  }
+  s.kv.reserve(size_t(st.n_mla()) * s.positions * st.kvpp());
+  s.rope.reserve(size_t(st.n_mla()) * s.positions * st.ropepp());
+  for (int m = 0; m < st.n_mla(); ++m) {
+    const std::span<const float> kv = st.kv_rows(m, s.positions), rope = st.rope_rows(m, s.positions);
+    s.kv.insert(s.kv.end(), kv.begin(), kv.end());
+    s.rope.insert(s.rope.end(), rope.begin(), rope.end());
+  }
+  return s;
+}
+
+void BatchEngine::restore(int seq, const Snapshot& s) {
+  stages::DecodeState& st = *states_.at(size_t(seq));
+  const size_t n_mla = size_t(st.n_mla());
+  if (s.positions > st.capacity() || s.kda.size() * 4 != st.kda_bytes() ||
+      s.kv.size() != n_mla * s.positions * st.kvpp() || s.rope.size() != n_mla * s.positions * st.ropepp())
+    throw io::runtime_error(fmt::format(
+        "batch: sequence {}: a snapshot of {} positions does not fit this engine's state (internal error)",
+        seq, s.positions));
+  st.reset();
+  size_t at = 0;
+  for (int l = 0; l < st.n_bound(); ++l) {
+    const std::span<float> k = st.kda_layer(l);
+    std::copy_n(s.kda.begin() + long(at), k.size(), k.begin());
+    at += k.size();
+  }
+  for (int m = 0; m < st.n_mla(); ++m) {
+    const std::span<float> kv = st.kv_rows(m, s.positions), rope = st.rope_rows(m, s.positions);
+    std::copy_n(s.kv.begin() + long(size_t(m) * kv.size()), kv.size(), kv.begin());
+    std::copy_n(s.rope.begin() + long(size_t(m) * rope.size()), rope.size(), rope.begin());
+  }
+  st.cached = s.positions;
+}
+
 std::vector<size_t> BatchEngine::plan_step(std::span<const Pending> seqs) const {
   const size_t chunk = prefill_.chunk ? prefill_.chunk : SIZE_MAX;
   const bool prompts_only =
@@ -160,6 +207,9 @@ void BatchEngine::step(std::span<const Row> rows) {
     }
     more = false;
     for (size_t i = 0; i < rows.size(); ++i) more = more || fed[i] < rows[i].ids.size();
+    if (after_partial_)
+      for (size_t s = 0; s < segs.size(); ++s)
+        if (fed[seg_row[s]] < rows[seg_row[s]].ids.size()) after_partial_(rows[seg_row[s]].seq);
   }
   for (const Row& r : rows)
     check_logits_finite(cfg_, *states_[size_t(r.seq)], r.logits.first(size_t(cfg_.vocab)),

@@ -28,6 +28,7 @@
 // reads and writes only its own state.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -92,6 +93,25 @@ class BatchEngine {
 
   void reset(int seq);  // forget slot `seq`'s sequence: zero its state
 
+  // A copy of one slot's carried state after its first `positions` ids: the KDA recurrent + conv
+  // state of every KDA layer and the MLA KV + rope rows of those positions. The KDA state summarises
+  // the whole prefix, so a snapshot resumes a sequence at exactly its own length, never a shorter one.
+  struct Snapshot {
+    size_t positions = 0;
+    std::vector<float> kda, kv, rope;
+    uint64_t bytes() const { return 4 * uint64_t(kda.size() + kv.size() + rope.size()); }
+  };
+  // The bytes snapshot() would copy for `positions` positions (what a prompt cache budgets).
+  uint64_t snapshot_bytes(size_t positions) const;
+  Snapshot snapshot(int seq);
+  // Slot `seq` continues as if it had been fed the snapshot's ids: the next ids it is fed go at
+  // positions snap.positions.. and give the bits they give after feeding those ids. Throws
+  // runtime Error when the snapshot does not fit the slot (sizes of another model or capacity).
+  void restore(int seq, const Snapshot& snap);
+  // Called after every pass of a step for each row the pass fed but did not finish (its slot then
+  // holds a prefix of the row's ids): the caller may snapshot it. Unset: nothing is called.
+  void set_after_partial_pass(std::function<void(int seq)> f) { after_partial_ = std::move(f); }
+
   // What a sequence has pending before a step: a prompt's ids not yet fed, or the one id it sampled.
   struct Pending {
     int seq = 0;
@@ -128,6 +148,7 @@ class BatchEngine {
   PrefillPolicy prefill_;
   std::vector<float> pass_logits_;
   std::vector<int32_t> pass_ids_;
+  std::function<void(int seq)> after_partial_;
 };
 
 }  // namespace k3::pipeline

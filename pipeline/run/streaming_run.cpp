@@ -76,6 +76,18 @@ bool StreamFlags::requested() const {
   return !trunk_dir.empty() || !strategy.empty() || budget_given();
 }
 
+uint64_t prompt_cache_bytes(const StreamFlags& f) {
+  return f.prompt_cache_gb == 0 ? 0 : gib_flag(f.prompt_cache_gb, "--prompt-cache-gb");
+}
+
+void add_prompt_cache_flag(CLI::App& sub, StreamFlags& f) {
+  sub.add_option("--prompt-cache-gb", f.prompt_cache_gb,
+                 "GiB of prompt-prefix state snapshots a server keeps, so a prompt that repeats an earlier "
+                 "one's prefix prefills only the rest (0: off); part of the plan's budget")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1e6));
+}
+
 void check_stream_flags(const StreamFlags& f) {
   if (!f.strategy.empty() && !f.budget_given() && f.trunk_dir.empty())
     throw io::usage_error(
@@ -192,6 +204,9 @@ RunPlan plan_run(const StreamFlags& f, const WeightSources& src, uint64_t contex
   in.resident.push_back(
       {fmt::format("logits row + sampler buffers ({} sequence{})", seqs, seqs == 1 ? "" : "s"), seqs, per_seq,
        seqs * per_seq});
+  if (const uint64_t cache = prompt_cache_bytes(f); cache > 0) {
+    in.resident.push_back({"prompt cache: prefix snapshots (--prompt-cache-gb)", 1, cache, cache});
+  }
 
   PlanBudget b;
   b.ring_slots = ring_slots;

@@ -59,6 +59,7 @@ struct StreamFlags {
   int ring = 2;                                   // --ring: trunk ring slots
   int max_seqs = 1;                               // sequences whose state the plan holds (BatchEngine)
   int spec = 0;                                   // --spec N: plan its journal (run/speculative.hpp)
+  double prompt_cache_gb = 0;                     // serve --prompt-cache-gb: a resident term of the plan
   bool progress = false, no_progress = false;     // --progress / --no-progress
   bool requested() const;
   bool budget_given() const { return !preset.empty() || mem_gb > 0 || trunk_gb > 0; }
@@ -74,6 +75,11 @@ void add_stream_flags(CLI::App& sub, StreamFlags& flags);
 
 // Usage errors (exit 2) a command can raise before it reads anything: --strategy without a budget.
 void check_stream_flags(const StreamFlags&);
+
+// serve --prompt-cache-gb in bytes (0: no prompt cache), the very term plan_run() adds to the plan.
+uint64_t prompt_cache_bytes(const StreamFlags&);
+// Declares --prompt-cache-gb (serve, and plan to show serve's split).
+void add_prompt_cache_flag(CLI::App& sub, StreamFlags& flags);
 
 class WeightSources;
 

@@ -284,6 +284,10 @@ void ResponseBuilder::usage(io::JsonWriter& w, const Outcome& o) const {
       .field("prompt_tokens", o.prompt_tokens)
       .field("completion_tokens", o.completion_tokens)
       .field("total_tokens", o.prompt_tokens + o.completion_tokens)
+      .key("prompt_tokens_details")
+      .begin_object()
+      .field("cached_tokens", o.cached_tokens)
+      .end_object()
       .end_object();
 }
 

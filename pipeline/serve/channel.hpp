@@ -30,6 +30,7 @@ struct Outcome {
   Finish finish = Finish::stop;
   std::string error;  // Finish::error: what went wrong
   int prompt_tokens = 0, completion_tokens = 0;
+  int cached_tokens = 0;  // prompt tokens restored from the prompt cache instead of prefilled
 };
 
 class Channel {

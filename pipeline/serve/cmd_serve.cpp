@@ -36,6 +36,7 @@
 #include "pipeline/serve/rank_steps.hpp"
 #include "pipeline/serve/scheduler.hpp"
 #include "pipeline/serve/serve_command.hpp"
+#include "pipeline/support/human_bytes.hpp"
 #include "pipeline/support/interrupt.hpp"
 #include "pipeline/support/output_file.hpp"
 
@@ -137,6 +138,8 @@ int run_serve(ServeArgs a) {
     if (a.api_key && a.api_key->empty()) throw io::usage_error("--api-key: empty");
     if (a.cors && (a.cors->empty() || a.cors->find_first_of("\r\n ,") != std::string::npos))
       throw io::usage_error(fmt::format("--cors '{}': give one origin (https://host[:port]) or *", *a.cors));
+    if (ranks.size() > 1 && a.dec.stream.prompt_cache_gb > 0)
+      throw io::usage_error("--prompt-cache-gb: not available over several ranks (each would restore alike)");
     if (a.context > kMaxPositions)
       throw io::usage_error(fmt::format("--context {}: more than the {} positions this build allows",
                                         a.context, kMaxPositions));
@@ -184,6 +187,7 @@ int run_serve(ServeArgs a) {
                                                  .max_seqs = a.max_seqs,
                                                  .queue = a.queue,
                                                  .prefill = prefill,
+                                                 .prompt_cache_bytes = prompt_cache_bytes(a.dec.stream),
                                                  .ranks = ranks.size() > 1 ? &ranks : nullptr},
                          cfg, *tok);
   const std::string url = a.host.find(':') != std::string::npos
@@ -193,6 +197,9 @@ int run_serve(ServeArgs a) {
   std::fflush(announce);
   std::fprintf(stderr, "k3flow serve: model '%s' at %s, %d sequences of %zu positions, queue %d; loading\n",
                name.c_str(), url.c_str(), a.max_seqs, a.context, a.queue);
+  if (const uint64_t cache = prompt_cache_bytes(a.dec.stream); cache > 0)
+    std::fprintf(stderr, "k3flow serve: prompt cache of %s (prefix snapshots, docs/serve.md)\n",
+                 human_bytes(double(cache)).c_str());
   if (ranks.size() > 1)
     std::fprintf(stderr,
                  "k3flow serve: rank 0 of %d (pid %d) serves; the other ranks follow its steps with their "
@@ -286,6 +293,7 @@ Action add_serve(CLI::App& sub) {
   sub.add_option("--config", a->dec.config, "config.json to use (default MODEL_DIR/config.json)");
   sub.add_option("--threads", a->threads, "compute threads (0 = oneTBB default)")->check(CLI::Range(0, 4096));
   add_stream_flags(sub, a->dec.stream);
+  add_prompt_cache_flag(sub, a->dec.stream);
   return [a] { return run_serve(*a); };
 }
 

@@ -88,6 +88,28 @@ std::string Metrics::render(const Scheduler& s) const {
     sample(out, "k3flow_overlap_efficiency",
            fmt::format("{:.4f}", step_s > 0 ? std::max(io_s, cpu_s) / step_s : 0.0));
   }
+  if (s.prompt_cache_budget() > 0) {
+    family(out, "k3flow_prompt_cache_hits_total", "counter",
+           "Admitted prompts that resumed from a cached prefix's state.");
+    sample(out, "k3flow_prompt_cache_hits_total", g.cache_hits.load());
+    family(out, "k3flow_prompt_cache_misses_total", "counter", "Admitted prompts with no cached prefix.");
+    sample(out, "k3flow_prompt_cache_misses_total", g.cache_misses.load());
+    family(out, "k3flow_prompt_cache_hit_tokens_total", "counter",
+           "Prompt tokens restored from the prompt cache instead of prefilled.");
+    sample(out, "k3flow_prompt_cache_hit_tokens_total", g.cache_hit_tokens.load());
+    family(out, "k3flow_prompt_cache_snapshots_total", "counter", "Prefix snapshots taken into the cache.");
+    sample(out, "k3flow_prompt_cache_snapshots_total", g.cache_inserts.load());
+    family(out, "k3flow_prompt_cache_evictions_total", "counter",
+           "Snapshots evicted to stay within the budget.");
+    sample(out, "k3flow_prompt_cache_evictions_total", g.cache_evictions.load());
+    family(out, "k3flow_prompt_cache_snapshots", "gauge", "Snapshots held.");
+    sample(out, "k3flow_prompt_cache_snapshots", g.cache_entries.load());
+    family(out, "k3flow_prompt_cache_bytes", "gauge", "Bytes the held snapshots take (state and ids).");
+    sample(out, "k3flow_prompt_cache_bytes", g.cache_bytes.load());
+    family(out, "k3flow_prompt_cache_budget_bytes", "gauge",
+           "The prompt cache's budget (--prompt-cache-gb).");
+    sample(out, "k3flow_prompt_cache_budget_bytes", s.prompt_cache_budget());
+  }
   family(out, "k3flow_load_bytes_read", "gauge", "Bytes read while the model loaded.");
   sample(out, "k3flow_load_bytes_read", g.load_bytes_read.load());
   family(out, "k3flow_resident_memory_bytes", "gauge", "Resident set size of the server (VmRSS).");

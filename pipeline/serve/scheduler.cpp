@@ -70,6 +70,8 @@ struct Scheduler::Active {
   std::vector<int32_t> pending;  // what is left to feed: the prompt's ids not yet fed, or the id sampled last
   bool prompting = true;         // pending is (the rest of) the prompt
   int generated = 0;
+  int cached_tokens = 0;   // the prompt's first ids, restored from the prompt cache
+  size_t snapshot_at = 0;  // positions of its last snapshot (or of the one it resumed from)
   bool done = false;
 };
 
@@ -159,6 +161,15 @@ void Scheduler::run() {
     streamed_ = engine_->stream() != nullptr;
     engine_->set_prefill(opt_.prefill);
     busy_.assign(size_t(engine_->max_seqs()), false);
+    by_slot_.assign(size_t(engine_->max_seqs()), nullptr);
+    if (opt_.prompt_cache_bytes > 0 && !several()) {
+      cache_ = std::make_unique<PromptCache>(opt_.prompt_cache_bytes);
+      // A prompt longer than a pass is fed in several: a pass boundary is a prefix worth keeping
+      // (another prompt sharing a system prompt resumes from the last one inside the shared part).
+      engine_->set_after_partial_pass([this](int seq) {
+        if (Active* a = by_slot_[size_t(seq)]; a && a->prompting) remember(*a, true);
+      });
+    }
     {
       std::lock_guard lock(m_);
       phase_ = Phase::ready;
@@ -265,10 +276,44 @@ void Scheduler::admit() {
     *free = true;
     engine_->reset(a->slot);
     if (several()) resets_.push_back(a->slot);
+    if (cache_)
+      if (const BatchEngine::Snapshot* snap = cache_->lookup(a->req.prompt)) {
+        engine_->restore(a->slot, *snap);
+        a->pending.erase(a->pending.begin(), a->pending.begin() + long(snap->positions));
+        a->cached_tokens = int(snap->positions);
+        a->snapshot_at = snap->positions;
+      }
+    by_slot_[size_t(a->slot)] = a.get();
     g_.prompt_tokens += a->req.prompt.size();
     active_.push_back(std::move(a));
   }
   g_.active = int(active_.size());
+  publish_cache_gauges();
+}
+
+void Scheduler::remember(Active& a, bool boundary) {
+  // The slot holds the state after the first cached() ids of prompt + generated.
+  const size_t n = engine_->cached(a.slot);
+  // Inside a prompt, only where the positions have at least doubled since the sequence's last
+  // snapshot: a prompt's snapshots then hold at most about twice its own state, where one at every
+  // boundary would hold (and copy) its length squared over the boundaries' spacing.
+  if (boundary && n < 2 * a.snapshot_at) return;
+  const std::span<const int32_t> ids =
+      std::span<const int32_t>(a.context).first(std::min(n, a.context.size()));
+  if (ids.size() != n || !cache_->make_room(ids, engine_->snapshot_bytes(n))) return;
+  if (cache_->insert(ids, engine_->snapshot(a.slot))) a.snapshot_at = n;
+}
+
+void Scheduler::publish_cache_gauges() {
+  if (!cache_) return;
+  const PromptCache::Stats& s = cache_->stats();
+  g_.cache_hits = s.hits;
+  g_.cache_misses = s.misses;
+  g_.cache_hit_tokens = s.hit_tokens;
+  g_.cache_inserts = s.inserts;
+  g_.cache_evictions = s.evictions;
+  g_.cache_bytes = cache_->bytes();
+  g_.cache_entries = cache_->size();
 }
 
 void Scheduler::finish(Active& a, Finish f, std::string error) {
@@ -289,12 +334,19 @@ void Scheduler::finish(Active& a, Finish f, std::string error) {
     }
   }
   if (!last.text.empty() || !last.reasoning.empty()) a.ch->push(std::move(last));
+  // What the sequence was fed (prompt + reply but its last id) is the next turn's likely prefix.
+  if (cache_ && (f == Finish::stop || f == Finish::length)) {
+    remember(a);
+    publish_cache_gauges();
+  }
+  by_slot_[size_t(a.slot)] = nullptr;
   busy_[size_t(a.slot)] = false;
   g_.requests_done += 1;  // before the outcome: a client that sees it also sees the count
   a.ch->finish(Outcome{.finish = f,
                        .error = std::move(error),
                        .prompt_tokens = int(a.req.prompt.size()),
-                       .completion_tokens = a.generated});
+                       .completion_tokens = a.generated,
+                       .cached_tokens = a.cached_tokens});
 }
 
 void Scheduler::decode_step() {
@@ -376,6 +428,7 @@ void Scheduler::decode_step() {
     // A sequence samples once everything it had pending is fed (a prompt may take several steps).
     if (feed[i] == 0) continue;
     a.pending.erase(a.pending.begin(), a.pending.begin() + long(feed[i]));
+    if (cache_ && a.prompting) remember(a, !a.pending.empty());  // a chunk's end, or the prompt's
     if (!a.pending.empty()) continue;
     a.prompting = false;
     int32_t id = 0;
@@ -413,6 +466,7 @@ void Scheduler::decode_step() {
   }
   std::erase_if(active_, [](const auto& a) { return a->done; });
   g_.active = int(active_.size());
+  publish_cache_gauges();
 }
 
 }  // namespace k3::pipeline::serve

@@ -8,9 +8,15 @@
 // soon as it is done (an end id or stop string, max_tokens, a full context, or its client gone); the others
 // never wait for it.
 //
+// With a prompt cache (SchedulerOptions::prompt_cache_bytes, pipeline/serve/prompt_cache.hpp) an
+// admitted request resumes from the longest held snapshot of its prompt's prefix and feeds only the
+// rest; snapshots are taken inside prompts (pass and chunk boundaries where the positions doubled),
+// at each prompt's end and when a reply ends. Outcome::cached_tokens says how many ids it skipped.
+//
 // Exactness: a request's ids are those `k3flow generate` produces for the same prompt and sampling
 // options, whatever else shares its steps: BatchEngine gives each row the solo run's logits bytes,
-// and the sampler sees the same logits and the same context (prompt + generated).
+// and the sampler sees the same logits and the same context (prompt + generated). A restored prefix
+// is the state those ids leave, and feeding the rest after it is a chunked prefill (the same bits).
 //
 // The engine is opened on the scheduler thread, so the server can listen (and answer /health) while
 // the weights load. Nothing here knows HTTP: tests drive it directly.
@@ -40,6 +46,7 @@
 #include "pipeline/run/batch_engine.hpp"
 #include "pipeline/run/decoder.hpp"
 #include "pipeline/serve/channel.hpp"
+#include "pipeline/serve/prompt_cache.hpp"
 #include "stages/sampler.hpp"
 
 namespace k3::pipeline::serve {
@@ -61,6 +68,9 @@ struct SchedulerOptions {
   int max_seqs = 4;
   int queue = 16;         // requests waiting for a slot; more are refused (HTTP 429)
   PrefillPolicy prefill;  // how a joining prompt shares steps with the decoding sequences
+  // Bytes of prompt-prefix snapshots kept (pipeline/serve/prompt_cache.hpp); 0: no prompt cache.
+  // One process only: over several ranks each rank's state would have to be restored alike.
+  uint64_t prompt_cache_bytes = 0;
   // Rank 0 of several (dec.experts / dec.ranks set for its slice): the other ranks follow its steps
   // (serve::follow_steps). Null: one process.
   dist::Comm* ranks = nullptr;
@@ -78,6 +88,9 @@ struct Gauges {
       io_busy_micros{0}, compute_busy_micros{0};
   std::atomic<int> queued{0}, active{0};
   std::atomic<uint64_t> load_bytes_read{0}, load_bytes_total{0};  // while loading
+  // The prompt cache (PromptCache::Stats, its held bytes and snapshots); all 0 when it is off.
+  std::atomic<uint64_t> cache_hits{0}, cache_misses{0}, cache_hit_tokens{0}, cache_inserts{0},
+      cache_evictions{0}, cache_bytes{0}, cache_entries{0};
 };
 
 class Scheduler {
@@ -101,6 +114,7 @@ class Scheduler {
   bool wait_until_settled(std::chrono::milliseconds bound);  // ready / failed / stopped within bound
   size_t capacity() const { return capacity_; }              // positions per sequence
   int max_seqs() const { return opt_.max_seqs; }
+  uint64_t prompt_cache_budget() const { return opt_.prompt_cache_bytes; }
   const Gauges& gauges() const { return g_; }
   bool streamed() const { return streamed_; }
 
@@ -119,6 +133,10 @@ class Scheduler {
   void end_queued(Finish f, const std::string& error);
   void end_active(Finish f, const std::string& error);
   void fail_ranks(const std::string& error);
+  // Prompt cache: a snapshot of slot `a.slot` after the ids it has been fed, when worth holding.
+  // `boundary`: a pass or chunk boundary inside the prompt (taken only where positions doubled).
+  void remember(Active& a, bool boundary = false);
+  void publish_cache_gauges();
   bool several() const { return opt_.ranks && opt_.ranks->size() > 1; }
 
   SchedulerOptions opt_;
@@ -143,6 +161,8 @@ class Scheduler {
   std::unique_ptr<BatchEngine> engine_;          // scheduler thread only
   std::vector<std::unique_ptr<Active>> active_;  // scheduler thread only
   std::vector<bool> busy_;
+  std::unique_ptr<PromptCache> cache_;  // scheduler thread only; null: no prompt cache
+  std::vector<Active*> by_slot_;        // the sequence in each slot (scheduler thread; for the pass hook)
   std::thread thread_;
 };
 
