@@ -236,6 +236,7 @@ bool JsonConstraint::start_value(State& s, uint8_t c) const {
     if (!(n.types & (kJsonNumber | kJsonInteger))) return false;
     const uint8_t integer = (n.types & kJsonNumber) ? 0 : 1;
     f = Frame{.node = f.node,
+              .lo = uint16_t(is_digit(c) ? 1 : 0),
               .mode = kNumber,
               .sub = c == '-'   ? kNumMinus
                      : c == '0' ? kNumZero
@@ -319,6 +320,8 @@ bool JsonConstraint::step(State& s, uint8_t c) const {
           return true;
       }
     case kNumber: {
+      // lo: digits before the point, hi: exponent digits (bounded so every number fits an int64
+      // or a finite double); aux: bytes so far.
       const bool integer = f.aux2 != 0;
       uint8_t next = 0xFF;
       switch (f.sub) {
@@ -355,6 +358,8 @@ bool JsonConstraint::step(State& s, uint8_t c) const {
       }
       if (next != 0xFF) {
         if (f.aux >= kMaxNumberBytes) return false;
+        if (next == kNumInt && ++f.lo > kMaxIntegerDigits) return false;
+        if (next == kNumExpDigits && ++f.hi > kMaxExponentDigits) return false;
         ++f.aux;
         f.sub = next;
         return true;

@@ -45,10 +45,13 @@ class TokenTable {
 
 // The automaton's limits, part of the definition (docs/sampling.md): whitespace between tokens is
 // allowed in runs of at most kMaxWhitespaceRun bytes (so a model cannot stall in it), a number has
-// at most kMaxNumberBytes bytes, and values nest at most kMaxJsonDepth deep (a schema-free value
-// may then only be a scalar).
+// at most kMaxNumberBytes bytes, kMaxIntegerDigits digits before the point and kMaxExponentDigits
+// exponent digits (so it fits an int64 or a finite double in any parser), and values nest at most
+// kMaxJsonDepth deep (a schema-free value may then only be a scalar).
 inline constexpr int kMaxWhitespaceRun = 16;
 inline constexpr int kMaxNumberBytes = 24;
+inline constexpr int kMaxIntegerDigits = 18;
+inline constexpr int kMaxExponentDigits = 2;
 inline constexpr int kMaxJsonDepth = 32;
 
 class JsonConstraint final : public TokenConstraint {

@@ -99,9 +99,14 @@ TEST_CASE("whitespace runs and numbers are bounded so the output cannot stall") 
   CHECK(c.feed("[" + std::string(kMaxWhitespaceRun, ' ')));
   CHECK_FALSE(c.feed(" "));
   CHECK(c.feed("1"));
-  CHECK(c.feed(std::string(kMaxNumberBytes - 1, '2')));
-  CHECK_FALSE(c.feed("2"));
-  CHECK(c.feed("]"));
+  CHECK(c.feed(std::string(kMaxIntegerDigits - 1, '2')));
+  CHECK_FALSE(c.feed("2"));  // more integer digits than an int64 holds
+  CHECK(c.feed(".5"));
+  CHECK(c.feed(std::string(size_t(kMaxNumberBytes - kMaxIntegerDigits - 2), '5')));
+  CHECK_FALSE(c.feed("5"));  // the byte cap
+  CHECK(c.feed(",-0.5e+99"));
+  CHECK_FALSE(c.feed("9"));  // a third exponent digit
+  CHECK(c.feed(",1E-7]"));
   CHECK(c.complete());
 }
 
