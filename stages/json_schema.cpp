@@ -59,6 +59,11 @@ class Compiler {
         dom::array a;
         if (value.get(a) || a.size() == 0) fail(where, "'enum' must be a non-empty array");
         for (dom::element v : a) n.literals.push_back(simdjson::minify(v));
+        if (n.literals.size() > kMaxEnumValues)
+          fail(where, fmt::format("'enum' has more than {} values", kMaxEnumValues));
+        for (const std::string& l : n.literals)
+          if (l.size() > kMaxLiteralBytes)
+            fail(where, fmt::format("an 'enum' value is longer than {} bytes", kMaxLiteralBytes));
         std::sort(n.literals.begin(), n.literals.end());
         n.literals.erase(std::unique(n.literals.begin(), n.literals.end()), n.literals.end());
       } else if (key == "items") {
@@ -78,9 +83,13 @@ class Compiler {
       if (props->size() > kMaxSchemaProperties)
         fail(where, fmt::format("more than {} properties", kMaxSchemaProperties));
       std::vector<std::pair<std::string, uint32_t>> keyed;
-      for (auto [key, value] : *props)
-        keyed.emplace_back(io::json_quote(key),
+      for (auto [key, value] : *props) {
+        std::string quoted = io::json_quote(key);
+        if (quoted.size() > kMaxLiteralBytes)
+          fail(where, fmt::format("a property name is longer than {} bytes quoted", kMaxLiteralBytes));
+        keyed.emplace_back(std::move(quoted),
                            node(value, where + "/properties/" + std::string(key), depth + 1));
+      }
       std::sort(keyed.begin(), keyed.end());
       for (auto& [k, child] : keyed) {
         n.keys.push_back(k);

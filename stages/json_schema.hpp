@@ -42,6 +42,9 @@ struct JsonSchema {
 
 inline constexpr int kMaxSchemaDepth = 24;
 inline constexpr size_t kMaxSchemaProperties = 64;
+// The automaton indexes literals (enum values, property names) and their bytes with 16 bits.
+inline constexpr size_t kMaxEnumValues = 4096;
+inline constexpr size_t kMaxLiteralBytes = 4096;
 
 // {"type":"object"} with any members: OpenAI's response_format json_object.
 JsonSchema json_object_schema();

@@ -129,6 +129,9 @@ TEST_CASE("schemas outside the subset are refused naming the keyword and where i
   refused(R"({"additionalProperties":true})", "'additionalProperties' is supported only as false");
   refused(R"({"type":"string","properties":{}})", "type excludes object");
   refused("[1", "not valid JSON");
+  std::string many = R"({"enum":[)";
+  for (size_t i = 0; i <= kMaxEnumValues; ++i) many += (i ? "," : "") + std::to_string(i);
+  refused((many + "]}").c_str(), "'enum' has more than");
 }
 
 TEST_CASE("the mask is exactly the set of tokens whose bytes the automaton accepts") {
