@@ -214,3 +214,26 @@ TEST_CASE("serve: the sampling fields refuse bad values by name") {
   refused("/v1/chat/completions", chat + R"("thinking":true,"response_format":{"type":"json_object"}})",
           "'thinking': true and a JSON 'response_format'");
 }
+
+TEST_CASE("serve: presence / frequency penalties give generate's ids for the same options") {
+  const auto generated = [](const std::string& flags) {
+    const Run r = k3flow("generate " + kTiny +
+                         " --prompt Hello --gen 40 --print-ids --temperature 0.8 --seed 4" + flags);
+    REQUIRE_MESSAGE(r.code == 0, r.err);
+    std::vector<int32_t> ids;
+    std::istringstream in(r.out.substr(r.out.rfind("\nids:") + 5));
+    for (int32_t id; in >> id;) ids.push_back(id);
+    return ids;
+  };
+  const std::vector<int32_t> want = generated(" --presence-penalty 1.5 --frequency-penalty -0.5");
+  CHECK(generated("") != want);  // the penalties act
+
+  ServeChild s(kTiny);
+  const HttpResponse r = http(s.port(), "POST", "/v1/completions",
+                              R"({"prompt":"Hello","max_tokens":40,"temperature":0.8,"seed":4,)"
+                              R"("presence_penalty":1.5,"frequency_penalty":-0.5,"return_token_ids":true})");
+  REQUIRE_MESSAGE(r.status == 200, r.body);
+  simdjson::dom::parser p;
+  const simdjson::dom::element doc = p.parse(r.body);
+  CHECK(ids_of(doc["choices"].at(0)["token_ids"]) == want);
+}
