@@ -25,6 +25,11 @@ void validate(const SamplerOptions& o) {
         fmt::format("--repeat-penalty must be a finite number > 0 (got {})", o.repeat_penalty));
   if (o.repeat_last_n < 0)
     throw io::usage_error(fmt::format("--repeat-last-n must be >= 0 (got {})", o.repeat_last_n));
+  if (!(o.presence_penalty >= -2 && o.presence_penalty <= 2))
+    throw io::usage_error(fmt::format("--presence-penalty must be in [-2, 2] (got {})", o.presence_penalty));
+  if (!(o.frequency_penalty >= -2 && o.frequency_penalty <= 2))
+    throw io::usage_error(
+        fmt::format("--frequency-penalty must be in [-2, 2] (got {})", o.frequency_penalty));
 }
 
 uint64_t splitmix64(uint64_t& state) {
@@ -113,22 +118,87 @@ void apply_repeat_penalty(std::span<float> logits, std::span<const int32_t> cont
   }
 }
 
+void apply_presence_frequency(std::span<float> logits, std::span<const int32_t> generated, double presence,
+                              double frequency) {
+  std::vector<int32_t> sorted(generated.begin(), generated.end());
+  std::sort(sorted.begin(), sorted.end());
+  for (size_t i = 0; i < sorted.size();) {
+    size_t j = i;
+    while (j < sorted.size() && sorted[j] == sorted[i]) ++j;
+    const int32_t id = sorted[i];
+    if (id < 0 || static_cast<size_t>(id) >= logits.size())
+      throw io::runtime_error(fmt::format("sampler: generated id {} outside the logits 0..{}", id,
+                                          static_cast<int64_t>(logits.size()) - 1));
+    const double count = static_cast<double>(j - i);
+    const double penalty = presence + frequency * count;
+    logits[static_cast<size_t>(id)] =
+        static_cast<float>(static_cast<double>(logits[static_cast<size_t>(id)]) - penalty);
+    i = j;
+  }
+}
+
+TokenLogprob token_logprob(std::span<const float> logits, int32_t id, int top_n) {
+  if (logits.empty()) throw io::runtime_error("sampler: empty logits row");
+  if (id < 0 || static_cast<size_t>(id) >= logits.size())
+    throw io::runtime_error(fmt::format("sampler: id {} outside the logits", id));
+  double top = -std::numeric_limits<double>::infinity();
+  for (float x : logits) top = std::max(top, static_cast<double>(x));
+  double sum = 0;
+  for (float x : logits) sum += exp_nonpositive(static_cast<double>(x) - top);
+  const double log_sum = std::log(sum);
+  const auto lp = [&](size_t i) {
+    const double x = logits[i];
+    return x == -std::numeric_limits<double>::infinity() ? x : (x - top) - log_sum;
+  };
+  TokenLogprob r{id, lp(static_cast<size_t>(id)), {}};
+  const size_t n = std::min(logits.size(), static_cast<size_t>(std::max(top_n, 0)));
+  if (n == 0) return r;
+  std::vector<int32_t> ids(logits.size());
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i);
+  std::partial_sort(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(n), ids.end(),
+                    [&](int32_t a, int32_t b) {
+                      const float la = logits[static_cast<size_t>(a)], lb = logits[static_cast<size_t>(b)];
+                      return la > lb || (la == lb && a < b);
+                    });
+  for (size_t i = 0; i < n; ++i) r.top.push_back({ids[i], lp(static_cast<size_t>(ids[i]))});
+  return r;
+}
+
 Sampler::Sampler(SamplerOptions o) : opt_(o), rng_(o.seed) {
   validate(opt_);
 }
 
-std::span<const float> Sampler::penalised(std::span<const float> logits, std::span<const int32_t> context) {
-  if (opt_.repeat_penalty == 1 || opt_.repeat_last_n == 0 || context.empty()) return logits;
+std::span<const float> Sampler::prepared(std::span<const float> logits, std::span<const int32_t> context) {
+  const bool repeat = opt_.repeat_penalty != 1 && opt_.repeat_last_n != 0 && !context.empty();
+  const bool openai = opt_.presence_penalty != 0 || opt_.frequency_penalty != 0;
+  if (!constraint_ && !repeat && !openai) return logits;
   work_.assign(logits.begin(), logits.end());
-  apply_repeat_penalty(work_, context, opt_.repeat_penalty, opt_.repeat_last_n);
+  // 1. the constraint's mask, 2. the repeat penalty, 3. presence / frequency (docs/sampling.md).
+  if (constraint_) {
+    const std::span<const uint64_t> bits = constraint_->allowed(work_.size());
+    for (size_t i = 0; i < work_.size(); ++i)
+      if (!((bits[i / 64] >> (i % 64)) & 1)) work_[i] = -std::numeric_limits<float>::infinity();
+  }
+  if (repeat) apply_repeat_penalty(work_, context, opt_.repeat_penalty, opt_.repeat_last_n);
+  if (openai) {
+    if (reply_start_ == SIZE_MAX) reply_start_ = context.size();
+    const size_t from = std::min(reply_start_, context.size());
+    apply_presence_frequency(work_, context.subspan(from), opt_.presence_penalty, opt_.frequency_penalty);
+  }
   return work_;
 }
 
 int32_t Sampler::next(std::span<const float> logits, std::span<const int32_t> context) {
   if (logits.empty()) throw io::runtime_error("sampler: empty logits row");
-  const std::span<const float> l = penalised(logits, context);
-  if (opt_.temperature == 0) return greedy(l);
-  return draw(l);
+  if (reply_start_ == SIZE_MAX) reply_start_ = context.size();
+  const std::span<const float> l = prepared(logits, context);
+  const int32_t id = opt_.temperature == 0 ? greedy(l) : draw(l);
+  if (constraint_) {
+    if (l[static_cast<size_t>(id)] == -std::numeric_limits<float>::infinity())
+      throw io::runtime_error("sampler: no id the constraint allows has a logit above -inf");
+    constraint_->accept(id);
+  }
+  return id;
 }
 
 int32_t Sampler::draw(std::span<const float> logits) {
@@ -201,7 +271,11 @@ int32_t Sampler::draw(std::span<const float> logits) {
     acc += prob_[i] / kept_sum;
     if (u < acc) return cand_[i].id;
   }
-  return cand_[n - 1].id;  // rounding left the cumulative sum just below u
+  // Rounding left the cumulative sum just below u: the last kept candidate that has any weight
+  // (a -inf logit, masked by a constraint, has none).
+  size_t last = n - 1;
+  while (last > 0 && prob_[last] == 0) --last;
+  return cand_[last].id;
 }
 
 }  // namespace k3::stages

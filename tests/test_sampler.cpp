@@ -475,3 +475,103 @@ TEST_CASE("bad logits are refused when drawing") {
   // -inf logits are simply never drawn.
   for (int i = 0; i < 200; ++i) CHECK(s.next(std::vector<float>{ninf, 0.0f, ninf, 0.0f}, {}) % 2 == 1);
 }
+
+TEST_CASE("presence and frequency penalties: OpenAI's definition on hand-computed logits") {
+  std::vector<float> l = {1.0f, 2.0f, -1.0f, 0.5f, 3.0f};
+  const std::vector<int32_t> generated = {1, 3, 1};
+  k3::stages::apply_presence_frequency(l, generated, 0.5, 0.25);
+  // id 1: twice -> 2 - (0.5 + 2 * 0.25); id 3: once -> 0.5 - (0.5 + 0.25); the rest unchanged.
+  CHECK(l == std::vector<float>{1.0f, 1.0f, -1.0f, -0.25f, 3.0f});
+  std::vector<float> neg = {0.0f, 1.0f};
+  k3::stages::apply_presence_frequency(neg, std::vector<int32_t>{0, 0, 0}, -1.0, -0.5);
+  CHECK(neg == std::vector<float>{2.5f, 1.0f});  // negative values favour repeats
+  std::vector<float> small = {0.0f};
+  CHECK_THROWS_AS(k3::stages::apply_presence_frequency(small, std::vector<int32_t>{1}, 1, 0), k3::io::Error);
+
+  // Through the sampler (greedy): only the ids after the reply start count.
+  SamplerOptions o;
+  o.presence_penalty = 0.2;
+  Sampler s(o);
+  const std::vector<float> row = {0.0f, 2.0f, 1.9f};
+  std::vector<int32_t> ctx = {1};  // the prompt: its id 1 is not penalised
+  CHECK(s.next(row, ctx) == 1);    // reply starts at 1
+  ctx.push_back(1);
+  CHECK(s.next(row, ctx) == 2);  // 2.0 - 0.2 < 1.9
+  Sampler marked(o);
+  marked.start_reply(0);  // everything counts, the prompt's id 1 too
+  CHECK(marked.next(row, std::vector<int32_t>{1}) == 2);
+
+  SamplerOptions bad;
+  bad.presence_penalty = 2.5;
+  CHECK_THROWS_WITH_AS(k3::stages::validate(bad), doctest::Contains("--presence-penalty"), k3::io::Error);
+  bad.presence_penalty = 0;
+  bad.frequency_penalty = std::nan("");
+  CHECK_THROWS_WITH_AS(k3::stages::validate(bad), doctest::Contains("--frequency-penalty"), k3::io::Error);
+}
+
+TEST_CASE("token_logprob is the log-softmax of the row, and the top ids are its largest logits") {
+  std::mt19937 g(21);
+  std::vector<float> l = tied_logits(g, 3000);
+  l[17] = -std::numeric_limits<float>::infinity();
+  // Independent: long double, libm's expl / logl, no max subtraction shortcut shared with the code.
+  long double sum = 0;
+  for (float x : l) sum += std::exp(static_cast<long double>(x));
+  const auto expect = [&](int32_t id) {
+    return double(static_cast<long double>(l[size_t(id)]) - std::log(sum));
+  };
+  for (int32_t id : {0, 5, 1234, 2999}) {
+    const k3::stages::TokenLogprob r = k3::stages::token_logprob(l, id, 5);
+    CHECK(r.id == id);
+    CHECK(r.logprob == doctest::Approx(expect(id)).epsilon(1e-12));
+    REQUIRE(r.top.size() == 5);
+    std::vector<int32_t> order(l.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = int32_t(i);
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int32_t a, int32_t b) { return l[size_t(a)] > l[size_t(b)]; });
+    for (size_t i = 0; i < 5; ++i) {
+      CHECK(r.top[i].id == order[i]);  // stable: equal logits keep the lower id first
+      CHECK(r.top[i].logprob == doctest::Approx(expect(order[i])).epsilon(1e-12));
+    }
+  }
+  CHECK(k3::stages::token_logprob(l, 17, 0).logprob == -std::numeric_limits<double>::infinity());
+  CHECK(k3::stages::token_logprob(l, 17, 0).top.empty());
+}
+
+TEST_CASE("a constraint masks before the repeat penalty and draws never pick a masked id") {
+  // Allows only even ids; records what it was told.
+  struct Evens final : k3::stages::TokenConstraint {
+    std::vector<uint64_t> bits;
+    std::vector<int32_t> accepted;
+    std::span<const uint64_t> allowed(size_t vocab) override {
+      bits.assign((vocab + 63) / 64, 0);
+      for (size_t i = 0; i < vocab; i += 2) bits[i / 64] |= uint64_t(1) << (i % 64);
+      return bits;
+    }
+    void accept(int32_t id) override { accepted.push_back(id); }
+    bool done() const override { return false; }
+  };
+  std::mt19937 g(5);
+  for (double t : {0.0, 0.8, 1e-6}) {
+    SamplerOptions o;
+    o.temperature = t;
+    o.top_k = t > 0.5 ? 0 : 3;
+    o.seed = 9;
+    Sampler s(o);
+    auto c = std::make_unique<Evens>();
+    Evens* evens = c.get();
+    s.set_constraint(std::move(c));
+    std::vector<int32_t> ids;
+    for (int i = 0; i < 200; ++i) {
+      const std::vector<float> l = random_logits(g, 101);
+      const int32_t id = s.next(l, ids);
+      CHECK(id % 2 == 0);
+      if (t == 0) {
+        std::vector<float> masked = l;
+        for (size_t j = 1; j < masked.size(); j += 2) masked[j] = -std::numeric_limits<float>::infinity();
+        CHECK(id == k3::stages::greedy(masked));
+      }
+      ids.push_back(id);
+    }
+    CHECK(evens->accepted == ids);
+  }
+}

@@ -263,6 +263,7 @@ class ChatSession {
     // One pass per iteration: one token, or with --spec a verify pass of up to N + 1 (a reply's
     // end mid-pass keeps only the rows before it, as plain decoding would have fed).
     bool over = false;
+    sampler_.start_reply(dec_.seq().size());  // the penalties count this reply's ids only
     while (n < a_.max_reply && !over) {
       // Ctrl-C or SIGTERM, as rank 0 saw it (one byte to every rank under mpirun: all stop together).
       char stop = lead_ && InterruptScope::requested() ? (terminated() ? 'T' : 'C') : 0;

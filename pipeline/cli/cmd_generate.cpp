@@ -30,6 +30,7 @@
 #include "pipeline/dist/rank_experts.hpp"
 #include "pipeline/run/decoder.hpp"
 #include "pipeline/run/draft_policy.hpp"
+#include "pipeline/run/json_output.hpp"
 #include "pipeline/run/model_tokenizer.hpp"
 #include "pipeline/run/run_report.hpp"
 #include "pipeline/run/sampler_flags.hpp"
@@ -40,6 +41,7 @@
 #include "pipeline/support/output_file.hpp"
 #include "pipeline/support/process_memory.hpp"
 #include "pipeline/support/terminal_text.hpp"
+#include "stages/json_constraint.hpp"
 
 namespace k3::pipeline {
 
@@ -50,10 +52,10 @@ constexpr int kMaxGen = 4096;
 struct GenerateOptions {
   DecoderOptions dec;
   std::optional<std::string> ids, prompt, prompt_file, tokenizer, out_path, dump_logits, save_state,
-      load_state, spec_oracle, spec_policy;
+      load_state, spec_oracle, spec_policy, json_schema;
   std::vector<std::string> stop;
   int gen = 128;
-  bool incremental = false, print_ids = false, ignore_eos = false;
+  bool incremental = false, print_ids = false, ignore_eos = false, json_object = false;
   int threads = 0;
   int spec = 0;  // --spec: drafts per verify pass (0: off)
   std::optional<int> spec_min_match;
@@ -81,14 +83,18 @@ double now() {
   return duration<double>(steady_clock::now().time_since_epoch()).count();
 }
 
-// Strict: ids separated by commas and/or whitespace; anything else names the flag (exit 2).
-std::string read_prompt_file(const std::string& path) {
-  check_input_file(path, "--prompt-file");
+// A whole file, read verbatim; a missing or unreadable one names the flag (exit 2).
+std::string read_text_file(const std::string& path, const char* flag) {
+  check_input_file(path, flag);
   std::ifstream f(path, std::ios::binary);
-  if (!f) throw io::usage_error(fmt::format("--prompt-file {}: cannot be read", path));
+  if (!f) throw io::usage_error(fmt::format("{} {}: cannot be read", flag, path));
   std::ostringstream s;
   s << f.rdbuf();
   return s.str();
+}
+
+std::string read_prompt_file(const std::string& path) {
+  return read_text_file(path, "--prompt-file");
 }
 
 // In text mode stdout carries only the continuation: the descriptor the user sees as stdout is
@@ -131,6 +137,26 @@ int run_generate(GenerateOptions o) {
   if (o.spec_oracle && o.spec == 0) throw io::usage_error("--spec-oracle needs --spec N (N >= 1)");
   if (!o.stop.empty() && !text_mode)
     throw io::usage_error("--stop needs a text prompt (--prompt / --prompt-file)");
+  // JSON output: the schema is compiled (and refused, naming the keyword) before any model file is read.
+  std::shared_ptr<const stages::JsonSchema> json;
+  if (o.json_schema && o.json_object)
+    throw io::usage_error("--json-schema and --json-object exclude each other");
+  if (o.json_schema) {
+    check_input_file(*o.json_schema, "--json-schema");
+    json = std::make_shared<stages::JsonSchema>(stages::compile_json_schema(
+        read_text_file(*o.json_schema, "--json-schema"), "--json-schema " + *o.json_schema));
+  } else if (o.json_object) {
+    json = std::make_shared<stages::JsonSchema>(stages::json_object_schema());
+  }
+  const char* json_flag = o.json_schema ? "--json-schema" : "--json-object";
+  if (json && !text_mode)
+    throw io::usage_error(fmt::format("{} needs a text prompt (--prompt / --prompt-file)", json_flag));
+  if (json && o.spec > 0)
+    throw io::usage_error(
+        fmt::format("{} and --spec exclude each other (drafts are not constrained)", json_flag));
+  if (json && o.ignore_eos)
+    throw io::usage_error(
+        fmt::format("{} and --ignore-eos exclude each other (the value ends the turn)", json_flag));
   // The vocabulary is known only once config.json is read (checked below); --load-state may
   // resume with no new ids.
   const std::vector<int32_t> given_ids =
@@ -208,6 +234,10 @@ int run_generate(GenerateOptions o) {
   std::printf("  decode  : %s, %s, up to %d tokens, threads %s\n", describe_sampling(o.sampling).c_str(),
               o.dec.recompute ? "full recompute" : "incremental (KV cache + carried KDA state)", o.gen,
               o.threads > 0 ? std::to_string(o.threads).c_str() : "default");
+  if (json)
+    std::printf(
+        "  output  : JSON, %s\n",
+        o.json_schema ? fmt::format("matching the schema in {}", *o.json_schema).c_str() : "one object");
   if (o.spec > 0)
     std::printf(
         "  spec    : up to %d prompt-lookup drafts verified per pass (greedy, same ids and logits); %s "
@@ -261,6 +291,9 @@ int run_generate(GenerateOptions o) {
     std::printf("----------------------------------------\n");
   }
   stages::Sampler sampler(o.sampling);
+  if (json)
+    sampler.set_constraint(std::make_unique<stages::JsonConstraint>(
+        json, json_token_table(*tok, c.vocab, io::text::end_of_turn_ids(*tok))));
   InterruptScope interrupts;
   std::vector<float> step0_logits;
   std::vector<int32_t> generated;
@@ -306,6 +339,9 @@ int run_generate(GenerateOptions o) {
           out.write(piece.text);
           if (piece.stop) {
             ended = "the end of the turn or a --stop string";
+            stopped = true;
+          } else if (sampler.constraint() && sampler.constraint()->done()) {
+            ended = "the end of the JSON value (the vocabulary has no end-of-turn id)";
             stopped = true;
           }
           return !stopped;
@@ -439,6 +475,9 @@ Action add_generate(CLI::App& sub) {
       ->capture_default_str();
   sub.add_option("--stop", o->stop, "stop before this text (repeatable; text prompts only)");
   sub.add_flag("--ignore-eos", o->ignore_eos, "do not stop at [EOS] / <|end_of_msg|>");
+  sub.add_option("--json-schema", o->json_schema,
+                 "constrain the output to JSON matching this schema file (a subset: docs/sampling.md)");
+  sub.add_flag("--json-object", o->json_object, "constrain the output to one JSON object (any members)");
   sub.add_flag("--print-ids", o->print_ids, "after the text, print the generated ids on stdout");
   sub.add_flag("--recompute", o->dec.recompute,
                "recompute the whole sequence every token (the reference check; same bits, slower)");

@@ -21,6 +21,12 @@ void add_sampler_flags(CLI::App& sub, stages::SamplerOptions& o) {
       ->capture_default_str();
   sub.add_option("--repeat-last-n", o.repeat_last_n, "N >= 0: how many recent tokens the penalty looks at")
       ->capture_default_str();
+  sub.add_option("--presence-penalty", o.presence_penalty,
+                 "P in [-2, 2]: subtract P from the logit of every id already generated (OpenAI's; 0 = off)")
+      ->capture_default_str();
+  sub.add_option("--frequency-penalty", o.frequency_penalty,
+                 "F in [-2, 2]: subtract F x (times generated) from each id's logit (OpenAI's; 0 = off)")
+      ->capture_default_str();
   sub.add_option("--seed", o.seed, "random seed (0..2^64-1): the same seed gives the same text on every path")
       ->capture_default_str();
 }
@@ -39,6 +45,8 @@ std::string describe_sampling(const stages::SamplerOptions& o) {
     add(fmt::format("seed {}", o.seed));
   }
   if (o.repeat_penalty != 1) add(fmt::format("repeat penalty {} over {}", o.repeat_penalty, o.repeat_last_n));
+  if (o.presence_penalty != 0) add(fmt::format("presence penalty {}", o.presence_penalty));
+  if (o.frequency_penalty != 0) add(fmt::format("frequency penalty {}", o.frequency_penalty));
   if (sep.empty()) return "greedy";
   return s + ")";
 }

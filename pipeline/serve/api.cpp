@@ -8,6 +8,8 @@
 #include "io/error.hpp"
 #include "io/json_text.hpp"
 #include "io/text/xtml.hpp"
+#include "pipeline/serve/api_fields.hpp"
+#include "pipeline/serve/api_sampling.hpp"
 
 namespace k3::pipeline::serve {
 
@@ -15,44 +17,6 @@ namespace dom = simdjson::dom;
 namespace text = io::text;
 
 namespace {
-
-ApiError bad(const std::string& message) {
-  return ApiError(400, "invalid_request_error", message);
-}
-
-std::optional<dom::element> member(dom::object o, std::string_view key) {
-  dom::element e;
-  if (o.at_key(key).get(e) != simdjson::SUCCESS || e.is_null()) return std::nullopt;
-  return e;
-}
-
-std::string as_string(dom::element e, std::string_view key) {
-  std::string_view s;
-  if (e.get(s)) throw bad(fmt::format("'{}' must be a string", key));
-  return std::string(s);
-}
-
-bool as_bool(dom::element e, std::string_view key) {
-  bool b = false;
-  if (e.get(b)) throw bad(fmt::format("'{}' must be true or false", key));
-  return b;
-}
-
-double as_number(dom::element e, std::string_view key) {
-  double d = 0;
-  if (!e.is_number() || e.get(d)) throw bad(fmt::format("'{}' must be a number", key));
-  return d;
-}
-
-int64_t as_integer(dom::element e, std::string_view key) {
-  int64_t i = 0;
-  if (e.get(i)) {
-    uint64_t u = 0;
-    if (e.get(u) == simdjson::SUCCESS) return INT64_MAX;  // above int64: out of any range we accept
-    throw bad(fmt::format("'{}' must be an integer", key));
-  }
-  return i;
-}
 
 std::vector<int32_t> encode(const text::Tokenizer& tok, std::span<const text::Segment> segs) {
   std::vector<int32_t> ids;
@@ -66,6 +30,12 @@ std::vector<int32_t> encode(const text::Tokenizer& tok, std::span<const text::Se
 std::vector<int32_t> chat_prompt(dom::object o, const ApiContext& ctx, GenRequest& g) {
   text::ChatOptions opts;
   if (auto e = member(o, "thinking")) opts.thinking = as_bool(*e, "thinking");
+  if (g.json) {
+    // The JSON value is the reply: the think channel is off (docs/serve.md).
+    if (auto e = member(o, "thinking"); e && opts.thinking)
+      throw bad("'thinking': true and a JSON 'response_format' exclude each other");
+    opts.thinking = false;
+  }
   if (auto e = member(o, "reasoning_effort")) {
     opts.effort = as_string(*e, "reasoning_effort");
     if (opts.effort != "low" && opts.effort != "high" && opts.effort != "max")
@@ -203,6 +173,7 @@ ApiRequest parse_request(Endpoint ep, std::string_view body, const ApiContext& c
     else
       throw bad("'seed' must be an integer");
   }
+  parse_sampling_fields(o, ep, r);
   try {
     stages::validate(g.sampling);
   } catch (const io::Error& err) {
@@ -260,6 +231,13 @@ std::string ResponseBuilder::chunk(const Delta* d, const char* finish, bool role
     w.field("text", d ? d->text : std::string());
   }
   if (req_.token_ids && d) w.field("token_ids", d->ids);
+  if (req_.gen.logprobs >= 0) {
+    w.key("logprobs");
+    if (d && !d->logprobs.empty())
+      write_logprobs(w, req_.endpoint, d->logprobs, logprob_offset_);
+    else
+      w.value(nullptr);
+  }
   w.key("finish_reason");
   if (finish)
     w.value(finish);
@@ -272,7 +250,8 @@ std::string ResponseBuilder::chunk(const Delta* d, const char* finish, bool role
 }
 
 std::string ResponseBuilder::event(const Delta& d) {
-  if (d.text.empty() && d.reasoning.empty() && !(req_.token_ids && !d.ids.empty())) return {};
+  if (d.text.empty() && d.reasoning.empty() && !(req_.token_ids && !d.ids.empty()) && d.logprobs.empty())
+    return {};
   const bool role = req_.endpoint == Endpoint::chat && !sent_role_;
   sent_role_ = true;
   return chunk(&d, nullptr, role);
@@ -312,6 +291,7 @@ void ResponseBuilder::add(const Delta& d) {
   text_ += d.text;
   reasoning_ += d.reasoning;
   ids_.insert(ids_.end(), d.ids.begin(), d.ids.end());
+  logprobs_.insert(logprobs_.end(), d.logprobs.begin(), d.logprobs.end());
 }
 
 std::string ResponseBuilder::body(const Outcome& o) const {
@@ -327,7 +307,13 @@ std::string ResponseBuilder::body(const Outcome& o) const {
     w.field("text", text_);
   }
   if (req_.token_ids) w.field("token_ids", ids_);
-  w.key("logprobs").value(nullptr);
+  w.key("logprobs");
+  if (req_.gen.logprobs >= 0) {
+    size_t offset = 0;
+    write_logprobs(w, req_.endpoint, logprobs_, offset);
+  } else {
+    w.value(nullptr);
+  }
   w.field("finish_reason", finish_reason(o.finish));
   w.end_object().end_array();
   usage(w, o);

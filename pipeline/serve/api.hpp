@@ -7,7 +7,8 @@
 // an array of one string), messages (chat: [{role, content[, reasoning_content]}]), max_tokens (or
 // max_completion_tokens), temperature (0..2; 0 = greedy), top_p, top_k, min_p, seed, stop (a string
 // or up to 4), stream, stream_options.include_usage, reasoning_effort (low|high|max) and thinking
-// (false: no think channel) for chat. Extensions: return_token_ids (each choice and chunk also
+// (false: no think channel) for chat; presence_penalty, frequency_penalty, logprobs (+ top_logprobs),
+// response_format (api_sampling.hpp). Extensions: return_token_ids (each choice and chunk also
 // carries the generated ids), ignore_eos. Other fields are ignored, as OpenAI-compatible servers do;
 // n > 1 is refused.
 #pragma once
@@ -78,6 +79,8 @@ class ResponseBuilder {
   bool sent_role_ = false;
   std::string text_, reasoning_;
   std::vector<int32_t> ids_;
+  std::vector<TokenLogprobs> logprobs_;
+  mutable size_t logprob_offset_ = 0;  // streamed completions: text_offset of the next token
 };
 
 std::string models_body(const std::string& model, int64_t created);

@@ -12,6 +12,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace k3::pipeline::serve {
@@ -20,10 +21,18 @@ enum class Finish { stop, length, cancelled, error };
 
 const char* finish_name(Finish);  // "stop", "length", "cancelled", "error"
 
+// One generated token's log-probability and its most likely alternatives (bytes, logprob).
+struct TokenLogprobs {
+  std::string bytes;
+  double logprob = 0;
+  std::vector<std::pair<std::string, double>> top;
+};
+
 struct Delta {
   std::string text;       // visible text (chat: the reply channel)
   std::string reasoning;  // chat with thinking: the think channel
   std::vector<int32_t> ids;
+  std::vector<TokenLogprobs> logprobs;  // one per id when the request asked for logprobs
 };
 
 struct Outcome {

@@ -11,6 +11,7 @@
 #include "io/text/text_stream.hpp"
 #include "io/text/xtml.hpp"
 #include "pipeline/run/batch_engine.hpp"
+#include "pipeline/run/json_output.hpp"
 #include "pipeline/run/streaming_run.hpp"
 #include "pipeline/serve/rank_steps.hpp"
 #include "pipeline/support/progress.hpp"
@@ -46,6 +47,16 @@ const char* phase_name(Phase p) {
   }
   return "?";
 }
+
+namespace {
+
+// An id's bytes; empty for a model row the tokenizer names nothing (vocabulary padding).
+std::string token_text(const text::Tokenizer& tok, int32_t id) {
+  if (id < tok.n_ids() && (id < tok.n_ranks() || tok.is_special(id))) return std::string(tok.token_bytes(id));
+  return {};
+}
+
+}  // namespace
 
 struct Scheduler::Active {
   Active(GenRequest r, std::shared_ptr<Channel> c, const text::Tokenizer& tok, std::vector<int32_t> end_ids,
@@ -272,6 +283,11 @@ void Scheduler::admit() {
       continue;
     }
     auto a = std::make_unique<Active>(std::move(req), std::move(ch), tok_, end_ids_, cfg_.vocab);
+    if (a->req.json) {
+      if (!json_table_) json_table_ = json_token_table(tok_, cfg_.vocab, end_ids_);
+      a->sampler.set_constraint(std::make_unique<stages::JsonConstraint>(
+          a->req.json, json_table_, a->req.chat ? chat_reply_epilogue() : std::string()));
+    }
     a->slot = int(free - busy_.begin());
     *free = true;
     engine_->reset(a->slot);
@@ -432,8 +448,17 @@ void Scheduler::decode_step() {
     if (!a.pending.empty()) continue;
     a.prompting = false;
     int32_t id = 0;
+    Delta d;
     try {
       id = a.sampler.next(a.logits, a.context);
+      if (a.req.logprobs >= 0) {
+        // The model's distribution: the row as the engine produced it (docs/sampling.md).
+        const stages::TokenLogprob lp = stages::token_logprob(a.logits, id, a.req.logprobs);
+        TokenLogprobs t{token_text(tok_, id), lp.logprob, {}};
+        for (const stages::TopLogprob& alt : lp.top)
+          t.top.emplace_back(token_text(tok_, alt.id), alt.logprob);
+        d.logprobs.push_back(std::move(t));
+      }
     } catch (const std::exception& e) {
       finish(a, Finish::error, e.what());
       continue;
@@ -443,9 +468,9 @@ void Scheduler::decode_step() {
     ++a.generated;
     g_.completion_tokens += 1;
     const text::TextStream::Out out = a.stream.push(id);
-    Delta d;
     d.ids.push_back(id);
-    bool stop = out.stop;
+    // A vocabulary without end ids: a complete JSON value ends the generation itself.
+    bool stop = out.stop || (a.sampler.constraint() && a.sampler.constraint()->done());
     if (a.parser) {
       const text::ReplyText t = a.parser->feed(out.text);
       d.text = t.reply;

@@ -47,6 +47,7 @@
 #include "pipeline/run/decoder.hpp"
 #include "pipeline/serve/channel.hpp"
 #include "pipeline/serve/prompt_cache.hpp"
+#include "stages/json_constraint.hpp"
 #include "stages/sampler.hpp"
 
 namespace k3::pipeline::serve {
@@ -61,6 +62,11 @@ struct GenRequest {
   // deltas carry the reply channel as text and the think channel as reasoning.
   bool chat = false;
   bool thinking = true;
+  // >= 0: every delta carries each token's logprob and this many most likely alternatives.
+  int logprobs = -1;
+  // Set: the output is constrained to JSON matching this schema (a chat reply's closing markers
+  // follow it as the constraint's epilogue).
+  std::shared_ptr<const stages::JsonSchema> json;
 };
 
 struct SchedulerOptions {
@@ -144,6 +150,7 @@ class Scheduler {
   const io::text::Tokenizer& tok_;
   std::vector<int32_t> end_ids_;
   size_t capacity_;
+  std::shared_ptr<const stages::TokenTable> json_table_;  // built at the first JSON request
 
   mutable std::mutex m_;
   std::condition_variable cv_;
