@@ -1,10 +1,14 @@
 #include "io/text/xtml.hpp"
 
 #include <fmt/format.h>
+#include <simdjson.h>
 
 #include <array>
+#include <variant>
 
 #include "io/error.hpp"
+#include "io/json_text.hpp"
+#include "io/text/xtml_json.hpp"
 
 namespace k3::io::text {
 
@@ -16,6 +20,12 @@ using Role = ChatMessage::Role;
 // response channel and of the message: the two sequences the parser looks for, as decoded text.
 const std::string kThinkToResponse = fmt::format("{}think{}{}response{}", kClose, kSep, kOpen, kSep);
 const std::string kResponseClosure = fmt::format("{}response{}{}message{}", kClose, kSep, kClose, kSep);
+
+// After the response channel: the opening of the tools block, and what ends the block.
+const std::string kResponseToTools = fmt::format("{}response{}{}tools{}", kClose, kSep, kOpen, kSep);
+const std::string kToolsClosure = fmt::format("{}tools{}{}message{}", kClose, kSep, kClose, kSep);
+const std::string kCallOpen = fmt::format("{}call", kOpen);
+const std::string kCallClose = fmt::format("{}call{}", kClose, kSep);
 
 constexpr std::array<std::string_view, 5> kControls = {kOpen, kSep, kClose, kEndOfMsg, kEos};
 
@@ -29,6 +39,25 @@ std::string effort_text(std::string_view effort) {
       effort);
 }
 
+// The format's attribute escaping: & first, then the quote.
+std::string escape_attr(std::string_view v) {
+  std::string out;
+  for (char c : v) {
+    if (c == '&')
+      out += "&amp;";
+    else if (c == '"')
+      out += "&quot;";
+    else
+      out += c;
+  }
+  return out;
+}
+
+using Attrs = std::vector<std::pair<std::string_view, std::string>>;
+
+class Builder;
+void render_arguments(Builder& b, const ToolCall& call);
+
 class Builder {
  public:
   void control(std::string_view t) { push(t, true); }
@@ -41,6 +70,21 @@ class Builder {
     text(attrs);
     control(kSep);
   }
+  // <|open|>tag key="value"...<|sep|>, each attribute its own segment with its leading space, as
+  // the reference writes attributes.
+  void open_attrs(std::string_view tag, const Attrs& attrs) {
+    control(kOpen);
+    text(tag);
+    for (const auto& [k, v] : attrs) text(fmt::format(" {}=\"{}\"", k, escape_attr(v)));
+    control(kSep);
+  }
+  // A message the system writes itself (tool declarations, tool choice): role and type attributes.
+  void internal_message(std::string_view type, std::string_view body) {
+    open_attrs("message", {{"role", "system"}, {"type", std::string(type)}});
+    text(body);
+    close("message");
+    end_message();
+  }
   void close(std::string_view tag) {
     control(kClose);
     text(tag);
@@ -48,8 +92,16 @@ class Builder {
   }
   void end_message() { control(kEndOfMsg); }
 
-  void message(Role role, std::string_view body) {
-    open("message", role_attr(role));
+  void message(Role role, std::string_view body, const std::optional<std::string>& name = std::nullopt) {
+    Attrs attrs{{"role", std::string(role_name(role))}};
+    if (name && !name->empty()) attrs.emplace_back("name", *name);
+    open_attrs("message", attrs);
+    text(body);
+    close("message");
+    end_message();
+  }
+  void tool_result(std::string_view tool, size_t index, std::string_view body) {
+    open_attrs("message", {{"role", "tool"}, {"tool", std::string(tool)}, {"index", std::to_string(index)}});
     text(body);
     close("message");
     end_message();
@@ -68,6 +120,15 @@ class Builder {
     }
     text(m.content);
     close("response");
+    if (!m.tool_calls.empty()) {
+      open("tools");
+      for (size_t i = 0; i < m.tool_calls.size(); ++i) {
+        open_attrs("call", {{"tool", m.tool_calls[i].name}, {"index", std::to_string(i + 1)}});
+        render_arguments(*this, m.tool_calls[i]);
+        close("call");
+      }
+      close("tools");
+    }
     close("message");
     end_message();
   }
@@ -81,6 +142,136 @@ class Builder {
   }
   std::vector<Segment> out_;
 };
+
+// A call's arguments: one argument block per member of the JSON object, in its order, typed; a
+// string value is its text, any other value its JSON (Python's default separators). Text that is
+// not JSON at all is kept whole in a json block; JSON that is not an object is refused.
+void render_arguments(Builder& b, const ToolCall& call) {
+  namespace dom = simdjson::dom;
+  const std::string_view args = call.arguments;
+  if (args.find_first_not_of(" \t\r\n") == std::string_view::npos) return;
+  dom::parser parser;
+  dom::element doc;
+  if (parser.parse(args.data(), args.size()).get(doc)) {
+    b.open_attrs("json", {{"type", "object"}});
+    b.text(args);
+    b.close("json");
+    return;
+  }
+  dom::object obj;
+  if (doc.get(obj))
+    throw usage_error(fmt::format("chat: the arguments of tool call '{}' must be a JSON object", call.name));
+  for (dom::key_value_pair kv : obj) {
+    const char* type = "array";
+    switch (kv.value.type()) {
+      case dom::element_type::BOOL:
+        type = "boolean";
+        break;
+      case dom::element_type::NULL_VALUE:
+        type = "null";
+        break;
+      case dom::element_type::INT64:
+      case dom::element_type::UINT64:
+      case dom::element_type::DOUBLE:
+        type = "number";
+        break;
+      case dom::element_type::STRING:
+        type = "string";
+        break;
+      case dom::element_type::OBJECT:
+        type = "object";
+        break;
+      case dom::element_type::ARRAY:
+        break;
+    }
+    b.open_attrs("argument", {{"key", std::string(kv.key)}, {"type", type}});
+    if (kv.value.is_string())
+      b.text(std::string_view(kv.value));
+    else
+      b.text(py_json(kv.value, PyJsonStyle{.compact = false, .sort_keys = false}));
+    b.close("argument");
+  }
+}
+
+std::string tools_body(std::string_view tools) {
+  std::string json;
+  if (!py_json_text(tools, PyJsonStyle{.compact = true, .sort_keys = true}, json))
+    throw usage_error("chat: the tool declarations are not valid JSON");
+  return fmt::format("# Tools\nHere are the available tools, described in JSONSchema.\n\n```json\n{}\n```",
+                     json);
+}
+
+void tools_message(Builder& b, const ChatOptions& o) {
+  if (!o.tools.empty()) b.internal_message("tool-declare", tools_body(o.tools));
+}
+
+void tool_choice_message(Builder& b, const ChatOptions& o) {
+  using K = ToolChoice::Kind;
+  if (o.tool_choice.kind == K::none)
+    b.internal_message("tool-choice",
+                       "The system is invoked with `tool_choice=none`.\nYou MUST NOT call any tools in "
+                       "the next message.");
+  else if (o.tool_choice.kind == K::required || o.tool_choice.kind == K::named)
+    b.internal_message("tool-choice",
+                       "The system is invoked with `tool_choice=required`.\nYou MUST call tools in the "
+                       "next message.");
+}
+
+// Each tool message's tool name and index: a run of tool messages answers the calls of the
+// assistant message before it. When every result of the run names a call by id, the run is put in
+// the calls' order and takes their names; otherwise it keeps its order, and a result without a
+// resolvable id takes its own name, or the name of the call at its position.
+struct ToolSlot {
+  size_t message;
+  std::string tool;
+};
+std::vector<ToolSlot> order_tool_results(std::span<const ChatMessage> msgs) {
+  std::vector<ToolSlot> order;
+  const std::vector<ToolCall>* calls = nullptr;
+  for (size_t i = 0; i < msgs.size();) {
+    if (msgs[i].role == Role::assistant) calls = &msgs[i].tool_calls;
+    if (msgs[i].role != Role::tool) {
+      order.push_back({i, {}});
+      ++i;
+      continue;
+    }
+    size_t end = i;
+    while (end < msgs.size() && msgs[end].role == Role::tool) ++end;
+    std::vector<std::pair<size_t, ToolSlot>> run;
+    bool resolved = true;
+    for (size_t j = i; j < end; ++j) {
+      size_t pos = 0;
+      if (calls && !msgs[j].tool_call_id.empty())
+        for (size_t c = 0; c < calls->size(); ++c)
+          if ((*calls)[c].id == msgs[j].tool_call_id) {
+            pos = c + 1;
+            break;
+          }
+      if (pos == 0) resolved = false;
+      run.push_back({pos, ToolSlot{j, pos ? (*calls)[pos - 1].name : std::string()}});
+    }
+    if (resolved) {
+      std::stable_sort(run.begin(), run.end(),
+                       [](const auto& a, const auto& b) { return a.first < b.first; });
+    } else {
+      for (size_t k = 0; k < run.size(); ++k) {
+        const ChatMessage& m = msgs[run[k].second.message];
+        if (m.name && !m.name->empty())
+          run[k].second.tool = *m.name;
+        else if (calls && k < calls->size())
+          run[k].second.tool = (*calls)[k].name;
+        else
+          throw usage_error(fmt::format(
+              "chat: message {}: a tool message whose tool_call_id names no call of the assistant "
+              "message before it, and no name",
+              run[k].second.message + 1));
+      }
+    }
+    for (auto& [pos, slot] : run) order.push_back(std::move(slot));
+    i = end;
+  }
+  return order;
+}
 
 void effort_message(Builder& b, const ChatOptions& o) {
   if (!o.thinking) return;
@@ -105,6 +296,8 @@ std::string_view role_name(Role r) {
       return "user";
     case Role::assistant:
       return "assistant";
+    case Role::tool:
+      return "tool";
   }
   return "?";
 }
@@ -118,25 +311,69 @@ std::optional<Role> parse_role(std::string_view s) {
 void validate(const ChatOptions& o) {
   if (o.effort != "low" && o.effort != "high" && o.effort != "max")
     throw usage_error(fmt::format("--think-effort must be low, high or max (got '{}')", o.effort));
+  if (!o.tools.empty()) validate_tools(o.tools, "tools");
+  if (o.tool_choice.kind != ToolChoice::Kind::automatic && o.tools.empty())
+    throw usage_error("chat: a tool choice other than auto needs tool declarations");
+}
+
+void validate_tools(std::string_view tools, std::string_view what) {
+  namespace dom = simdjson::dom;
+  dom::parser parser;
+  dom::element doc;
+  if (auto err = parser.parse(tools.data(), tools.size()).get(doc))
+    throw usage_error(fmt::format("{}: not valid JSON ({})", what, simdjson::error_message(err)));
+  dom::array arr;
+  if (doc.get(arr)) throw usage_error(fmt::format("{}: must be an array of tools", what));
+  size_t i = 0;
+  for (dom::element t : arr) {
+    std::string_view type, name;
+    dom::object fn;
+    if (t.at_key("type").get(type) || type != "function")
+      throw usage_error(fmt::format("{}[{}]: 'type' must be \"function\"", what, i));
+    if (t.at_key("function").get(fn) || fn.at_key("name").get(name) || name.empty())
+      throw usage_error(fmt::format("{}[{}]: 'function.name' must be a non-empty string", what, i));
+    ++i;
+  }
 }
 
 std::optional<ConversationProblem> check_conversation(std::span<const ChatMessage> msgs,
                                                       bool add_generation_prompt) {
+  // What may come next: user, then assistant; an assistant message with calls wants tool results,
+  // after which another result or the assistant's next message may come.
   Role want = Role::user;
+  bool after_tool = false;
   for (size_t i = 0; i < msgs.size(); ++i) {
     const ChatMessage& m = msgs[i];
     if (m.role == Role::system) {
       if (i != 0) return ConversationProblem{i + 1, "a system message may only come first"};
+    } else if (m.role == Role::tool && after_tool) {
+      // another result of the same calls
+    } else if (m.role == Role::assistant && after_tool) {
+      want = m.tool_calls.empty() ? Role::user : Role::tool;
+      after_tool = false;
     } else if (m.role != want) {
       return ConversationProblem{i + 1,
                                  fmt::format("role is {}, expected {}", role_name(m.role), role_name(want))};
+    } else if (m.role == Role::tool) {
+      after_tool = true;
+      want = Role::assistant;
+    } else if (m.role == Role::assistant) {
+      want = m.tool_calls.empty() ? Role::user : Role::tool;
     } else {
-      want = want == Role::user ? Role::assistant : Role::user;
+      want = Role::assistant;
     }
     if (m.reasoning && m.role != Role::assistant)
       return ConversationProblem{
           i + 1, fmt::format("reasoning on a {} message (assistant only)", role_name(m.role))};
+    if (!m.tool_calls.empty() && m.role != Role::assistant)
+      return ConversationProblem{
+          i + 1, fmt::format("tool calls on a {} message (assistant only)", role_name(m.role))};
+    for (const ToolCall& c : m.tool_calls)
+      if (c.name.empty()) return ConversationProblem{i + 1, "a tool call without a function name"};
   }
+  if (add_generation_prompt && want == Role::tool)
+    return ConversationProblem{msgs.size() + 1,
+                               "the tool calls of the last assistant message have no results"};
   if (add_generation_prompt && want != Role::assistant)
     return ConversationProblem{
         msgs.size() + 1,
@@ -149,23 +386,47 @@ std::vector<Segment> render(std::span<const ChatMessage> msgs, bool add_generati
   validate(o);
   throw_if_bad(msgs, add_generation_prompt);
   Builder b;
-  // The effort announcement precedes everything, the conversation's own system message included.
+  // The tool declarations, then the effort announcement precede everything, the conversation's
+  // own system message included.
+  tools_message(b, o);
   effort_message(b, o);
-  for (const ChatMessage& m : msgs) {
+  size_t tool_index = 0;
+  for (const ToolSlot& slot : order_tool_results(msgs)) {
+    const ChatMessage& m = msgs[slot.message];
     if (m.role == Role::assistant) {
+      tool_index = 0;
       b.generation_prompt(o);
       b.completion(m, o);
+    } else if (m.role == Role::tool) {
+      b.tool_result(slot.tool, ++tool_index, m.content);
     } else {
-      b.message(m.role, m.content);
+      b.message(m.role, m.content, m.name);
     }
   }
-  if (add_generation_prompt) b.generation_prompt(o);
+  if (add_generation_prompt) {
+    tool_choice_message(b, o);
+    b.generation_prompt(o);
+  }
+  return b.take();
+}
+
+std::vector<Segment> forced_reply(const ChatOptions& o) {
+  if (o.tool_choice.kind != ToolChoice::Kind::named) return {};
+  Builder b;
+  if (o.thinking) {
+    b.close("think");
+    b.open("response");
+  }
+  b.close("response");
+  b.open("tools");
+  b.open_attrs("call", {{"tool", o.tool_choice.name}, {"index", "1"}});
   return b.take();
 }
 
 std::vector<Segment> render_prefix(const std::optional<std::string>& system, const ChatOptions& o) {
   validate(o);
   Builder b;
+  tools_message(b, o);
   effort_message(b, o);
   if (system) b.message(Role::system, *system);
   return b.take();
@@ -213,6 +474,8 @@ std::string_view state_name(ReplyParser::State s) {
       return "reasoning";
     case S::reply:
       return "reply";
+    case S::tools:
+      return "tools";
     case S::closed:
       return "closed";
     case S::done:
@@ -231,6 +494,7 @@ ReplyParser::ReplyParser(bool thinking)
 ChatMessage ReplyParser::message() const {
   ChatMessage m{Role::assistant, reply_, std::nullopt};
   if (thinking_) m.reasoning = reasoning_;
+  m.tool_calls = calls_;
   return m;
 }
 
@@ -264,7 +528,8 @@ ReplyText ReplyParser::finish() {
     case State::reasoning:
     case State::reply: {
       const bool in_think = state_ == State::reasoning;
-      if (is_proper_prefix(pending_, in_think ? kThinkToResponse : kResponseClosure)) {
+      if (is_proper_prefix(pending_, in_think ? kThinkToResponse : kResponseClosure) ||
+          (!in_think && is_proper_prefix(pending_, kResponseToTools))) {
         cut_ = pending_;
       } else {
         // Held for a control token that never completed: text after all.
@@ -278,6 +543,11 @@ ReplyText ReplyParser::finish() {
       // The closing sequence is complete; only the end token is missing, maybe cut.
       cut_ = pending_;
       state_ = State::done;
+      break;
+    case State::tools:
+      // A call without its closing is dropped: half a call is worse than none.
+      if (is_proper_prefix(pending_, kToolsClosure)) cut_ = pending_;
+      state_ = State::truncated;
       break;
     default:
       break;
@@ -298,6 +568,15 @@ std::vector<Segment> ReplyParser::closing() const {
   }
   if (from == State::reasoning || from == State::reply) {
     b.close("response");
+    // The model was opening the tools block: it is opened and closed empty.
+    if (from == State::reply && !cut_.empty() && !kResponseClosure.starts_with(cut_)) {
+      b.open("tools");
+      b.close("tools");
+    }
+    b.close("message");
+  }
+  if (from == State::tools) {
+    b.close("tools");
     b.close("message");
   }
   if (from != State::done) b.end_message();
@@ -323,24 +602,158 @@ std::vector<Segment> ReplyParser::closing() const {
   return out;
 }
 
+namespace {
+
+// Attributes of a tag header (` key="value"` pairs), unescaped; nullopt when the header is not
+// made of such pairs.
+std::optional<std::vector<std::pair<std::string, std::string>>> parse_attrs(std::string_view h) {
+  std::vector<std::pair<std::string, std::string>> out;
+  size_t i = 0;
+  while (i < h.size()) {
+    if (h[i] != ' ') return std::nullopt;
+    ++i;
+    const size_t eq = h.find("=\"", i);
+    if (eq == std::string_view::npos || eq == i) return std::nullopt;
+    const size_t end = h.find('"', eq + 2);
+    if (end == std::string_view::npos) return std::nullopt;
+    std::string v(h.substr(eq + 2, end - eq - 2));
+    for (auto [from, to] : {std::pair{"&quot;", "\""}, std::pair{"&amp;", "&"}}) {
+      for (size_t at = v.find(from); at != std::string::npos; at = v.find(from, at + 1))
+        v.replace(at, std::string_view(from).size(), to);
+    }
+    out.emplace_back(std::string(h.substr(i, eq - i)), std::move(v));
+    i = end + 1;
+  }
+  return out;
+}
+
+std::optional<std::string> attr(const std::vector<std::pair<std::string, std::string>>& attrs,
+                                std::string_view key) {
+  for (const auto& [k, v] : attrs)
+    if (k == key) return v;
+  return std::nullopt;
+}
+
+// One complete call: `<|open|>call ATTRS<|sep|>BODY` (the closing already cut off) to its name and
+// arguments as a compact JSON object. A typed argument's value is a JSON string when its type is
+// string (or its text is not valid JSON), its text otherwise; a json block is the arguments
+// verbatim. The reason on failure.
+std::variant<ToolCall, std::string> parse_call(std::string_view text) {
+  namespace dom = simdjson::dom;
+  const size_t sep = text.find(kSep);
+  if (sep == std::string_view::npos) return std::string("a tool call header without <|sep|>");
+  const auto attrs = parse_attrs(text.substr(kCallOpen.size(), sep - kCallOpen.size()));
+  if (!attrs) return std::string("a tool call header that is not key=\"value\" attributes");
+  const std::optional<std::string> name = attr(*attrs, "tool");
+  if (!name || name->empty()) return std::string("a tool call without a tool attribute");
+  ToolCall call{{}, *name, {}};
+  std::string_view body = text.substr(sep + kSep.size());
+  const auto block =
+      [&](std::string_view tag) -> std::optional<std::pair<std::string_view, std::string_view>> {
+    const std::string open = fmt::format("{}{}", kOpen, tag);
+    const std::string close = fmt::format("{}{}{}", kClose, tag, kSep);
+    if (!body.starts_with(open)) return std::nullopt;
+    const size_t hs = body.find(kSep);
+    const size_t ce = body.find(close);
+    if (hs == std::string_view::npos || ce == std::string_view::npos || ce < hs) return std::nullopt;
+    auto r = std::pair{body.substr(open.size(), hs - open.size()),
+                       body.substr(hs + kSep.size(), ce - hs - kSep.size())};
+    body.remove_prefix(ce + close.size());
+    return r;
+  };
+  if (auto j = block("json")) {
+    if (!body.empty()) return std::string("text after the json block of a tool call");
+    call.arguments = std::string(j->second);
+    return call;
+  }
+  std::string json = "{";
+  dom::parser parser;
+  while (!body.empty()) {
+    const auto a = block("argument");
+    if (!a) return std::string("a tool call body that is not argument blocks");
+    const auto aa = parse_attrs(a->first);
+    const std::optional<std::string> key = aa ? attr(*aa, "key") : std::nullopt;
+    if (!key) return std::string("an argument without a key attribute");
+    const std::string type = aa ? attr(*aa, "type").value_or("string") : "string";
+    if (json.size() > 1) json += ',';
+    json += json_quote(*key);
+    json += ':';
+    dom::element v;
+    if (type != "string" && !parser.parse(a->second.data(), a->second.size()).get(v))
+      json += py_json(v, PyJsonStyle{.compact = true, .sort_keys = false});
+    else
+      json += json_quote(a->second);
+  }
+  call.arguments = json + "}";
+  return call;
+}
+
+}  // namespace
+
+bool ReplyParser::run_tools(ReplyText& out) {
+  const std::string_view buf = pending_;
+  if (buf.empty()) return false;
+  if (buf.starts_with(kToolsClosure)) {
+    pending_.erase(0, kToolsClosure.size());
+    state_ = State::closed;
+    return true;
+  }
+  if (is_proper_prefix(buf, kToolsClosure) || is_proper_prefix(buf, kCallOpen)) return false;
+  if (!buf.starts_with(kCallOpen)) {
+    fail("expected a tool call or the end of the tools block", 0);
+    return false;
+  }
+  const size_t end = buf.find(kCallClose);
+  if (end == std::string_view::npos) {
+    for (std::string_view c : {kEndOfMsg, kEos})
+      if (buf.find(c) != std::string_view::npos) {
+        fail(fmt::format("{} inside a tool call", c), 0);
+        return false;
+      }
+    return false;
+  }
+  auto call = parse_call(buf.substr(0, end));
+  if (auto* why = std::get_if<std::string>(&call)) {
+    fail(*why, 0);
+    return false;
+  }
+  calls_.push_back(std::get<ToolCall>(call));
+  out.calls.push_back(std::get<ToolCall>(std::move(call)));
+  pending_.erase(0, end + kCallClose.size());
+  return true;
+}
+
 void ReplyParser::run(ReplyText& out) {
   for (;;) {
+    if (state_ == State::tools) {
+      if (!run_tools(out)) return;
+      continue;
+    }
     if (state_ == State::reasoning || state_ == State::reply) {
       const bool in_think = state_ == State::reasoning;
+      // The markers that end the channel, and the state each leads to.
       const std::string_view marker = in_think ? kThinkToResponse : kResponseClosure;
+      const std::string_view tools_marker =
+          in_think ? std::string_view() : std::string_view(kResponseToTools);
       std::string& channel = in_think ? out.reasoning : out.reply;
       std::string& total = in_think ? reasoning_ : reply_;
       const std::string_view buf = pending_;
       size_t i = 0;
-      bool advanced = false, hold = false;
+      std::string_view found;
+      bool hold = false;
       for (; i < buf.size(); ++i) {
         if (buf[i] != '<' && buf[i] != '[') continue;
         const std::string_view rest = buf.substr(i);
         if (rest.starts_with(marker)) {
-          advanced = true;
+          found = marker;
           break;
         }
-        if (is_proper_prefix(rest, marker)) {
+        if (!tools_marker.empty() && rest.starts_with(tools_marker)) {
+          found = tools_marker;
+          break;
+        }
+        if (is_proper_prefix(rest, marker) ||
+            (!tools_marker.empty() && is_proper_prefix(rest, tools_marker))) {
           hold = true;
           break;
         }
@@ -361,12 +774,13 @@ void ReplyParser::run(ReplyText& out) {
       }
       channel.append(buf.substr(0, i));
       total.append(buf.substr(0, i));
-      if (!advanced) {
+      if (found.empty()) {
         pending_.erase(0, i);
         return;
       }
-      pending_.erase(0, i + marker.size());
-      state_ = in_think ? State::reply : State::closed;
+      const size_t n = found.size();
+      state_ = in_think ? State::reply : found == marker ? State::closed : State::tools;
+      pending_.erase(0, i + n);
       continue;
     }
     if (state_ == State::closed) {
