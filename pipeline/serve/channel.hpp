@@ -20,10 +20,16 @@ enum class Finish { stop, length, cancelled, error };
 
 const char* finish_name(Finish);  // "stop", "length", "cancelled", "error"
 
+// A chat reply's function call, complete: its name and arguments (a JSON object as text).
+struct CallDelta {
+  std::string name, arguments;
+};
+
 struct Delta {
   std::string text;       // visible text (chat: the reply channel)
   std::string reasoning;  // chat with thinking: the think channel
   std::vector<int32_t> ids;
+  std::vector<CallDelta> tool_calls;  // chat: calls completed by this delta's ids
 };
 
 struct Outcome {

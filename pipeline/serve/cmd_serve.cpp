@@ -46,6 +46,8 @@ struct ServeArgs {
   int max_seqs = 4, queue = 16, threads = 0, port = 8080, max_connections = 64;
   size_t context = 4096, max_body_kb = 1024;
   double drain_seconds = 10;
+  std::string thinking = "on";
+  int max_reply = 512;
 };
 
 // The signals that stop the server, blocked in every thread (the scheduler's and the connections'
@@ -147,7 +149,9 @@ int run_serve(ServeArgs a) {
                                             .max_body_bytes = a.max_body_kb * 1024,
                                             .model = name,
                                             .max_connections = a.max_connections,
-                                            .channel_bytes = 1 << 20},
+                                            .channel_bytes = 1 << 20,
+                                            .thinking = a.thinking == "on",
+                                            .max_reply = a.max_reply},
                        sched, *tok);
   const std::string url = a.host.find(':') != std::string::npos
                               ? fmt::format("http://[{}]:{}", a.host, server.port())
@@ -222,6 +226,16 @@ Action add_serve(CLI::App& sub) {
   sub.add_option("--drain-seconds", a->drain_seconds,
                  "on SIGINT / SIGTERM: how long in-flight requests may run before they are cancelled")
       ->check(CLI::Range(0.0, 3600.0))
+      ->capture_default_str();
+  sub.add_option("--thinking", a->thinking,
+                 "chat requests that do not set 'thinking': on (the think channel first, the answer in "
+                 "content once it closes) or off (the answer at once)")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
+  sub.add_option("--max-reply", a->max_reply,
+                 "tokens a reply may have: a chat request's default max_tokens, and every request's "
+                 "cap (a larger max_tokens is clamped; finish_reason says length)")
+      ->check(CLI::Range(1, 1 << 24))
       ->capture_default_str();
   sub.add_option("--model-name", a->model_name, "the model id clients name (default: MODEL_DIR's name)");
   sub.add_option("--tokenizer", a->tokenizer,

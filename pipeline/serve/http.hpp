@@ -32,6 +32,8 @@ struct ServerOptions {
   std::string model;  // the served model's name
   int max_connections = 64;
   size_t channel_bytes = 1 << 20;  // a request's text buffered for a slow client before it is cancelled
+  bool thinking = true;            // chat requests that do not say (serve --thinking)
+  int max_reply = 512;             // max_tokens' default for chat and cap for both (serve --max-reply)
 };
 
 // Usage Error (exit 2) unless `host` is an IPv4 or IPv6 address (checked before the model loads).

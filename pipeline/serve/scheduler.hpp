@@ -54,6 +54,11 @@ struct GenRequest {
   // deltas carry the reply channel as text and the think channel as reasoning.
   bool chat = false;
   bool thinking = true;
+  // Chat: text the prompt already holds past the generation prompt (a forced tool call's opening),
+  // fed to the reply parser before the generated text. Not counted as generated.
+  std::string reply_prefix;
+  // Chat: stop once this many tool calls are complete (0: no limit).
+  int max_calls = 0;
 };
 
 struct SchedulerOptions {
