@@ -338,3 +338,24 @@ TEST_CASE("malformed tool blocks") {
     CHECK(p.error() == c.error);
   }
 }
+
+TEST_CASE("a live chat with tools: prefix + turn + calls + results + generation prompt equal the render") {
+  for (bool thinking : {true, false}) {
+    CAPTURE(thinking);
+    ChatOptions o(thinking, "high");
+    o.tools = kWeather;
+    ChatMessage asked =
+        calls({{"call_1", "get_weather", R"({"city":"Oslo"})"}, {"call_2", "get_weather", ""}});
+    if (thinking) asked.reasoning = "Two cities.";
+    std::vector<ChatMessage> conv = {usr("Oslo and Rome?"), asked, result("call_1", "-3C", "get_weather"),
+                                     result("call_2", "18C", "get_weather")};
+    std::vector<Segment> live = render_prefix(std::nullopt, o);
+    for (const auto& part :
+         {render_turn(conv[0], o), render_completion(conv[1], o), render_tool_result(conv[2], 1),
+          render_tool_result(conv[3], 2), render_generation_prompt(o)})
+      live.insert(live.end(), part.begin(), part.end());
+    CHECK(live == render(conv, true, o));
+  }
+  CHECK(usage_message([] { render_tool_result(result("x", "r"), 1); }) ==
+        "chat: a tool result needs the tool role and the tool's name");
+}

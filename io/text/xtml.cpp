@@ -309,6 +309,21 @@ std::vector<Segment> render_completion(const ChatMessage& assistant, const ChatO
   return b.take();
 }
 
+std::vector<Segment> render_tool_result(const ChatMessage& tool, size_t index) {
+  if (tool.role != Role::tool || !tool.name || tool.name->empty())
+    throw usage_error("chat: a tool result needs the tool role and the tool's name");
+  Builder b;
+  b.tool_result(*tool.name, index, tool.content);
+  return b.take();
+}
+
+std::vector<Segment> render_generation_prompt(const ChatOptions& o) {
+  validate(o);
+  Builder b;
+  b.generation_prompt(o);
+  return b.take();
+}
+
 std::string join(std::span<const Segment> segs) {
   std::string s;
   for (const Segment& g : segs) s += g.text;

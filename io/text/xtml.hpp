@@ -136,6 +136,11 @@ std::vector<Segment> render_prefix(const std::optional<std::string>& system, con
 std::vector<Segment> render_turn(const ChatMessage& user, const ChatOptions&);
 // What the model generates after the generation prompt for `assistant`, ending with <|end_of_msg|>.
 std::vector<Segment> render_completion(const ChatMessage& assistant, const ChatOptions&);
+// The result of the index-th (1-based) call of the last assistant message, under the tool name
+// `tool.name` (usage error without one). After the last result, render_generation_prompt() opens
+// the reply to them.
+std::vector<Segment> render_tool_result(const ChatMessage& tool, size_t index);
+std::vector<Segment> render_generation_prompt(const ChatOptions&);
 
 std::string join(std::span<const Segment>);
 
