@@ -278,7 +278,7 @@ std::vector<ToolSlot> order_tool_results(std::span<const ChatMessage> msgs) {
             break;
           }
       if (pos == 0) resolved = false;
-      run.push_back({pos, ToolSlot{j, pos ? (*calls)[pos - 1].name : std::string()}});
+      run.emplace_back(pos, ToolSlot{j, pos ? (*calls)[pos - 1].name : std::string()});
     }
     if (resolved) {
       std::stable_sort(run.begin(), run.end(),

@@ -130,7 +130,9 @@ std::vector<text::ChatMessage> parse_messages(dom::object o) {
       const bool ok = k == "role" || k == "content" || (k == "name" && *r != Role::assistant) ||
                       (*r == Role::assistant && (k == "reasoning_content" || k == "tool_calls")) ||
                       (*r == Role::tool && k == "tool_call_id");
-      if (!ok) throw bad(fmt::format("messages[{}].{} is not supported on a {} message", i, k, rs));
+      if (!ok)
+        throw bad(fmt::format("messages[{}].{} is not supported on {} {} message", i, k,
+                              *r == Role::assistant ? "an" : "a", rs));
     }
     if (auto c = member(mo, "content")) msg.content = message_text(*c, i);
     if (auto rc = member(mo, "reasoning_content")) msg.reasoning = as_string(*rc, "reasoning_content");
