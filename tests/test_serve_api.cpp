@@ -85,9 +85,15 @@ TEST_CASE("tools, tool calls, tool results and the developer role reach the prom
   o.tools = kTools;
   o.tool_choice.kind = text::ToolChoice::Kind::required;
   const std::vector<text::ChatMessage> conv = {{Role::system, "Be brief."}, user, calls, r2, r1};
-  CHECK(r.gen.prompt == f.encode(text::render(conv, true, o)));
+  // tool_choice required: the render, then a call opened up to its name (the model names it).
+  std::vector<text::Segment> segs = text::render(conv, true, o);
+  const std::vector<text::Segment> forced = text::forced_reply(o);
+  segs.insert(segs.end(), forced.begin(), forced.end());
+  CHECK(r.gen.prompt == f.encode(segs));
+  CHECK(
+      r.gen.reply_prefix ==
+      R"(<|close|>think<|sep|><|open|>response<|sep|><|close|>response<|sep|><|open|>tools<|sep|><|open|>call tool=")");
   CHECK(r.gen.chat);
-  CHECK(r.gen.reply_prefix.empty());
   CHECK(r.gen.max_calls == 0);
   // The declarations are in the prompt's text, and so is each result under its call's name.
   const std::string prompt = f.tok.decode(r.gen.prompt);

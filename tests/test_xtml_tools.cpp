@@ -201,8 +201,15 @@ TEST_CASE("tool choice: the tool-choice message before the generation prompt; na
     const auto want = cat({std::vector<Segment>(base.begin(), base.end() - long(gen.size())),
                            message({" role=\"system\"", " type=\"tool-choice\""}, body), gen});
     CHECK(segs == want);
-    CHECK(forced_reply(o).empty());
   }
+  // auto and none force nothing; required opens a call up to its name.
+  o.tool_choice = ToolChoice{ToolChoice::Kind::none, ""};
+  CHECK(forced_reply(o).empty());
+  o.tool_choice = ToolChoice{};
+  CHECK(forced_reply(o).empty());
+  o.tool_choice = ToolChoice{ToolChoice::Kind::required, ""};
+  CHECK(forced_reply(o) ==
+        cat({close_tag("response"), open_tag("tools"), {C("<|open|>"), T("call"), T(" tool=\"")}}));
   o.tool_choice = ToolChoice{ToolChoice::Kind::named, "get_weather"};
   CHECK(forced_reply(o) == cat({close_tag("response"), open_tag("tools"),
                                 open_tag("call", {" tool=\"get_weather\"", " index=\"1\""})}));
@@ -358,4 +365,22 @@ TEST_CASE("a live chat with tools: prefix + turn + calls + results + generation 
   }
   CHECK(usage_message([] { render_tool_result(result("x", "r"), 1); }) ==
         "chat: a tool result needs the tool role and the tool's name");
+}
+
+TEST_CASE("a forced reply fed first: the model's text completes the call it opens") {
+  for (bool thinking : {true, false}) {
+    CAPTURE(thinking);
+    ChatOptions o(thinking, "max");
+    o.tools = kWeather;
+    o.tool_choice = ToolChoice{ToolChoice::Kind::required, ""};
+    ReplyParser p(thinking);
+    CHECK(p.feed(join(forced_reply(o))).empty());
+    CHECK(p.state() == ReplyParser::State::tools);
+    const ReplyText t = p.feed(
+        "get_weather\" index=\"1\"<|sep|><|open|>argument key=\"city\" type=\"string\"<|sep|>Rome"
+        "<|close|>argument<|sep|><|close|>call<|sep|><|close|>tools<|sep|><|close|>message<|sep|>[EOS]");
+    CHECK(t.calls == std::vector<ToolCall>{{"", "get_weather", R"({"city":"Rome"})"}});
+    CHECK(t.reply.empty());
+    CHECK(p.state() == ReplyParser::State::done);
+  }
 }

@@ -269,7 +269,8 @@ std::vector<Segment> render(std::span<const ChatMessage> msgs, bool add_generati
 }
 
 std::vector<Segment> forced_reply(const ChatOptions& o) {
-  if (o.tool_choice.kind != ToolChoice::Kind::named) return {};
+  using K = ToolChoice::Kind;
+  if (o.tool_choice.kind != K::named && o.tool_choice.kind != K::required) return {};
   Builder b;
   if (o.thinking) {
     b.close("think");
@@ -277,7 +278,14 @@ std::vector<Segment> forced_reply(const ChatOptions& o) {
   }
   b.close("response");
   b.open("tools");
-  b.open_attrs("call", {{"tool", o.tool_choice.name}, {"index", "1"}});
+  if (o.tool_choice.kind == K::named) {
+    b.open_attrs("call", {{"tool", o.tool_choice.name}, {"index", "1"}});
+  } else {
+    // The call is opened up to its tool name, which the model writes (then `" index="1"<|sep|>`).
+    b.control(kOpen);
+    b.text("call");
+    b.text(" tool=\"");
+  }
   return b.take();
 }
 

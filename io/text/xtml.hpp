@@ -59,8 +59,8 @@ std::string_view role_name(ChatMessage::Role);
 std::optional<ChatMessage::Role> parse_role(std::string_view);
 
 // Which calls the reply may make (OpenAI's tool_choice). The format knows `required` and `none`
-// as a system message after the conversation; `named` is told `required` and is also forced: the
-// generation prompt goes on to open that call (see forced_reply()).
+// as a system message after the conversation; `named` is told `required`. `required` and `named`
+// are also forced: the generation prompt goes on to open a call (see forced_reply()).
 struct ToolChoice {
   enum class Kind { automatic, none, required, named };
   Kind kind = Kind::automatic;
@@ -115,9 +115,11 @@ struct Segment {
 // conversation breaking the rules ("chat: message N: ...").
 std::vector<Segment> render(std::span<const ChatMessage>, bool add_generation_prompt, const ChatOptions&);
 
-// With a named tool choice: the text the prompt holds after the generation prompt, which the reply
-// parser must be fed first (as if generated) -- the think channel closed empty (thinking on), an
-// empty response channel, and the opening of the tools block and of that call. Empty otherwise.
+// With a required or named tool choice: the text the prompt holds after the generation prompt,
+// which the reply parser must be fed first (as if generated) -- the think channel closed empty
+// (thinking on), an empty response channel, the opening of the tools block and of a call: whole
+// for a named function, up to `tool="` for required (the model names the function). Empty for
+// auto and none.
 std::vector<Segment> forced_reply(const ChatOptions&);
 
 // Incremental rendering for a model state that already holds the conversation so far. With
