@@ -43,7 +43,7 @@ std::vector<int32_t> chat_prompt(dom::object o, const ApiContext& ctx, GenReques
     throw bad(fmt::format("messages[{}]: {}", problem->message - 1, problem->reason));
   try {
     std::vector<text::Segment> segs = text::render(msgs, true, opts);
-    // A named tool choice: the prompt goes on to open that call; the parser starts after it.
+    // A required or named tool choice: the prompt goes on to open a call; the parser starts after it.
     const std::vector<text::Segment> forced = text::forced_reply(opts);
     g.reply_prefix = text::join(forced);
     segs.insert(segs.end(), forced.begin(), forced.end());
@@ -53,7 +53,7 @@ std::vector<int32_t> chat_prompt(dom::object o, const ApiContext& ctx, GenReques
   }
 }
 
-std::vector<int32_t> completion_prompt(dom::object o, const ApiContext& ctx, std::string& text) {
+std::vector<int32_t> completion_prompt(dom::object o, const ApiContext& ctx, std::string& prompt_text) {
   const auto p = member(o, "prompt");
   if (!p) throw bad("'prompt' is required");
   std::string prompt;
@@ -66,7 +66,7 @@ std::vector<int32_t> completion_prompt(dom::object o, const ApiContext& ctx, std
     prompt = as_string(arr.at(0).value(), "prompt");
   }
   if (prompt.empty()) throw bad("'prompt' is empty");
-  text = prompt;
+  prompt_text = prompt;
   return ctx.tok.encode(prompt, true);
 }
 
