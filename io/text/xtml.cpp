@@ -1,10 +1,14 @@
 #include "io/text/xtml.hpp"
 
 #include <fmt/format.h>
+#include <simdjson.h>
 
 #include <array>
+#include <variant>
 
 #include "io/error.hpp"
+#include "io/json_text.hpp"
+#include "io/text/xtml_tools.hpp"
 
 namespace k3::io::text {
 
@@ -16,6 +20,12 @@ using Role = ChatMessage::Role;
 // response channel and of the message: the two sequences the parser looks for, as decoded text.
 const std::string kThinkToResponse = fmt::format("{}think{}{}response{}", kClose, kSep, kOpen, kSep);
 const std::string kResponseClosure = fmt::format("{}response{}{}message{}", kClose, kSep, kClose, kSep);
+
+// After the response channel: the opening of the tools block, and what ends the block.
+const std::string kResponseToTools = fmt::format("{}response{}{}tools{}", kClose, kSep, kOpen, kSep);
+const std::string kToolsClosure = fmt::format("{}tools{}{}message{}", kClose, kSep, kClose, kSep);
+const std::string kCallOpen = fmt::format("{}call", kOpen);
+const std::string kCallClose = fmt::format("{}call{}", kClose, kSep);
 
 constexpr std::array<std::string_view, 5> kControls = {kOpen, kSep, kClose, kEndOfMsg, kEos};
 
@@ -29,6 +39,8 @@ std::string effort_text(std::string_view effort) {
       effort);
 }
 
+using Attrs = std::vector<std::pair<std::string_view, std::string>>;
+
 class Builder {
  public:
   void control(std::string_view t) { push(t, true); }
@@ -41,6 +53,21 @@ class Builder {
     text(attrs);
     control(kSep);
   }
+  // <|open|>tag key="value"...<|sep|>, each attribute its own segment with its leading space, as
+  // the reference writes attributes.
+  void open_attrs(std::string_view tag, const Attrs& attrs) {
+    control(kOpen);
+    text(tag);
+    for (const auto& [k, v] : attrs) text(fmt::format(" {}=\"{}\"", k, escape_attr(v)));
+    control(kSep);
+  }
+  // A message the system writes itself (tool declarations, tool choice): role and type attributes.
+  void internal_message(std::string_view type, std::string_view body) {
+    open_attrs("message", {{"role", "system"}, {"type", std::string(type)}});
+    text(body);
+    close("message");
+    end_message();
+  }
   void close(std::string_view tag) {
     control(kClose);
     text(tag);
@@ -48,8 +75,16 @@ class Builder {
   }
   void end_message() { control(kEndOfMsg); }
 
-  void message(Role role, std::string_view body) {
-    open("message", role_attr(role));
+  void message(Role role, std::string_view body, const std::optional<std::string>& name = std::nullopt) {
+    Attrs attrs{{"role", std::string(role_name(role))}};
+    if (name && !name->empty()) attrs.emplace_back("name", *name);
+    open_attrs("message", attrs);
+    text(body);
+    close("message");
+    end_message();
+  }
+  void tool_result(std::string_view tool, size_t index, std::string_view body) {
+    open_attrs("message", {{"role", "tool"}, {"tool", std::string(tool)}, {"index", std::to_string(index)}});
     text(body);
     close("message");
     end_message();
@@ -68,8 +103,33 @@ class Builder {
     }
     text(m.content);
     close("response");
+    if (!m.tool_calls.empty()) {
+      open("tools");
+      for (size_t i = 0; i < m.tool_calls.size(); ++i) {
+        open_attrs("call", {{"tool", m.tool_calls[i].name}, {"index", std::to_string(i + 1)}});
+        arguments(m.tool_calls[i]);
+        close("call");
+      }
+      close("tools");
+    }
     close("message");
     end_message();
+  }
+
+  // A call's arguments (xtml_tools.hpp: render_arguments).
+  void arguments(const ToolCall& call) {
+    const RenderedArguments r = render_arguments(call);
+    if (r.json_block) {
+      open_attrs("json", {{"type", "object"}});
+      text(*r.json_block);
+      close("json");
+      return;
+    }
+    for (const ArgumentBlock& a : r.blocks) {
+      open_attrs("argument", {{"key", a.key}, {"type", a.type}});
+      text(a.value);
+      close("argument");
+    }
   }
 
   std::vector<Segment> take() { return std::move(out_); }
@@ -81,6 +141,15 @@ class Builder {
   }
   std::vector<Segment> out_;
 };
+
+void tools_message(Builder& b, const ChatOptions& o) {
+  if (!o.tools.empty()) b.internal_message("tool-declare", tools_body(o.tools));
+}
+
+void tool_choice_message(Builder& b, const ChatOptions& o) {
+  if (const std::string body = tool_choice_body(o.tool_choice); !body.empty())
+    b.internal_message("tool-choice", body);
+}
 
 void effort_message(Builder& b, const ChatOptions& o) {
   if (!o.thinking) return;
@@ -105,6 +174,8 @@ std::string_view role_name(Role r) {
       return "user";
     case Role::assistant:
       return "assistant";
+    case Role::tool:
+      return "tool";
   }
   return "?";
 }
@@ -118,25 +189,49 @@ std::optional<Role> parse_role(std::string_view s) {
 void validate(const ChatOptions& o) {
   if (o.effort != "low" && o.effort != "high" && o.effort != "max")
     throw usage_error(fmt::format("--think-effort must be low, high or max (got '{}')", o.effort));
+  if (!o.tools.empty()) validate_tools(o.tools, "tools");
+  if (o.tool_choice.kind != ToolChoice::Kind::automatic && o.tools.empty())
+    throw usage_error("chat: a tool choice other than auto needs tool declarations");
 }
 
 std::optional<ConversationProblem> check_conversation(std::span<const ChatMessage> msgs,
                                                       bool add_generation_prompt) {
+  // What may come next: user, then assistant; an assistant message with calls wants tool results,
+  // after which another result or the assistant's next message may come.
   Role want = Role::user;
+  bool after_tool = false;
   for (size_t i = 0; i < msgs.size(); ++i) {
     const ChatMessage& m = msgs[i];
     if (m.role == Role::system) {
       if (i != 0) return ConversationProblem{i + 1, "a system message may only come first"};
+    } else if (m.role == Role::tool && after_tool) {
+      // another result of the same calls
+    } else if (m.role == Role::assistant && after_tool) {
+      want = m.tool_calls.empty() ? Role::user : Role::tool;
+      after_tool = false;
     } else if (m.role != want) {
       return ConversationProblem{i + 1,
                                  fmt::format("role is {}, expected {}", role_name(m.role), role_name(want))};
+    } else if (m.role == Role::tool) {
+      after_tool = true;
+      want = Role::assistant;
+    } else if (m.role == Role::assistant) {
+      want = m.tool_calls.empty() ? Role::user : Role::tool;
     } else {
-      want = want == Role::user ? Role::assistant : Role::user;
+      want = Role::assistant;
     }
     if (m.reasoning && m.role != Role::assistant)
       return ConversationProblem{
           i + 1, fmt::format("reasoning on a {} message (assistant only)", role_name(m.role))};
+    if (!m.tool_calls.empty() && m.role != Role::assistant)
+      return ConversationProblem{
+          i + 1, fmt::format("tool calls on a {} message (assistant only)", role_name(m.role))};
+    for (const ToolCall& c : m.tool_calls)
+      if (c.name.empty()) return ConversationProblem{i + 1, "a tool call without a function name"};
   }
+  if (add_generation_prompt && want == Role::tool)
+    return ConversationProblem{msgs.size() + 1,
+                               "the tool calls of the last assistant message have no results"};
   if (add_generation_prompt && want != Role::assistant)
     return ConversationProblem{
         msgs.size() + 1,
@@ -149,23 +244,55 @@ std::vector<Segment> render(std::span<const ChatMessage> msgs, bool add_generati
   validate(o);
   throw_if_bad(msgs, add_generation_prompt);
   Builder b;
-  // The effort announcement precedes everything, the conversation's own system message included.
+  // The tool declarations, then the effort announcement precede everything, the conversation's
+  // own system message included.
+  tools_message(b, o);
   effort_message(b, o);
-  for (const ChatMessage& m : msgs) {
+  size_t tool_index = 0;
+  for (const ToolSlot& slot : order_tool_results(msgs)) {
+    const ChatMessage& m = msgs[slot.message];
     if (m.role == Role::assistant) {
+      tool_index = 0;
       b.generation_prompt(o);
       b.completion(m, o);
+    } else if (m.role == Role::tool) {
+      b.tool_result(slot.tool, ++tool_index, m.content);
     } else {
-      b.message(m.role, m.content);
+      b.message(m.role, m.content, m.name);
     }
   }
-  if (add_generation_prompt) b.generation_prompt(o);
+  if (add_generation_prompt) {
+    tool_choice_message(b, o);
+    b.generation_prompt(o);
+  }
+  return b.take();
+}
+
+std::vector<Segment> forced_reply(const ChatOptions& o) {
+  using K = ToolChoice::Kind;
+  if (o.tool_choice.kind != K::named && o.tool_choice.kind != K::required) return {};
+  Builder b;
+  if (o.thinking) {
+    b.close("think");
+    b.open("response");
+  }
+  b.close("response");
+  b.open("tools");
+  if (o.tool_choice.kind == K::named) {
+    b.open_attrs("call", {{"tool", o.tool_choice.name}, {"index", "1"}});
+  } else {
+    // The call is opened up to its tool name, which the model writes (then `" index="1"<|sep|>`).
+    b.control(kOpen);
+    b.text("call");
+    b.text(" tool=\"");
+  }
   return b.take();
 }
 
 std::vector<Segment> render_prefix(const std::optional<std::string>& system, const ChatOptions& o) {
   validate(o);
   Builder b;
+  tools_message(b, o);
   effort_message(b, o);
   if (system) b.message(Role::system, *system);
   return b.take();
@@ -187,6 +314,21 @@ std::vector<Segment> render_completion(const ChatMessage& assistant, const ChatO
         fmt::format("chat: a completion is an assistant message, not {}", role_name(assistant.role)));
   Builder b;
   b.completion(assistant, o);
+  return b.take();
+}
+
+std::vector<Segment> render_tool_result(const ChatMessage& tool, size_t index) {
+  if (tool.role != Role::tool || !tool.name || tool.name->empty())
+    throw usage_error("chat: a tool result needs the tool role and the tool's name");
+  Builder b;
+  b.tool_result(*tool.name, index, tool.content);
+  return b.take();
+}
+
+std::vector<Segment> render_generation_prompt(const ChatOptions& o) {
+  validate(o);
+  Builder b;
+  b.generation_prompt(o);
   return b.take();
 }
 
@@ -213,6 +355,8 @@ std::string_view state_name(ReplyParser::State s) {
       return "reasoning";
     case S::reply:
       return "reply";
+    case S::tools:
+      return "tools";
     case S::closed:
       return "closed";
     case S::done:
@@ -231,6 +375,7 @@ ReplyParser::ReplyParser(bool thinking)
 ChatMessage ReplyParser::message() const {
   ChatMessage m{Role::assistant, reply_, std::nullopt};
   if (thinking_) m.reasoning = reasoning_;
+  m.tool_calls = calls_;
   return m;
 }
 
@@ -264,7 +409,8 @@ ReplyText ReplyParser::finish() {
     case State::reasoning:
     case State::reply: {
       const bool in_think = state_ == State::reasoning;
-      if (is_proper_prefix(pending_, in_think ? kThinkToResponse : kResponseClosure)) {
+      if (is_proper_prefix(pending_, in_think ? kThinkToResponse : kResponseClosure) ||
+          (!in_think && is_proper_prefix(pending_, kResponseToTools))) {
         cut_ = pending_;
       } else {
         // Held for a control token that never completed: text after all.
@@ -278,6 +424,11 @@ ReplyText ReplyParser::finish() {
       // The closing sequence is complete; only the end token is missing, maybe cut.
       cut_ = pending_;
       state_ = State::done;
+      break;
+    case State::tools:
+      // A call without its closing is dropped: half a call is worse than none.
+      if (is_proper_prefix(pending_, kToolsClosure)) cut_ = pending_;
+      state_ = State::truncated;
       break;
     default:
       break;
@@ -298,6 +449,15 @@ std::vector<Segment> ReplyParser::closing() const {
   }
   if (from == State::reasoning || from == State::reply) {
     b.close("response");
+    // The model was opening the tools block: it is opened and closed empty.
+    if (from == State::reply && !cut_.empty() && !kResponseClosure.starts_with(cut_)) {
+      b.open("tools");
+      b.close("tools");
+    }
+    b.close("message");
+  }
+  if (from == State::tools) {
+    b.close("tools");
     b.close("message");
   }
   if (from != State::done) b.end_message();
@@ -323,24 +483,70 @@ std::vector<Segment> ReplyParser::closing() const {
   return out;
 }
 
+bool ReplyParser::run_tools(ReplyText& out) {
+  const std::string_view buf = pending_;
+  if (buf.empty()) return false;
+  if (buf.starts_with(kToolsClosure)) {
+    pending_.erase(0, kToolsClosure.size());
+    state_ = State::closed;
+    return true;
+  }
+  if (is_proper_prefix(buf, kToolsClosure) || is_proper_prefix(buf, kCallOpen)) return false;
+  if (!buf.starts_with(kCallOpen)) {
+    fail("expected a tool call or the end of the tools block", 0);
+    return false;
+  }
+  const size_t end = buf.find(kCallClose);
+  if (end == std::string_view::npos) {
+    for (std::string_view c : {kEndOfMsg, kEos})
+      if (buf.find(c) != std::string_view::npos) {
+        fail(fmt::format("{} inside a tool call", c), 0);
+        return false;
+      }
+    return false;
+  }
+  auto call = parse_call(buf.substr(0, end));
+  if (auto* why = std::get_if<std::string>(&call)) {
+    fail(*why, 0);
+    return false;
+  }
+  calls_.push_back(std::get<ToolCall>(call));
+  out.calls.push_back(std::get<ToolCall>(std::move(call)));
+  pending_.erase(0, end + kCallClose.size());
+  return true;
+}
+
 void ReplyParser::run(ReplyText& out) {
   for (;;) {
+    if (state_ == State::tools) {
+      if (!run_tools(out)) return;
+      continue;
+    }
     if (state_ == State::reasoning || state_ == State::reply) {
       const bool in_think = state_ == State::reasoning;
+      // The markers that end the channel, and the state each leads to.
       const std::string_view marker = in_think ? kThinkToResponse : kResponseClosure;
+      const std::string_view tools_marker =
+          in_think ? std::string_view() : std::string_view(kResponseToTools);
       std::string& channel = in_think ? out.reasoning : out.reply;
       std::string& total = in_think ? reasoning_ : reply_;
       const std::string_view buf = pending_;
       size_t i = 0;
-      bool advanced = false, hold = false;
+      std::string_view found;
+      bool hold = false;
       for (; i < buf.size(); ++i) {
         if (buf[i] != '<' && buf[i] != '[') continue;
         const std::string_view rest = buf.substr(i);
         if (rest.starts_with(marker)) {
-          advanced = true;
+          found = marker;
           break;
         }
-        if (is_proper_prefix(rest, marker)) {
+        if (!tools_marker.empty() && rest.starts_with(tools_marker)) {
+          found = tools_marker;
+          break;
+        }
+        if (is_proper_prefix(rest, marker) ||
+            (!tools_marker.empty() && is_proper_prefix(rest, tools_marker))) {
           hold = true;
           break;
         }
@@ -361,12 +567,13 @@ void ReplyParser::run(ReplyText& out) {
       }
       channel.append(buf.substr(0, i));
       total.append(buf.substr(0, i));
-      if (!advanced) {
+      if (found.empty()) {
         pending_.erase(0, i);
         return;
       }
-      pending_.erase(0, i + marker.size());
-      state_ = in_think ? State::reply : State::closed;
+      const size_t n = found.size();
+      state_ = in_think ? State::reply : found == marker ? State::closed : State::tools;
+      pending_.erase(0, i + n);
       continue;
     }
     if (state_ == State::closed) {

@@ -10,6 +10,8 @@
 // On a terminal the reply's control characters are shown escaped (support/terminal_text.hpp); to a
 // file or a pipe it is written as generated.
 // The think channel is generated but hidden unless --show-thinking.
+// --tools F.json declares functions: a reply's calls are printed as `tool call ID: NAME ARGUMENTS`
+// lines, and `/tool RESULT` answers them in order; after the last answer the model replies.
 // Under mpirun (docs/distributed.md §6) rank 0 owns the terminal and the files: it reads each line
 // and sends it, with Ctrl-C / SIGTERM as a flag before every step, and the other ranks follow, each
 // holding only its experts; every rank samples the same ids, so nothing else is sent.
@@ -22,7 +24,9 @@
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -53,9 +57,10 @@ using Role = text::ChatMessage::Role;
 
 struct ChatArgs {
   DecoderOptions dec;
-  std::optional<std::string> tokenizer, system, history, save_state;
+  std::optional<std::string> tokenizer, system, history, save_state, tools;
   bool show_thinking = false, no_thinking = false, jsonl = false;
   std::string effort = "max";
+  std::string tools_json;  // --tools F: its text
   int max_reply = 1024;
   size_t context = 4096;
   int threads = 0;
@@ -105,6 +110,7 @@ class ChatSession {
         interactive_(lead_ && ::isatty(STDIN_FILENO) != 0) {
     opts_.thinking = !a.no_thinking;
     opts_.effort = a.effort;
+    opts_.tools = a.tools_json;
     end_ids_ = text::end_of_turn_ids(tok);
   }
 
@@ -200,8 +206,12 @@ class ChatSession {
       if (cmd == "/help") {
         say("/save F  state to F (K3ST) and the conversation to F.history.jsonl\n"
             "/load F  continue from what /save F wrote\n/reset   forget the conversation (keeps --system)\n"
-            "/quit    leave");
+            "/tool R  with --tools: R answers the reply's next tool call\n/quit    leave");
+      } else if (cmd == "/tool") {
+        tool_result(arg);
       } else if (cmd == "/reset") {
+        pending_.clear();
+        answered_ = 0;
         std::vector<text::ChatMessage> keep;
         if (!history_.empty() && history_.front().role == Role::system) keep.push_back(history_.front());
         dec_.reset();
@@ -212,6 +222,8 @@ class ChatSession {
             "and --load-state instead");
       } else if (cmd == "/save" && !arg.empty() && !lead_) {
         // rank 0 alone writes the files
+      } else if ((cmd == "/save" || cmd == "/load") && !opts_.tools.empty()) {
+        say(fmt::format("{} is not available with --tools (the history file holds no tool calls)", cmd));
       } else if (cmd == "/save" && !arg.empty()) {
         check_writable(arg, "/save");
         const uint64_t bytes = dec_.save(arg);
@@ -242,6 +254,11 @@ class ChatSession {
   }
 
   void turn(const std::string& user) {
+    if (!pending_.empty()) {
+      say(fmt::format("k3flow: the reply's tool calls wait for their results: /tool RESULT answers {} ({})",
+                      pending_.front().id, pending_.front().name));
+      return;
+    }
     const text::ChatMessage msg{Role::user, user, std::nullopt};
     const size_t before = dec_.seq().size();
     try {
@@ -250,6 +267,30 @@ class ChatSession {
       say(fmt::format("k3flow: {}", e.what()));
       return;
     }
+    history_.push_back(msg);
+    reply(before);
+  }
+
+  // `/tool RESULT`: the next unanswered call's result; after the last one, the model's reply.
+  void tool_result(const std::string& result) {
+    if (pending_.empty()) {
+      say("k3flow: no tool call is waiting for a result");
+      return;
+    }
+    text::ChatMessage msg{Role::tool, result};
+    msg.tool_call_id = pending_.front().id;
+    msg.name = pending_.front().name;
+    const size_t before = dec_.seq().size();
+    push(text::render_tool_result(msg, ++answered_));
+    history_.push_back(msg);
+    pending_.erase(pending_.begin());
+    if (!pending_.empty()) return;
+    push(text::render_generation_prompt(opts_));
+    reply(before);
+  }
+
+  // Generates the reply to what was just pushed (from `before` on: the prompt's ids).
+  void reply(size_t before) {
     const size_t prompt_ids = dec_.seq().size() - before;
     text::ReplyParser parser(opts_.thinking);
     text::StreamDecoder decoder(tok_);
@@ -304,8 +345,17 @@ class ChatSession {
     if (parser.state() == text::ReplyParser::State::malformed)
       say(fmt::format("k3flow: the reply left the chat format ({}); it was closed there", parser.error()));
 
-    history_.push_back(msg);
-    history_.push_back(parser.message());
+    text::ChatMessage answer = parser.message();
+    // The calls get ids the results will name; they wait for /tool.
+    for (text::ToolCall& c : answer.tool_calls) {
+      c.id = fmt::format("call_{}", ++calls_made_);
+      if (lead_)
+        std::fprintf(stdout, "tool call %s: %s %s\n", c.id.c_str(), c.name.c_str(), c.arguments.c_str());
+    }
+    std::fflush(stdout);
+    pending_ = answer.tool_calls;
+    answered_ = 0;
+    history_.push_back(std::move(answer));
     if (a_.history && lead_) text::save_history(*a_.history, history_);
     if (!lead_) return;
     if (a_.jsonl) record(n, ended);
@@ -390,11 +440,30 @@ class ChatSession {
   text::ChatOptions opts_;
   std::vector<int32_t> end_ids_;
   std::vector<text::ChatMessage> history_;
+  std::vector<text::ToolCall> pending_;  // the last reply's calls without a result yet
+  size_t answered_ = 0;                  // results given to the last reply's calls
+  uint64_t calls_made_ = 0;
 };
+
+// --tools F: the file's text, a JSON array of OpenAI tool objects (usage error naming the flag).
+std::string read_tools_file(const std::string& path) {
+  check_input_file(path, "--tools");
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw io::usage_error(fmt::format("--tools {}: cannot be read", path));
+  std::ostringstream s;
+  s << f.rdbuf();
+  text::validate_tools(s.str(), fmt::format("--tools {}", path));
+  return s.str();
+}
 
 int run_chat(ChatArgs& a) {
   text::ChatOptions opts{!a.no_thinking, a.effort};
   text::validate(opts);
+  if (a.tools) {
+    if (a.history)
+      throw io::usage_error("--tools cannot be used with --history (the history file holds no tool calls)");
+    a.tools_json = read_tools_file(*a.tools);
+  }
   stages::validate(a.sampling);
   check_spec_flag(a.spec, a.sampling, a.dec.recompute);
   a.draft = spec_policy_options(a.spec, a.spec_min_match, a.spec_policy);
@@ -488,6 +557,9 @@ Action add_chat(CLI::App& sub) {
       ->check(CLI::Range(size_t{16}, kMaxPositions))
       ->capture_default_str();
   sub.add_option("--save-state", a->save_state, "write the state (K3ST) when the chat ends");
+  sub.add_option("--tools", a->tools,
+                 "JSON file of tool declarations (OpenAI's tools array); calls are printed, /tool RESULT "
+                 "answers them");
   add_sampler_flags(sub, a->sampling);
   sub.add_flag("--recompute", a->dec.recompute,
                "recompute the whole conversation every token (slow; checks)");

@@ -8,7 +8,7 @@
 #include "io/error.hpp"
 #include "io/json_text.hpp"
 #include "io/text/xtml.hpp"
-#include "pipeline/serve/api_fields.hpp"
+#include "pipeline/serve/api_json.hpp"
 #include "pipeline/serve/api_sampling.hpp"
 
 namespace k3::pipeline::serve {
@@ -29,6 +29,7 @@ std::vector<int32_t> encode(const text::Tokenizer& tok, std::span<const text::Se
 
 std::vector<int32_t> chat_prompt(dom::object o, const ApiContext& ctx, GenRequest& g) {
   text::ChatOptions opts;
+  opts.thinking = ctx.thinking;
   if (auto e = member(o, "thinking")) opts.thinking = as_bool(*e, "thinking");
   if (g.json) {
     // The JSON value is the reply: the think channel is off (docs/serve.md).
@@ -43,52 +44,23 @@ std::vector<int32_t> chat_prompt(dom::object o, const ApiContext& ctx, GenReques
   }
   g.chat = true;
   g.thinking = opts.thinking;
-  const auto m = member(o, "messages");
-  if (!m) throw bad("'messages' is required");
-  dom::array arr;
-  if (m->get(arr)) throw bad("'messages' must be an array");
-  std::vector<text::ChatMessage> msgs;
-  size_t i = 0;
-  for (dom::element e : arr) {
-    ++i;
-    dom::object mo;
-    if (e.get(mo)) throw bad(fmt::format("messages[{}] must be an object", i - 1));
-    const auto role = member(mo, "role");
-    if (!role) throw bad(fmt::format("messages[{}].role is required", i - 1));
-    const std::string rs = as_string(*role, "role");
-    const std::optional<text::ChatMessage::Role> r = text::parse_role(rs);
-    if (!r) throw bad(fmt::format("messages[{}].role '{}': system, user or assistant", i - 1, rs));
-    text::ChatMessage msg{*r, "", std::nullopt};
-    if (auto c = member(mo, "content")) {
-      if (c->is_string()) {
-        msg.content = as_string(*c, "content");
-      } else {
-        // [{"type":"text","text":...}, ...]: the text parts joined.
-        dom::array parts;
-        if (c->get(parts)) throw bad(fmt::format("messages[{}].content must be a string or an array", i - 1));
-        for (dom::element p : parts) {
-          dom::object po;
-          std::string_view t;
-          if (p.get(po) || po.at_key("text").get(t))
-            throw bad(fmt::format("messages[{}].content: only text parts are supported", i - 1));
-          msg.content += t;
-        }
-      }
-    }
-    if (auto rc = member(mo, "reasoning_content")) msg.reasoning = as_string(*rc, "reasoning_content");
-    msgs.push_back(std::move(msg));
-  }
-  if (msgs.empty()) throw bad("'messages' is empty");
+  parse_tools(o, opts, g);
+  const std::vector<text::ChatMessage> msgs = parse_messages(o);
   if (const auto problem = text::check_conversation(msgs, true))
     throw bad(fmt::format("messages[{}]: {}", problem->message - 1, problem->reason));
   try {
-    return encode(ctx.tok, text::render(msgs, true, opts));
+    std::vector<text::Segment> segs = text::render(msgs, true, opts);
+    // A required or named tool choice: the prompt goes on to open a call; the parser starts after it.
+    const std::vector<text::Segment> forced = text::forced_reply(opts);
+    g.reply_prefix = text::join(forced);
+    segs.insert(segs.end(), forced.begin(), forced.end());
+    return encode(ctx.tok, segs);
   } catch (const io::Error& err) {
     throw bad(err.what());
   }
 }
 
-std::vector<int32_t> completion_prompt(dom::object o, const ApiContext& ctx) {
+std::vector<int32_t> completion_prompt(dom::object o, const ApiContext& ctx, std::string& prompt_text) {
   const auto p = member(o, "prompt");
   if (!p) throw bad("'prompt' is required");
   std::string prompt;
@@ -101,6 +73,7 @@ std::vector<int32_t> completion_prompt(dom::object o, const ApiContext& ctx) {
     prompt = as_string(arr.at(0).value(), "prompt");
   }
   if (prompt.empty()) throw bad("'prompt' is empty");
+  prompt_text = prompt;
   return ctx.tok.encode(prompt, true);
 }
 
@@ -119,6 +92,10 @@ const char* finish_reason(Finish f) {
   return f == Finish::length ? "length" : "stop";
 }
 
+const char* finish_reason(Finish f, bool made_calls) {
+  return made_calls && f == Finish::stop ? "tool_calls" : finish_reason(f);
+}
+
 ApiRequest parse_request(Endpoint ep, std::string_view body, const ApiContext& ctx) {
   dom::parser parser;
   dom::element doc;
@@ -126,6 +103,7 @@ ApiRequest parse_request(Endpoint ep, std::string_view body, const ApiContext& c
     throw bad(fmt::format("the body is not valid JSON ({})", simdjson::error_message(err)));
   dom::object o;
   if (doc.get(o)) throw bad("the body must be a JSON object");
+  refuse_unknown_fields(o, ep);
   ApiRequest r;
   r.endpoint = ep;
   GenRequest& g = r.gen;
@@ -192,19 +170,23 @@ ApiRequest parse_request(Endpoint ep, std::string_view body, const ApiContext& c
       if (s.empty()) throw bad("'stop': an empty string");
   }
 
-  g.prompt = ep == Endpoint::chat ? chat_prompt(o, ctx, g) : completion_prompt(o, ctx);
+  std::string prompt_text;
+  g.prompt = ep == Endpoint::chat ? chat_prompt(o, ctx, g) : completion_prompt(o, ctx, prompt_text);
+  if (auto e = member(o, "echo"); e && as_bool(*e, "echo")) r.echo = prompt_text;
   if (g.prompt.size() >= ctx.capacity)
     throw bad(fmt::format("the prompt has {} tokens; this server's context holds {} (--context)",
                           g.prompt.size(), ctx.capacity));
   std::optional<dom::element> mt = member(o, "max_tokens");
   if (!mt) mt = member(o, "max_completion_tokens");
+  // --max-reply caps every request (a larger max_tokens is clamped to it; finish_reason "length"
+  // tells the client) and is a chat request's default; completions default to OpenAI's 16.
+  const int64_t cap = std::min<int64_t>(ctx.max_reply, int64_t(ctx.capacity));
   if (mt) {
     const int64_t n = as_integer(*mt, "max_tokens");
     if (n < 1) throw bad("'max_tokens' must be at least 1");
-    g.max_tokens = int(std::min<int64_t>(n, int64_t(ctx.capacity)));
+    g.max_tokens = int(std::min<int64_t>(n, cap));
   } else {
-    // OpenAI's defaults: 16 for completions; a chat reply runs to the end of its turn or the context.
-    g.max_tokens = ep == Endpoint::chat ? int(ctx.capacity) : 16;
+    g.max_tokens = int(ep == Endpoint::chat ? cap : std::min<int64_t>(16, cap));
   }
   return r;
 }
@@ -225,10 +207,25 @@ std::string ResponseBuilder::chunk(const Delta* d, const char* finish, bool role
     w.key("delta").begin_object();
     if (role) w.field("role", "assistant");
     if (d && !d->reasoning.empty()) w.field("reasoning_content", d->reasoning);
-    if (d && (!d->text.empty() || (d->reasoning.empty() && !role))) w.field("content", d->text);
+    const bool calls = d && !d->tool_calls.empty();
+    if (d && (!d->text.empty() || (d->reasoning.empty() && !role && !calls))) w.field("content", d->text);
+    if (calls) {
+      w.key("tool_calls").begin_array();
+      for (size_t i = 0; i < d->tool_calls.size(); ++i) {
+        const size_t index = streamed_calls_ + i;
+        w.begin_object().field("index", int64_t(index)).field("id", call_id(index)).field("type", "function");
+        w.key("function")
+            .begin_object()
+            .field("name", d->tool_calls[i].name)
+            .field("arguments", d->tool_calls[i].arguments)
+            .end_object();
+        w.end_object();
+      }
+      w.end_array();
+    }
     w.end_object();
   } else {
-    w.field("text", d ? d->text : std::string());
+    w.field("text", (sent_echo_ ? std::string() : req_.echo) + (d ? d->text : std::string()));
   }
   if (req_.token_ids && d) w.field("token_ids", d->ids);
   if (req_.gen.logprobs >= 0) {
@@ -249,12 +246,21 @@ std::string ResponseBuilder::chunk(const Delta* d, const char* finish, bool role
   return "data: " + w.str() + "\n\n";
 }
 
+std::string ResponseBuilder::call_id(size_t index) const {
+  return fmt::format("call_{}_{}", id_, index);
+}
+
 std::string ResponseBuilder::event(const Delta& d) {
-  if (d.text.empty() && d.reasoning.empty() && !(req_.token_ids && !d.ids.empty()) && d.logprobs.empty())
+  if (d.text.empty() && d.reasoning.empty() && d.tool_calls.empty() && !(req_.token_ids && !d.ids.empty()) &&
+      d.logprobs.empty() && (sent_echo_ || req_.echo.empty()))
     return {};
   const bool role = req_.endpoint == Endpoint::chat && !sent_role_;
+  std::string ev = chunk(&d, nullptr, role);
   sent_role_ = true;
-  return chunk(&d, nullptr, role);
+  sent_echo_ = true;
+  streamed_calls_ += d.tool_calls.size();
+  calls_.insert(calls_.end(), d.tool_calls.begin(), d.tool_calls.end());
+  return ev;
 }
 
 void ResponseBuilder::usage(io::JsonWriter& w, const Outcome& o) const {
@@ -274,7 +280,8 @@ std::string ResponseBuilder::final_events(const Outcome& o) {
   std::string out;
   const bool role = req_.endpoint == Endpoint::chat && !sent_role_;
   const Delta empty;
-  out += chunk(req_.endpoint == Endpoint::chat ? &empty : nullptr, finish_reason(o.finish), role);
+  out += chunk(req_.endpoint == Endpoint::chat ? &empty : nullptr, finish_reason(o.finish, !calls_.empty()),
+               role);
   if (req_.include_usage) {
     io::JsonWriter w;
     envelope(w, req_.endpoint == Endpoint::chat ? "chat.completion.chunk" : "text_completion");
@@ -292,6 +299,7 @@ void ResponseBuilder::add(const Delta& d) {
   reasoning_ += d.reasoning;
   ids_.insert(ids_.end(), d.ids.begin(), d.ids.end());
   logprobs_.insert(logprobs_.end(), d.logprobs.begin(), d.logprobs.end());
+  calls_.insert(calls_.end(), d.tool_calls.begin(), d.tool_calls.end());
 }
 
 std::string ResponseBuilder::body(const Outcome& o) const {
@@ -300,11 +308,28 @@ std::string ResponseBuilder::body(const Outcome& o) const {
   envelope(w, chat ? "chat.completion" : "text_completion");
   w.key("choices").begin_array().begin_object().field("index", 0);
   if (chat) {
-    w.key("message").begin_object().field("role", "assistant").field("content", text_);
+    w.key("message").begin_object().field("role", "assistant");
+    // OpenAI's shape: content null when the reply is only calls.
+    if (text_.empty() && !calls_.empty())
+      w.key("content").value(nullptr);
+    else
+      w.field("content", text_);
     if (req_.gen.thinking) w.field("reasoning_content", reasoning_);
+    if (!calls_.empty()) {
+      w.key("tool_calls").begin_array();
+      for (size_t i = 0; i < calls_.size(); ++i) {
+        w.begin_object().field("id", call_id(i)).field("type", "function");
+        w.key("function")
+            .begin_object()
+            .field("name", calls_[i].name)
+            .field("arguments", calls_[i].arguments);
+        w.end_object().end_object();
+      }
+      w.end_array();
+    }
     w.end_object();
   } else {
-    w.field("text", text_);
+    w.field("text", req_.echo + text_);
   }
   if (req_.token_ids) w.field("token_ids", ids_);
   w.key("logprobs");
@@ -314,7 +339,7 @@ std::string ResponseBuilder::body(const Outcome& o) const {
   } else {
     w.value(nullptr);
   }
-  w.field("finish_reason", finish_reason(o.finish));
+  w.field("finish_reason", finish_reason(o.finish, !calls_.empty()));
   w.end_object().end_array();
   usage(w, o);
   w.end_object();

@@ -3,14 +3,16 @@
 // Server-Sent-Event chunks written with io::JsonWriter in OpenAI's shapes (id, object, created,
 // model, choices[...], usage). No HTTP here: http.cpp moves these strings.
 //
-// Accepted fields: model (must name the served model when given), prompt (completions: a string, or
-// an array of one string), messages (chat: [{role, content[, reasoning_content]}]), max_tokens (or
-// max_completion_tokens), temperature (0..2; 0 = greedy), top_p, top_k, min_p, seed, stop (a string
-// or up to 4), stream, stream_options.include_usage, reasoning_effort (low|high|max) and thinking
-// (false: no think channel) for chat; presence_penalty, frequency_penalty, logprobs (+ top_logprobs),
-// response_format (api_sampling.hpp). Extensions: return_token_ids (each choice and chunk also
-// carries the generated ids), ignore_eos. Other fields are ignored, as OpenAI-compatible servers do;
-// n > 1 is refused.
+// Accepted fields (docs/serve.md has the table): model (must name the served model when given),
+// prompt and echo (completions), messages (chat: system, developer, user, assistant with
+// reasoning_content and tool_calls, tool with tool_call_id), tools, tool_choice and
+// parallel_tool_calls (chat), max_tokens (or max_completion_tokens; capped by --max-reply),
+// temperature (0..2; 0 = greedy), top_p, top_k, min_p, seed, stop (a string or up to 4), stream,
+// stream_options.include_usage, reasoning_effort (low|high|max) and thinking (false: no think
+// channel; default serve --thinking) for chat, n (1 only), user (accepted, no effect);
+// presence_penalty, frequency_penalty, logprobs (+ top_logprobs), response_format
+// (api_sampling.hpp). Extensions: return_token_ids (each choice and chunk also carries the
+// generated ids), ignore_eos. Any other field is refused with a 400 naming it.
 #pragma once
 #include <cstdint>
 #include <optional>
@@ -42,12 +44,17 @@ struct ApiRequest {
   Endpoint endpoint = Endpoint::completions;
   GenRequest gen;
   bool stream = false, include_usage = false, token_ids = false;
+  std::string echo;  // completions with echo: the prompt, written before the generated text
 };
 
 struct ApiContext {
   std::string model;  // the served model's name
   const io::text::Tokenizer& tok;
   size_t capacity;  // positions per sequence
+  // Chat requests that do not say: thinking on or off (serve --thinking). Every request's
+  // max_tokens: the default for chat and the cap for both endpoints (serve --max-reply).
+  bool thinking = true;
+  int max_reply = 512;
 };
 
 // Throws ApiError (400; 404 for another model) naming the offending field.
@@ -76,15 +83,22 @@ class ResponseBuilder {
   const ApiRequest& req_;
   std::string model_, id_;
   int64_t created_;
-  bool sent_role_ = false;
+  // Chat: the call's id, as the response and its chunks name it.
+  std::string call_id(size_t index) const;
+
+  bool sent_role_ = false, sent_echo_ = false;
   std::string text_, reasoning_;
   std::vector<int32_t> ids_;
   std::vector<TokenLogprobs> logprobs_;
   mutable size_t logprob_offset_ = 0;  // streamed completions: text_offset of the next token
+  std::vector<CallDelta> calls_;
+  size_t streamed_calls_ = 0;
 };
 
 std::string models_body(const std::string& model, int64_t created);
 std::string model_body(const std::string& model, int64_t created);  // GET /v1/models/{id}
 const char* finish_reason(Finish);  // stop / length (cancelled and error never reach a client body)
+// A chat reply that made calls and stopped by itself: "tool_calls"; otherwise finish_reason(f).
+const char* finish_reason(Finish, bool made_calls);
 
 }  // namespace k3::pipeline::serve

@@ -6,7 +6,7 @@
 
 #include "io/error.hpp"
 #include "io/text/utf8.hpp"
-#include "pipeline/serve/api_fields.hpp"
+#include "pipeline/serve/api_json.hpp"
 #include "stages/json_schema.hpp"
 
 namespace k3::pipeline::serve {

@@ -28,11 +28,17 @@ struct TokenLogprobs {
   std::vector<std::pair<std::string, double>> top;
 };
 
+// A chat reply's function call, complete: its name and arguments (a JSON object as text).
+struct CallDelta {
+  std::string name, arguments;
+};
+
 struct Delta {
   std::string text;       // visible text (chat: the reply channel)
   std::string reasoning;  // chat with thinking: the think channel
   std::vector<int32_t> ids;
   std::vector<TokenLogprobs> logprobs;  // one per id when the request asked for logprobs
+  std::vector<CallDelta> tool_calls;    // chat: calls completed by this delta's ids
 };
 
 struct Outcome {

@@ -52,6 +52,8 @@ struct ServeArgs {
   int max_seqs = 4, queue = 16, threads = 0, port = 8080, max_connections = 64;
   size_t context = 4096, max_body_kb = 1024;
   double drain_seconds = 10, idle_seconds = 30, read_seconds = 30;
+  std::string thinking = "on";
+  int max_reply = 512;
 };
 
 // A budget below the plan's floor is refused before the server listens, by the plan the scheduler's
@@ -180,7 +182,9 @@ int run_serve(ServeArgs a) {
                                             .channel_bytes = 1 << 20,
                                             .idle = millis(a.idle_seconds),
                                             .read = millis(a.read_seconds),
-                                            .cors_origin = a.cors},
+                                            .cors_origin = a.cors,
+                                            .thinking = a.thinking == "on",
+                                            .max_reply = a.max_reply},
                        *tok);
   // Bound: the weights load now, on the scheduler's thread.
   serve::Scheduler sched(serve::SchedulerOptions{.dec = a.dec,
@@ -287,6 +291,16 @@ Action add_serve(CLI::App& sub) {
   sub.add_option("--cors", a->cors,
                  "allow browser pages from ORIGIN (or *): Access-Control-Allow-Origin on every answer, "
                  "OPTIONS preflight answered (without it OPTIONS is 405)");
+  sub.add_option("--thinking", a->thinking,
+                 "chat requests that do not set 'thinking': on (the think channel first, the answer in "
+                 "content once it closes) or off (the answer at once)")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
+  sub.add_option("--max-reply", a->max_reply,
+                 "tokens a reply may have: a chat request's default max_tokens, and every request's "
+                 "cap (a larger max_tokens is clamped; finish_reason says length)")
+      ->check(CLI::Range(1, 1 << 24))
+      ->capture_default_str();
   sub.add_option("--model-name", a->model_name, "the model id clients name (default: MODEL_DIR's name)");
   sub.add_option("--tokenizer", a->tokenizer,
                  "tokenizer directory (tiktoken.model + tokenizer_config.json; default MODEL_DIR)");

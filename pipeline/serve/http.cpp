@@ -405,7 +405,11 @@ int Server::Impl::generate(tcp::socket& sock, const http::request<http::string_b
   ApiRequest ar;
   try {
     ar = parse_request(ep, req.body(),
-                       ApiContext{.model = opt.model, .tok = tok, .capacity = sched().capacity()});
+                       ApiContext{.model = opt.model,
+                                  .tok = tok,
+                                  .capacity = sched().capacity(),
+                                  .thinking = opt.thinking,
+                                  .max_reply = opt.max_reply});
   } catch (const ApiError& e) {
     return send(sock, e.status, error_body(e), keep);
   }

@@ -41,6 +41,8 @@ struct ServerOptions {
   std::chrono::milliseconds idle{30000};   // no request started this long after connect / a response: closed
   std::chrono::milliseconds read{30000};   // a request's headers and body must arrive within this
   std::optional<std::string> cors_origin;  // Access-Control-Allow-Origin; OPTIONS preflight answered
+  bool thinking = true;                    // chat requests that do not say (serve --thinking)
+  int max_reply = 512;  // max_tokens' default for chat and cap for both (serve --max-reply)
 };
 
 // What the stop after a signal or a failed load did, for the shutdown line.

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <exception>
+#include <utility>
 
 #include "io/env.hpp"
 #include "io/safetensors.hpp"
@@ -68,7 +69,10 @@ struct Scheduler::Active {
         logits(size_t(vocab)) {
     context = req.prompt;
     pending = req.prompt;
-    if (req.chat) parser.emplace(req.thinking);
+    if (req.chat) {
+      parser.emplace(req.thinking);
+      parser->feed(req.reply_prefix);  // structure only: nothing of it is shown
+    }
   }
   int slot = -1;
   GenRequest req;
@@ -345,11 +349,13 @@ void Scheduler::finish(Active& a, Finish f, std::string error) {
       const text::ReplyText t2 = a.parser->finish();
       last.text = t.reply + t2.reply;
       last.reasoning = t.reasoning + t2.reasoning;
+      for (const std::vector<text::ToolCall>* calls : {&std::as_const(t.calls), &t2.calls})
+        for (const text::ToolCall& c : *calls) last.tool_calls.push_back(CallDelta{c.name, c.arguments});
     } else {
       last.text = std::move(tail);
     }
   }
-  if (!last.text.empty() || !last.reasoning.empty()) a.ch->push(std::move(last));
+  if (!last.text.empty() || !last.reasoning.empty() || !last.tool_calls.empty()) a.ch->push(std::move(last));
   // What the sequence was fed (prompt + reply but its last id) is the next turn's likely prefix.
   if (cache_ && (f == Finish::stop || f == Finish::length)) {
     remember(a);
@@ -475,8 +481,10 @@ void Scheduler::decode_step() {
       const text::ReplyText t = a.parser->feed(out.text);
       d.text = t.reply;
       d.reasoning = t.reasoning;
+      for (const text::ToolCall& c : t.calls) d.tool_calls.push_back(CallDelta{c.name, c.arguments});
       const auto st = a.parser->state();
       if (st == text::ReplyParser::State::done || st == text::ReplyParser::State::malformed) stop = true;
+      if (a.req.max_calls > 0 && a.parser->calls().size() >= size_t(a.req.max_calls)) stop = true;
     } else {
       d.text = out.text;
     }

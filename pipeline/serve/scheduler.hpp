@@ -4,7 +4,8 @@
 // joining prompt, the others the id they sampled last; which of them share a step is the engine's
 // plan_step() under --prefill / --prefill-chunk), samples each row whose ids are all fed with that
 // request's own stages::Sampler, decodes the text incrementally (io/text/text_stream.hpp; chat replies
-// through io/text/xtml.hpp's ReplyParser) and hands the deltas to the request's Channel. A sequence leaves as
+// through io/text/xtml.hpp's ReplyParser, whose completed tool calls ride in the deltas) and hands the
+// deltas to the request's Channel. A sequence leaves as
 // soon as it is done (an end id or stop string, max_tokens, a full context, or its client gone); the others
 // never wait for it.
 //
@@ -67,6 +68,11 @@ struct GenRequest {
   // Set: the output is constrained to JSON matching this schema (a chat reply's closing markers
   // follow it as the constraint's epilogue).
   std::shared_ptr<const stages::JsonSchema> json;
+  // Chat: text the prompt already holds past the generation prompt (a forced tool call's opening),
+  // fed to the reply parser before the generated text. Not counted as generated.
+  std::string reply_prefix;
+  // Chat: stop once this many tool calls are complete (0: no limit).
+  int max_calls = 0;
 };
 
 struct SchedulerOptions {

@@ -1,5 +1,5 @@
-// Reading one request field with simdjson: each helper refuses a wrong type with a 400 ApiError
-// naming the field. Shared by the request parsers (api.cpp, api_sampling.cpp).
+// Reading a request body's fields (simdjson DOM) for pipeline/serve/api*.cpp: each helper throws
+// the 400 ApiError that names the field.
 #pragma once
 #include <fmt/format.h>
 #include <simdjson.h>
@@ -17,7 +17,7 @@ inline ApiError bad(const std::string& message) {
   return ApiError(400, "invalid_request_error", message);
 }
 
-// The member, or nullopt when it is absent or null.
+// The member `key`, absent when missing or null (a client's null means "not given").
 inline std::optional<simdjson::dom::element> member(simdjson::dom::object o, std::string_view key) {
   simdjson::dom::element e;
   if (o.at_key(key).get(e) != simdjson::SUCCESS || e.is_null()) return std::nullopt;
@@ -51,5 +51,18 @@ inline int64_t as_integer(simdjson::dom::element e, std::string_view key) {
   }
   return i;
 }
+
+// Chat requests: the fields about tools and messages (api_tools.cpp).
+
+// A 400 naming the first top-level field this endpoint neither implements nor ignores by design
+// (docs/serve.md lists them). A field whose value is null counts as absent.
+void refuse_unknown_fields(simdjson::dom::object body, Endpoint);
+
+// `messages` into the conversation (roles system, developer as system, user, assistant with
+// reasoning_content and tool_calls, tool with tool_call_id).
+std::vector<io::text::ChatMessage> parse_messages(simdjson::dom::object body);
+
+// `tools`, `tool_choice` and `parallel_tool_calls` into the render options and the request.
+void parse_tools(simdjson::dom::object body, io::text::ChatOptions&, GenRequest&);
 
 }  // namespace k3::pipeline::serve
