@@ -206,10 +206,11 @@ TEST_CASE("tool calls in the response: OpenAI's shapes, whole and streamed; echo
   const ApiRequest r = parse_request(
       Endpoint::chat,
       R"({"messages":[{"role":"user","content":"Hi"}],"tools":)" + kTools + R"(,"stream":true})", f.ctx());
-  Delta d1{.text = "Let me check.", .reasoning = "", .ids = {1, 2}, .tool_calls = {}};
+  Delta d1{.text = "Let me check.", .reasoning = "", .ids = {1, 2}, .logprobs = {}, .tool_calls = {}};
   Delta d2{.text = "",
            .reasoning = "",
            .ids = {3},
+           .logprobs = {},
            .tool_calls = {{"get_weather", R"({"city":"Paris"})"}, {"get_weather", R"({"city":"Lyon"})"}}};
   const Outcome done{.finish = Finish::stop, .error = {}, .prompt_tokens = 5, .completion_tokens = 3};
 

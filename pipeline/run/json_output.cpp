@@ -24,7 +24,7 @@ std::shared_ptr<const stages::TokenTable> json_token_table(const io::text::Token
 std::string chat_reply_epilogue() {
   namespace text = io::text;
   const text::ChatMessage empty{text::ChatMessage::Role::assistant, "", std::nullopt};
-  std::string closing = text::join(text::render_completion(empty, text::ChatOptions{.thinking = false}));
+  std::string closing = text::join(text::render_completion(empty, text::ChatOptions(false, "max")));
   if (closing.ends_with(text::kEndOfMsg)) closing.resize(closing.size() - text::kEndOfMsg.size());
   return closing;
 }

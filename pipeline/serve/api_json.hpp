@@ -8,7 +8,9 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
+#include "io/text/xtml.hpp"
 #include "pipeline/serve/api.hpp"
 
 namespace k3::pipeline::serve {

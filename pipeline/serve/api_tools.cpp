@@ -35,9 +35,10 @@ constexpr std::array kCommonFields = {"model",
                                       "ignore_eos",
                                       "logprobs",
                                       "presence_penalty",
-                                      "frequency_penalty"};
-constexpr std::array kChatFields = {"messages",    "reasoning_effort",    "thinking",     "tools",
-                                    "tool_choice", "parallel_tool_calls", "top_logprobs", "response_format"};
+                                      "frequency_penalty",
+                                      "response_format"};
+constexpr std::array kChatFields = {"messages",    "reasoning_effort",    "thinking",    "tools",
+                                    "tool_choice", "parallel_tool_calls", "top_logprobs"};
 constexpr std::array kCompletionFields = {"prompt", "echo"};
 
 template <size_t N>

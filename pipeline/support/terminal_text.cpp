@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <cstdlib>
+
 namespace k3::pipeline {
 
 std::string terminal_escaped(std::string_view s) {
@@ -24,6 +26,9 @@ std::string terminal_escaped(std::string_view s) {
 }
 
 bool is_terminal(std::FILE* f) {
+  // Under mpirun a rank's stdout is a pseudo-terminal of the launcher's, whatever the user's stdout
+  // is (a pipe, a file), so isatty says nothing about where the text lands: written raw, as to a pipe.
+  if (std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMIX_RANK") != nullptr) return false;
   return f != nullptr && ::isatty(::fileno(f)) != 0;
 }
 

@@ -15,7 +15,8 @@ namespace k3::pipeline {
 // piece splits a UTF-8 character (the streaming detokenizer never does).
 std::string terminal_escaped(std::string_view s);
 
-// Whether text written to `f` is seen on a terminal (isatty of its descriptor).
+// Whether text written to `f` is seen on a terminal (isatty of its descriptor). Never under mpirun,
+// whose ranks write to the launcher's pseudo-terminal: their text is written raw.
 bool is_terminal(std::FILE* f);
 
 }  // namespace k3::pipeline
