@@ -84,7 +84,8 @@ struct BenchArgs {
   bool json = false;
   std::optional<double> mem_gb;
   int gen = 8, repeat = 3, threads = 0;
-  std::string ring = "2";  // --ring N[,M...]: trunk ring slots of the streamed runs (one row each)
+  std::string expert_policy;  // --expert-policy: passed to every streamed run
+  std::string ring = "2";     // --ring N[,M...]: trunk ring slots of the streamed runs (one row each)
   double probe_seconds = 1.5;
   std::string batch;    // --batch 1,2,4,8: batched decode instead of the strategies (bench_batch.hpp)
   int batch_child = 0;  // --batch-child B (hidden): this process is one of --batch's children
@@ -475,6 +476,7 @@ int run_bench(const BenchArgs& a) {
                                            : fmt::format("{}", double(plan.budget) / double(1 << 30))});
       if (trunk && has("--trunk")) extra.insert(extra.end(), {"--trunk", rows[i].trunk_dir});
       if (rows[i].ring != 2) extra.insert(extra.end(), {"--ring", std::to_string(rows[i].ring)});
+      if (!a.expert_policy.empty()) extra.insert(extra.end(), {"--expert-policy", a.expert_policy});
       if (!a.trace_dir.empty())
         extra.insert(
             extra.end(),
@@ -657,6 +659,9 @@ Action add_bench(CLI::App& sub) {
                  "trunk ring slots of every streamed run, 2..64: more slots read further ahead and pin fewer "
                  "layers; a list (2,3) runs every strategy at each depth, rows <strategy>@ring<N>")
       ->capture_default_str();
+  sub.add_option("--expert-policy", a->expert_policy,
+                 "expert cache replacement of every streamed run: run (the default) or lru")
+      ->check(CLI::IsMember({"lru", "run"}));
   sub.add_option("--out", a->out_path, "write the results as one JSON object to FILE (atomically)");
   sub.add_flag("--json", a->json, "print the results as one JSON object on stdout (the text goes to stderr)");
   sub.add_option("--trace-dir", a->trace_dir,

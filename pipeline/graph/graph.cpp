@@ -143,8 +143,8 @@ void StreamingModel::Impl::prepare_call(std::span<const stages::Segment> segs, s
 // ------------------------------------------------------------------ the public face
 
 StreamingModel::StreamingModel(const WeightSources& s, const MemoryPlan& p, Strategy st,
-                               GraphDescription* dot, stages::ExpertExchange* exchange)
-    : impl_(std::make_unique<Impl>(s, p, st, dot, exchange)) {}
+                               GraphDescription* dot, stages::ExpertExchange* exchange, ExpertPolicy policy)
+    : impl_(std::make_unique<Impl>(s, p, st, dot, exchange, policy)) {}
 
 StreamingModel::~StreamingModel() = default;
 

@@ -121,6 +121,7 @@
 #include <string_view>
 
 #include "pipeline/graph/activity.hpp"
+#include "pipeline/graph/cache_policy.hpp"
 #include "pipeline/graph/graph_dot.hpp"
 #include "pipeline/graph/planner.hpp"
 #include "pipeline/graph/streaming_source.hpp"
@@ -157,8 +158,10 @@ class StreamingModel {
   // reads and computes only the routed experts exchange->owns(), and the graph gets the
   // expert_exchange node between a MoE layer's last piece and its combine (null: one process, the
   // graph without it). The plan should be the rank's (plan_rank_experts).
+  // `policy`: the expert cache's replacement policy (cache_policy.hpp); it changes what is read, never
+  // the bits.
   StreamingModel(const WeightSources&, const MemoryPlan&, Strategy, GraphDescription* dot,
-                 stages::ExpertExchange* exchange = nullptr);
+                 stages::ExpertExchange* exchange = nullptr, ExpertPolicy policy = kDefaultExpertPolicy);
   ~StreamingModel();
   StreamingModel(const StreamingModel&) = delete;
   StreamingModel& operator=(const StreamingModel&) = delete;

@@ -245,7 +245,7 @@ struct StreamingModel::Impl {
   }
 
   Impl(const WeightSources& s, const MemoryPlan& p, Strategy st, GraphDescription* d,
-       stages::ExpertExchange* x)
+       stages::ExpertExchange* x, ExpertPolicy policy)
       : arena(int(tbb::global_control::active_value(tbb::global_control::max_allowed_parallelism))),
         src(s),
         c(s.config()),
@@ -270,8 +270,9 @@ struct StreamingModel::Impl {
     if (src.has_experts()) {
       const uint64_t slots = p.inflight_slots + p.lookahead_slots + p.cache_slots;
       const uint64_t widen = src.expert_widen_floats();
-      cache = std::make_unique<ExpertCache>(
-          slots, p.expert_slot_bytes - io::align_up(4 * widen, io::kDirectAlign), widen, n, c.n_experts);
+      cache = std::make_unique<ExpertCache>(slots,
+                                            p.expert_slot_bytes - io::align_up(4 * widen, io::kDirectAlign),
+                                            widen, n, c.n_experts, policy);
       slot_reads = std::make_unique<SlotRead[]>(slots);
     }
     for (int l = 0; l < n; ++l)

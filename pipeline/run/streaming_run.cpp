@@ -127,6 +127,10 @@ void add_plan_flags(CLI::App& sub, StreamFlags& f) {
          "expert prefetch turned on or off by measuring this run's steps); all give the same bits. Needs a "
          "budget flag or --trunk")
       ->check(CLI::IsMember({"serial", "trunk", "overlap", "lookahead", "auto"}));
+  sub.add_option("--expert-policy", f.expert_policy,
+                 "expert cache replacement: run (the default: keeps the experts each layer kept using, "
+                 "docs/routing.md) or lru; all give the same bits")
+      ->check(CLI::IsMember({"lru", "run"}));
 }
 
 void add_stream_flags(CLI::App& sub, StreamFlags& f) {
@@ -297,7 +301,8 @@ std::unique_ptr<StreamRun> StreamRun::open(const StreamFlags& f, const io::Model
     Trace::name_thread("main (driver, tbb)");
   }
   s.model = std::make_unique<StreamingModel>(
-      *s.src, s.plan, s.strategy, f.graph_dot.empty() ? nullptr : &s.dot, ranks > 1 ? experts : nullptr);
+      *s.src, s.plan, s.strategy, f.graph_dot.empty() ? nullptr : &s.dot, ranks > 1 ? experts : nullptr,
+      f.expert_policy.empty() ? kDefaultExpertPolicy : parse_expert_policy(f.expert_policy));
   s.model->expect_calls(gen);
   return run;
 }
