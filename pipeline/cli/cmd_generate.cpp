@@ -139,8 +139,9 @@ int run_generate(GenerateOptions o) {
   });
   prompt_text = dist::from_rank0(ranks, prompt_text);
   if (!o.load_state && text_mode && prompt_text.empty()) throw io::usage_error("the prompt is empty");
-  for (const auto& [flag, value] :
-       {std::pair{"--trace", o.dec.stream.trace}, {"--graph-dot", o.dec.stream.graph_dot}})
+  for (const auto& [flag, value] : {std::pair{"--trace", o.dec.stream.trace},
+                                    {"--graph-dot", o.dec.stream.graph_dot},
+                                    {"--routing-trace", o.dec.stream.routing_trace}})
     if (!value.empty() && !o.dec.stream.requested())
       throw io::usage_error(fmt::format(
           "{} shows a streamed run: add a budget (--mem-gb, --preset, --trunk-gb + --cache-gb) or --trunk",
@@ -157,6 +158,7 @@ int run_generate(GenerateOptions o) {
     if (path) check_writable(*path, flag);
   if (!o.dec.stream.trace.empty()) check_writable(o.dec.stream.trace, "--trace");
   if (!o.dec.stream.graph_dot.empty()) check_writable(o.dec.stream.graph_dot, "--graph-dot");
+  if (!o.dec.stream.routing_trace.empty()) check_writable(o.dec.stream.routing_trace, "--routing-trace");
 
   TextOut out;
   if (text_mode) out.split_from_diagnostics();
@@ -225,6 +227,7 @@ int run_generate(GenerateOptions o) {
       o.out_path = o.dump_logits = o.save_state = std::nullopt;
       o.dec.stream.trace.clear();
       o.dec.stream.graph_dot.clear();
+      o.dec.stream.routing_trace.clear();
     }
   }
   std::optional<Decoder> decoder;
@@ -464,6 +467,10 @@ Action add_generate(CLI::App& sub) {
                  "fixed (N drafts at every match)");
   sub.add_option("--threads", o->threads, "compute threads (0 = oneTBB default)")->check(CLI::Range(0, 4096));
   add_stream_flags(sub, o->dec.stream);
+  sub.add_option(
+      "--routing-trace", o->dec.stream.routing_trace,
+      "write the router's expert choices as int32 (layer, expert) pairs, one pass per forward call "
+      "(a streamed run; replay with k3flow cache-sim, docs/routing.md)");
   return [o] { return run_generate(*o); };
 }
 

@@ -9,19 +9,26 @@
 #include "io/error.hpp"
 #include "io/json_text.hpp"
 #include "pipeline/graph/expert_cache.hpp"
+#include "pipeline/support/human_bytes.hpp"
 
 namespace k3::pipeline {
 
 std::vector<ReplayGroup> replay_groups(const RoutingTrace& t, ReplayOrder order) {
   std::vector<ReplayGroup> out;
-  const size_t k = size_t(t.top_k);
   if (order == ReplayOrder::recorded) {
-    for (const RoutingTrace::Group& g : t.groups)
-      out.push_back(ReplayGroup{t.layers[size_t(g.layer_index)], std::span(t.recorded).subspan(g.first, k)});
+    for (const RoutingTrace::Group& g : t.groups) {
+      ReplayGroup r{t.layers[size_t(g.layer_index)], {}};
+      for (int32_t e : std::span(t.recorded).subspan(g.first, g.count))
+        if (std::find(r.experts.begin(), r.experts.end(), e) == r.experts.end()) r.experts.push_back(e);
+      out.push_back(std::move(r));
+    }
     return out;
   }
   for (size_t p = 0; p < t.positions(); ++p)
-    for (size_t l = 0; l < t.layers.size(); ++l) out.push_back(ReplayGroup{t.layers[l], t.at(p, l)});
+    for (size_t l = 0; l < t.layers.size(); ++l) {
+      const std::span<const int32_t> e = t.at(p, l);
+      out.push_back(ReplayGroup{t.layers[l], std::vector<int32_t>(e.begin(), e.end())});
+    }
   return out;
 }
 
@@ -37,7 +44,12 @@ uint64_t replay_hits(const RoutingTrace& t, std::span<const ReplayGroup> groups,
   for (const ReplayGroup& g : groups) {
     held.clear();
     for (int32_t e : g.experts) {
-      const ExpertCache::Result r = cache.request(g.layer, e, 0);
+      ExpertCache::Result r = cache.request(g.layer, e, 0);
+      if (r.found == ExpertCache::Found::full) {  // the next wave, once this one is computed
+        for (int s : held) cache.release(s);
+        held.clear();
+        r = cache.request(g.layer, e, 0);
+      }
       if (r.found == ExpertCache::Found::full || r.found == ExpertCache::Found::inflight)
         throw io::runtime_error("cache-sim: a request found no slot (internal error)");
       if (r.found == ExpertCache::Found::claimed)
@@ -75,7 +87,8 @@ uint64_t belady_hits(const RoutingTrace& t, std::span<const ReplayGroup> groups,
       if (resident[size_t(key)]) {
         ++hits;
         by_next.erase({resident_next[size_t(key)], key});
-      } else if (by_next.size() >= slots) {  // the farthest next use outside this group
+      } else if (by_next.size() >= slots) {        // the farthest next use outside this group
+        if (group.size() >= slots) group.clear();  // every slot pinned: the next wave
         auto v = by_next.end();
         do --v;
         while (std::find(group.begin(), group.end(), v->second) != group.end());
@@ -146,8 +159,8 @@ namespace {
 double pct(uint64_t hits, uint64_t of) {
   return of ? 100.0 * double(hits) / double(of) : 0;
 }
-double gb_per_step(uint64_t misses, uint64_t steps, uint64_t slot_bytes) {
-  return steps ? double(misses) * double(slot_bytes) / double(steps) / 1e9 : 0;
+std::string read_per_step(uint64_t misses, uint64_t steps, uint64_t slot_bytes) {
+  return human_bytes(steps ? double(misses) * double(slot_bytes) / double(steps) : 0);
 }
 }  // namespace
 
@@ -166,8 +179,8 @@ std::string format_cache_sim(const RoutingTrace& t, const CacheSimOptions& o, co
   for (ExpertPolicy p : o.policies)
     s += fmt::format(" {:>10}", fmt::format("{}/belady", expert_policy_name(p)));
   for (ExpertPolicy p : o.policies)
-    s += fmt::format(" {:>10}", fmt::format("{} GB/step", expert_policy_name(p)));
-  s += fmt::format(" {:>14}\n", "belady GB/step");
+    s += fmt::format(" {:>14}", fmt::format("{} read/step", expert_policy_name(p)));
+  s += fmt::format(" {:>18}\n", "belady read/step");
   for (const CacheSimRow& row : r.rows) {
     s += fmt::format("{:>9g} {:>6}", row.gib, row.slots);
     for (uint64_t h : row.hits) s += fmt::format(" {:>7.1f}", pct(h, r.requests));
@@ -175,8 +188,8 @@ std::string format_cache_sim(const RoutingTrace& t, const CacheSimOptions& o, co
     for (uint64_t h : row.hits)
       s += fmt::format(" {:>10.2f}", row.belady ? double(h) / double(row.belady) : 1.0);
     for (uint64_t h : row.hits)
-      s += fmt::format(" {:>10.2f}", gb_per_step(r.requests - h, r.steps, o.slot_bytes));
-    s += fmt::format(" {:>14.2f}\n", gb_per_step(r.requests - row.belady, r.steps, o.slot_bytes));
+      s += fmt::format(" {:>14}", read_per_step(r.requests - h, r.steps, o.slot_bytes));
+    s += fmt::format(" {:>18}\n", read_per_step(r.requests - row.belady, r.steps, o.slot_bytes));
   }
   s += "prefetch predictors (while layer l runs, read ahead for layer l+1 of the same position):\n";
   for (const PredictorScore& p : r.predictors)

@@ -1,9 +1,11 @@
 // `k3flow cache-sim` (docs/routing.md): replays a routing trace (routing_trace.hpp) through the
 // engine's own ExpertCache -- request, landed, release, exactly as the graph's expert_fetch and
 // expert_compute nodes drive it -- with no bytes behind the slots, per capacity and policy, beside
-// Belady's offline optimum and the compulsory-miss ceiling. Each group (one position of one layer)
-// is requested whole and pinned, then released, so a victim is never an expert of the layer under
-// way; Belady is held to the same rule.
+// Belady's offline optimum and the compulsory-miss ceiling. A group is one layer visit: the distinct
+// experts its positions chose, requested in order and pinned until the group is done, as MoeLayerRun
+// claims them, so a victim is never an expert of the layer under way; when every slot is pinned (a
+// visit with more distinct experts than slots) the held wave is released and the rest follows, as
+// the engine's waves do. Belady is held to the same rules.
 #pragma once
 #include <cstdint>
 #include <span>
@@ -21,10 +23,11 @@ inline constexpr uint64_t kK3ExpertSlotBytes = 17'551'360;
 enum class ReplayOrder { incremental, recorded };
 
 struct ReplayGroup {
-  int layer = 0;  // the trace's layer number
-  std::span<const int32_t> experts;
+  int layer = 0;                 // the trace's layer number
+  std::vector<int32_t> experts;  // distinct, in the order first chosen
 };
-// incremental: position by position, layer by layer (a decode); recorded: the file's own order.
+// incremental: position by position, layer by layer (a decode, one position per visit); recorded:
+// the file's own layer visits (a pass's positions together, as a prefill).
 std::vector<ReplayGroup> replay_groups(const RoutingTrace&, ReplayOrder);
 // Slots of `gib` GiB: floor(gib * 2^30 / slot_bytes).
 uint64_t slots_for_gib(double gib, uint64_t slot_bytes);

@@ -217,7 +217,12 @@ void StreamingModel::forward_batch(std::span<const stages::Segment> segs, std::s
     throw io::runtime_error(m.fail_msg);
   }
   for (const stages::Segment& s : segs) s.state->cached += s.rows;
+  if (m.routing) m.routing->end_call();
   ++m.calls_done;
+}
+
+void StreamingModel::record_routing(const std::string& path) {
+  impl_->routing = std::make_unique<RoutingTraceWriter>(path);
 }
 
 const StepStats& StreamingModel::last_step() const {

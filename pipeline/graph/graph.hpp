@@ -184,6 +184,9 @@ class StreamingModel {
   // How many forward calls the run will make; reads run ahead into the next call only below it.
   void expect_calls(int n);
 
+  // From now on, append every call's routing (each MoE layer's top-k per position) to `path` in the
+  // routing-trace format (routing_trace.hpp): one pass per call. Truncates the file.
+  void record_routing(const std::string& path);
   const StepStats& last_step() const;
   StreamTotals totals() const;
   uint64_t allocated_bytes() const;  // head + trunk ring + pinned + expert arena

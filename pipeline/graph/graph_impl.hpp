@@ -33,6 +33,7 @@
 #include "pipeline/graph/moe_layer_run.hpp"
 #include "pipeline/graph/prefetch_tuner.hpp"
 #include "pipeline/graph/reader_options.hpp"
+#include "pipeline/graph/routing_trace.hpp"
 #include "pipeline/graph/slot_pool.hpp"
 #include "pipeline/graph/trace.hpp"
 #include "stages/moe.hpp"
@@ -143,7 +144,8 @@ struct StreamingModel::Impl {
   std::unique_ptr<WeightSources::Head> head;
   TrunkSlots trunk;
   std::unique_ptr<ExpertCache> cache;
-  struct SlotRead {  // the read in flight into an expert slot
+  std::unique_ptr<RoutingTraceWriter> routing;  // --routing-trace: the router's choices, per call
+  struct SlotRead {                             // the read in flight into an expert slot
     const stages::Layout* layout = nullptr;
     uint64_t bind_offset = 0, bytes = 0, trace_id = 0;
     const char* trace_name = "expert read";

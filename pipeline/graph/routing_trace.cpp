@@ -72,16 +72,16 @@ RoutingTrace parse_routing_trace(std::span<const std::byte> bytes, const std::st
   t.top_k = int(k);
   t.passes = passes.size();
   const size_t L = t.layers.size();
-  // Groups (one position of one layer), checked for repeated experts, and the deduplicated positions.
+  // Layer visits; each position's top-k checked for repeated experts; the deduplicated positions.
   t.recorded.resize(n);
   for (uint64_t i = 0; i < n; ++i) t.recorded[i] = v[2 * i + 1];
   std::vector<int32_t> sorted(k);
   for (const auto& [a, b] : passes) {
     const uint64_t P = runs[a].count / k;
-    for (size_t r = a; r < b; ++r)
+    for (size_t r = a; r < b; ++r) {
+      t.groups.push_back(RoutingTrace::Group{int(r - a), uint32_t(runs[r].first), uint32_t(runs[r].count)});
       for (uint64_t p = 0; p < P; ++p) {
         const uint64_t first = runs[r].first + p * k;
-        t.groups.push_back(RoutingTrace::Group{int(r - a), uint32_t(first)});
         std::copy_n(t.recorded.begin() + int64_t(first), k, sorted.begin());
         std::sort(sorted.begin(), sorted.end());
         if (auto d = std::adjacent_find(sorted.begin(), sorted.end()); d != sorted.end()) {
@@ -93,6 +93,7 @@ RoutingTrace parse_routing_trace(std::span<const std::byte> bytes, const std::st
               fmt::format("expert {} twice in one position's top-{} at layer {}", *d, k, runs[r].layer));
         }
       }
+    }
     // This pass as positions x layers x k, then kept whole or only past a repeated prefix.
     std::vector<int32_t> pass(P * L * k);
     for (size_t r = a; r < b; ++r)
@@ -149,6 +150,7 @@ RoutingTraceWriter::RoutingTraceWriter(std::filesystem::path path) : path_(std::
 }
 
 void RoutingTraceWriter::layer(int layer, std::span<const int32_t> idx) {
+  std::lock_guard lk(mu_);
   for (int32_t e : idx) {
     pass_.push_back(layer);
     pass_.push_back(e);
@@ -156,6 +158,7 @@ void RoutingTraceWriter::layer(int layer, std::span<const int32_t> idx) {
 }
 
 void RoutingTraceWriter::end_call() {
+  std::lock_guard lk(mu_);
   if (pass_.empty()) return;
   std::ofstream f(path_, std::ios::binary | std::ios::app);
   f.write(reinterpret_cast<const char*>(pass_.data()), std::streamsize(pass_.size() * sizeof(int32_t)));

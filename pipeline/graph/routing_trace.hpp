@@ -14,6 +14,7 @@
 #pragma once
 #include <cstdint>
 #include <filesystem>
+#include <mutex>
 #include <span>
 #include <string>
 #include <vector>
@@ -26,13 +27,14 @@ struct RoutingTrace {
   int n_experts = 0;        // largest expert id + 1
   // Deduplicated: positions() x layers.size() x top_k expert ids, position-major.
   std::vector<int32_t> experts;
-  // The file's groups in its own order (recorded order): (layer index, offset into `recorded`).
+  // The file's layer visits in its own order (recorded order): every position of one pass at one
+  // layer, `count` expert ids from `first` in `recorded`.
   struct Group {
     int layer_index = 0;
-    uint32_t first = 0;
+    uint32_t first = 0, count = 0;
   };
   std::vector<Group> groups;
-  std::vector<int32_t> recorded;  // the file's expert ids, groups of top_k
+  std::vector<int32_t> recorded;  // the file's expert ids
   uint64_t pairs = 0;             // pairs in the file
   uint64_t passes = 0;            // forward calls (the reference: one per generated token)
 
@@ -66,6 +68,7 @@ class RoutingTraceWriter {
 
  private:
   std::filesystem::path path_;
+  std::mutex mu_;  // layers are routed one after another, on whichever graph thread
   std::vector<int32_t> pass_;
 };
 

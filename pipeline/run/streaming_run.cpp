@@ -304,6 +304,7 @@ std::unique_ptr<StreamRun> StreamRun::open(const StreamFlags& f, const io::Model
       *s.src, s.plan, s.strategy, f.graph_dot.empty() ? nullptr : &s.dot, ranks > 1 ? experts : nullptr,
       f.expert_policy.empty() ? kDefaultExpertPolicy : parse_expert_policy(f.expert_policy));
   s.model->expect_calls(gen);
+  if (!f.routing_trace.empty()) s.model->record_routing(f.routing_trace);
   return run;
 }
 

@@ -55,6 +55,7 @@ inline constexpr size_t kMaxPositions = 36864;
 struct StreamFlags {
   std::string trunk_dir, preset, strategy, trace, graph_dot;
   std::string expert_policy;                      // --expert-policy (empty: the default, run)
+  std::string routing_trace;                      // generate --routing-trace F
   double mem_gb = 0, trunk_gb = 0, cache_gb = 0;  // 0: not given
   uint64_t context = 0;                           // --context (0: the run's own positions)
   int ring = 2;                                   // --ring: trunk ring slots
