@@ -197,3 +197,27 @@ TEST_CASE("streamed generate under each expert policy: the resident run's ids an
     CHECK(o.logits == ref.logits);
   }
 }
+
+TEST_CASE("generate --routing-trace: one pass per call, the positions fed, the engine's own request count") {
+  TempDir d;
+  const std::string model = d / "m", trace = d / "routing.bin";
+  REQUIRE(k3flow(fmt::format("synth {} --size tiny --layers 6 --seed 9", model)).code == 0);
+  // 6 prompt ids, 4 generated: the prompt's pass, then one position for each of the first 3 tokens.
+  const k3::test::Output o =
+      k3::test::generate(model, "5,900,17,17,3,640",
+                         fmt::format("--gen 4 --incremental --mem-gb 0.02 --routing-trace {}", trace), d);
+  const RoutingTrace t = read_routing_trace(trace);
+  CHECK(t.passes == 4);
+  CHECK(t.positions() == 9);
+  CHECK(t.layers == std::vector<int>{1, 2, 3, 4, 5});  // layer 0 is dense
+  CHECK(t.top_k == 4);
+  CHECK(t.n_experts <= 32);
+  // The graph requests each layer visit's distinct experts once: the report's count, kept by the cache.
+  uint64_t requests = 0;
+  for (const ReplayGroup& g : replay_groups(t, ReplayOrder::recorded)) requests += g.experts.size();
+  CHECK(requests == k3::test::num(o.report, "expert_requests"));
+  // A resident run has no router node to record: refused before anything runs.
+  const Run r = k3flow(fmt::format("generate {} --ids 5,900 --gen 2 --routing-trace {}", model, trace));
+  CHECK(r.code == 2);
+  CHECK(r.err.find("--routing-trace shows a streamed run") != std::string::npos);
+}
