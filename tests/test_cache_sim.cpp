@@ -216,6 +216,14 @@ TEST_CASE("generate --routing-trace: one pass per call, the positions fed, the e
   uint64_t requests = 0;
   for (const ReplayGroup& g : replay_groups(t, ReplayOrder::recorded)) requests += g.experts.size();
   CHECK(requests == k3::test::num(o.report, "expert_requests"));
+  // plan replays the trace on its own expert pool and adds the trunk it streams.
+  const Run plan = k3flow(fmt::format("plan {} --mem-gb 0.02 --context 10 --routing-trace {}", model, trace));
+  REQUIRE_MESSAGE(plan.code == 0, plan.err);
+  const size_t at = plan.out.find("; expert slots ");
+  REQUIRE(at != std::string::npos);
+  const std::string slots = plan.out.substr(at + 15, plan.out.find('\n', at) - at - 15);
+  CHECK(plan.out.find(fmt::format("(9 positions, top-4): {} expert slots hit", slots)) != std::string::npos);
+  CHECK(k3flow(fmt::format("plan {} --mem-gb 0.02 --routing-trace {} --json", model, trace)).code == 2);
   // A resident run has no router node to record: refused before anything runs.
   const Run r = k3flow(fmt::format("generate {} --ids 5,900 --gen 2 --routing-trace {}", model, trace));
   CHECK(r.code == 2);
