@@ -12,9 +12,11 @@
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -228,4 +230,51 @@ TEST_CASE("generate --routing-trace: one pass per call, the positions fed, the e
   const Run r = k3flow(fmt::format("generate {} --ids 5,900 --gen 2 --routing-trace {}", model, trace));
   CHECK(r.code == 2);
   CHECK(r.err.find("--routing-trace shows a streamed run") != std::string::npos);
+}
+
+TEST_CASE("bench --routing-replay: the router's top-k is the trace's, scaled; the reports say so") {
+  TempDir d;
+  const std::string model = d / "m", recorded = d / "replayed.bin";
+  const std::string k3 = std::string(K3_FIXTURES) + "/expert_trace.bin";
+  REQUIRE(k3flow(fmt::format("synth {} --size tiny --layers 6 --seed 9", model)).code == 0);
+  // The replayed run records what its router used: K3's positions 0..8, layers 1..5, the first 4 of
+  // each top-16 scaled from 896 to 32 experts (e * 32 / 896), where those 4 land on distinct ids.
+  const k3::test::Output o = k3::test::generate(
+      model, "5,900,17,17,3,640",
+      fmt::format("--gen 4 --incremental --mem-gb 0.02 --bench-routing-replay {} --routing-trace {}", k3,
+                  recorded),
+      d);
+  CHECK(o.out.find("the ids and logits are not the model's") != std::string::npos);
+  CHECK(k3::test::field(o.report, "routing_replay") == fmt::format("\"{}\"", k3));
+  const RoutingTrace& real = k3_trace();
+  const RoutingTrace got = read_routing_trace(recorded);
+  REQUIRE(got.positions() == 9);
+  REQUIRE(got.top_k == 4);
+  size_t compared = 0;
+  for (size_t p = 0; p < 9; ++p)
+    for (size_t l = 0; l < 5; ++l) {
+      std::vector<int32_t> want;
+      for (size_t j = 0; j < 4; ++j) want.push_back(real.at(p, l)[j] * 32 / 896);
+      std::vector<int32_t> sorted = want;
+      std::sort(sorted.begin(), sorted.end());
+      if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) continue;
+      CHECK(std::vector<int32_t>(got.at(p, l).begin(), got.at(p, l).end()) == want);
+      ++compared;
+    }
+  CHECK(compared >= 30);
+
+  // bench passes it to every run, skips the resident run and says the logits are not the model's.
+  const Run b =
+      k3flow(fmt::format("bench {} --mem-gb 0.02 --gen 2 --repeat 1 --strategy serial --probe-seconds 0.3 "
+                         "--routing-replay {} --out {}",
+                         model, k3, d / "bench.json"));
+  REQUIRE_MESSAGE(b.code == 0, b.err);
+  CHECK(b.out.find("so the ids and logits are not the model's") != std::string::npos);
+  CHECK(k3::test::field(k3::test::slurp(d / "bench.json"), "routing_replay") == fmt::format("\"{}\"", k3));
+  // A malformed trace is refused before any run, naming the offset.
+  const std::string bad = d / "bad.bin";
+  { std::ofstream(bad, std::ios::binary) << "12345"; }
+  const Run e = k3flow(fmt::format("bench {} --mem-gb 0.02 --routing-replay {}", model, bad));
+  CHECK(e.code == 1);
+  CHECK(e.err.find(bad + ": offset 0: 5 trailing bytes") != std::string::npos);
 }

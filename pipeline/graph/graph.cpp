@@ -218,11 +218,16 @@ void StreamingModel::forward_batch(std::span<const stages::Segment> segs, std::s
   }
   for (const stages::Segment& s : segs) s.state->cached += s.rows;
   if (m.routing) m.routing->end_call();
+  m.replay_fed += T;
   ++m.calls_done;
 }
 
 void StreamingModel::record_routing(const std::string& path) {
   impl_->routing = std::make_unique<RoutingTraceWriter>(path);
+}
+
+void StreamingModel::replay_routing(RoutingTrace trace) {
+  impl_->replay = std::make_unique<RoutingReplay>(std::move(trace), impl_->c.n_experts);
 }
 
 const StepStats& StreamingModel::last_step() const {

@@ -124,6 +124,7 @@
 #include "pipeline/graph/cache_policy.hpp"
 #include "pipeline/graph/graph_dot.hpp"
 #include "pipeline/graph/planner.hpp"
+#include "pipeline/graph/routing_trace.hpp"
 #include "pipeline/graph/streaming_source.hpp"
 #include "stages/forward.hpp"
 #include "stages/moe.hpp"
@@ -187,6 +188,9 @@ class StreamingModel {
   // From now on, append every call's routing (each MoE layer's top-k per position) to `path` in the
   // routing-trace format (routing_trace.hpp): one pass per call. Truncates the file.
   void record_routing(const std::string& path);
+  // bench --routing-replay (routing_trace.hpp, RoutingReplay): every MoE layer's top-k is taken from
+  // `trace` instead of the router's; the ids and logits are then not the model's.
+  void replay_routing(RoutingTrace trace);
   const StepStats& last_step() const;
   StreamTotals totals() const;
   uint64_t allocated_bytes() const;  // head + trunk ring + pinned + expert arena

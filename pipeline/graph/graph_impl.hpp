@@ -145,6 +145,8 @@ struct StreamingModel::Impl {
   TrunkSlots trunk;
   std::unique_ptr<ExpertCache> cache;
   std::unique_ptr<RoutingTraceWriter> routing;  // --routing-trace: the router's choices, per call
+  std::unique_ptr<RoutingReplay> replay;        // bench --routing-replay: the trace's choices instead
+  uint64_t replay_fed = 0;                      // positions fed by earlier calls
   struct SlotRead {                             // the read in flight into an expert slot
     const stages::Layout* layout = nullptr;
     uint64_t bind_offset = 0, bytes = 0, trace_id = 0;

@@ -144,6 +144,30 @@ RoutingTrace reverse_positions(const RoutingTrace& t) {
   return out;
 }
 
+RoutingReplay::RoutingReplay(RoutingTrace trace, int n_experts)
+    : trace_(std::move(trace)), n_experts_(n_experts) {
+  if (trace_.positions() == 0) throw io::runtime_error("routing replay: the trace holds no position");
+}
+
+void RoutingReplay::apply(int layer, uint64_t first_position, std::span<int32_t> idx, int top_k) {
+  if (size_t(layer) >= ordinal_.size()) ordinal_.resize(size_t(layer) + 1, -1);
+  if (ordinal_[size_t(layer)] < 0) ordinal_[size_t(layer)] = next_ordinal_++;
+  const size_t li = size_t(ordinal_[size_t(layer)]) % trace_.layers.size(), K = size_t(top_k);
+  const size_t tk = size_t(trace_.top_k);
+  std::vector<char> used(static_cast<size_t>(n_experts_), 0);
+  for (size_t t = 0; t < idx.size() / K; ++t) {
+    const std::span<const int32_t> src = trace_.at((first_position + t) % trace_.positions(), li);
+    std::fill(used.begin(), used.end(), 0);
+    for (size_t j = 0; j < K; ++j) {
+      int64_t e = int64_t(src[j % tk]) * n_experts_ / trace_.n_experts + int64_t(j / tk);
+      e %= n_experts_;
+      while (used[size_t(e)]) e = (e + 1) % n_experts_;
+      used[size_t(e)] = 1;
+      idx[t * K + j] = int32_t(e);
+    }
+  }
+}
+
 RoutingTraceWriter::RoutingTraceWriter(std::filesystem::path path) : path_(std::move(path)) {
   std::ofstream f(path_, std::ios::binary | std::ios::trunc);
   if (!f) throw io::usage_error("--routing-trace: cannot write " + path_.string());

@@ -57,6 +57,24 @@ RoutingTrace read_routing_trace(const std::filesystem::path&);
 RoutingTrace relabel_experts(const RoutingTrace&, uint64_t seed);
 RoutingTrace reverse_positions(const RoutingTrace&);
 
+// `bench --routing-replay`: the router's top-k replaced by a trace's, so the cache and prefetch can
+// be timed under real locality on a synthetic checkpoint. Row t of a call that starts at position P
+// takes the trace's position (P + t) mod positions, at the trace layer (this MoE layer's ordinal)
+// mod layers; its first top_k experts scaled to the checkpoint's count (e x n_experts / the trace's),
+// a collision moved to the next free id. The router's weights are kept: the logits are not the
+// model's.
+class RoutingReplay {
+ public:
+  RoutingReplay(RoutingTrace trace, int n_experts);
+  void apply(int layer, uint64_t first_position, std::span<int32_t> idx, int top_k);
+
+ private:
+  RoutingTrace trace_;
+  int n_experts_;
+  std::vector<int> ordinal_;  // engine layer -> MoE ordinal, in the order first routed
+  int next_ordinal_ = 0;
+};
+
 // Appends the pairs of one forward call: `idx` holds positions x top_k experts of `layer`.
 // RoutingTraceWriter collects a whole call (every layer) and writes it in the trace's order.
 class RoutingTraceWriter {

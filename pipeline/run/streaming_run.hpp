@@ -56,6 +56,7 @@ struct StreamFlags {
   std::string trunk_dir, preset, strategy, trace, graph_dot;
   std::string expert_policy;                      // --expert-policy (empty: the default, run)
   std::string routing_trace;                      // generate --routing-trace F
+  std::string routing_replay;                     // bench --routing-replay TRACE (its children)
   double mem_gb = 0, trunk_gb = 0, cache_gb = 0;  // 0: not given
   uint64_t context = 0;                           // --context (0: the run's own positions)
   int ring = 2;                                   // --ring: trunk ring slots
