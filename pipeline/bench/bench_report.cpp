@@ -354,6 +354,7 @@ std::string bench_json(const BenchSummary& s) {
   io::JsonWriter w;
   w.begin_object()
       .field("model", s.model)
+      .field("routing_replay", s.routing_replay)
       .field("budget_bytes", s.budget_bytes)
       .field("budget_source", s.budget_source)
       .field("ceiling_gbps", s.ceiling_gbps)

@@ -135,6 +135,8 @@ double median(std::vector<double> v);
 
 struct BenchSummary {
   std::string model;
+  // --routing-replay: the trace every run's router top-k came from (ids and logits not the model's).
+  std::optional<std::string> routing_replay;
   uint64_t budget_bytes = 0;
   std::string budget_source;  // "--mem-gb 8" / "--preset laptop"
   // The device's ceiling, probed at the start of each round (queue_depth x chunk_bytes in flight):

@@ -62,6 +62,7 @@
 #include "pipeline/bench/device_probe.hpp"
 #include "pipeline/graph/planner.hpp"
 #include "pipeline/graph/reader_options.hpp"
+#include "pipeline/graph/routing_trace.hpp"
 #include "pipeline/run/streaming_run.hpp"
 #include "pipeline/support/human_bytes.hpp"
 #include "pipeline/support/id_list.hpp"
@@ -84,7 +85,9 @@ struct BenchArgs {
   bool json = false;
   std::optional<double> mem_gb;
   int gen = 8, repeat = 3, threads = 0;
-  std::string ring = "2";  // --ring N[,M...]: trunk ring slots of the streamed runs (one row each)
+  std::string expert_policy;   // --expert-policy: passed to every streamed run
+  std::string routing_replay;  // --routing-replay TRACE: passed to every streamed run
+  std::string ring = "2";      // --ring N[,M...]: trunk ring slots of the streamed runs (one row each)
   double probe_seconds = 1.5;
   std::string batch;    // --batch 1,2,4,8: batched decode instead of the strategies (bench_batch.hpp)
   int batch_child = 0;  // --batch-child B (hidden): this process is one of --batch's children
@@ -219,6 +222,7 @@ int run_batched(const BenchArgs& a) {
   if (a.json || !a.out_path.empty() || !a.trace_dir.empty() || parse_rings(a.ring) != std::vector<int>{2})
     throw io::usage_error(
         "bench --batch: --json, --out, --trace-dir and --ring are not supported with --batch");
+  if (!a.routing_replay.empty()) throw io::usage_error("bench --batch: --routing-replay is not supported");
   BatchBenchArgs b;
   b.model_dir = a.model_dir;
   b.trunk_dir = a.trunk_dir;
@@ -274,6 +278,10 @@ int run_bench(const BenchArgs& a) {
   }
   if (a.preset.empty() && !a.mem_gb)
     throw io::usage_error("bench: give a budget: --mem-gb X or --preset NAME");
+  if (!a.routing_replay.empty()) {
+    check_input_file(a.routing_replay, "--routing-replay");
+    read_routing_trace(a.routing_replay);  // a malformed trace is refused here, naming its offset
+  }
   const fs::path dir(a.model_dir);
   if (!fs::exists(dir / "config.json"))
     throw io::usage_error(fmt::format("MODEL_DIR: no config.json in {}", a.model_dir));
@@ -443,6 +451,16 @@ int run_bench(const BenchArgs& a) {
   const uint64_t avail = available_memory_bytes();
   // The same headroom rule generate applies before it decides to stream when given no budget.
   bool resident = model_bytes + model_bytes / 8 + (uint64_t{256} << 20) <= avail;
+  if (!a.routing_replay.empty()) {
+    // A resident run cannot replay routing: its ids would differ from every replayed row's.
+    resident = false;
+    sum.routing_replay = a.routing_replay;
+    std::fprintf(txt,
+                 "routing replayed from %s: every run's MoE top-k is the trace's, so the ids and logits "
+                 "are not the model's (only the cache, the reads and the times mean anything); no resident "
+                 "run\n",
+                 a.routing_replay.c_str());
+  }
   std::vector<double> cpu, cpu_wall;
   if (!a.trace_dir.empty()) fs::create_directories(a.trace_dir);
   std::vector<std::vector<RunSample>> samples(rows.size());
@@ -475,6 +493,8 @@ int run_bench(const BenchArgs& a) {
                                            : fmt::format("{}", double(plan.budget) / double(1 << 30))});
       if (trunk && has("--trunk")) extra.insert(extra.end(), {"--trunk", rows[i].trunk_dir});
       if (rows[i].ring != 2) extra.insert(extra.end(), {"--ring", std::to_string(rows[i].ring)});
+      if (!a.expert_policy.empty()) extra.insert(extra.end(), {"--expert-policy", a.expert_policy});
+      if (!a.routing_replay.empty()) extra.insert(extra.end(), {"--bench-routing-replay", a.routing_replay});
       if (!a.trace_dir.empty())
         extra.insert(
             extra.end(),
@@ -657,6 +677,14 @@ Action add_bench(CLI::App& sub) {
                  "trunk ring slots of every streamed run, 2..64: more slots read further ahead and pin fewer "
                  "layers; a list (2,3) runs every strategy at each depth, rows <strategy>@ring<N>")
       ->capture_default_str();
+  sub.add_option("--expert-policy", a->expert_policy,
+                 "expert cache replacement of every streamed run: run (the default) or lru")
+      ->check(CLI::IsMember({"lru", "run"}));
+  sub.add_option(
+      "--routing-replay", a->routing_replay,
+      "take every MoE layer's top-k from this routing trace (e.g. fixtures/expert_trace.bin, scaled "
+      "to the checkpoint's experts) instead of the router's: the cache and prefetch timed under real "
+      "locality; the logits are then not the model's (docs/routing.md)");
   sub.add_option("--out", a->out_path, "write the results as one JSON object to FILE (atomically)");
   sub.add_flag("--json", a->json, "print the results as one JSON object on stdout (the text goes to stderr)");
   sub.add_option("--trace-dir", a->trace_dir,

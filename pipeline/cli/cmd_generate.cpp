@@ -170,8 +170,10 @@ int run_generate(GenerateOptions o) {
   });
   prompt_text = dist::from_rank0(ranks, prompt_text);
   if (!o.load_state && text_mode && prompt_text.empty()) throw io::usage_error("the prompt is empty");
-  for (const auto& [flag, value] :
-       {std::pair{"--trace", o.dec.stream.trace}, {"--graph-dot", o.dec.stream.graph_dot}})
+  for (const auto& [flag, value] : {std::pair{"--trace", o.dec.stream.trace},
+                                    {"--graph-dot", o.dec.stream.graph_dot},
+                                    {"--routing-trace", o.dec.stream.routing_trace},
+                                    {"--bench-routing-replay", o.dec.stream.routing_replay}})
     if (!value.empty() && !o.dec.stream.requested())
       throw io::usage_error(fmt::format(
           "{} shows a streamed run: add a budget (--mem-gb, --preset, --trunk-gb + --cache-gb) or --trunk",
@@ -188,6 +190,9 @@ int run_generate(GenerateOptions o) {
     if (path) check_writable(*path, flag);
   if (!o.dec.stream.trace.empty()) check_writable(o.dec.stream.trace, "--trace");
   if (!o.dec.stream.graph_dot.empty()) check_writable(o.dec.stream.graph_dot, "--graph-dot");
+  if (!o.dec.stream.routing_trace.empty()) check_writable(o.dec.stream.routing_trace, "--routing-trace");
+  if (!o.dec.stream.routing_replay.empty())
+    check_input_file(o.dec.stream.routing_replay, "--bench-routing-replay");
 
   TextOut out;
   if (text_mode) out.split_from_diagnostics();
@@ -260,6 +265,7 @@ int run_generate(GenerateOptions o) {
       o.out_path = o.dump_logits = o.save_state = std::nullopt;
       o.dec.stream.trace.clear();
       o.dec.stream.graph_dot.clear();
+      o.dec.stream.routing_trace.clear();
     }
   }
   std::optional<Decoder> decoder;
@@ -508,6 +514,14 @@ Action add_generate(CLI::App& sub) {
                  "fixed (N drafts at every match)");
   sub.add_option("--threads", o->threads, "compute threads (0 = oneTBB default)")->check(CLI::Range(0, 4096));
   add_stream_flags(sub, o->dec.stream);
+  sub.add_option(
+      "--routing-trace", o->dec.stream.routing_trace,
+      "write the router's expert choices as int32 (layer, expert) pairs, one pass per forward call "
+      "(a streamed run; replay with k3flow cache-sim, docs/routing.md)");
+  sub.add_option("--bench-routing-replay", o->dec.stream.routing_replay,
+                 "passed by bench --routing-replay to its runs: the router's top-k taken from this routing "
+                 "trace (the logits are not the model's)")
+      ->group("");  // not a user flag: bench's
   return [o] { return run_generate(*o); };
 }
 

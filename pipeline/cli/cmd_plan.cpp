@@ -4,6 +4,9 @@
 // model from its sparse replica. It is the plan `k3flow generate` makes with the same flags for a run of
 // --context positions (prompt + --gen + 1): both come from plan_run (pipeline/run/streaming_run.hpp).
 // --spec N plans a `generate --spec N` run: its rollback journal and verify logits (docs/speculative.md).
+// --routing-trace TRACE (e.g. fixtures/expert_trace.bin, Kimi K3's routing): the plan's expert slots
+// replayed on that routing under --expert-policy (pipeline/graph/cache_sim.hpp) -- the hit rate to
+// expect, the expert and total bytes read per token (docs/routing.md).
 // `k3flow plan MODEL_DIR --ranks N [--json]`: what each of N MPI ranks holds and exchanges under
 // `mpirun -np N k3flow generate` (pipeline/dist/split.hpp, docs/distributed.md §3); with a budget
 // flag, also the streamed plan of one rank's slice (its experts only, the exchange's buffers: §6),
@@ -21,10 +24,12 @@
 #include "io/safetensors.hpp"
 #include "pipeline/cli/commands.hpp"
 #include "pipeline/dist/split.hpp"
+#include "pipeline/graph/cache_sim.hpp"
 #include "pipeline/graph/planner.hpp"
 #include "pipeline/graph/streaming_source.hpp"
 #include "pipeline/run/speculative.hpp"
 #include "pipeline/run/streaming_run.hpp"
+#include "pipeline/support/human_bytes.hpp"
 #include "pipeline/support/output_file.hpp"
 
 namespace k3::pipeline {
@@ -39,8 +44,32 @@ struct PlanArgs {
   uint64_t context = 128;
   int ring = 2;
   int ranks = 0;
+  std::string routing_trace;
   bool json = false;
 };
+
+// The plan's expert pool (in-flight, lookahead and cache slots: one pool, whatever the current layer
+// does not pin is cache) replayed on a routing trace, one position at a time as a decode.
+std::string expected_expert_reads(const PlanArgs& a, const MemoryPlan& p, uint64_t read_bytes) {
+  const uint64_t slots = p.inflight_slots + p.lookahead_slots + p.cache_slots;
+  if (slots == 0) return "";
+  const RoutingTrace t = read_routing_trace(a.routing_trace);
+  const ExpertPolicy policy =
+      a.flags.expert_policy.empty() ? kDefaultExpertPolicy : parse_expert_policy(a.flags.expert_policy);
+  const std::vector<ReplayGroup> g = replay_groups(t, ReplayOrder::incremental);
+  uint64_t requests = 0;
+  for (const ReplayGroup& x : g) requests += x.experts.size();
+  const uint64_t hits = replay_hits(t, g, policy, slots), lru = replay_hits(t, g, ExpertPolicy::lru, slots),
+                 best = belady_hits(t, g, slots);
+  const double per_token = double(requests - hits) * double(read_bytes) / double(t.positions());
+  return fmt::format(
+      "  on the routing of {} ({} positions, top-{}): {} expert slots hit {:.1f} % under {} (lru {:.1f} %, "
+      "Belady {:.1f} %); per token {} of experts + {} of trunk = {} read\n",
+      a.routing_trace, t.positions(), t.top_k, slots, 100.0 * double(hits) / double(requests),
+      expert_policy_name(policy), 100.0 * double(lru) / double(requests),
+      100.0 * double(best) / double(requests), human_bytes(per_token), human_bytes(double(p.streamed_bytes)),
+      human_bytes(per_token + double(p.streamed_bytes)));
+}
 
 std::string split_json(const dist::RankSplit& s) {
   std::string ranks;
@@ -104,6 +133,10 @@ int run_plan(const PlanArgs& a) {
   const fs::path dir(a.model_dir);
   check_model_dir(dir);
   if (!a.flags.trunk_dir.empty()) check_trunk_dir(a.flags.trunk_dir);
+  if (!a.routing_trace.empty()) {
+    if (a.json) throw io::usage_error("plan: --routing-trace prints beside the text plan, not with --json");
+    check_input_file(a.routing_trace, "--routing-trace");
+  }
   io::ModelConfig config = io::load_config(dir / "config.json");
   io::ShardSet shards = io::ShardSet::open(dir);
   std::optional<io::PackedTrunk> trunk;
@@ -118,6 +151,8 @@ int run_plan(const PlanArgs& a) {
     fmt::print("{}\n", plan_json(run.plan));
   else
     fmt::print("{}", format_plan(run.plan));
+  if (!a.routing_trace.empty() && !a.json)
+    fmt::print("{}", expected_expert_reads(a, run.plan, src->expert_window_bytes()));
   return 0;
 }
 
@@ -152,6 +187,9 @@ Action add_plan(CLI::App& sub) {
                  "(for --max-seqs sequences: serve's)")
       ->check(CLI::Range(1, 65536));
   add_prompt_cache_flag(sub, a->flags);
+  sub.add_option("--routing-trace", a->routing_trace,
+                 "replay this routing trace (e.g. fixtures/expert_trace.bin) on the plan's expert slots: the "
+                 "hit rate to expect and the bytes read per token (docs/routing.md)");
   sub.add_flag("--json", a->json, "print the plan as one JSON object");
   return [a] { return run_plan(*a); };
 }

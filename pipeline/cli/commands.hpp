@@ -13,6 +13,7 @@ Action add_inspect(CLI::App& sub);
 Action add_synth(CLI::App& sub);
 Action add_generate(CLI::App& sub);
 Action add_plan(CLI::App& sub);
+Action add_cache_sim(CLI::App& sub);
 Action add_pack_trunk(CLI::App& sub);
 Action add_chat(CLI::App& sub);
 Action add_tokenize(CLI::App& sub);

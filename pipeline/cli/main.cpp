@@ -62,6 +62,8 @@ int main(int argc, char** argv) {
       k3::pipeline::add_chat);
   add("plan", "split a memory budget into resident, trunk ring, pinned layers and expert slots",
       k3::pipeline::add_plan);
+  add("cache-sim", "replay an expert routing trace through the expert cache: hit rate per policy vs Belady",
+      k3::pipeline::add_cache_sim);
   add("pack-trunk", "copy every layer's dense weights into one aligned trunk.bin + trunk.json",
       k3::pipeline::add_pack_trunk);
   add("bench", "compare the overlap strategies on one checkpoint and budget: s/token, overlap efficiency",

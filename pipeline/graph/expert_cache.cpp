@@ -4,16 +4,27 @@
 
 namespace k3::pipeline {
 
-ExpertCache::ExpertCache(uint64_t slots, uint64_t slot_bytes, uint64_t widen_floats, int n_layers,
-                         int n_experts)
-    : slot_bytes_(slot_bytes), widen_floats_(widen_floats), n_experts_(n_experts) {
-  if (slots == 0 || slot_bytes == 0)
-    throw io::runtime_error("expert cache: no slots planned (internal error)");
-  arena_ = io::AlignedBuffer(slots * slot_bytes);
-  widen_.assign(slots * widen_floats, 0.0f);
+ExpertCache::ExpertCache(NoStorage, uint64_t slots, int n_layers, int n_experts, ExpertPolicy policy)
+    : slot_bytes_(0), widen_floats_(0), n_experts_(n_experts) {
+  if (slots == 0) throw io::runtime_error("expert cache: no slots planned (internal error)");
   slots_.resize(slots);
   slot_of_.assign(size_t(n_layers) * size_t(n_experts), -1);
   for (int32_t s = int32_t(slots) - 1; s >= 0; --s) empty_.push_back(s);
+  policy_ = make_cache_policy(policy, slots, n_layers, n_experts);
+}
+
+ExpertCache::ExpertCache(uint64_t slots, uint64_t slot_bytes, uint64_t widen_floats, int n_layers,
+                         int n_experts, ExpertPolicy policy)
+    : ExpertCache(NoStorage{}, slots, n_layers, n_experts, policy) {
+  if (slot_bytes == 0) throw io::runtime_error("expert cache: no slots planned (internal error)");
+  slot_bytes_ = slot_bytes;
+  widen_floats_ = widen_floats;
+  arena_ = io::AlignedBuffer(slots * slot_bytes);
+  widen_.assign(slots * widen_floats, 0.0f);
+}
+
+ExpertCache ExpertCache::bookkeeping(uint64_t slots, int n_layers, int n_experts, ExpertPolicy policy) {
+  return ExpertCache(NoStorage{}, slots, n_layers, n_experts, policy);
 }
 
 std::span<std::byte> ExpertCache::bytes(int slot) {
@@ -29,30 +40,6 @@ uint64_t ExpertCache::occupied() const {
   return occupied_;
 }
 
-void ExpertCache::lru_push(int s) {
-  Slot& x = slots_[size_t(s)];
-  x.prev = lru_tail_;
-  x.next = -1;
-  if (lru_tail_ >= 0)
-    slots_[size_t(lru_tail_)].next = s;
-  else
-    lru_head_ = s;
-  lru_tail_ = s;
-}
-
-void ExpertCache::lru_remove(int s) {
-  Slot& x = slots_[size_t(s)];
-  if (x.prev >= 0)
-    slots_[size_t(x.prev)].next = x.next;
-  else
-    lru_head_ = x.next;
-  if (x.next >= 0)
-    slots_[size_t(x.next)].prev = x.prev;
-  else
-    lru_tail_ = x.prev;
-  x.prev = x.next = -1;
-}
-
 int ExpertCache::victim() {
   if (!empty_.empty()) {
     const int s = empty_.back();
@@ -60,9 +47,8 @@ int ExpertCache::victim() {
     ++occupied_;
     return s;
   }
-  if (lru_head_ < 0) return -1;
-  const int s = lru_head_;
-  lru_remove(s);
+  const int s = policy_->victim();
+  if (s < 0) return -1;
   slot_of_[size_t(slots_[size_t(s)].key)] = -1;  // evicted
   return s;
 }
@@ -70,11 +56,12 @@ int ExpertCache::victim() {
 ExpertCache::Result ExpertCache::request(int layer, int expert, int tag) {
   std::lock_guard lk(mu_);
   const int32_t k = key(layer, expert);
+  policy_->requested(layer, k);
   if (const int s = slot_of_[size_t(k)]; s >= 0) {
     Slot& x = slots_[size_t(s)];
     Result r{x.state == State::ready ? Found::ready : Found::inflight, s, x.prefetched};
     x.prefetched = false;
-    if (x.state == State::ready && x.pins == 0) lru_remove(s);
+    if (x.state == State::ready && x.pins == 0) policy_->pinned(s);
     ++x.pins;
     if (x.state == State::inflight) {
       x.waiter = true;
@@ -92,6 +79,7 @@ ExpertCache::Result ExpertCache::request(int layer, int expert, int tag) {
   x.tag = tag;
   x.prefetched = false;
   slot_of_[size_t(k)] = s;
+  policy_->filled(s, layer, k, false);
   return Result{Found::claimed, s, false};
 }
 
@@ -110,6 +98,7 @@ ExpertCache::Result ExpertCache::prefetch(int layer, int expert) {
   x.tag = -1;
   x.prefetched = true;
   slot_of_[size_t(k)] = s;
+  policy_->filled(s, layer, k, true);
   return Result{Found::claimed, s, true};
 }
 
@@ -131,7 +120,7 @@ int ExpertCache::landed(int slot, bool ok) {
     return tag;
   }
   x.state = State::ready;
-  if (x.pins == 0) lru_push(slot);
+  if (x.pins == 0) policy_->evictable(slot);
   return tag;
 }
 
@@ -141,7 +130,7 @@ bool ExpertCache::release(int slot) {
   if (x.pins == 0) throw io::runtime_error("expert cache: release of an unpinned slot (internal error)");
   if (--x.pins > 0) return false;
   if (x.state == State::ready) {
-    lru_push(slot);
+    policy_->evictable(slot);
   } else if (x.state == State::empty) {
     empty_.push_back(slot);
     --occupied_;

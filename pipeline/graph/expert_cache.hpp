@@ -5,25 +5,32 @@
 // Slot states: EMPTY, INFLIGHT (a read owns the slot's bytes; never a second read into one slot --
 // the bug that once gave the reference a wrong token), READY. A slot the current layer has claimed
 // is pinned (a count) until its expert has been computed, and is never a victim. A victim is the
-// first EMPTY slot, else the least recently used unpinned READY slot (an intrusive LRU list, O(1)).
+// first EMPTY slot, else the unpinned READY slot the replacement policy picks (cache_policy.hpp).
 // A lookahead prefetch claims a victim without pinning it; if the router then asks for that expert
 // while it is still INFLIGHT, the request pins it and waits for its landing (it is not read twice).
 //
 // Every method takes the cache's own lock; each is a handful of list operations.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <span>
 #include <vector>
 
 #include "io/aligned.hpp"
+#include "pipeline/graph/cache_policy.hpp"
 #include "stages/bind.hpp"
 
 namespace k3::pipeline {
 
 class ExpertCache {
  public:
-  ExpertCache(uint64_t slots, uint64_t slot_bytes, uint64_t widen_floats, int n_layers, int n_experts);
+  ExpertCache(uint64_t slots, uint64_t slot_bytes, uint64_t widen_floats, int n_layers, int n_experts,
+              ExpertPolicy policy = kDefaultExpertPolicy);
+  // The same slots, states and policy with no bytes behind them: what `k3flow cache-sim` replays a
+  // routing trace through (bytes() and widen() must not be called).
+  static ExpertCache bookkeeping(uint64_t slots, int n_layers, int n_experts, ExpertPolicy policy);
+  ExpertCache(ExpertCache&&) = delete;
 
   enum class Found {
     ready,     // resident: pinned for the caller
@@ -67,12 +74,11 @@ class ExpertCache {
     bool waiter = false, prefetched = false;
     int tag = -1;
     uint32_t pins = 0;
-    int32_t prev = -1, next = -1;  // LRU list of evictable slots (READY, unpinned), oldest first
     stages::ExpertWeights w;
   };
-  int victim();  // pops an EMPTY or the LRU slot, or -1
-  void lru_push(int s);
-  void lru_remove(int s);
+  struct NoStorage {};
+  ExpertCache(NoStorage, uint64_t slots, int n_layers, int n_experts, ExpertPolicy policy);
+  int victim();  // pops an EMPTY slot or the policy's victim, or -1
   int32_t key(int layer, int expert) const { return layer * n_experts_ + expert; }
 
   mutable std::mutex mu_;
@@ -83,7 +89,7 @@ class ExpertCache {
   std::vector<Slot> slots_;
   std::vector<int32_t> slot_of_;  // key -> slot, -1 when absent
   std::vector<int32_t> empty_;    // stack of EMPTY slots
-  int32_t lru_head_ = -1, lru_tail_ = -1;
+  std::unique_ptr<CachePolicy> policy_;
   uint64_t occupied_ = 0;
 };
 

@@ -143,8 +143,8 @@ void StreamingModel::Impl::prepare_call(std::span<const stages::Segment> segs, s
 // ------------------------------------------------------------------ the public face
 
 StreamingModel::StreamingModel(const WeightSources& s, const MemoryPlan& p, Strategy st,
-                               GraphDescription* dot, stages::ExpertExchange* exchange)
-    : impl_(std::make_unique<Impl>(s, p, st, dot, exchange)) {}
+                               GraphDescription* dot, stages::ExpertExchange* exchange, ExpertPolicy policy)
+    : impl_(std::make_unique<Impl>(s, p, st, dot, exchange, policy)) {}
 
 StreamingModel::~StreamingModel() = default;
 
@@ -217,7 +217,17 @@ void StreamingModel::forward_batch(std::span<const stages::Segment> segs, std::s
     throw io::runtime_error(m.fail_msg);
   }
   for (const stages::Segment& s : segs) s.state->cached += s.rows;
+  if (m.routing) m.routing->end_call();
+  m.replay_fed += T;
   ++m.calls_done;
+}
+
+void StreamingModel::record_routing(const std::string& path) {
+  impl_->routing = std::make_unique<RoutingTraceWriter>(path);
+}
+
+void StreamingModel::replay_routing(RoutingTrace trace) {
+  impl_->replay = std::make_unique<RoutingReplay>(std::move(trace), impl_->c.n_experts);
 }
 
 const StepStats& StreamingModel::last_step() const {

@@ -121,8 +121,10 @@
 #include <string_view>
 
 #include "pipeline/graph/activity.hpp"
+#include "pipeline/graph/cache_policy.hpp"
 #include "pipeline/graph/graph_dot.hpp"
 #include "pipeline/graph/planner.hpp"
+#include "pipeline/graph/routing_trace.hpp"
 #include "pipeline/graph/streaming_source.hpp"
 #include "stages/forward.hpp"
 #include "stages/moe.hpp"
@@ -157,8 +159,10 @@ class StreamingModel {
   // reads and computes only the routed experts exchange->owns(), and the graph gets the
   // expert_exchange node between a MoE layer's last piece and its combine (null: one process, the
   // graph without it). The plan should be the rank's (plan_rank_experts).
+  // `policy`: the expert cache's replacement policy (cache_policy.hpp); it changes what is read, never
+  // the bits.
   StreamingModel(const WeightSources&, const MemoryPlan&, Strategy, GraphDescription* dot,
-                 stages::ExpertExchange* exchange = nullptr);
+                 stages::ExpertExchange* exchange = nullptr, ExpertPolicy policy = kDefaultExpertPolicy);
   ~StreamingModel();
   StreamingModel(const StreamingModel&) = delete;
   StreamingModel& operator=(const StreamingModel&) = delete;
@@ -181,6 +185,12 @@ class StreamingModel {
   // How many forward calls the run will make; reads run ahead into the next call only below it.
   void expect_calls(int n);
 
+  // From now on, append every call's routing (each MoE layer's top-k per position) to `path` in the
+  // routing-trace format (routing_trace.hpp): one pass per call. Truncates the file.
+  void record_routing(const std::string& path);
+  // bench --routing-replay (routing_trace.hpp, RoutingReplay): every MoE layer's top-k is taken from
+  // `trace` instead of the router's; the ids and logits are then not the model's.
+  void replay_routing(RoutingTrace trace);
   const StepStats& last_step() const;
   StreamTotals totals() const;
   uint64_t allocated_bytes() const;  // head + trunk ring + pinned + expert arena

@@ -33,6 +33,7 @@
 #include "pipeline/graph/moe_layer_run.hpp"
 #include "pipeline/graph/prefetch_tuner.hpp"
 #include "pipeline/graph/reader_options.hpp"
+#include "pipeline/graph/routing_trace.hpp"
 #include "pipeline/graph/slot_pool.hpp"
 #include "pipeline/graph/trace.hpp"
 #include "stages/moe.hpp"
@@ -143,7 +144,10 @@ struct StreamingModel::Impl {
   std::unique_ptr<WeightSources::Head> head;
   TrunkSlots trunk;
   std::unique_ptr<ExpertCache> cache;
-  struct SlotRead {  // the read in flight into an expert slot
+  std::unique_ptr<RoutingTraceWriter> routing;  // --routing-trace: the router's choices, per call
+  std::unique_ptr<RoutingReplay> replay;        // bench --routing-replay: the trace's choices instead
+  uint64_t replay_fed = 0;                      // positions fed by earlier calls
+  struct SlotRead {                             // the read in flight into an expert slot
     const stages::Layout* layout = nullptr;
     uint64_t bind_offset = 0, bytes = 0, trace_id = 0;
     const char* trace_name = "expert read";
@@ -245,7 +249,7 @@ struct StreamingModel::Impl {
   }
 
   Impl(const WeightSources& s, const MemoryPlan& p, Strategy st, GraphDescription* d,
-       stages::ExpertExchange* x)
+       stages::ExpertExchange* x, ExpertPolicy policy)
       : arena(int(tbb::global_control::active_value(tbb::global_control::max_allowed_parallelism))),
         src(s),
         c(s.config()),
@@ -270,8 +274,9 @@ struct StreamingModel::Impl {
     if (src.has_experts()) {
       const uint64_t slots = p.inflight_slots + p.lookahead_slots + p.cache_slots;
       const uint64_t widen = src.expert_widen_floats();
-      cache = std::make_unique<ExpertCache>(
-          slots, p.expert_slot_bytes - io::align_up(4 * widen, io::kDirectAlign), widen, n, c.n_experts);
+      cache = std::make_unique<ExpertCache>(slots,
+                                            p.expert_slot_bytes - io::align_up(4 * widen, io::kDirectAlign),
+                                            widen, n, c.n_experts, policy);
       slot_reads = std::make_unique<SlotRead[]>(slots);
     }
     for (int l = 0; l < n; ++l)

@@ -167,6 +167,8 @@ void StreamingModel::Impl::router_body(const RouteGo& m, Outputs<kRouter>& out) 
     const size_t T = S.T;
     stages::route(mw, c, S.buf.x, T, std::span(S.buf.idx).first(T * K), S.buf.weight.first(T * K),
                   S.buf.route_sc);
+    if (replay) replay->apply(S.cur.layer, replay_fed, std::span(S.buf.idx).first(T * K), int(K));
+    if (routing) routing->layer(S.cur.layer, std::span<const int32_t>(S.buf.idx).first(T * K));
     // The pieces combine waits for: every expert group, the shared experts (and the lookahead).
     S.moe.begin(m.visit, std::span<const int32_t>(S.buf.idx).first(T * K), c, 1 + (la ? 1 : 0), exchange);
     // Fetch last: a thread runs the task it spawned last first, so the reads are submitted

@@ -21,6 +21,7 @@ std::string to_json(const RunReport& r) {
       .fixed_field("wall_seconds", r.wall_seconds, 4)
       .fixed_field("seconds_per_token", r.seconds_per_token, 4)
       .field("strategy", r.strategy)
+      .field("routing_replay", r.routing_replay)
       .field("budget_bytes", r.budget_bytes)
       .field("trunk_bytes_read", r.trunk_bytes_read)
       .field("expert_bytes_read", r.expert_bytes_read)

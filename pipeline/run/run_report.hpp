@@ -42,6 +42,8 @@ struct RunReport {
 
   // Streamed decode (pipeline/graph/graph.hpp).
   std::string strategy = "resident";
+  // bench --routing-replay: the trace the router's top-k came from (the logits are not the model's).
+  std::optional<std::string> routing_replay;
   uint64_t budget_bytes = 0, trunk_bytes_read = 0, expert_bytes_read = 0, expert_requests = 0,
            expert_hits = 0, lookahead_predicted = 0, lookahead_used = 0, uring_bytes = 0, pread_bytes = 0;
   double io_busy_seconds = 0;       // wall time with at least one read in flight

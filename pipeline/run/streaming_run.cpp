@@ -154,6 +154,10 @@ void add_plan_flags(CLI::App& sub, StreamFlags& f) {
          "expert prefetch turned on or off by measuring this run's steps); all give the same bits. Needs a "
          "budget flag or --trunk")
       ->check(CLI::IsMember({"serial", "trunk", "overlap", "lookahead", "auto"}));
+  sub.add_option("--expert-policy", f.expert_policy,
+                 "expert cache replacement: run (the default: keeps the experts each layer kept using, "
+                 "docs/routing.md) or lru; all give the same bits")
+      ->check(CLI::IsMember({"lru", "run"}));
 }
 
 void add_stream_flags(CLI::App& sub, StreamFlags& f) {
@@ -327,8 +331,17 @@ std::unique_ptr<StreamRun> StreamRun::open(const StreamFlags& f, const io::Model
     Trace::name_thread("main (driver, tbb)");
   }
   s.model = std::make_unique<StreamingModel>(
-      *s.src, s.plan, s.strategy, f.graph_dot.empty() ? nullptr : &s.dot, ranks > 1 ? experts : nullptr);
+      *s.src, s.plan, s.strategy, f.graph_dot.empty() ? nullptr : &s.dot, ranks > 1 ? experts : nullptr,
+      f.expert_policy.empty() ? kDefaultExpertPolicy : parse_expert_policy(f.expert_policy));
   s.model->expect_calls(gen);
+  if (!f.routing_trace.empty()) s.model->record_routing(f.routing_trace);
+  if (!f.routing_replay.empty()) {
+    s.model->replay_routing(read_routing_trace(f.routing_replay));
+    std::printf(
+        "NOTE: routing replayed from %s (bench --routing-replay): every MoE layer's top-k is the trace's, "
+        "so the ids and logits are not the model's\n",
+        f.routing_replay.c_str());
+  }
   return run;
 }
 
@@ -405,6 +418,7 @@ void StreamRun::finish(RunReport& r, double decode_seconds) {
               t.io_busy_seconds, t.compute_busy_seconds, decode_seconds, eff);
 
   r.strategy = strategy_name(s.strategy);
+  if (!s.flags.routing_replay.empty()) r.routing_replay = s.flags.routing_replay;
   r.budget_bytes = s.plan.budget;
   r.trunk_bytes_read = t.trunk_bytes_read;
   r.expert_bytes_read = t.expert_bytes_read;

@@ -54,6 +54,9 @@ inline constexpr size_t kMaxPositions = 36864;
 // The flags that decide a streamed run's plan.
 struct StreamFlags {
   std::string trunk_dir, preset, strategy, trace, graph_dot;
+  std::string expert_policy;                      // --expert-policy (empty: the default, run)
+  std::string routing_trace;                      // generate --routing-trace F
+  std::string routing_replay;                     // bench --routing-replay TRACE (its children)
   double mem_gb = 0, trunk_gb = 0, cache_gb = 0;  // 0: not given
   uint64_t context = 0;                           // --context (0: the run's own positions)
   int ring = 2;                                   // --ring: trunk ring slots
@@ -65,7 +68,8 @@ struct StreamFlags {
   bool budget_given() const { return !preset.empty() || mem_gb > 0 || trunk_gb > 0; }
 };
 
-// Declares --trunk, --mem-gb, --preset, --trunk-gb, --cache-gb, --strategy: what decides the plan
+// Declares --trunk, --mem-gb, --preset, --trunk-gb, --cache-gb, --strategy, --expert-policy: what decides the
+// plan
 // (--max-seqs, the batched run's sequences, is declared by the commands that have it).
 void add_plan_flags(CLI::App& sub, StreamFlags& flags);
 // add_plan_flags; --context and --ring unless the command declared them already (plan and chat
