@@ -3,7 +3,7 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
-#include <cstdlib>
+#include "io/env.hpp"
 
 namespace k3::pipeline {
 
@@ -28,7 +28,7 @@ std::string terminal_escaped(std::string_view s) {
 bool is_terminal(std::FILE* f) {
   // Under mpirun a rank's stdout is a pseudo-terminal of the launcher's, whatever the user's stdout
   // is (a pipe, a file), so isatty says nothing about where the text lands: written raw, as to a pipe.
-  if (std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMIX_RANK") != nullptr) return false;
+  if (io::env::launcher_ranks() > 0) return false;
   return f != nullptr && ::isatty(::fileno(f)) != 0;
 }
 
