@@ -202,7 +202,8 @@ TEST_CASE("generate at --preset laptop on the full-size replica: plan == generat
   // build skips the plan and RSS comparisons below anyway, the token runs the first 4 layers
   // (`--layers 4`, planned for 4: one pinned, three streamed through the ring): the dense layer, two
   // KDA + MoE layers and the first MLA + MoE layer at full scale, and the head -- every kind of stage
-  // and read of the whole token, without its 89 repeats (~7 minutes of CI's 2 cores under ASan).
+  // and read of the whole token, without its 89 repeats (under ASan + UBSan the whole token is ~130
+  // CPU-seconds, this test case with 4 layers ~50).
   TempDir d;
   const std::string layers = k3::test::kSanitized ? " --layers 4" : "";
   const Run g = k3flow("generate " + replica().string() + " --ids 1 --gen 1 --incremental --preset laptop" +
