@@ -1,8 +1,9 @@
 // `k3flow serve` with the official `openai` npm client: tests/openai_client/serve_e2e.mjs runs
-// models.list, models.retrieve, completions and chat (streamed and not) and a wrong API key against
-// a real server on loopback, and checks the completion ids against `k3flow generate`'s for the same
-// prompt. It needs node and the pinned package (`npm ci` in tests/openai_client/, which
-// .ci/install-deps runs); without them the test says so and skips.
+// models.list, models.retrieve, completions and chat (streamed and not), logprobs, a JSON schema
+// response_format, a tool round trip (assistant tool_calls + a tool message), a refused unknown
+// field and a wrong API key against a real server on loopback, and checks the completion ids
+// against `k3flow generate`'s for the same prompt. It needs node and the pinned package (`npm ci` in
+// tests/openai_client/, which .ci/install-deps runs); without them the test says so and skips.
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
@@ -59,14 +60,16 @@ std::string run_client(int port, const std::string& expect_ids) {
 }  // namespace
 
 TEST_CASE(
-    "the official openai client: models, completions and chat, streamed and not; ids equal generate's") {
+    "the official openai client: models, completions and chat, streamed and not, logprobs, JSON output, a "
+    "tool round trip; ids equal generate's") {
   if (!client_installed()) return;
   const std::string ids = generate_ids("Hello", 12);
   ServeChild s(kTiny + " --api-key sekrit");
   const std::string got = run_client(s.port(), ids);
   CHECK_MESSAGE(got.rfind("exit 0\n", 0) == 0, got);
   for (const char* name :
-       {"modelsList", "modelsRetrieve", "completion", "completionStream", "chat", "chatStream", "wrongKey"})
+       {"modelsList", "modelsRetrieve", "completion", "completionStream", "chat", "chatStream",
+        "chatLogprobs", "completionLogprobs", "jsonSchema", "toolResult", "unknownFieldRefused", "wrongKey"})
     CHECK_MESSAGE(got.find(fmt::format("ok {}\n", name)) != std::string::npos, name << "\n" << got);
   // The script can fail: other expected ids are refused by the two completion cases.
   const std::string wrong = run_client(s.port(), ids.substr(0, ids.rfind(',')));

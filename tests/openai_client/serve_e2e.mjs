@@ -112,6 +112,74 @@ const cases = {
     sameIds(ids, whole.choices[0].token_ids, 'streamed chat');
   },
 
+  // Greedy: the chosen token is the most likely, so its logprob heads its own top list.
+  async chatLogprobs() {
+    const r = await client.chat.completions.create({
+      model, messages: chatMessages, max_tokens: 6, thinking: false, logprobs: true, top_logprobs: 3,
+    });
+    const content = r.choices[0].logprobs?.content ?? [];
+    check(content.length === r.usage.completion_tokens, `${content.length} logprobs for ${r.usage.completion_tokens} tokens`);
+    for (const t of content) {
+      check(t.logprob <= 0 && t.top_logprobs.length === 3, `token ${JSON.stringify(t)}`);
+      check(t.top_logprobs[0].logprob === t.logprob, `greedy token not the top one: ${JSON.stringify(t)}`);
+      for (let i = 1; i < 3; ++i) check(t.top_logprobs[i].logprob <= t.top_logprobs[i - 1].logprob, 'top list not sorted');
+    }
+  },
+
+  async completionLogprobs() {
+    const r = await client.completions.create({ model, prompt, max_tokens: maxTokens, logprobs: 2 });
+    const lp = r.choices[0].logprobs;
+    check(lp && lp.tokens.length === maxTokens && lp.token_logprobs.length === maxTokens, `logprobs ${JSON.stringify(lp)}`);
+    check(lp.token_logprobs.every((v) => v <= 0), 'a logprob above 0');
+    check(lp.top_logprobs.every((o) => Object.keys(o).length >= 1 && Object.keys(o).length <= 2), 'top_logprobs size');
+  },
+
+  // Sampling constrained to the schema: the reply parses and takes one of the enum's values.
+  async jsonSchema() {
+    const r = await client.chat.completions.create({
+      model, messages: chatMessages, max_tokens: 200, seed: 7, temperature: 1,
+      response_format: {
+        type: 'json_schema',
+        json_schema: {
+          name: 'colour', strict: true,
+          schema: { type: 'object', properties: { colour: { enum: ['red', 'green', 'blue'] } }, required: ['colour'] },
+        },
+      },
+    });
+    const c = r.choices[0];
+    check(c.finish_reason === 'stop', `finish_reason ${c.finish_reason}: ${JSON.stringify(c.message)}`);
+    const v = JSON.parse(c.message.content);
+    check(['red', 'green', 'blue'].includes(v.colour), `content ${c.message.content}`);
+  },
+
+  // A tool round trip as an agent framework sends it: the assistant's tool_calls and the tool's
+  // result go back in; tool_choice none asks the model not to call again.
+  async toolResult() {
+    const tools = [{
+      type: 'function',
+      function: { name: 'get_weather', description: 'Weather in a city', parameters: { type: 'object', properties: { city: { type: 'string' } }, required: ['city'] } },
+    }];
+    const r = await client.chat.completions.create({
+      model, max_tokens: 6, thinking: false, tools, tool_choice: 'none',
+      messages: [
+        { role: 'developer', content: 'Use tools when they help.' },
+        { role: 'user', content: 'Weather in Paris?' },
+        { role: 'assistant', content: null, tool_calls: [{ id: 'call_1', type: 'function', function: { name: 'get_weather', arguments: '{"city":"Paris"}' } }] },
+        { role: 'tool', tool_call_id: 'call_1', content: '{"temp_c":18}' },
+      ],
+    });
+    check(r.choices[0].message.role === 'assistant' && r.usage.prompt_tokens > 0, `reply ${JSON.stringify(r)}`);
+  },
+
+  async unknownFieldRefused() {
+    try {
+      await client.chat.completions.create({ model, messages: chatMessages, max_tokens: 2, logit_bias: { 5: 10 } });
+      check(false, 'logit_bias was accepted');
+    } catch (e) {
+      check(e instanceof OpenAI.BadRequestError && String(e.message).includes('logit_bias'), `logit_bias: ${e}`);
+    }
+  },
+
   async wrongKey() {
     const bad = new OpenAI({ baseURL, apiKey: 'wrong-key', maxRetries: 0 });
     try {
