@@ -100,6 +100,7 @@ void StreamingModel::Impl::trunk_decode_body(const DecodeClaim& in, Outputs<kTru
 
 void StreamingModel::Impl::trunk_bind_body(const TrunkReady& m, Outputs<kTrunkBind>& out) {
   const int l = m.visit.layer, s = m.slot.index;
+  bool done = false;
   run_node(kTrunkBind, true, args(l, -1, s), [&] {
     const LayerSource& ls = src.layer(l);
     TrunkSlots::Holder& h = trunk.holder(l, s);
@@ -123,8 +124,9 @@ void StreamingModel::Impl::trunk_bind_body(const TrunkReady& m, Outputs<kTrunkBi
       trunk.set_pin_loaded(l);
       pin_loaded_bytes += trunk.bytes(l, -1).size();
     }
-    port<TrunkBindOut::ready>(out).try_put(m);
+    done = true;
   });
+  if (done) port<TrunkBindOut::ready>(out).try_put(m);  // after the span (see router_body)
 }
 
 // ------------------------------------------------------------------ layer
@@ -133,15 +135,19 @@ void StreamingModel::Impl::attention_body(const GatedLayer& in, Outputs<kAttenti
   const TrunkReady& r = std::get<size_t(LayerGateIn::ready)>(in);
   StepState& S = step(r.visit);
   const int l = r.visit.layer;
+  bool done = false;
   run_node(kAttention, true, args(l, -1, r.slot.index), [&] {
     S.cur = StepState::Current{l, r.slot, &trunk.holder(l, r.slot.index).w};
     S.layer_segs = stages::layer_segments(S.segs, l);
     stages::layer_attention(*S.cur.w, c, S.buf.P, S.T, *S.buf.B, S.layer_segs, S.buf.x, S.buf.attn_sc);
-    if (std::holds_alternative<stages::MoeWeights>(S.cur.w->ffn))
-      port<AttentionOut::moe>(out).try_put(RouteGo{r.visit});
-    else
-      port<AttentionOut::dense>(out).try_put(DenseGo{r.visit});
+    done = true;
   });
+  if (!done) return;  // the run has failed: the driver reports it
+  // After the span (see router_body): what follows may start reads before this thread closes it.
+  if (std::holds_alternative<stages::MoeWeights>(S.cur.w->ffn))
+    port<AttentionOut::moe>(out).try_put(RouteGo{r.visit});
+  else
+    port<AttentionOut::dense>(out).try_put(DenseGo{r.visit});
 }
 
 void StreamingModel::Impl::dense_ffn_body(const DenseGo& m, Outputs<kDenseFfn>& out) {
@@ -162,6 +168,7 @@ void StreamingModel::Impl::dense_ffn_body(const DenseGo& m, Outputs<kDenseFfn>& 
 void StreamingModel::Impl::router_body(const RouteGo& m, Outputs<kRouter>& out) {
   StepState& S = step(m.visit);
   const bool ser = strategy == Strategy::serial, la = lookahead_graph();
+  bool done = false;
   run_node(kRouter, true, args(S.cur.layer), [&] {
     const auto& mw = std::get<stages::MoeWeights>(S.cur.w->ffn);
     const size_t T = S.T;
@@ -171,14 +178,18 @@ void StreamingModel::Impl::router_body(const RouteGo& m, Outputs<kRouter>& out) 
     if (routing) routing->layer(S.cur.layer, std::span<const int32_t>(S.buf.idx).first(T * K));
     // The pieces combine waits for: every expert group, the shared experts (and the lookahead).
     S.moe.begin(m.visit, std::span<const int32_t>(S.buf.idx).first(T * K), c, 1 + (la ? 1 : 0), exchange);
-    // Fetch last: a thread runs the task it spawned last first, so the reads are submitted
-    // before this thread starts the shared experts (with one thread, the only order that
-    // overlaps them). trunk starts the shared experts with the first landed wave -- or now, on a
-    // rank that owns none of the layer's chosen experts (no wave will land).
-    if (strategy == Strategy::overlap || la || ser || S.moe.unique() == 0)
-      port<RouterOut::shared>(out).try_put(SharedGo{m.visit});
-    if (!ser) port<RouterOut::fetch>(out).try_put(FetchGo{m.visit});
+    done = true;
   });
+  if (!done) return;  // the run has failed: the driver reports it
+  // After the span, as every node's puts: with two threads the shared experts (and under serial
+  // the fetch and reads that follow them) can run before this thread closes a span it is still in.
+  // Fetch last: a thread runs the task it spawned last first, so the reads are submitted before this
+  // thread starts the shared experts (with one thread, the only order that overlaps them). trunk
+  // starts the shared experts with the first landed wave -- or now, on a rank that owns none of the
+  // layer's chosen experts (no wave will land).
+  if (strategy == Strategy::overlap || la || ser || S.moe.unique() == 0)
+    port<RouterOut::shared>(out).try_put(SharedGo{m.visit});
+  if (!ser) port<RouterOut::fetch>(out).try_put(FetchGo{m.visit});
 }
 
 void StreamingModel::Impl::expert_fetch_body(const FetchGo& m, Outputs<kExpertFetch>& out) {
@@ -246,7 +257,7 @@ void StreamingModel::Impl::expert_landed_body(const ExpertLanded& m, Outputs<kEx
 
 void StreamingModel::Impl::shared_body(const SharedGo& m, Outputs<kShared>& out) {
   StepState& S = step(m.visit);
-  bool fetch = false;
+  bool fetch = false, last_piece = false, done = false;
   run_node(kShared, true, args(S.cur.layer), [&] {
     const auto& mw = std::get<stages::MoeWeights>(S.cur.w->ffn);
     const size_t T = S.T;
@@ -255,9 +266,12 @@ void StreamingModel::Impl::shared_body(const SharedGo& m, Outputs<kShared>& out)
       port<SharedOut::latent>(out).try_put(LatentGo{m.visit, int(i)});
     stages::shared_experts(mw, c, S.buf.x, T, S.buf.shared, S.buf.shared_sc);
     fetch = strategy == Strategy::serial;  // serial: experts are read only now
-    if (S.moe.piece_done()) port<SharedOut::last_piece>(out).try_put(PieceDone{m.visit});
+    last_piece = S.moe.piece_done();
+    done = true;
   });
-  if (fetch) port<SharedOut::fetch>(out).try_put(FetchGo{m.visit});  // after the span, as the read follows it
+  // After the span, as the read follows it (and the last piece, the next layer's trunk read).
+  if (done && last_piece) port<SharedOut::last_piece>(out).try_put(PieceDone{m.visit});
+  if (fetch) port<SharedOut::fetch>(out).try_put(FetchGo{m.visit});
 }
 
 void StreamingModel::Impl::expert_compute_body(const GatedExpert& in, Outputs<kExpertCompute>& out) {
