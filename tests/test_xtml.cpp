@@ -6,18 +6,16 @@
 
 #include "io/error.hpp"
 #include "io/text/xtml.hpp"
+#include "tests/xtml_segments.hpp"
 
 using namespace k3::io::text;
 using Role = ChatMessage::Role;
+using k3::test::C;
+using k3::test::close_tag;
+using k3::test::open_tag;
+using k3::test::T;
 
 namespace {
-
-Segment C(std::string t) {
-  return Segment{std::move(t), true};
-}
-Segment T(std::string t) {
-  return Segment{std::move(t), false};
-}
 
 ChatMessage sys(std::string c) {
   return {Role::system, std::move(c), std::nullopt};
@@ -39,12 +37,6 @@ std::string effort_body(const std::string& effort) {
 // <|open|>message role="R"<|sep|> as the reference segments it: tag and attributes apart.
 std::vector<Segment> open_message(const std::string& role) {
   return {C("<|open|>"), T("message"), T(" role=\"" + role + "\""), C("<|sep|>")};
-}
-std::vector<Segment> open_tag(const std::string& tag) {
-  return {C("<|open|>"), T(tag), C("<|sep|>")};
-}
-std::vector<Segment> close_tag(const std::string& tag) {
-  return {C("<|close|>"), T(tag), C("<|sep|>")};
 }
 
 std::vector<Segment> cat(std::initializer_list<std::vector<Segment>> parts) {

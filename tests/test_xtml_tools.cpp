@@ -11,27 +11,17 @@
 #include "io/error.hpp"
 #include "io/text/xtml.hpp"
 #include "io/text/xtml_tools.hpp"
+#include "tests/xtml_segments.hpp"
 
 using namespace k3::io::text;
 using Role = ChatMessage::Role;
+using k3::test::C;
+using k3::test::close_tag;
+using k3::test::open_tag;
+using k3::test::T;
 
 namespace {
 
-Segment C(std::string t) {
-  return Segment{std::move(t), true};
-}
-Segment T(std::string t) {
-  return Segment{std::move(t), false};
-}
-std::vector<Segment> open_tag(const std::string& tag, std::vector<std::string> attrs = {}) {
-  std::vector<Segment> s = {C("<|open|>"), T(tag)};
-  for (auto& a : attrs) s.push_back(T(std::move(a)));
-  s.push_back(C("<|sep|>"));
-  return s;
-}
-std::vector<Segment> close_tag(const std::string& tag) {
-  return {C("<|close|>"), T(tag), C("<|sep|>")};
-}
 std::vector<Segment> message(std::vector<std::string> attrs, const std::string& body) {
   std::vector<Segment> s = open_tag("message", std::move(attrs));
   if (!body.empty()) s.push_back(T(body));
