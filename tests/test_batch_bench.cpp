@@ -82,10 +82,8 @@ TEST_CASE("plan --max-seqs: the carried state of every sequence is planned, and 
 TEST_CASE("bench --batch child: 4 sequences on a checkpoint over 3x the budget stay under it, same ids") {
   Small& s = small();
   // 0.075 GiB: 3.5 MiB over the floor, so the plan pins no layer and streams all 6 through a 2-slot
-  // ring. A sanitized process is larger than the process allowance, and its plan leaves that term
-  // out (plan_run's "planned at the floor" warning), which frees ~17 MiB for the pools: at 0.09 it
-  // pinned all 6 layers, so no decode step read the trunk and the check below compared 0 with 0.
-  // At 0.075 it pins 2 and streams 4.
+  // ring. A sanitized process is larger than the process allowance: its plan is made at the floor
+  // without that term (plan_run's "planned at its floor" warning), which streams every layer too.
   const double gb = 0.075;
   const uint64_t budget = uint64_t(std::llround(gb * (1 << 30)));
   REQUIRE(s.on_disk >= 3 * budget);
