@@ -531,7 +531,8 @@ TEST_CASE("bad flags exit 2 naming the flag, before any run and without output f
       {"bench " + m + " --mem-gb 1 --probe-seconds 0", "--probe-seconds"},
       {"bench " + d / "no-such-model" + " --mem-gb 1", "MODEL_DIR"},
   };
-  for (const auto& [args, flag] : cases) {
+  for (const auto& [args_, flag] : cases) {
+    const auto& args = args_;  // doctest's lambdas need a variable: clang 14 cannot capture a binding
     CAPTURE(args);
     const Run r = k3flow(args + json, f.env());
     CHECK_MESSAGE(r.code == 2, r.out);

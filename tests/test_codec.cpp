@@ -389,8 +389,10 @@ TEST_CASE("decode_values gives any range of the values, cut blocks included") {
     const auto enc = codec::encode(raw, {.codec = c, .block_values = 1024});
     const codec::Stream st = codec::Stream::parse(enc, "t");
     const uint64_t n = raw.size() / 2;
-    for (auto [first, count] : std::vector<std::pair<uint64_t, uint64_t>>{
+    for (auto [first_, count_] : std::vector<std::pair<uint64_t, uint64_t>>{
              {0, n}, {0, 1024}, {1024, 2048}, {5, 1}, {1023, 2}, {700, 5000}, {n - 3, 3}, {n, 0}}) {
+      // CAPTURE's lambda needs variables: clang 14 cannot capture a structured binding.
+      const uint64_t first = first_, count = count_;
       CAPTURE(first);
       CAPTURE(count);
       std::vector<uint16_t> got(count);

@@ -374,7 +374,8 @@ TEST_CASE("mpirun serve: rank 0 answers HTTP, the others follow its steps: gener
                              want_b = generate_ids(tiny, "The quick brown fox", 6);
   // N = 2 resident; N = 3 each rank streaming its slice at its floor (every step, more setups:
   // test_dist_serve, ranks as threads).
-  for (const auto& [n, flags] : {std::pair<int, std::string>{2, ""}, {3, "--preset ultra"}}) {
+  for (const auto& [n_, flags] : {std::pair<int, std::string>{2, ""}, {3, "--preset ultra"}}) {
+    const auto& n = n_;  // doctest's lambdas need a variable: clang 14 cannot capture a binding
     CAPTURE(n);
     test::ServeChild s(fmt::format("{} --max-seqs 2 --no-progress {}", tiny, flags), kMpiEnv, true, 120,
                        mpirun_argv(n));

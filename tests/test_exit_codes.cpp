@@ -183,7 +183,8 @@ TEST_CASE("4: the run completed but its logits are not finite (a NaN weight)") {
 TEST_CASE("130 / 143: SIGINT or SIGTERM during a generate stops it between tokens, the report says so") {
   // Streamed so the test hook can slow every token to 300 ms; the signal is sent once step 1 is on
   // stdout, i.e. while the decode loop (and its signal handler) is running.
-  for (const auto& [sig, code] : {std::pair{"INT", 130}, std::pair{"TERM", 143}}) {
+  for (const auto& [sig_, code] : {std::pair{"INT", 130}, std::pair{"TERM", 143}}) {
+    const auto& sig = sig_;  // doctest's lambdas need a variable: clang 14 cannot capture a binding
     CAPTURE(sig);
     TempDir d;
     const Run r = k3::test::shell(

@@ -76,7 +76,8 @@ TEST_CASE("plot_bench.py: malformed JSON and bad usage exit 2 with one line, no 
        "\"overlap_efficiency\": 0}]}",
        "t_io"},
   };
-  for (const auto& [json, what] : cases) {
+  for (const auto& [json_, what] : cases) {
+    const auto& json = json_;  // doctest's lambdas need a variable: clang 14 cannot capture a binding
     CAPTURE(json);
     std::ofstream(d / "bad.json", std::ios::trunc) << json;
     const Run r = plot(d / "bad.json " + d / "bad.png");

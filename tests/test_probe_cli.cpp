@@ -111,7 +111,8 @@ TEST_CASE("probe refuses bad input with one line naming it, exit 2") {
       {"probe " + tiny_model() + " --seconds 0", "--seconds"},
       {"probe " + tiny_model() + " --bogus", "--bogus"},
   };
-  for (const auto& [args, what] : cases) {
+  for (const auto& [args_, what] : cases) {
+    const auto& args = args_;  // doctest's lambdas need a variable: clang 14 cannot capture a binding
     CAPTURE(args);
     const k3::test::Run r = k3::test::k3flow_sh(args);
     CHECK(r.code == 2);

@@ -217,12 +217,14 @@ TEST_CASE("st fixture: for_each visits every tensor once, in name order") {
 
 TEST_CASE("st fixture: widened values are bitwise exact at the listed indices") {
   const ShardSet set = ShardSet::open(kSt);
-  for (const auto& [name, bits] : kBits) {
+  for (const auto& [name_, bits] : kBits) {
+    const auto& name = name_;  // doctest's lambdas need a variable: clang 14 cannot capture a binding
     CAPTURE(name);
     const auto t = set.find(name);
     REQUIRE(t.has_value());
     const std::vector<float> v = widen(set, *t);
-    for (auto [i, b] : bits) {
+    for (auto [i_, b] : bits) {
+      const auto& i = i_;  // doctest's lambdas need a variable: clang 14 cannot capture a binding
       CAPTURE(i);
       CHECK(std::bit_cast<uint32_t>(v.at(i)) == b);
     }

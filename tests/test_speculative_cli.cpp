@@ -85,12 +85,13 @@ TEST_CASE("--spec refusals exit 2 naming the flag") {
     CHECK(r.out.find("--spec") != std::string::npos);
   }
   // The drafting policy's flags: each refusal names its flag.
-  for (const auto& [bad, flag] :
+  for (const auto& [bad_, flag] :
        {std::pair<std::string, std::string>{"--spec 2 --spec-min-match 0", "--spec-min-match 0"},
         {"--spec 2 --spec-min-match 17", "--spec-min-match 17"},
         {"--spec-min-match 2", "--spec-min-match needs --spec"},
         {"--spec 2 --spec-policy eager", "--spec-policy eager"},
         {"--spec-policy fixed", "--spec-policy needs --spec"}}) {
+    const auto& bad = bad_;  // doctest's lambdas need a variable: clang 14 cannot capture a binding
     CAPTURE(bad);
     const Run r = run("generate " + kModel + " --ids 1,2,3 --gen 4 " + bad);
     INFO(r.out);

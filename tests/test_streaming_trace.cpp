@@ -139,7 +139,8 @@ ParsedTrace traced_run(const std::string& flags, const std::string& dot = "", co
     }
   }
   CHECK(open.size() == closed.size());
-  for (auto& [id, s] : open) {
+  for (auto& [id_, s] : open) {
+    const auto& id = id_;  // doctest's lambdas need a variable: clang 14 cannot capture a binding
     REQUIRE_MESSAGE(closed.count(id), "read " << id << " never ends");
     s.end = closed[id];
     CHECK(s.end >= s.begin);
@@ -174,7 +175,8 @@ TEST_CASE(
   const ParsedTrace t = traced_run("--mem-gb 0.02 --strategy lookahead");
   REQUIRE(!t.compute.empty());
   REQUIRE(!t.reads.empty());
-  for (const auto& [name, tids] : t.tids) {
+  for (const auto& [name_, tids] : t.tids) {
+    const auto& name = name_;  // doctest's lambdas need a variable: clang 14 cannot capture a binding
     CAPTURE(name);
     for (int64_t tid : tids) {
       if (tid < kFirstTrackTid) {

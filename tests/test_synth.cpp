@@ -337,7 +337,8 @@ TEST_CASE("bad dimensions are refused with exit 2, naming the flag, creating not
       {"--layers abc", "--layers"},
       {"--sparse --layers 4", "--layers"},
   };
-  for (const auto& [args, flag] : cases) {
+  for (const auto& [args_, flag] : cases) {
+    const auto& args = args_;  // doctest's lambdas need a variable: clang 14 cannot capture a binding
     Run r = k3flow(fmt::format("synth {} {}", out.string(), args));
     CHECK_MESSAGE(r.code == 2, args, " -> ", r.code, " ", r.err);
     CHECK_MESSAGE(r.err.find(flag) != std::string::npos, args, " -> ", r.err);
@@ -427,7 +428,8 @@ TEST_CASE("progress bar: drawn when forced, absent when stderr is not a terminal
 TEST_CASE("presets have the advertised sizes and pass validation") {
   const std::pair<const char*, double> sizes[] = {
       {"tiny", 4e6}, {"small", 0.3e9}, {"medium", 3e9}, {"large", 12e9}};
-  for (const auto& [name, bytes] : sizes) {
+  for (const auto& [name_, bytes] : sizes) {
+    const auto& name = name_;  // doctest's lambdas need a variable: clang 14 cannot capture a binding
     const auto plan = k3::io::synth::layout_dense(k3::io::synth::preset_dims(name), 0);
     CHECK_MESSAGE(double(plan.data_bytes()) > bytes / 2, name);
     CHECK_MESSAGE(double(plan.data_bytes()) < bytes * 2, name);

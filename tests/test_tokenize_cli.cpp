@@ -79,8 +79,9 @@ void expect_refusal(const std::string& args, int code, const std::string& messag
 
 TEST_CASE("--file: one line of ids per corpus line, equal to the fixture (o200k and Kimi patterns)") {
   TempDir d;
-  for (const auto& [file, pattern] :
+  for (const auto& [file_, pattern] :
        {std::pair{"o200k_cases.json", "o200k"}, {"kimi_pattern_cases.json", "kimi"}}) {
+    const auto& file = file_;  // doctest's lambdas need a variable: clang 14 cannot capture a binding
     CAPTURE(file);
     const auto cases = write_corpus(file, d / "corpus.txt");
     const Run r =

@@ -264,8 +264,14 @@ RunPlan plan_run(const StreamFlags& f, const WeightSources& src, uint64_t contex
         human_bytes(b.total), human_bytes(process + slack + seqs * per_seq), human_bytes(at),
         human_bytes(need - b.total), std::ceil(double(need) / double(kGiB) * 1e3) / 1e3));
     in = bare;
-    b.total = at;
     b.source += ", planned at its floor (the WARNING above)";
+    const uint64_t asked = b.total;
+    b.total = at;
+    run.plan = make_plan(in, b);
+    // The budget stays the one asked for: what the plan leaves unassigned is the room the process
+    // terms the plan could not hold will take, and reports quote the user's budget.
+    run.plan.budget = asked;
+    return run;
   }
   run.plan = make_plan(in, b);
   return run;
