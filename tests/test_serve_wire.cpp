@@ -7,6 +7,7 @@
 // "listening"; a load that fails ends the server at once); the shutdown line.
 #include <doctest/doctest.h>
 #include <fmt/format.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <simdjson.h>
 
@@ -154,14 +155,16 @@ TEST_CASE("slowloris: more silent and trickling sockets than --max-connections; 
 TEST_CASE("a client that stops reading its stream is cut after --write-seconds; its slot serves again") {
   ServeChild s(kTiny + " --max-connections 2 --write-seconds 1 --context 8192 --max-reply 8192");
   std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the readiness poll's slot is free
-  // The stuck client: a small receive window (set before connect: it is fixed at the handshake) and
-  // a stream of the largest events the API makes (chat, top_logprobs 20: about 1.5 KB a token), so
-  // that the server's send buffer (autotuned up to tcp_wmem's 4 MiB) fills within a few seconds
-  // and a write blocks. It never reads.
+  // The stuck client: a small receive window and a small MSS (both set before connect: they are
+  // fixed at the handshake; the server sizes its send buffer from the MSS, else it grows towards
+  // tcp_wmem's 4 MiB on loopback) and a stream of the largest events the API makes (chat,
+  // top_logprobs 20: about 1.5 KB a token), so that a write blocks within a second. Without the
+  // small MSS it still does, after some 3 s of decoding. It never reads.
   const int stuck = ::socket(AF_INET, SOCK_STREAM, 0);
   REQUIRE(stuck >= 0);
-  const int small = 4096;
+  const int small = 4096, mss = 536;
   ::setsockopt(stuck, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+  ::setsockopt(stuck, IPPROTO_TCP, TCP_MAXSEG, &mss, sizeof mss);
   timeval tv{.tv_sec = 10, .tv_usec = 0};
   ::setsockopt(stuck, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
   sockaddr_in addr{};
