@@ -1,14 +1,17 @@
 // `k3flow serve` on the wire, the real binary on loopback (tests/test_serve_client.hpp) with
-// fixtures/tiny-k3: silent and trickling sockets are timed out (--idle-seconds, --read-seconds) so
-// they cannot lock a real client out of --max-connections; an idle keep-alive is closed; the
+// fixtures/tiny-k3: silent and trickling sockets are timed out (--idle-seconds, --read-seconds), and
+// a client that stops reading its stream is cut (--write-seconds), so they cannot lock a real client
+// out of --max-connections; an idle keep-alive is closed; the
 // headers a client acts on (Retry-After, WWW-Authenticate, CORS); GET /v1/models/{id}; the start-up
 // order (a port in use, a budget below the floor and an unknown preset end the command before
 // "listening"; a load that fails ends the server at once); the shutdown line.
 #include <doctest/doctest.h>
 #include <fmt/format.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <simdjson.h>
 
+#include <cerrno>
 #include <chrono>
 #include <filesystem>
 #include <string>
@@ -60,6 +63,37 @@ std::string header(const HttpResponse& r, const std::string& name) {
 }
 
 const std::string kCompletion = R"({"prompt":"Hello","max_tokens":4})";
+
+// One response on a keep-alive connection: its head, then Content-Length bytes.
+HttpResponse read_one(int fd) {
+  std::string raw;
+  char buf[4096];
+  size_t want = std::string::npos;
+  while (raw.size() != want) {
+    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    REQUIRE(n > 0);
+    raw.append(buf, size_t(n));
+    if (const size_t head = raw.find("\r\n\r\n"); head != std::string::npos && want == std::string::npos)
+      want = head + 4 + size_t(std::stoul(parse_response(raw).headers.at("content-length")));
+  }
+  return parse_response(raw);
+}
+
+// A request on a keep-alive connection, and its response.
+HttpResponse keep_alive(int fd, const std::string& method, const std::string& path,
+                        const std::string& body = "") {
+  std::string r = method + " " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\n";
+  if (method == "POST")
+    r += "Content-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) + "\r\n";
+  REQUIRE(send_all(fd, r + "\r\n" + body));
+  return read_one(fd);
+}
+
+// A Prometheus sample's value in a /metrics body (-1 when absent).
+double sample(const std::string& metrics, const std::string& name) {
+  const size_t at = metrics.find("\n" + name + " ");
+  return at == std::string::npos ? -1 : std::atof(metrics.c_str() + at + name.size() + 2);
+}
 
 }  // namespace
 
@@ -118,26 +152,89 @@ TEST_CASE("slowloris: more silent and trickling sockets than --max-connections; 
   CHECK(s.stop(SIGTERM) == 0);
 }
 
+TEST_CASE("a client that stops reading its stream is cut after --write-seconds; its slot serves again") {
+  ServeChild s(kTiny + " --max-connections 2 --write-seconds 1 --context 8192 --max-reply 8192");
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the readiness poll's slot is free
+  // The stuck client: a small receive window and a small MSS (both set before connect: they are
+  // fixed at the handshake; the server sizes its send buffer from the MSS, else it grows towards
+  // tcp_wmem's 4 MiB on loopback) and a stream of the largest events the API makes (chat,
+  // top_logprobs 20: about 1.5 KB a token), so that a write blocks within a second. Without the
+  // small MSS it still does, after some 3 s of decoding. It never reads.
+  const int stuck = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(stuck >= 0);
+  const int small = 4096, mss = 536;
+  ::setsockopt(stuck, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+  ::setsockopt(stuck, IPPROTO_TCP, TCP_MAXSEG, &mss, sizeof mss);
+  timeval tv{.tv_sec = 10, .tv_usec = 0};
+  ::setsockopt(stuck, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(uint16_t(s.port()));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::connect(stuck, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+  const auto t0 = Clock::now();
+  REQUIRE(send_all(stuck, request_text("POST", "/v1/chat/completions",
+                                       R"({"messages":[{"role":"user","content":"Hello"}],"max_tokens":8192,)"
+                                       R"("stream":true,"logprobs":true,"top_logprobs":20,"ignore_eos":true,)"
+                                       R"("thinking":false})",
+                                       {})));
+  // The second slot: a keep-alive client served normally all along, completions and /metrics, until
+  // the metrics count the stuck one's write timeout. Meanwhile both slots are held: a third client
+  // is refused 503.
+  const int other = connect_loopback(s.port());
+  REQUIRE(other >= 0);
+  int served = 0, refused = 0;
+  bool cut = false;
+  std::string metrics;
+  while (!cut && seconds_since(t0) < 20) {
+    const HttpResponse r = keep_alive(other, "POST", "/v1/completions", kCompletion);
+    CHECK(r.status == 200);
+    served += r.status == 200;
+    metrics = keep_alive(other, "GET", "/metrics").body;
+    cut = sample(metrics, R"(k3flow_requests_total{endpoint="timeout",status="499"})") == 1;
+    if (!cut) refused += http(s.port(), "POST", "/v1/completions", kCompletion).status == 503;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  const double cut_after = seconds_since(t0);
+  REQUIRE_MESSAGE(cut, "the stuck client still holds its slot after 20 s");
+  CHECK(metrics.find(R"(endpoint="/v1/chat/completions",status="499")") == std::string::npos);
+  CHECK(served > 0);
+  CHECK(refused > 0);
+  // The server reset the stuck connection: the stream it got is cut short.
+  std::string raw;
+  char buf[4096];
+  ssize_t n = 0;
+  while ((n = ::recv(stuck, buf, sizeof buf, 0)) > 0) raw.append(buf, size_t(n));
+  CHECK((n == 0 || errno == ECONNRESET));
+  CHECK(raw.rfind("HTTP/1.1 200", 0) == 0);
+  CHECK(raw.find("[DONE]") == std::string::npos);
+  ::close(stuck);
+  // Its sequence was cancelled (at 8192 tokens it would run for tens of seconds)...
+  double active = -1;
+  for (const auto t1 = Clock::now(); seconds_since(t1) < 5;
+       std::this_thread::sleep_for(std::chrono::milliseconds(50)))
+    if ((active = sample(keep_alive(other, "GET", "/metrics").body, "k3flow_active_sequences")) == 0) break;
+  CHECK(active == 0);
+  // ...and its slot (the other is still held) serves a new client, retrying its 503s, at once.
+  HttpResponse got;
+  const auto t1 = Clock::now();
+  while (seconds_since(t1) < 5) {
+    got = http(s.port(), "POST", "/v1/completions", kCompletion);
+    if (got.status != 503) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  CHECK(got.status == 200);
+  ::close(other);
+  MESSAGE("the stuck client was cut after " << cut_after << " s; meanwhile " << served << " requests served, "
+                                            << refused << " refused");
+  CHECK(s.stop(SIGTERM) == 0);
+}
+
 TEST_CASE("a keep-alive connection serves several requests, then is closed after --idle-seconds") {
   ServeChild s(kTiny + " --idle-seconds 0.5");
   const int fd = connect_loopback(s.port());
   REQUIRE(fd >= 0);
-  const std::string get = "GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
-  for (int i = 0; i < 2; ++i) {
-    REQUIRE(send_all(fd, get));
-    // One response: its head, then Content-Length bytes.
-    std::string raw;
-    char buf[4096];
-    size_t want = std::string::npos;
-    while (raw.size() != want) {
-      const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
-      REQUIRE(n > 0);
-      raw.append(buf, size_t(n));
-      if (const size_t head = raw.find("\r\n\r\n"); head != std::string::npos && want == std::string::npos)
-        want = head + 4 + size_t(std::stoul(parse_response(raw).headers.at("content-length")));
-    }
-    CHECK(parse_response(raw).status == 200);
-  }
+  for (int i = 0; i < 2; ++i) CHECK(keep_alive(fd, "GET", "/v1/models").status == 200);
   const auto t0 = Clock::now();
   CHECK(read_until_closed(fd).empty());
   const double idle = seconds_since(t0);

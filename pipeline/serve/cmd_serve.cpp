@@ -51,7 +51,7 @@ struct ServeArgs {
   size_t prefill_chunk = 0;
   int max_seqs = 4, queue = 16, threads = 0, port = 8080, max_connections = 64;
   size_t context = 4096, max_body_kb = 1024;
-  double drain_seconds = 10, idle_seconds = 30, read_seconds = 30;
+  double drain_seconds = 10, idle_seconds = 30, read_seconds = 30, write_seconds = 30;
   std::string thinking = "on";
   int max_reply = 512;
 };
@@ -182,6 +182,7 @@ int run_serve(ServeArgs a) {
                                             .channel_bytes = 1 << 20,
                                             .idle = millis(a.idle_seconds),
                                             .read = millis(a.read_seconds),
+                                            .write = millis(a.write_seconds),
                                             .cors_origin = a.cors,
                                             .thinking = a.thinking == "on",
                                             .max_reply = a.max_reply},
@@ -286,6 +287,12 @@ Action add_serve(CLI::App& sub) {
   sub.add_option("--read-seconds", a->read_seconds,
                  "a request's headers and body must arrive within this many seconds of its first byte "
                  "(else 408 and the connection is closed)")
+      ->check(CLI::Range(0.05, 86400.0))
+      ->capture_default_str();
+  sub.add_option("--write-seconds", a->write_seconds,
+                 "each write to a client (an answer, one event of a stream) must be taken within this "
+                 "many seconds, else the connection is closed and its request cancelled (a client that "
+                 "stops reading cannot hold a --max-connections slot)")
       ->check(CLI::Range(0.05, 86400.0))
       ->capture_default_str();
   sub.add_option("--cors", a->cors,

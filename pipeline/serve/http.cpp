@@ -29,6 +29,96 @@ using namespace std::chrono_literals;
 
 using Clock = std::chrono::steady_clock;
 
+namespace {
+
+// Waits until `sock` is ready for `events` (or has a hang-up or error, which the read or write that
+// follows reports) or `deadline` passes: false then.
+bool wait_for(tcp::socket& sock, short events, Clock::time_point deadline) {
+  for (;;) {
+    const int64_t left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    if (left <= 0) return false;
+    pollfd p{.fd = sock.native_handle(), .events = events, .revents = 0};
+    const int r = ::poll(&p, 1, int(std::min<int64_t>(left, INT_MAX)));
+    if (r > 0 || (r < 0 && errno != EINTR)) return true;
+  }
+}
+
+bool wait_readable(tcp::socket& sock, Clock::time_point deadline) {
+  return wait_for(sock, POLLIN, deadline);
+}
+
+// Connection sockets are non-blocking (set at accept): every wait for a client is a poll with a
+// deadline, never a blocking call that a silent or stuck client could hold for ever.
+
+// The connection's socket as Beast's synchronous read stream, with a deadline for the whole request:
+// each read waits at most until `deadline`, then fails with timed_out. (A per-read timeout would let
+// a client that trickles a byte at a time hold the connection for ever.)
+struct DeadlineReader {
+  tcp::socket& sock;
+  Clock::time_point deadline;
+  template <class Buffers>
+  size_t read_some(const Buffers& b, beast::error_code& ec) {
+    for (;;) {
+      if (!wait_readable(sock, deadline)) {
+        ec = net::error::timed_out;
+        return 0;
+      }
+      const size_t n = sock.read_some(b, ec);
+      if (ec != net::error::would_block) return n;
+    }
+  }
+  template <class Buffers>
+  size_t read_some(const Buffers& b) {
+    beast::error_code ec;
+    const size_t n = read_some(b, ec);
+    if (ec) throw beast::system_error(ec);
+    return n;
+  }
+};
+
+// The connection's socket as Beast's and Asio's synchronous write stream, with a deadline for one
+// whole write (an answer, or one event of a stream): what the kernel cannot take at once is waited
+// for in poll(POLLOUT) at most until `deadline`, then the write fails with timed_out and
+// `*timed_out` is set. (Asio's write on a blocking socket would wait for ever on a client that
+// stopped reading once its buffers are full, and SO_SNDTIMEO does not bound it: on EAGAIN Asio polls
+// again without a timeout.)
+struct DeadlineWriter {
+  tcp::socket& sock;
+  Clock::time_point deadline;
+  bool* timed_out;
+  template <class Buffers>
+  size_t write_some(const Buffers& b, beast::error_code& ec) {
+    for (;;) {
+      const size_t n = sock.write_some(b, ec);
+      if (ec != net::error::would_block) return n;
+      if (!wait_for(sock, POLLOUT, deadline)) {
+        ec = net::error::timed_out;
+        *timed_out = true;
+        return 0;
+      }
+    }
+  }
+  template <class Buffers>
+  size_t write_some(const Buffers& b) {
+    beast::error_code ec;
+    const size_t n = write_some(b, ec);
+    if (ec) throw beast::system_error(ec);
+    return n;
+  }
+};
+
+// A connection as the handlers see it: its socket, how long one write to it may take, and whether a
+// write has timed out (the client stopped reading: the connection is closed, counted as a timeout).
+struct Conn {
+  tcp::socket& sock;
+  std::chrono::milliseconds write_bound;
+  bool write_timed_out = false;
+  DeadlineWriter writer() { return {sock, Clock::now() + write_bound, &write_timed_out}; }
+};
+
+}  // namespace
+
 struct Server::Impl {
   Impl(ServerOptions o, const io::text::Tokenizer& t)
       : opt(std::move(o)), tok(t), acceptor(ioc), started(std::time(nullptr)) {}
@@ -55,15 +145,15 @@ struct Server::Impl {
   // The headers every answer carries: Server, CORS's Allow-Origin (with --cors), Retry-After on 429
   // and 503, WWW-Authenticate on 401.
   void decorate(http::fields& h, int status) const;
-  // One whole answer; returns the status sent (0: the write failed, the client was gone).
-  int send(tcp::socket& sock, int status, std::string body, bool keep_alive,
+  // One whole answer; returns the status sent (0: the write failed or timed out, the client was gone
+  // or not reading).
+  int send(Conn& c, int status, std::string body, bool keep_alive,
            const char* type = "application/json") const;
-  int preflight(tcp::socket& sock, const http::request<http::string_body>& req, bool keep_alive) const;
+  int preflight(Conn& c, const http::request<http::string_body>& req, bool keep_alive) const;
   bool authorized(const http::request<http::string_body>& req) const;
-  // Answers one request; returns the status sent (0: none, the client was gone).
-  int handle(tcp::socket& sock, const http::request<http::string_body>& req, bool keep_alive,
-             std::string& endpoint);
-  int generate(tcp::socket& sock, const http::request<http::string_body>& req, Endpoint ep, bool keep_alive);
+  // Answers one request; returns the status sent (0: none, the client was gone or stopped reading).
+  int handle(Conn& c, const http::request<http::string_body>& req, bool keep_alive, std::string& endpoint);
+  int generate(Conn& c, const http::request<http::string_body>& req, Endpoint ep, bool keep_alive);
 };
 
 namespace {
@@ -87,42 +177,6 @@ bool iequal(std::string_view a, std::string_view b) {
            return std::tolower(static_cast<unsigned char>(x)) == std::tolower(static_cast<unsigned char>(y));
          });
 }
-
-// Waits until `sock` has bytes (or a hang-up or error, which the read that follows reports) or
-// `deadline` passes: false then.
-bool wait_readable(tcp::socket& sock, Clock::time_point deadline) {
-  for (;;) {
-    const int64_t left =
-        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-    if (left <= 0) return false;
-    pollfd p{.fd = sock.native_handle(), .events = POLLIN, .revents = 0};
-    const int r = ::poll(&p, 1, int(std::min<int64_t>(left, INT_MAX)));
-    if (r > 0 || (r < 0 && errno != EINTR)) return true;
-  }
-}
-
-// The connection's socket as Beast's synchronous read stream, with a deadline for the whole request:
-// each read waits at most until `deadline`, then fails with timed_out. (A per-read timeout would let
-// a client that trickles a byte at a time hold the connection for ever.)
-struct DeadlineReader {
-  tcp::socket& sock;
-  Clock::time_point deadline;
-  template <class Buffers>
-  size_t read_some(const Buffers& b, beast::error_code& ec) {
-    if (!wait_readable(sock, deadline)) {
-      ec = net::error::timed_out;
-      return 0;
-    }
-    return sock.read_some(b, ec);
-  }
-  template <class Buffers>
-  size_t read_some(const Buffers& b) {
-    beast::error_code ec;
-    const size_t n = read_some(b, ec);
-    if (ec) throw beast::system_error(ec);
-    return n;
-  }
-};
 
 // A path segment with its %XX escapes decoded (a model id may hold '/', which clients escape).
 std::string percent_decoded(std::string_view s) {
@@ -157,8 +211,7 @@ void Server::Impl::decorate(http::fields& h, int status) const {
   if (status == 401) h.set(http::field::www_authenticate, "Bearer");
 }
 
-int Server::Impl::send(tcp::socket& sock, int status, std::string body, bool keep_alive,
-                       const char* type) const {
+int Server::Impl::send(Conn& c, int status, std::string body, bool keep_alive, const char* type) const {
   http::response<http::string_body> res{http::status(unsigned(status)), 11};
   decorate(res, status);
   if (!body.empty()) res.set(http::field::content_type, type);
@@ -166,13 +219,14 @@ int Server::Impl::send(tcp::socket& sock, int status, std::string body, bool kee
   res.body() = std::move(body);
   res.prepare_payload();
   beast::error_code ec;
-  http::write(sock, res, ec);
+  DeadlineWriter w = c.writer();
+  http::write(w, res, ec);
   return ec ? 0 : status;
 }
 
 // A browser's CORS preflight: which methods and headers the real request may use. Asked without
 // credentials, so it is answered before the API key is checked.
-int Server::Impl::preflight(tcp::socket& sock, const http::request<http::string_body>& req, bool keep) const {
+int Server::Impl::preflight(Conn& c, const http::request<http::string_body>& req, bool keep) const {
   http::response<http::string_body> res{http::status::no_content, 11};
   decorate(res, 204);
   res.set(http::field::access_control_allow_methods, "GET, POST, OPTIONS");
@@ -182,7 +236,8 @@ int Server::Impl::preflight(tcp::socket& sock, const http::request<http::string_
   res.set(http::field::access_control_max_age, "600");
   res.keep_alive(keep);  // a 204 has no body and no Content-Length (RFC 9110 §8.6)
   beast::error_code ec;
-  http::write(sock, res, ec);
+  DeadlineWriter w = c.writer();
+  http::write(w, res, ec);
   return ec ? 0 : 204;
 }
 
@@ -234,11 +289,15 @@ DrainReport Server::run(Scheduler& sched, const std::function<bool()>& stop,
     // Each SSE event is a small write; without this Nagle holds it until the client's delayed ACK
     // (~40 ms): the load test measured that as time to first token.
     sock.set_option(tcp::no_delay(true), ec);
+    sock.non_blocking(true, ec);
     {
       std::unique_lock lock(s.m);
       if (s.connections >= s.opt.max_connections) {
         lock.unlock();
-        s.send(sock, 503, json_error(503, "server_error", "too many connections; try again"), false);
+        // One try, no wait (the accept loop never waits on a client): a fresh socket's send buffer
+        // takes the short answer whole.
+        Conn refused{sock, 0ms};
+        s.send(refused, 503, json_error(503, "server_error", "too many connections; try again"), false);
         sock.close(ec);
         s.metrics.count("connections", 503);
         continue;
@@ -269,6 +328,7 @@ DrainReport Server::run(Scheduler& sched, const std::function<bool()>& stop,
 }
 
 void Server::Impl::session(tcp::socket sock) {
+  Conn c{sock, opt.write};
   beast::flat_buffer buf;
   for (;;) {
     // Between requests the connection may sit idle for `idle` (a keep-alive client's pool);
@@ -283,12 +343,18 @@ void Server::Impl::session(tcp::socket sock) {
     if (!ec && parser.get()[http::field::expect] == "100-continue") {
       // curl asks before sending a body over 1 KiB; a refused size is answered below without it.
       const auto& h = parser.get();
-      if (!h.has_content_length() || *parser.content_length() <= opt.max_body_bytes)
-        net::write(sock, net::buffer(std::string_view("HTTP/1.1 100 Continue\r\n\r\n")), ec);
+      if (!h.has_content_length() || *parser.content_length() <= opt.max_body_bytes) {
+        DeadlineWriter w = c.writer();
+        net::write(w, net::buffer(std::string_view("HTTP/1.1 100 Continue\r\n\r\n")), ec);
+      }
+    }
+    if (c.write_timed_out) {
+      metrics.count("timeout", 499);
+      break;
     }
     if (!ec) http::read(reader, buf, parser, ec);
     if (ec == net::error::timed_out) {
-      const int st = send(sock, 408,
+      const int st = send(c, 408,
                           json_error(408, "invalid_request_error",
                                      fmt::format("the request did not arrive within {} s (--read-seconds)",
                                                  seconds(opt.read))),
@@ -298,7 +364,7 @@ void Server::Impl::session(tcp::socket sock) {
     }
     if (ec == http::error::body_limit) {
       const int st =
-          send(sock, 413,
+          send(c, 413,
                json_error(413, "invalid_request_error",
                           fmt::format("the body exceeds {} KiB (--max-body-kb)", opt.max_body_bytes / 1024)),
                false);
@@ -309,7 +375,7 @@ void Server::Impl::session(tcp::socket sock) {
       if (ec != http::error::end_of_stream && ec != net::error::eof && ec != net::error::connection_reset &&
           buf.size() > 0) {
         const int st =
-            send(sock, 400, json_error(400, "invalid_request_error", "malformed HTTP request"), false);
+            send(c, 400, json_error(400, "invalid_request_error", "malformed HTTP request"), false);
         metrics.count("malformed", st ? st : 400);
       }
       break;
@@ -317,12 +383,22 @@ void Server::Impl::session(tcp::socket sock) {
     const http::request<http::string_body>& req = parser.get();
     const bool keep = req.keep_alive() && !stopping;
     std::string endpoint;
-    const int status = handle(sock, req, keep, endpoint);
-    metrics.count(endpoint, status ? status : 499);
+    const int status = handle(c, req, keep, endpoint);
+    // A client that stopped reading: its answer did not go out within --write-seconds (its sequence,
+    // if any, is cancelled); counted as a timeout rather than under its route.
+    if (c.write_timed_out)
+      metrics.count("timeout", 499);
+    else
+      metrics.count(endpoint, status ? status : 499);
     if (!keep || !status) break;
   }
   beast::error_code ec;
-  sock.shutdown(tcp::socket::shutdown_both, ec);
+  if (c.write_timed_out)
+    // Reset, not FIN: the answer still queued in the kernel for a client that does not read would
+    // otherwise outlive the connection.
+    sock.set_option(net::socket_base::linger(true, 0), ec);
+  else
+    sock.shutdown(tcp::socket::shutdown_both, ec);
   std::lock_guard lock(m);
   open_fds.erase(sock.native_handle());
   sock.close(ec);
@@ -330,19 +406,19 @@ void Server::Impl::session(tcp::socket sock) {
   cv.notify_all();
 }
 
-int Server::Impl::handle(tcp::socket& sock, const http::request<http::string_body>& req, bool keep,
+int Server::Impl::handle(Conn& c, const http::request<http::string_body>& req, bool keep,
                          std::string& endpoint) {
   std::string_view target = view(req.target());
   target = target.substr(0, target.find('?'));
   endpoint = std::string(target);
   const bool get = req.method() == http::verb::get, post = req.method() == http::verb::post;
   const auto wrong_method = [&](const char* allowed) {
-    return send(sock, 405,
+    return send(c, 405,
                 json_error(405, "invalid_request_error",
                            fmt::format("{} {}: use {}", std::string(req.method_string()), target, allowed)),
                 keep);
   };
-  if (req.method() == http::verb::options && opt.cors_origin) return preflight(sock, req, keep);
+  if (req.method() == http::verb::options && opt.cors_origin) return preflight(c, req, keep);
   if (target == "/health") {
     if (!get) return wrong_method("GET");
     io::JsonWriter w;
@@ -359,21 +435,21 @@ int Server::Impl::handle(tcp::socket& sock, const http::request<http::string_bod
           .field("queued", sched().gauges().queued.load());
     }
     w.end_object();
-    return send(sock, ph == Phase::ready ? 200 : 503, w.str(), keep);
+    return send(c, ph == Phase::ready ? 200 : 503, w.str(), keep);
   }
   if (opt.api_key && !authorized(req)) {
-    return send(sock, 401,
+    return send(c, 401,
                 json_error(401, "authentication_error",
                            "missing or wrong API key (send the header Authorization: Bearer KEY)"),
                 keep);
   }
   if (target == "/metrics") {
     if (!get) return wrong_method("GET");
-    return send(sock, 200, metrics.render(sched()), keep, "text/plain; version=0.0.4; charset=utf-8");
+    return send(c, 200, metrics.render(sched()), keep, "text/plain; version=0.0.4; charset=utf-8");
   }
   if (target == "/v1/models") {
     if (!get) return wrong_method("GET");
-    return send(sock, 200, models_body(opt.model, started), keep);
+    return send(c, 200, models_body(opt.model, started), keep);
   }
   if (constexpr std::string_view models = "/v1/models/"; target.substr(0, models.size()) == models) {
     endpoint = "/v1/models/{id}";  // one label for every id asked
@@ -381,24 +457,23 @@ int Server::Impl::handle(tcp::socket& sock, const http::request<http::string_bod
     const std::string id = percent_decoded(target.substr(models.size()));
     if (id != opt.model)
       return send(
-          sock, 404,
+          c, 404,
           json_error(404, "invalid_request_error",
                      fmt::format("The model '{}' does not exist (this server serves '{}')", id, opt.model)),
           keep);
-    return send(sock, 200, model_body(opt.model, started), keep);
+    return send(c, 200, model_body(opt.model, started), keep);
   }
   if (target == "/v1/completions" || target == "/v1/chat/completions") {
     if (!post) return wrong_method("POST");
-    return generate(sock, req, target == "/v1/completions" ? Endpoint::completions : Endpoint::chat, keep);
+    return generate(c, req, target == "/v1/completions" ? Endpoint::completions : Endpoint::chat, keep);
   }
   endpoint = "other";
-  return send(sock, 404, json_error(404, "not_found_error", fmt::format("no route {}", target)), keep);
+  return send(c, 404, json_error(404, "not_found_error", fmt::format("no route {}", target)), keep);
 }
 
-int Server::Impl::generate(tcp::socket& sock, const http::request<http::string_body>& req, Endpoint ep,
-                           bool keep) {
+int Server::Impl::generate(Conn& c, const http::request<http::string_body>& req, Endpoint ep, bool keep) {
   if (sched().phase() != Phase::ready)
-    return send(sock, 503,
+    return send(c, 503,
                 json_error(503, "server_error",
                            fmt::format("the model is {} (GET /health)", phase_name(sched().phase()))),
                 keep);
@@ -411,20 +486,20 @@ int Server::Impl::generate(tcp::socket& sock, const http::request<http::string_b
                                   .thinking = opt.thinking,
                                   .max_reply = opt.max_reply});
   } catch (const ApiError& e) {
-    return send(sock, e.status, error_body(e), keep);
+    return send(c, e.status, error_body(e), keep);
   }
   auto ch = std::make_shared<Channel>(opt.channel_bytes);
   switch (sched().submit(ar.gen, ch)) {
     case Scheduler::Submit::queued:
       break;
     case Scheduler::Submit::queue_full:
-      return send(sock, 429,
+      return send(c, 429,
                   json_error(429, "rate_limit_error",
                              "the queue is full (--queue); retry when a request has finished"),
                   keep);
     case Scheduler::Submit::not_ready:
     case Scheduler::Submit::stopping:
-      return send(sock, 503, json_error(503, "server_error", "the server is not accepting requests"), keep);
+      return send(c, 503, json_error(503, "server_error", "the server is not accepting requests"), keep);
   }
   const uint64_t n = next_id++;
   ResponseBuilder rb(ar, opt.model,
@@ -440,7 +515,8 @@ int Server::Impl::generate(tcp::socket& sock, const http::request<http::string_b
     head.set(http::field::cache_control, "no-cache");
     head.keep_alive(keep);
     head.chunked(true);
-    http::write_header(sock, head_sr, ec);
+    DeadlineWriter w = c.writer();
+    http::write_header(w, head_sr, ec);
     gone = bool(ec);
   }
   // Drain the channel; a client that has gone is cancelled, and the channel still runs to its outcome
@@ -452,7 +528,7 @@ int Server::Impl::generate(tcp::socket& sock, const http::request<http::string_b
     // socket's state tells that its client has gone.
     if (const auto t = std::chrono::steady_clock::now(); !gone && t - checked >= 50ms) {
       checked = t;
-      gone = client_gone(sock);
+      gone = client_gone(c.sock);
     }
     if (gone) ch->cancel();
     if (!d || gone) continue;
@@ -461,7 +537,10 @@ int Server::Impl::generate(tcp::socket& sock, const http::request<http::string_b
       continue;
     }
     const std::string ev = rb.event(*d);
-    if (!ev.empty()) net::write(sock, http::make_chunk(net::buffer(ev)), ec);
+    if (!ev.empty()) {
+      DeadlineWriter w = c.writer();
+      net::write(w, http::make_chunk(net::buffer(ev)), ec);
+    }
     if (ec) {
       gone = true;
       ch->cancel();
@@ -471,10 +550,10 @@ int Server::Impl::generate(tcp::socket& sock, const http::request<http::string_b
   if (gone) return 0;
   if (out.finish == Finish::cancelled && draining) ++drain_cancelled;
   if (!ar.stream) {
-    if (out.finish == Finish::error) return send(sock, 500, json_error(500, "server_error", out.error), keep);
+    if (out.finish == Finish::error) return send(c, 500, json_error(500, "server_error", out.error), keep);
     if (out.finish == Finish::cancelled)
-      return send(sock, 503, json_error(503, "server_error", "cancelled: " + out.error), keep);
-    return send(sock, 200, rb.body(out), keep);
+      return send(c, 503, json_error(503, "server_error", "cancelled: " + out.error), keep);
+    return send(c, 200, rb.body(out), keep);
   }
   std::string tail;
   if (out.finish == Finish::error || out.finish == Finish::cancelled)
@@ -482,8 +561,9 @@ int Server::Impl::generate(tcp::socket& sock, const http::request<http::string_b
            "\n\ndata: [DONE]\n\n";
   else
     tail = rb.final_events(out);
-  net::write(sock, http::make_chunk(net::buffer(tail)), ec);
-  if (!ec) net::write(sock, http::make_chunk_last(), ec);
+  DeadlineWriter w = c.writer();
+  net::write(w, http::make_chunk(net::buffer(tail)), ec);
+  if (!ec) net::write(w, http::make_chunk_last(), ec);
   return ec ? 0 : 200;
 }
 

@@ -5,8 +5,10 @@
 // disconnects is noticed (POLLRDHUP, or a failed write) and its sequence cancelled at the next step.
 // A connection holds its slot only while it is useful: a request must start within `idle` of the
 // connection opening (or of the previous response) and arrive whole within `read` of its first
-// byte; otherwise the connection is closed (a request cut short is answered 408 first), so silent
-// or trickling sockets cannot lock other clients out.
+// byte; otherwise the connection is closed (a request cut short is answered 408 first). Every write
+// to the client (an answer, one event of a stream, 100 Continue) must be taken within `write`;
+// otherwise the connection is reset and its sequence cancelled (counted as endpoint "timeout",
+// status 499). So silent, trickling or non-reading sockets cannot lock other clients out.
 //
 // Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /v1/models/{id},
 // GET /health (open even with --api-key), GET /metrics; OPTIONS (CORS preflight) with --cors. Every
@@ -40,6 +42,7 @@ struct ServerOptions {
   size_t channel_bytes = 1 << 20;  // a request's text buffered for a slow client before it is cancelled
   std::chrono::milliseconds idle{30000};   // no request started this long after connect / a response: closed
   std::chrono::milliseconds read{30000};   // a request's headers and body must arrive within this
+  std::chrono::milliseconds write{30000};  // each write to the client (an answer, one event) within this
   std::optional<std::string> cors_origin;  // Access-Control-Allow-Origin; OPTIONS preflight answered
   bool thinking = true;                    // chat requests that do not say (serve --thinking)
   int max_reply = 512;  // max_tokens' default for chat and cap for both (serve --max-reply)
