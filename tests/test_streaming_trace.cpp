@@ -230,32 +230,37 @@ TEST_CASE("trace: overlap reads while it computes; serial never does, at the flo
 
 TEST_CASE("trace: a token starts while the ring reads queued for it are still landing") {
   // A forward call ends when its head has run, not when the graph is idle: with every read
-  // held back (a slow disk), the next token's embed must start while a read is in flight.
-  // Waiting for an idle graph (which also waits for the next call's reads) can never show this.
-  // On a loaded host (load 12 on 2 cores; ASan in CI) the task that queues the next call's last ring
-  // read can be descheduled past the next embed, and the reads queued earlier have landed by then:
-  // a 40 ms hold (150 ms sanitized) then shows no boundary. So a run that shows none is repeated
-  // once with a 5x longer hold. An idle-graph wait shows none at any hold.
+  // held back (a slow disk), the next token's embed must start while the read queued for it is
+  // still landing. At --preset ultra the tiny synthetic has a 2-slot ring that layer 0 fills, so
+  // layer 0 is read once per call, when the previous call's last layer frees the ring: call k's
+  // layer-0 read is the k-th. A call that waits for an idle graph has that read land before it
+  // returns (its end precedes the next embed); a call that ends at its head lets the next embed
+  // start within the hold. Judged by the read's end, not its begin: on a loaded host (ASan or TSan
+  // in CI) the task that submits the read can be descheduled past the next embed, which delays its
+  // begin but not the verdict. The main thread descheduled for longer than the hold would hide the
+  // boundary, so a run that shows none is repeated once with a 5x longer hold.
   int boundary = 0;
   for (const int hold : {k3::test::kSanitized ? 150 : 40, k3::test::kSanitized ? 750 : 200}) {
     const ParsedTrace t =
         traced_run("--preset ultra --strategy overlap", "", fmt::format("K3FLOW_TEST_READ_DELAY_MS={}", hold),
                    k3::test::kSanitized ? 480 : 120);
-    int embeds = 0;
-    for (const Span& c : t.compute) {
-      if (c.name != "embed") continue;
-      ++embeds;
-      for (const Span& r : t.reads)
-        if (r.name == "trunk read" && r.begin < c.begin && c.begin < r.end) {
-          ++boundary;
-          break;
-        }
-    }
-    CHECK(embeds == 4);  // --gen 4: the prompt's call and three more
+    std::vector<Span> embeds, layer0;
+    for (const Span& c : t.compute)
+      if (c.name == "embed") embeds.push_back(c);
+    for (const Span& r : t.reads)
+      if (r.name == "trunk read" && r.layer == 0) layer0.push_back(r);
+    const auto by_begin = [](const Span& a, const Span& b) { return a.begin < b.begin; };
+    std::sort(embeds.begin(), embeds.end(), by_begin);
+    std::sort(layer0.begin(), layer0.end(), by_begin);
+    REQUIRE(embeds.size() == 4);              // --gen 4: the prompt's call and three more
+    REQUIRE(layer0.size() == embeds.size());  // one layer-0 read per call (the ring's layout above)
+    for (size_t k = 1; k < embeds.size(); ++k)
+      if (embeds[k].begin < layer0[k].end) ++boundary;
     // Usually every call after the first (the first has nothing queued yet); at least one.
-    MESSAGE(fmt::format(
-        "reads held back {} ms: {} of {} calls after the first started with a trunk read in flight", hold,
-        boundary, embeds - 1));
+    MESSAGE(
+        fmt::format("reads held back {} ms: {} of {} calls after the first started before their layer-0 "
+                    "read landed",
+                    hold, boundary, embeds.size() - 1));
     if (boundary > 0) break;
   }
   CHECK(boundary >= 1);
