@@ -13,6 +13,7 @@
 #include <fstream>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "io/config.hpp"
 #include "io/safetensors.hpp"
@@ -112,7 +113,11 @@ TEST_CASE("plan --preset laptop: within 8 GiB, a 2-slot ring, >= 16 expert slots
   CHECK(text.out.find("trunk ring slots") != std::string::npos);
 }
 
-TEST_CASE("plan: 32 and 128 GiB pin more layers; 128 GiB holds the whole trunk") {
+// Under the sanitizers every `k3flow plan` of the replica parses its 76 MB of headers for ~15
+// CPU-seconds, and these three budgets take the laptop case's code path with other numbers: the
+// sanitized suite skips them (the Release suite runs them).
+TEST_CASE("plan: 32 and 128 GiB pin more layers; 128 GiB holds the whole trunk" *
+          doctest::skip(k3::test::kSanitized)) {
   Parsed p8, p32, p128;
   plan(p8, "--mem-gb 8");
   plan(p32, "--mem-gb 32");
@@ -184,8 +189,10 @@ TEST_CASE("plan prints the split generate runs with the same flags (a small synt
   const std::string model = d / "small";
   REQUIRE(k3flow("synth " + model + " --size small --seed 2").code == 0);
   // generate --ids 1,2,3 --gen 2 holds 3 + 2 + 1 = 6 positions: plan --context 6.
-  for (const char* flags : {"--mem-gb 0.1", "--mem-gb 0.1 --strategy serial", "--preset ultra",
-                            "--mem-gb 0.3", "--trunk-gb 0.05 --cache-gb 0.02"}) {
+  // Sanitized, the tables are not compared (allocations differ) and one budget of each kind runs.
+  const std::vector<const char*> all = {"--mem-gb 0.1", "--mem-gb 0.1 --strategy serial", "--preset ultra",
+                                        "--mem-gb 0.3", "--trunk-gb 0.05 --cache-gb 0.02"};
+  for (const char* flags : k3::test::kSanitized ? std::vector{all.front(), all.back()} : all) {
     CAPTURE(flags);
     const Run g = k3flow("generate " + model + " --ids 1,2,3 --gen 2 --incremental " + flags + " --out " +
                          d / "r.json" + " 2>&1");
@@ -237,9 +244,11 @@ TEST_CASE("plan, generate and chat take --context and --ring with one meaning: t
   REQUIRE(k3flow("synth " + model + " --size small --seed 2").code == 0);
   // Each ring changes the split (3 and 4 slots of 10.5 MiB: fewer pins than 2 at the same budget);
   // --preset ultra is the floor of the ring asked for. Contexts hold chat's system turn (94 ids).
-  for (const char* flags :
-       {"--mem-gb 0.1 --context 200 --ring 3", "--mem-gb 0.12 --context 300 --ring 4",
-        "--preset ultra --context 200 --ring 4", "--trunk-gb 0.05 --cache-gb 0.02 --context 128 --ring 2"}) {
+  // Sanitized, the tables are not compared (allocations differ) and one budget of each kind runs.
+  const std::vector<const char*> all = {
+      "--mem-gb 0.1 --context 200 --ring 3", "--mem-gb 0.12 --context 300 --ring 4",
+      "--preset ultra --context 200 --ring 4", "--trunk-gb 0.05 --cache-gb 0.02 --context 128 --ring 2"};
+  for (const char* flags : k3::test::kSanitized ? std::vector{all.front(), all.back()} : all) {
     CAPTURE(flags);
     const Run p = k3flow("plan " + model + " " + flags);
     REQUIRE_MESSAGE(p.code == 0, p.err);
