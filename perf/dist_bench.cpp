@@ -25,16 +25,16 @@
 #include "io/config.hpp"
 #include "io/error.hpp"
 #include "io/safetensors.hpp"
-#include "pipeline/dist/mpi_comm.hpp"
-#include "pipeline/dist/rank_experts.hpp"
 #include "pipeline/graph/graph.hpp"
 #include "pipeline/graph/planner.hpp"
 #include "pipeline/graph/streaming_source.hpp"
+#include "pipeline/ranks/mpi_comm.hpp"
+#include "pipeline/ranks/rank_experts.hpp"
 #include "stages/bind.hpp"
 #include "stages/forward.hpp"
 
 using namespace k3;
-namespace dist = k3::pipeline::dist;
+namespace ranks = k3::pipeline::ranks;
 
 namespace {
 
@@ -75,10 +75,10 @@ int run(int argc, char** argv) {
   }
   std::optional<tbb::global_control> limit;  // ranks sharing one machine: cores / N each
   if (threads > 0) limit.emplace(tbb::global_control::max_allowed_parallelism, size_t(threads));
-  dist::MpiComm comm;
+  ranks::MpiComm comm;
   const io::ModelConfig cfg = io::load_config(dir + "/config.json");
   const io::ShardSet shards = io::ShardSet::open(dir);
-  dist::RankExperts experts(comm);
+  ranks::RankExperts experts(comm);
   const double t_load = now();
   std::unique_ptr<stages::ResidentModel> model;
   std::unique_ptr<pipeline::WeightSources> src;
@@ -122,11 +122,11 @@ int run(int argc, char** argv) {
   steps.reserve(size_t(std::max(gen, 0)));
   for (int s = 0; s < gen; ++s) {
     const int32_t next = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
-    const dist::RankExperts::Stats before = experts.stats();
+    const ranks::RankExperts::Stats before = experts.stats();
     MPI_Barrier(MPI_COMM_WORLD);  // every rank starts the step together
     const double t0 = now();
     run_step(std::span(&next, 1));
-    const dist::RankExperts::Stats& after = experts.stats();
+    const ranks::RankExperts::Stats& after = experts.stats();
     steps.push_back(Step{.wall = now() - t0,
                          .comm = after.seconds - before.seconds,
                          .messages = double(after.messages - before.messages),

@@ -1,4 +1,4 @@
-// Expert parallel (docs/distributed.md §2) in one process: N ranks as threads (dist::ThreadGroup),
+// Expert parallel (docs/distributed.md §2) in one process: N ranks as threads (ranks::ThreadGroup),
 // each loading only its experts (ResidentModel::load with a RankExperts) and exchanging the expert
 // slots it computed. Every rank's logits, step after step (prefill, then incremental decode and a
 // batched pass), must be the single process's bytes, at N = 1..4, on the tiny oracle model and on
@@ -19,19 +19,19 @@
 #include "io/config.hpp"
 #include "io/packed_trunk.hpp"
 #include "io/safetensors.hpp"
-#include "pipeline/dist/comm.hpp"
-#include "pipeline/dist/rank_experts.hpp"
-#include "pipeline/dist/split.hpp"
 #include "pipeline/graph/graph.hpp"
 #include "pipeline/graph/planner.hpp"
 #include "pipeline/graph/streaming_source.hpp"
+#include "pipeline/ranks/comm.hpp"
+#include "pipeline/ranks/rank_experts.hpp"
+#include "pipeline/ranks/split.hpp"
 #include "stages/bind.hpp"
 #include "stages/forward.hpp"
 #include "tests/fixture_json.hpp"
 #include "tests/run_helpers.hpp"
 
 using namespace k3;
-namespace dist = k3::pipeline::dist;
+namespace ranks = k3::pipeline::ranks;
 
 namespace {
 
@@ -121,11 +121,11 @@ pipeline::MemoryPlan plan_for(const pipeline::PlanInputs& in, double share, pipe
 // Every rank of an N-thread group decodes with only its experts; returns each rank's logits.
 std::vector<std::vector<float>> decode_on_ranks(const Model& m, int n, const std::vector<int32_t>& prompt,
                                                 int steps, std::vector<uint64_t>* weight_bytes = nullptr) {
-  dist::ThreadGroup group(n);
+  ranks::ThreadGroup group(n);
   std::vector<std::vector<float>> out(static_cast<size_t>(n));
   if (weight_bytes) weight_bytes->assign(size_t(n), 0);
-  group.run([&](dist::Comm& comm) {
-    dist::RankExperts experts(comm);
+  group.run([&](ranks::Comm& comm) {
+    ranks::RankExperts experts(comm);
     const auto model = stages::ResidentModel::load(m.shards, m.cfg, 0, &experts);
     if (weight_bytes) (*weight_bytes)[size_t(comm.rank())] = model->weight_bytes();
     out[size_t(comm.rank())] = decode(*model, prompt, steps);
@@ -147,10 +147,10 @@ struct RankRun {
 };
 std::vector<RankRun> stream_on_ranks(const Model& m, const io::PackedTrunk* trunk, int n, double share,
                                      pipeline::Strategy s, const std::vector<int32_t>& prompt, int steps) {
-  dist::ThreadGroup group(n);
+  ranks::ThreadGroup group(n);
   std::vector<RankRun> out(static_cast<size_t>(n));
-  group.run([&](dist::Comm& comm) {
-    dist::RankExperts experts(comm);
+  group.run([&](ranks::Comm& comm) {
+    ranks::RankExperts experts(comm);
     const auto src = pipeline::WeightSources::open(m.cfg, m.shards, trunk, 0);
     pipeline::PlanInputs in = src->plan_inputs(64, {});
     int owned = 0;
@@ -258,11 +258,11 @@ TEST_CASE("expert parallel on a synthetic bf16 + MXFP4 checkpoint: byte-identica
 
 TEST_CASE("a rank holds only the experts it owns, and asking it for another's is an error") {
   const Model m(test::fixture_path("tiny-k3"));
-  dist::ThreadGroup group(3);
+  ranks::ThreadGroup group(3);
   std::mutex mu;
   std::vector<std::string> errors;
-  group.run([&](dist::Comm& comm) {
-    dist::RankExperts experts(comm);
+  group.run([&](ranks::Comm& comm) {
+    ranks::RankExperts experts(comm);
     const auto model = stages::ResidentModel::load(m.shards, m.cfg, 0, &experts);
     for (int e = 0; e < m.cfg.n_experts; ++e) {
       CHECK(experts.owns(e) == (e % 3 == comm.rank()));
@@ -283,16 +283,16 @@ TEST_CASE("a rank holds only the experts it owns, and asking it for another's is
 }
 
 TEST_CASE("one rank's load failure ends every rank's run with that rank's message") {
-  dist::ThreadGroup group(3);
+  ranks::ThreadGroup group(3);
   std::vector<std::string> seen(3);
   std::vector<int> collective(3, 0), kinds(3, -1);
-  group.run([&](dist::Comm& comm) {
+  group.run([&](ranks::Comm& comm) {
     try {
-      dist::on_every_rank(comm, "could not load its slice", [&] {
+      ranks::on_every_rank(comm, "could not load its slice", [&] {
         if (comm.rank() == 1)
           throw io::runtime_error("/models/x/model-00002-of-00003.safetensors: truncated");
       });
-    } catch (const dist::CollectiveError& e) {
+    } catch (const ranks::CollectiveError& e) {
       seen[size_t(comm.rank())] = e.what();
       collective[size_t(comm.rank())] = 1;
       kinds[size_t(comm.rank())] = int(e.kind());
@@ -306,7 +306,7 @@ TEST_CASE("one rank's load failure ends every rank's run with that rank's messag
           "rank 1 of 3 could not load its slice: /models/x/model-00002-of-00003.safetensors: truncated");
   }
   // Nobody failed: nothing is thrown anywhere.
-  group.run([](dist::Comm& comm) { CHECK_NOTHROW(dist::on_every_rank(comm, "loading", [] {})); });
+  group.run([](ranks::Comm& comm) { CHECK_NOTHROW(ranks::on_every_rank(comm, "loading", [] {})); });
 }
 
 TEST_CASE("the per-rank split: every expert on exactly one rank, bytes adding up to the whole") {
@@ -314,11 +314,11 @@ TEST_CASE("the per-rank split: every expert on exactly one rank, bytes adding up
   const auto whole = stages::ResidentModel::load(m.shards, m.cfg);
   for (int n : {1, 2, 3, 4}) {
     CAPTURE(n);
-    const dist::RankSplit s = dist::split_ranks(m.shards, m.cfg, n);
+    const ranks::RankSplit s = ranks::split_ranks(m.shards, m.cfg, n);
     REQUIRE(s.per_rank.size() == size_t(n));
     int experts = 0;
     uint64_t expert_bytes = 0;
-    for (const dist::RankShare& r : s.per_rank) {
+    for (const ranks::RankShare& r : s.per_rank) {
       experts += r.experts_per_layer;
       expert_bytes += r.expert_bytes;
     }
@@ -333,12 +333,12 @@ TEST_CASE("the per-rank split: every expert on exactly one rank, bytes adding up
 TEST_CASE("k3flow plan --ranks N prints each rank's share; with a budget also rank 0's streamed plan") {
   const std::string tiny = test::fixture_path("tiny-k3");
   const Model m(tiny);
-  const dist::RankSplit s = dist::split_ranks(m.shards, m.cfg, 3);
+  const ranks::RankSplit s = ranks::split_ranks(m.shards, m.cfg, 3);
   const test::Run json = test::k3flow(fmt::format("plan {} --ranks 3 --json", tiny));
   REQUIRE_MESSAGE(json.code == 0, json.err);
   CHECK(json.out.find("\"ranks\":3,") != std::string::npos);
   CHECK(json.out.find(fmt::format("\"trunk_bytes\":{},", s.trunk_bytes)) != std::string::npos);
-  for (const dist::RankShare& r : s.per_rank)
+  for (const ranks::RankShare& r : s.per_rank)
     CHECK(json.out.find(fmt::format("{{\"rank\":{},\"experts_per_layer\":{},\"expert_bytes\":{}}}", r.rank,
                                     r.experts_per_layer, r.expert_bytes)) != std::string::npos);
   const test::Run text = test::k3flow(fmt::format("plan {} --ranks 3", tiny));
@@ -362,15 +362,15 @@ TEST_CASE("k3flow plan --ranks N prints each rank's share; with a budget also ra
 }
 
 TEST_CASE("the prompt rank 0 read reaches every rank, whatever the others passed") {
-  dist::ThreadGroup group(3);
+  ranks::ThreadGroup group(3);
   std::vector<std::string> got(3);
-  group.run([&](dist::Comm& comm) {
+  group.run([&](ranks::Comm& comm) {
     got[size_t(comm.rank())] =
-        dist::from_rank0(comm, comm.rank() == 0 ? "Write a haiku about disks. 世界" : "x");
+        ranks::from_rank0(comm, comm.rank() == 0 ? "Write a haiku about disks. 世界" : "x");
   });
   for (const std::string& g : got) CHECK(g == "Write a haiku about disks. 世界");
-  dist::SingleComm one;
-  CHECK(dist::from_rank0(one, "alone") == "alone");
+  ranks::SingleComm one;
+  CHECK(ranks::from_rank0(one, "alone") == "alone");
 }
 
 TEST_CASE(
@@ -402,10 +402,10 @@ TEST_CASE("the exchange is a node of a rank's graph only: its DOT node, edges an
   CHECK(one.to_dot().find("expert_exchange") == std::string::npos);
   CHECK(one.to_dot().find("exchange buffers") == std::string::npos);
 
-  dist::ThreadGroup group(2);
+  ranks::ThreadGroup group(2);
   std::vector<std::string> dots(2);
-  group.run([&](dist::Comm& comm) {
-    dist::RankExperts experts(comm);
+  group.run([&](ranks::Comm& comm) {
+    ranks::RankExperts experts(comm);
     pipeline::PlanInputs rin = in;
     pipeline::plan_rank_experts(rin, m.cfg,
                                 comm.rank() == 0 ? (m.cfg.n_experts + 1) / 2 : m.cfg.n_experts / 2, 2);

@@ -1,5 +1,5 @@
 // `k3flow serve` over several ranks in one process (pipeline/serve/rank_steps.hpp): rank 0's
-// Scheduler and N - 1 followers as threads of a dist::ThreadGroup, each rank holding only its
+// Scheduler and N - 1 followers as threads of a ranks::ThreadGroup, each rank holding only its
 // experts. Concurrent requests, joining and leaving at different steps, get the ids the
 // single-process scheduler gives (which test_serve_scheduler checks against a lone Decoder), at
 // N = 2 and 3, resident and with each rank streaming its slice at its floor, with the joining prompt
@@ -15,8 +15,8 @@
 #include <string>
 #include <vector>
 
-#include "pipeline/dist/comm.hpp"
-#include "pipeline/dist/rank_experts.hpp"
+#include "pipeline/ranks/comm.hpp"
+#include "pipeline/ranks/rank_experts.hpp"
 #include "pipeline/run/batch_engine.hpp"
 #include "pipeline/run/decoder.hpp"
 #include "pipeline/run/model_tokenizer.hpp"
@@ -27,7 +27,7 @@
 using namespace k3;
 using namespace k3::pipeline::serve;
 using namespace std::chrono_literals;
-namespace dist = k3::pipeline::dist;
+namespace ranks = k3::pipeline::ranks;
 
 namespace {
 
@@ -96,10 +96,10 @@ std::vector<std::vector<int32_t>> serve_cases(Scheduler& sched, const Fixture& f
 // The same requests served by rank 0 of an n-thread group, the other ranks following its steps.
 std::vector<std::vector<int32_t>> serve_on_ranks(const Fixture& f, int n, const std::string& preset,
                                                  const pipeline::PrefillPolicy& prefill) {
-  dist::ThreadGroup group(n);
+  ranks::ThreadGroup group(n);
   std::vector<std::vector<int32_t>> ids;
-  group.run([&](dist::Comm& comm) {
-    dist::RankExperts experts(comm);
+  group.run([&](ranks::Comm& comm) {
+    ranks::RankExperts experts(comm);
     pipeline::DecoderOptions o = dec_options(preset);
     o.experts = &experts;
     o.ranks = comm.size();
@@ -112,8 +112,8 @@ std::vector<std::vector<int32_t>> serve_on_ranks(const Fixture& f, int n, const 
       CHECK(sched.phase() == Phase::stopped);
     } else {
       std::unique_ptr<pipeline::BatchEngine> engine;
-      dist::on_every_rank(comm, "could not load its slice",
-                          [&] { engine = std::make_unique<pipeline::BatchEngine>(o, f.cfg, 2); });
+      ranks::on_every_rank(comm, "could not load its slice",
+                           [&] { engine = std::make_unique<pipeline::BatchEngine>(o, f.cfg, 2); });
       follow_steps(comm, *engine);  // returns at the stop order
     }
   });
@@ -147,11 +147,11 @@ TEST_CASE("rank 0 serves, the other ranks follow its steps: the single process's
 
 TEST_CASE("a follower that cannot load its slice fails rank 0's load, naming the rank and the path") {
   Fixture f;
-  dist::ThreadGroup group(2);
+  ranks::ThreadGroup group(2);
   std::string failure;
   bool collective = false;
-  group.run([&](dist::Comm& comm) {
-    dist::RankExperts experts(comm);
+  group.run([&](ranks::Comm& comm) {
+    ranks::RankExperts experts(comm);
     pipeline::DecoderOptions o = dec_options("");
     o.experts = &experts;
     o.ranks = 2;
@@ -164,9 +164,9 @@ TEST_CASE("a follower that cannot load its slice fails rank 0's load, naming the
       collective = sched.failure_collective();
     } else {
       o.model_dir = "/nonexistent/slice-of-rank-1";
-      CHECK_THROWS_AS(dist::on_every_rank(comm, "could not load its slice",
-                                          [&] { pipeline::BatchEngine engine(o, f.cfg, 1); }),
-                      dist::CollectiveError);
+      CHECK_THROWS_AS(ranks::on_every_rank(comm, "could not load its slice",
+                                           [&] { pipeline::BatchEngine engine(o, f.cfg, 1); }),
+                      ranks::CollectiveError);
     }
   });
   CHECK(collective);

@@ -36,8 +36,8 @@
 #include "io/text/text_stream.hpp"
 #include "io/text/xtml.hpp"
 #include "pipeline/cli/commands.hpp"
-#include "pipeline/dist/comm.hpp"
-#include "pipeline/dist/rank_experts.hpp"
+#include "pipeline/ranks/comm.hpp"
+#include "pipeline/ranks/rank_experts.hpp"
 #include "pipeline/run/decoder.hpp"
 #include "pipeline/run/draft_policy.hpp"
 #include "pipeline/run/model_tokenizer.hpp"
@@ -105,8 +105,8 @@ class ChatSession {
         tok_(tok),
         sampler_(a.sampling),
         policy_(a.draft),
-        ranks_(dist::world()),
-        lead_(ranks_.rank() == 0),
+        comm_(ranks::world()),
+        lead_(comm_.rank() == 0),
         interactive_(lead_ && ::isatty(STDIN_FILENO) != 0) {
     opts_.thinking = !a.no_thinking;
     opts_.effort = a.effort;
@@ -147,7 +147,7 @@ class ChatSession {
         line = read_line(interrupted);
         term_ = terminated();
       }
-      if (ranks_.size() > 1) share_input(line, interrupted);
+      if (comm_.size() > 1) share_input(line, interrupted);
       if (term_) break;
       InterruptScope::clear();
       if (interrupted) {
@@ -161,7 +161,7 @@ class ChatSession {
         continue;
       }
       turn(*line);
-      if (ranks_.size() > 1 ? term_ : terminated()) break;  // several ranks: only what they agreed
+      if (comm_.size() > 1 ? term_ : terminated()) break;  // several ranks: only what they agreed
     }
     if (interactive_) std::fputs("\n", stdout);
   }
@@ -177,7 +177,7 @@ class ChatSession {
                              : interrupted ? std::string("I")
                              : !line       ? std::string("E")
                                            : "L" + *line;
-    const std::string got = dist::from_rank0(ranks_, mine, dist::kRank0Console);
+    const std::string got = ranks::from_rank0(comm_, mine, ranks::kRank0Console);
     term_ = got == "T";
     interrupted = got == "I";
     line = got.empty() || got[0] != 'L' ? std::nullopt : std::optional(got.substr(1));
@@ -217,7 +217,7 @@ class ChatSession {
         dec_.reset();
         restore(std::move(keep));
         say("conversation reset");
-      } else if (cmd == "/load" && ranks_.size() > 1) {
+      } else if (cmd == "/load" && comm_.size() > 1) {
         say("/load is not available under mpirun (each rank would read its own disk); start with --history "
             "and --load-state instead");
       } else if (cmd == "/save" && !arg.empty() && !lead_) {
@@ -308,7 +308,7 @@ class ChatSession {
     while (n < a_.max_reply && !over) {
       // Ctrl-C or SIGTERM, as rank 0 saw it (one byte to every rank under mpirun: all stop together).
       char stop = lead_ && InterruptScope::requested() ? (terminated() ? 'T' : 'C') : 0;
-      if (ranks_.size() > 1) stop = dist::byte_from_rank0(ranks_, stop);
+      if (comm_.size() > 1) stop = ranks::byte_from_rank0(comm_, stop);
       if (stop) {
         ended = stop == 'T' ? "SIGTERM" : "Ctrl-C";
         term_ = stop == 'T';
@@ -431,7 +431,7 @@ class ChatSession {
   stages::Sampler sampler_;
   SpecStats spec_;
   DraftPolicy policy_;  // carried across replies
-  dist::Comm& ranks_;
+  ranks::Comm& comm_;
   const bool lead_;  // rank 0 (or the only process): reads stdin, prints, writes files
   bool interactive_;
   bool term_ = false;                        // SIGTERM ended the session (several ranks: as rank 0 saw it)
@@ -479,14 +479,14 @@ int run_chat(ChatArgs& a) {
   if (a.threads > 0) threads.emplace(tbb::global_control::max_allowed_parallelism, size_t(a.threads));
 
   // Diagnostics go to stderr; stdout carries the conversation. Under mpirun only rank 0's: the others'
-  // stdout stays closed (dist::Session), and each holds and computes only its experts.
-  dist::Comm& ranks = dist::world();
-  const bool lead = ranks.rank() == 0;
-  std::optional<dist::RankExperts> experts;
-  if (ranks.size() > 1) {
-    experts.emplace(ranks);
+  // stdout stays closed (ranks::Session), and each holds and computes only its experts.
+  ranks::Comm& comm = ranks::world();
+  const bool lead = comm.rank() == 0;
+  std::optional<ranks::RankExperts> experts;
+  if (comm.size() > 1) {
+    experts.emplace(comm);
     a.dec.experts = &*experts;
-    a.dec.ranks = ranks.size();
+    a.dec.ranks = comm.size();
     if (!lead) a.save_state = std::nullopt;
   }
   std::fflush(stdout);
@@ -499,7 +499,7 @@ int run_chat(ChatArgs& a) {
   a.dec.capacity = a.context;
   a.dec.expected_calls = a.max_reply;
   std::optional<Decoder> decoder;
-  dist::on_every_rank(ranks, "could not load its slice", [&] {
+  ranks::on_every_rank(comm, "could not load its slice", [&] {
     tok = model_tokenizer(a.dec.model_dir, a.tokenizer, cfg, "chat");
     if (a.history) history = text::load_history(*a.history);
     decoder.emplace(a.dec, cfg);

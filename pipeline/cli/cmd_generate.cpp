@@ -27,7 +27,7 @@
 #include "io/error.hpp"
 #include "io/text/text_stream.hpp"
 #include "pipeline/cli/commands.hpp"
-#include "pipeline/dist/rank_experts.hpp"
+#include "pipeline/ranks/rank_experts.hpp"
 #include "pipeline/run/decoder.hpp"
 #include "pipeline/run/draft_policy.hpp"
 #include "pipeline/run/json_output.hpp"
@@ -162,13 +162,13 @@ int run_generate(GenerateOptions o) {
   const std::vector<int32_t> given_ids =
       text_mode ? std::vector<int32_t>{} : parse_id_list(*o.ids, "--ids", 0, o.load_state.has_value());
   // Under mpirun rank 0 reads the prompt and sends it to the others (docs/distributed.md).
-  dist::Comm& ranks = dist::world();
+  ranks::Comm& comm = ranks::world();
   std::string prompt_text;
-  dist::on_every_rank(ranks, "could not read the prompt", [&] {
-    if (ranks.rank() == 0)
+  ranks::on_every_rank(comm, "could not read the prompt", [&] {
+    if (comm.rank() == 0)
       prompt_text = o.prompt ? *o.prompt : o.prompt_file ? read_prompt_file(*o.prompt_file) : "";
   });
-  prompt_text = dist::from_rank0(ranks, prompt_text);
+  prompt_text = ranks::from_rank0(comm, prompt_text);
   if (!o.load_state && text_mode && prompt_text.empty()) throw io::usage_error("the prompt is empty");
   for (const auto& [flag, value] : {std::pair{"--trace", o.dec.stream.trace},
                                     {"--graph-dot", o.dec.stream.graph_dot},
@@ -256,12 +256,12 @@ int run_generate(GenerateOptions o) {
   // Several ranks under mpirun (docs/distributed.md): each loads (or, with a budget, streams within
   // its own) and computes only its own experts; every rank decodes the same ids, rank 0 alone prints
   // and writes the files (the trace and the DOT dump too: rank 0's graph).
-  std::optional<dist::RankExperts> experts;
-  if (ranks.size() > 1) {
-    experts.emplace(ranks);
+  std::optional<ranks::RankExperts> experts;
+  if (comm.size() > 1) {
+    experts.emplace(comm);
     o.dec.experts = &*experts;
-    o.dec.ranks = ranks.size();
-    if (ranks.rank() != 0) {
+    o.dec.ranks = comm.size();
+    if (comm.rank() != 0) {
       o.out_path = o.dump_logits = o.save_state = std::nullopt;
       o.dec.stream.trace.clear();
       o.dec.stream.graph_dot.clear();
@@ -269,7 +269,7 @@ int run_generate(GenerateOptions o) {
     }
   }
   std::optional<Decoder> decoder;
-  dist::on_every_rank(ranks, "could not load its slice", [&] { decoder.emplace(o.dec, std::move(cfg)); });
+  ranks::on_every_rank(comm, "could not load its slice", [&] { decoder.emplace(o.dec, std::move(cfg)); });
   Decoder& dec = *decoder;
   const io::ModelConfig& c = dec.config();
   if (o.spec > 0)

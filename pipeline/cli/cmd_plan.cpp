@@ -8,7 +8,7 @@
 // replayed on that routing under --expert-policy (pipeline/graph/cache_sim.hpp) -- the hit rate to
 // expect, the expert and total bytes read per token (docs/routing.md).
 // `k3flow plan MODEL_DIR --ranks N [--json]`: what each of N MPI ranks holds and exchanges under
-// `mpirun -np N k3flow generate` (pipeline/dist/split.hpp, docs/distributed.md §3); with a budget
+// `mpirun -np N k3flow generate` (pipeline/ranks/split.hpp, docs/distributed.md §3); with a budget
 // flag, also the streamed plan of one rank's slice (its experts only, the exchange's buffers: §6),
 // for --max-seqs sequences of --context positions as `mpirun -np N k3flow serve` plans each rank.
 #include <fmt/format.h>
@@ -23,10 +23,10 @@
 #include "io/packed_trunk.hpp"
 #include "io/safetensors.hpp"
 #include "pipeline/cli/commands.hpp"
-#include "pipeline/dist/split.hpp"
 #include "pipeline/graph/cache_sim.hpp"
 #include "pipeline/graph/planner.hpp"
 #include "pipeline/graph/streaming_source.hpp"
+#include "pipeline/ranks/split.hpp"
 #include "pipeline/run/speculative.hpp"
 #include "pipeline/run/streaming_run.hpp"
 #include "pipeline/support/human_bytes.hpp"
@@ -71,9 +71,9 @@ std::string expected_expert_reads(const PlanArgs& a, const MemoryPlan& p, uint64
       human_bytes(per_token + double(p.streamed_bytes)));
 }
 
-std::string split_json(const dist::RankSplit& s) {
+std::string split_json(const ranks::RankSplit& s) {
   std::string ranks;
-  for (const dist::RankShare& r : s.per_rank)
+  for (const ranks::RankShare& r : s.per_rank)
     ranks += fmt::format("{}{{\"rank\":{},\"experts_per_layer\":{},\"expert_bytes\":{}}}",
                          ranks.empty() ? "" : ",", r.rank, r.experts_per_layer, r.expert_bytes);
   return fmt::format(
@@ -87,7 +87,7 @@ std::string split_json(const dist::RankSplit& s) {
 // The plan of one rank's slice with the same flags `mpirun -np N k3flow generate` gets (plan_run with a
 // RankSlice): rank 0's, which owns the most experts (e mod N == 0 first), so every rank fits in it.
 RunPlan rank_plan(const PlanArgs& a, const io::ModelConfig& config, const io::ShardSet& shards,
-                  const dist::RankSplit& split) {
+                  const ranks::RankSplit& split) {
   if (!a.flags.trunk_dir.empty()) check_trunk_dir(a.flags.trunk_dir);
   std::optional<io::PackedTrunk> trunk;
   if (!a.flags.trunk_dir.empty()) trunk.emplace(io::PackedTrunk::open(a.flags.trunk_dir, config.n_layers));
@@ -102,7 +102,7 @@ int run_rank_split(const PlanArgs& a) {
   check_model_dir(dir);
   const io::ModelConfig config = io::load_config(dir / "config.json");
   const io::ShardSet shards = io::ShardSet::open(dir);
-  const dist::RankSplit split = dist::split_ranks(shards, config, a.ranks);
+  const ranks::RankSplit split = ranks::split_ranks(shards, config, a.ranks);
   std::optional<RunPlan> run;
   // With a budget (or --trunk): each rank streams within it (docs/distributed.md §6).
   if (a.flags.budget_given() || !a.flags.trunk_dir.empty()) run = rank_plan(a, config, shards, split);
@@ -114,7 +114,7 @@ int run_rank_split(const PlanArgs& a) {
     else
       fmt::print("{}\n", split_json(split));
   } else {
-    fmt::print("{}", dist::format_split(split, config));
+    fmt::print("{}", ranks::format_split(split, config));
     if (run) {
       fmt::print("\nstreamed per rank: rank 0's plan (the most experts, {} a layer; every rank's budget):\n",
                  split.per_rank[0].experts_per_layer);

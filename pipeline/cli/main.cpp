@@ -11,8 +11,8 @@
 
 #include "io/error.hpp"
 #include "pipeline/cli/commands.hpp"
-#include "pipeline/dist/comm.hpp"
-#include "pipeline/dist/session.hpp"
+#include "pipeline/ranks/comm.hpp"
+#include "pipeline/ranks/session.hpp"
 #include "pipeline/support/exit_codes.hpp"
 
 namespace {
@@ -32,7 +32,7 @@ int refuse(std::string message, int code) {
 int main(int argc, char** argv) {
   namespace pl = k3::pipeline;
   // Under mpirun: MPI's world, rank 0 owns the console (docs/distributed.md); otherwise nothing.
-  pl::dist::Session session(argc, argv);
+  pl::ranks::Session session(argc, argv);
   if (!session.refusal().empty()) return refuse(session.refusal(), pl::kExitUsage);
   // Every rank parses the same command line, so a parse error is the same on all (printed once);
   // an error one rank raised alone ends every rank's run (Session::after_error).
@@ -111,7 +111,7 @@ int main(int argc, char** argv) {
     for (CLI::App* sub : app.get_subcommands()) return actions.at(sub)();
   } catch (const k3::io::Error& e) {
     return fail(e.what(), pl::exit_code(e.kind()),
-                dynamic_cast<const pl::dist::CollectiveError*>(&e) != nullptr);
+                dynamic_cast<const pl::ranks::CollectiveError*>(&e) != nullptr);
   } catch (const std::bad_alloc&) {
     return fail("out of memory", pl::kExitRuntime, false);
   } catch (const std::exception& e) {

@@ -25,9 +25,9 @@
 
 #include "io/error.hpp"
 #include "io/packed_trunk.hpp"
-#include "pipeline/dist/comm.hpp"
-#include "pipeline/dist/rank_experts.hpp"
 #include "pipeline/graph/streaming_source.hpp"
+#include "pipeline/ranks/comm.hpp"
+#include "pipeline/ranks/rank_experts.hpp"
 #include "pipeline/run/batch_engine.hpp"
 #include "pipeline/run/decoder.hpp"
 #include "pipeline/run/model_tokenizer.hpp"
@@ -102,22 +102,22 @@ struct StopSignals {
 };
 
 // A rank other than 0 under mpirun: its slice of the experts, loaded with every rank, then the steps
-// rank 0's scheduler sends until it says stop. Its stdout is closed (dist::Session); a failure of its
+// rank 0's scheduler sends until it says stop. Its stdout is closed (ranks::Session); a failure of its
 // own ends every rank's run, naming it (main).
-int follow_serve(const ServeArgs& a, const io::ModelConfig& cfg, dist::Comm& ranks) {
+int follow_serve(const ServeArgs& a, const io::ModelConfig& cfg, ranks::Comm& comm) {
   const StopSignals ignored;  // rank 0 decides when to stop: its stop order ends this rank
   std::unique_ptr<BatchEngine> engine;
-  dist::on_every_rank(ranks, "could not load its slice",
-                      [&] { engine = std::make_unique<BatchEngine>(a.dec, cfg, a.max_seqs); });
-  serve::follow_steps(ranks, *engine);
+  ranks::on_every_rank(comm, "could not load its slice",
+                       [&] { engine = std::make_unique<BatchEngine>(a.dec, cfg, a.max_seqs); });
+  serve::follow_steps(comm, *engine);
   return 0;
 }
 
 int run_serve(ServeArgs a) {
-  dist::Comm& ranks = dist::world();
-  const bool lead = ranks.rank() == 0;
+  ranks::Comm& comm = ranks::world();
+  const bool lead = comm.rank() == 0;
   // stdout carries only the listening line (a script or test reads it); the load's prints go to
-  // stderr (under mpirun rank 0's alone: the others' stdout is closed, dist::Session).
+  // stderr (under mpirun rank 0's alone: the others' stdout is closed, ranks::Session).
   std::fflush(stdout);
   FILE* announce = stdout;
   if (lead)
@@ -129,7 +129,7 @@ int run_serve(ServeArgs a) {
   PrefillPolicy prefill;
   io::ModelConfig cfg;
   std::optional<io::text::Tokenizer> tok;
-  dist::on_every_rank(ranks, "refused the command", [&] {
+  ranks::on_every_rank(comm, "refused the command", [&] {
     check_stream_flags(a.dec.stream);
     check_model_dir(a.dec.model_dir, a.dec.config.has_value());
     if (a.dec.config) check_input_file(*a.dec.config, "--config");
@@ -140,7 +140,7 @@ int run_serve(ServeArgs a) {
     if (a.api_key && a.api_key->empty()) throw io::usage_error("--api-key: empty");
     if (a.cors && (a.cors->empty() || a.cors->find_first_of("\r\n ,") != std::string::npos))
       throw io::usage_error(fmt::format("--cors '{}': give one origin (https://host[:port]) or *", *a.cors));
-    if (ranks.size() > 1 && a.dec.stream.prompt_cache_gb > 0)
+    if (comm.size() > 1 && a.dec.stream.prompt_cache_gb > 0)
       throw io::usage_error("--prompt-cache-gb: not available over several ranks (each would restore alike)");
     if (a.context > kMaxPositions)
       throw io::usage_error(fmt::format("--context {}: more than the {} positions this build allows",
@@ -150,20 +150,20 @@ int run_serve(ServeArgs a) {
   });
   a.dec.capacity = a.context;
   // One process: its plan is the scheduler's (several ranks plan each its own slice, as they load).
-  if (ranks.size() == 1) check_budget(a, cfg);
+  if (comm.size() == 1) check_budget(a, cfg);
   std::optional<tbb::global_control> threads;
   if (a.threads > 0)
     threads.emplace(tbb::global_control::max_allowed_parallelism, static_cast<size_t>(a.threads));
   // Several ranks: each holds and computes only its experts (docs/distributed.md §6).
-  std::optional<dist::RankExperts> experts;
-  if (ranks.size() > 1) {
-    experts.emplace(ranks);
+  std::optional<ranks::RankExperts> experts;
+  if (comm.size() > 1) {
+    experts.emplace(comm);
     a.dec.experts = &*experts;
-    a.dec.ranks = ranks.size();
+    a.dec.ranks = comm.size();
     if (!lead) {
       a.dec.stream.trace.clear();  // the graph's trace and DOT dump: rank 0's
       a.dec.stream.graph_dot.clear();
-      return follow_serve(a, cfg, ranks);
+      return follow_serve(a, cfg, comm);
     }
   }
 
@@ -193,7 +193,7 @@ int run_serve(ServeArgs a) {
                                                  .queue = a.queue,
                                                  .prefill = prefill,
                                                  .prompt_cache_bytes = prompt_cache_bytes(a.dec.stream),
-                                                 .ranks = ranks.size() > 1 ? &ranks : nullptr},
+                                                 .ranks = comm.size() > 1 ? &comm : nullptr},
                          cfg, *tok);
   const std::string url = a.host.find(':') != std::string::npos
                               ? fmt::format("http://[{}]:{}", a.host, server.port())
@@ -205,11 +205,11 @@ int run_serve(ServeArgs a) {
   if (const uint64_t cache = prompt_cache_bytes(a.dec.stream); cache > 0)
     std::fprintf(stderr, "k3flow serve: prompt cache of %s (prefix snapshots, docs/serve.md)\n",
                  human_bytes(double(cache)).c_str());
-  if (ranks.size() > 1)
+  if (comm.size() > 1)
     std::fprintf(stderr,
                  "k3flow serve: rank 0 of %d (pid %d) serves; the other ranks follow its steps with their "
                  "experts. SIGTERM or SIGINT to this pid drains every rank\n",
-                 ranks.size(), int(::getpid()));
+                 comm.size(), int(::getpid()));
 
   int sig = 0;
   bool announced_ready = false;
@@ -228,7 +228,7 @@ int run_serve(ServeArgs a) {
   if (sched.phase() == serve::Phase::failed && sched.failure()) {
     // A rank that could not load its slice failed every rank's load: printed once, by rank 0.
     if (sched.failure_collective())
-      throw dist::CollectiveError(sched.failure()->kind(), sched.failure()->what());
+      throw ranks::CollectiveError(sched.failure()->kind(), sched.failure()->what());
     throw *sched.failure();
   }
   std::fprintf(

@@ -73,15 +73,15 @@ StepOrder decode_step(std::string_view bytes) {
   return o;
 }
 
-void send_step(dist::Comm& comm, const StepOrder& o) {
-  dist::from_rank0(comm, encode_step(o), kSendWhat);
+void send_step(ranks::Comm& comm, const StepOrder& o) {
+  ranks::from_rank0(comm, encode_step(o), kSendWhat);
 }
 
-StepOrder receive_step(dist::Comm& comm) {
-  return decode_step(dist::from_rank0(comm, std::string(), dist::kRank0Server));
+StepOrder receive_step(ranks::Comm& comm) {
+  return decode_step(ranks::from_rank0(comm, std::string(), ranks::kRank0Server));
 }
 
-void follow_steps(dist::Comm& comm, BatchEngine& engine) {
+void follow_steps(ranks::Comm& comm, BatchEngine& engine) {
   const size_t vocab = size_t(engine.config().vocab);
   std::vector<std::vector<float>> logits(size_t(engine.max_seqs()), std::vector<float>(vocab));
   std::vector<BatchEngine::Row> rows;

@@ -11,7 +11,7 @@
 #include <string_view>
 #include <vector>
 
-#include "pipeline/dist/comm.hpp"
+#include "pipeline/ranks/comm.hpp"
 #include "pipeline/run/batch_engine.hpp"
 
 namespace k3::pipeline::serve {
@@ -32,14 +32,14 @@ std::string encode_step(const StepOrder&);
 StepOrder decode_step(std::string_view bytes);
 
 // Rank 0: the order to every other rank (a collective: every follower is in receive_step).
-void send_step(dist::Comm&, const StepOrder&);
+void send_step(ranks::Comm&, const StepOrder&);
 // A follower: the next order, waiting without a deadline (an idle server sends nothing).
-StepOrder receive_step(dist::Comm&);
+StepOrder receive_step(ranks::Comm&);
 
 // A follower's life after loading: receive each order and run it on `engine` (resets, then the
 // step) until the stop order. A step whose logits are not finite (run_invalid) is the same on every
 // rank -- rank 0 ends that step's requests and serves on -- so it is passed over here too; any other
 // error is this rank's alone and is thrown (main then ends every rank's run, naming this rank).
-void follow_steps(dist::Comm&, BatchEngine& engine);
+void follow_steps(ranks::Comm&, BatchEngine& engine);
 
 }  // namespace k3::pipeline::serve

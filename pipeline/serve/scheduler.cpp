@@ -141,12 +141,12 @@ void Scheduler::stop(std::chrono::milliseconds bound) {
 }
 
 void Scheduler::run() {
-  dist::SingleComm alone;
-  dist::Comm& comm = opt_.ranks ? *opt_.ranks : alone;
+  ranks::SingleComm alone;
+  ranks::Comm& comm = opt_.ranks ? *opt_.ranks : alone;
   try {
     // Over several ranks every rank loads its slice, then all agree it worked: one that failed
     // (a missing or unreadable shard) ends every rank's run with its message.
-    dist::on_every_rank(comm, "could not load its slice", [&] {
+    ranks::on_every_rank(comm, "could not load its slice", [&] {
       // What /health reports while the weights load: the bytes this process has read since loading
       // began, beside the checkpoint's size (a resident load reads about that much; a streamed one
       // reads its pinned share and is ready sooner).
@@ -193,7 +193,7 @@ void Scheduler::run() {
   } catch (const io::Error& e) {
     std::lock_guard lock(m_);
     failure_ = e;
-    failure_collective_ = dynamic_cast<const dist::CollectiveError*>(&e) != nullptr;
+    failure_collective_ = dynamic_cast<const ranks::CollectiveError*>(&e) != nullptr;
     phase_ = Phase::failed;
     cv_.notify_all();
     return;

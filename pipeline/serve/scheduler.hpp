@@ -43,7 +43,7 @@
 #include "io/config.hpp"
 #include "io/error.hpp"
 #include "io/text/tokenizer.hpp"
-#include "pipeline/dist/comm.hpp"
+#include "pipeline/ranks/comm.hpp"
 #include "pipeline/run/batch_engine.hpp"
 #include "pipeline/run/decoder.hpp"
 #include "pipeline/serve/channel.hpp"
@@ -85,7 +85,7 @@ struct SchedulerOptions {
   uint64_t prompt_cache_bytes = 0;
   // Rank 0 of several (dec.experts / dec.ranks set for its slice): the other ranks follow its steps
   // (serve::follow_steps). Null: one process.
-  dist::Comm* ranks = nullptr;
+  ranks::Comm* ranks = nullptr;
 };
 
 enum class Phase { loading, ready, failed, stopped };
@@ -121,7 +121,7 @@ class Scheduler {
   // Phase failed: the error that ended loading (kind and message as the engine threw it), or, over
   // several ranks, the step that failed on this rank alone.
   std::optional<io::Error> failure() const;
-  // The failure is every rank's (a rank could not load its slice: dist::CollectiveError).
+  // The failure is every rank's (a rank could not load its slice: ranks::CollectiveError).
   bool failure_collective() const;
   bool wait_until_settled(std::chrono::milliseconds bound);  // ready / failed / stopped within bound
   size_t capacity() const { return capacity_; }              // positions per sequence

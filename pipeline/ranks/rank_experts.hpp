@@ -9,10 +9,10 @@
 #include <vector>
 
 #include "io/config.hpp"
-#include "pipeline/dist/comm.hpp"
+#include "pipeline/ranks/comm.hpp"
 #include "stages/moe.hpp"
 
-namespace k3::pipeline::dist {
+namespace k3::pipeline::ranks {
 
 inline int expert_owner(int expert, int ranks) {
   return expert % ranks;
@@ -41,4 +41,4 @@ class RankExperts final : public stages::ExpertExchange {
   Stats stats_;
 };
 
-}  // namespace k3::pipeline::dist
+}  // namespace k3::pipeline::ranks

@@ -1,16 +1,16 @@
-#include "pipeline/dist/session.hpp"
+#include "pipeline/ranks/session.hpp"
 
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <unistd.h>
 
 #include "io/env.hpp"
-#include "pipeline/dist/comm.hpp"
+#include "pipeline/ranks/comm.hpp"
 #ifdef K3_HAVE_MPI
-#include "pipeline/dist/mpi_comm.hpp"
+#include "pipeline/ranks/mpi_comm.hpp"
 #endif
 
-namespace k3::pipeline::dist {
+namespace k3::pipeline::ranks {
 
 struct Session::Impl {
 #ifdef K3_HAVE_MPI
@@ -83,4 +83,4 @@ void Session::after_error([[maybe_unused]] int code, [[maybe_unused]] bool colle
 #endif
 }
 
-}  // namespace k3::pipeline::dist
+}  // namespace k3::pipeline::ranks

@@ -1,13 +1,13 @@
-#include "pipeline/dist/split.hpp"
+#include "pipeline/ranks/split.hpp"
 
 #include <fmt/format.h>
 
 #include <algorithm>
 
-#include "pipeline/dist/rank_experts.hpp"
+#include "pipeline/ranks/rank_experts.hpp"
 #include "stages/tensors.hpp"
 
-namespace k3::pipeline::dist {
+namespace k3::pipeline::ranks {
 
 namespace {
 
@@ -67,4 +67,4 @@ std::string format_split(const RankSplit& s, const io::ModelConfig& c) {
   return out;
 }
 
-}  // namespace k3::pipeline::dist
+}  // namespace k3::pipeline::ranks

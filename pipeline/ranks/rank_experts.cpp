@@ -1,9 +1,9 @@
-#include "pipeline/dist/rank_experts.hpp"
+#include "pipeline/ranks/rank_experts.hpp"
 
 #include <algorithm>
 #include <chrono>
 
-namespace k3::pipeline::dist {
+namespace k3::pipeline::ranks {
 
 void RankExperts::exchange(const stages::ExpertGroups& g, const io::ModelConfig& c, std::span<float> eout) {
   const size_t L = size_t(c.latent);
@@ -43,4 +43,4 @@ void RankExperts::exchange(const stages::ExpertGroups& g, const io::ModelConfig&
   }
 }
 
-}  // namespace k3::pipeline::dist
+}  // namespace k3::pipeline::ranks

@@ -1,4 +1,4 @@
-#include "pipeline/dist/mpi_comm.hpp"
+#include "pipeline/ranks/mpi_comm.hpp"
 
 #include <fmt/format.h>
 #include <unistd.h>
@@ -15,7 +15,7 @@
 
 #include "io/env.hpp"
 
-namespace k3::pipeline::dist {
+namespace k3::pipeline::ranks {
 
 namespace {
 
@@ -117,4 +117,4 @@ void MpiComm::allgatherv(std::span<const std::byte> mine, std::span<const size_t
   }
 }
 
-}  // namespace k3::pipeline::dist
+}  // namespace k3::pipeline::ranks

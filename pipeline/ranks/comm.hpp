@@ -13,7 +13,7 @@
 
 #include "io/error.hpp"
 
-namespace k3::pipeline::dist {
+namespace k3::pipeline::ranks {
 
 // The `what` of the per-layer gather (MpiComm gives it its own, shorter deadline).
 inline constexpr const char* kExpertExchange = "expert exchange";
@@ -95,4 +95,4 @@ class ThreadGroup {
 Comm& world();
 void set_world(Comm*);  // nullptr: back to the single process
 
-}  // namespace k3::pipeline::dist
+}  // namespace k3::pipeline::ranks

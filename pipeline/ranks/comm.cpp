@@ -1,4 +1,4 @@
-#include "pipeline/dist/comm.hpp"
+#include "pipeline/ranks/comm.hpp"
 
 #include <fmt/format.h>
 
@@ -10,7 +10,7 @@
 #include <numeric>
 #include <thread>
 
-namespace k3::pipeline::dist {
+namespace k3::pipeline::ranks {
 
 namespace {
 
@@ -159,4 +159,4 @@ void set_world(Comm* c) {
   current = c ? c : &single;
 }
 
-}  // namespace k3::pipeline::dist
+}  // namespace k3::pipeline::ranks

@@ -12,9 +12,9 @@
 
 #include <string>
 
-#include "pipeline/dist/comm.hpp"
+#include "pipeline/ranks/comm.hpp"
 
-namespace k3::pipeline::dist {
+namespace k3::pipeline::ranks {
 
 class MpiComm final : public Comm {
  public:
@@ -37,4 +37,4 @@ class MpiComm final : public Comm {
   std::string fault_;
 };
 
-}  // namespace k3::pipeline::dist
+}  // namespace k3::pipeline::ranks

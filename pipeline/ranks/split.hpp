@@ -9,7 +9,7 @@
 #include "io/config.hpp"
 #include "io/safetensors.hpp"
 
-namespace k3::pipeline::dist {
+namespace k3::pipeline::ranks {
 
 struct RankShare {
   int rank = 0;
@@ -29,4 +29,4 @@ struct RankSplit {
 RankSplit split_ranks(const io::ShardSet&, const io::ModelConfig&, int ranks, int n_layers = 0);
 std::string format_split(const RankSplit&, const io::ModelConfig&);
 
-}  // namespace k3::pipeline::dist
+}  // namespace k3::pipeline::ranks

@@ -1,6 +1,6 @@
 // The process's place in a run over several ranks (docs/distributed.md): constructed first in main.
 // Launched by mpirun (Open MPI's OMPI_COMM_WORLD_SIZE, or PMI_SIZE / PMIX_RANK) with MPI built in,
-// it initialises MPI, installs MPI's world as dist::world(), silences stdout on every rank but 0
+// it initialises MPI, installs MPI's world as ranks::world(), silences stdout on every rank but 0
 // (rank 0 owns the console; every rank computes the same ids), and finalizes at exit. Otherwise it
 // does nothing, except refuse a launch of N > 1 ranks by a build without MPI (N independent copies
 // would each run the whole model).
@@ -8,7 +8,7 @@
 #include <memory>
 #include <string>
 
-namespace k3::pipeline::dist {
+namespace k3::pipeline::ranks {
 
 class Session {
  public:
@@ -38,4 +38,4 @@ class Session {
   std::string refusal_;
 };
 
-}  // namespace k3::pipeline::dist
+}  // namespace k3::pipeline::ranks
