@@ -1,5 +1,5 @@
-// The streaming graph declared in one place (build(): its nodes, in the order of the diagram in
-// graph.hpp, then the edges of the wiring table) and the public face. The state it builds on is in
+// The streaming graph declared in one place (build(): its nodes, a row of the node table each, then
+// the edges of the wiring table) and the public face. The state it builds on is in
 // graph_impl.hpp, the node bodies in graph_nodes.cpp, the edges in graph_wiring.*, the reads its
 // async nodes submit in graph_io.cpp.
 #include "pipeline/graph/graph.hpp"
@@ -15,7 +15,9 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "io/error.hpp"
@@ -55,10 +57,28 @@ const char* strategy_name(Strategy s) {
   return "?";
 }
 
-// Registers node N with the DOT description (or its own statistics) and its trace row, and makes it.
-template <Node N, class... Made>
-void StreamingModel::Impl::add(Made&&... made) {
-  const NodeInfo& info = kNodes[N];
+namespace {
+
+template <class T>
+inline constexpr bool is_tuple = false;
+template <class... T>
+inline constexpr bool is_tuple<std::tuple<T...>> = true;
+template <class T>
+inline constexpr bool is_sequencer = false;
+template <class T>
+inline constexpr bool is_sequencer<flow::sequencer_node<T>> = true;
+
+}  // namespace
+
+// Makes one row's node, with its body (NodeRow, graph_nodes.hpp) bound to this Impl, and registers
+// it with the DOT description (or its own statistics) and its trace row; a node the run's graph
+// does not have gets statistics only.
+template <class Row>
+void StreamingModel::Impl::add(const Row& row) {
+  constexpr Node N = Row::id;
+  using Type = typename Row::type;
+  using Body = typename Row::body_type;
+  const NodeInfo& info = row.info;
   if (!(info.graphs & trunk_graph)) {  // e.g. the raw graph is as it was, without the decode stage
     stats[N] = &own_stats[N];
     return;
@@ -67,53 +87,28 @@ void StreamingModel::Impl::add(Made&&... made) {
   tracks[N] = std::make_unique<TraceTrack>(fmt::format("node: {}", info.name),
                                            info.concurrency == 0 ? std::min(2 * threads, 64) : 1);
   stats[N] = dot ? &dot->add_node(info.name, info.kind, info.concurrency, info.cluster) : &own_stats[N];
-  std::get<N>(nodes) = std::make_unique<NodeType<N>>(g, std::forward<Made>(made)...);
+  auto bound = [this](auto f) {
+    return [this, f](auto&&... a) -> decltype(auto) { return f(*this, std::forward<decltype(a)>(a)...); };
+  };
+  auto& made = std::get<N>(nodes);
+  if constexpr (std::is_same_v<Body, NoBody>) {
+    made = std::make_unique<Type>(g);
+  } else if constexpr (is_tuple<Body>) {  // a key_matching join: a key function per input port
+    made = std::apply([&](auto... key) { return std::make_unique<Type>(g, bound(key)...); }, row.body);
+  } else if constexpr (is_sequencer<Type>) {
+    made = std::make_unique<Type>(g, bound(row.body));
+  } else {
+    const size_t concurrency = info.concurrency == 0 ? size_t(flow::unlimited) : size_t(flow::serial);
+    made = std::make_unique<Type>(g, concurrency, bound(row.body));
+  }
 }
 
-template <Node N, class Body>
-void StreamingModel::Impl::run(Body body) {
-  const size_t concurrency = kNodes[N].concurrency == 0 ? size_t(flow::unlimited) : size_t(flow::serial);
-  if constexpr (std::is_member_function_pointer_v<Body>)
-    add<N>(concurrency, [this, body](const auto& in, auto& out) { (this->*body)(in, out); });
-  else
-    add<N>(concurrency, body);
-}
-
-// The graph, declared in one place: its nodes in the order of the diagram in graph.hpp (which is
-// also Node's order, kNodes in graph_messages.hpp), each running its body (graph_nodes.cpp), then
-// the edges of the wiring table (graph_wiring.hpp), which the DOT description draws too.
+// The graph, declared in one place: its nodes, a row of kNodeTable (graph_nodes.hpp) each, in the
+// order of the diagram in graph.hpp, each running its body (graph_nodes.cpp), then the edges of the
+// wiring table (graph_wiring.hpp), which the DOT description draws too.
 void StreamingModel::Impl::build() {
   own_stats = std::make_unique<NodeStats[]>(kNodeCount);
-  const int nl = n;
-  add<kSchedule>();
-  add<kTrunkFree>();
-  add<kTrunkClaim>();
-  run<kTrunkRead>(&Impl::trunk_read_body);
-  add<kStoredOrder>([](const TrunkReady& r) { return size_t(r.seq); });
-  add<kDecodeFree>();
-  add<kDecodeClaim>();
-  run<kTrunkDecode>(&Impl::trunk_decode_body);
-  run<kTrunkBind>(&Impl::trunk_bind_body);
-  add<kLayerGate>([nl](const LayerGo& m) { return visit_key(m.visit, nl); },
-                  [nl](const TrunkReady& m) { return visit_key(m.visit, nl); });
-  run<kAttention>(&Impl::attention_body);
-  run<kDenseFfn>(&Impl::dense_ffn_body);
-  run<kRouter>(&Impl::router_body);
-  run<kExpertFetch>(&Impl::expert_fetch_body);
-  run<kExpertRead>(&Impl::expert_read_body);
-  run<kExpertLanded>(&Impl::expert_landed_body);
-  run<kShared>(&Impl::shared_body);
-  add<kExpertJoin>([nl](const ExpertGo& m) { return group_key(m.visit, m.group, nl); },
-                   [nl](const LatentGo& m) { return group_key(m.visit, m.group, nl); });
-  run<kExpertCompute>(&Impl::expert_compute_body);
-  run<kLookahead>(&Impl::lookahead_body);
-  run<kExchange>(&Impl::exchange_body);
-  run<kCombine>(&Impl::combine_body);
-  run<kLayerDone>(&Impl::layer_done_body);
-  run<kHead>([this](const HeadGo& m) {
-    head_body(m);
-    return flow::continue_msg();
-  });
+  std::apply([this](const auto&... row) { (add(row), ...); }, kNodeTable);
 
   make_edges();
   if (!dot) return;

@@ -1,7 +1,7 @@
-// The streaming graph's state, private to pipeline/graph/graph*.cpp: the node types (indexed by Node, so
-// the wiring table can name them), the per-step state (StepState), and StreamingModel::Impl -- what
-// the run is, the pools sized once, the readers, the counters and the tbb::flow nodes. graph.cpp
-// declares the graph (build(): the nodes, then the edges of graph_wiring.hpp) and the public face;
+// The streaming graph's state, private to pipeline/graph/graph*.cpp: the per-step state (StepState)
+// and StreamingModel::Impl -- what the run is, the pools sized once, the readers, the counters and
+// the tbb::flow nodes (their types from kNodeTable, graph_nodes.hpp). graph.cpp declares the graph
+// (build(): the nodes of kNodeTable, then the edges of graph_wiring.hpp) and the public face;
 // graph_nodes.cpp holds the node bodies; graph_io.cpp puts reads on the two io_uring readers (trunk
 // ring, expert slots), keeps each slot's read in flight, and emits the trace counters.
 #pragma once
@@ -30,6 +30,7 @@
 #include "pipeline/graph/expert_cache.hpp"
 #include "pipeline/graph/graph.hpp"
 #include "pipeline/graph/graph_messages.hpp"
+#include "pipeline/graph/graph_nodes.hpp"
 #include "pipeline/graph/moe_layer_run.hpp"
 #include "pipeline/graph/prefetch_tuner.hpp"
 #include "pipeline/graph/reader_options.hpp"
@@ -39,58 +40,6 @@
 #include "stages/moe.hpp"
 
 namespace k3::pipeline {
-
-namespace graph_detail {
-
-namespace flow = tbb::flow;
-
-// The node types, indexed by Node (graph_messages.hpp): Impl::node<kAttention>() is the attention
-// node, and make_edge over the wiring table (graph_wiring.cpp) checks every edge's message type.
-template <class In, class... Out>
-using Multi = flow::multifunction_node<In, std::tuple<Out...>>;
-using TrunkReadNode = flow::async_node<TrunkClaim, TrunkReady>;
-using ExpertReadNode = flow::async_node<ReadBatch, ExpertLanded>;
-using GatedLayer = std::tuple<LayerGo, TrunkReady>;  // layer_gate's output
-using GatedExpert = std::tuple<ExpertGo, LatentGo>;  // expert_join's output
-using NodeTypes = std::tuple<
-    flow::queue_node<TrunkJob>,                                  // kSchedule
-    flow::queue_node<SlotRef>,                                   // kTrunkFree
-    flow::join_node<TrunkClaim, flow::queueing>,                 // kTrunkClaim
-    TrunkReadNode,                                               // kTrunkRead
-    flow::sequencer_node<TrunkReady>,                            // kStoredOrder
-    flow::queue_node<DecodeSlot>,                                // kDecodeFree
-    flow::join_node<DecodeClaim, flow::queueing>,                // kDecodeClaim
-    Multi<DecodeClaim, TrunkReady, SlotRef, DecodeSlot>,         // kTrunkDecode
-    Multi<TrunkReady, TrunkReady>,                               // kTrunkBind
-    flow::join_node<GatedLayer, flow::key_matching<uint64_t>>,   // kLayerGate
-    Multi<GatedLayer, RouteGo, DenseGo>,                         // kAttention
-    Multi<DenseGo, LayerDone>,                                   // kDenseFfn
-    Multi<RouteGo, FetchGo, SharedGo>,                           // kRouter
-    Multi<FetchGo, ReadBatch, ExpertLanded, LookaheadGo>,        // kExpertFetch
-    ExpertReadNode,                                              // kExpertRead
-    Multi<ExpertLanded, ExpertGo, SharedGo, FetchGo>,            // kExpertLanded
-    Multi<SharedGo, LatentGo, FetchGo, PieceDone>,               // kShared
-    flow::join_node<GatedExpert, flow::key_matching<uint64_t>>,  // kExpertJoin
-    Multi<GatedExpert, FetchGo, PieceDone>,                      // kExpertCompute
-    Multi<LookaheadGo, ReadBatch, PieceDone>,                    // kLookahead
-    Multi<PieceDone, PieceDone>,                                 // kExchange
-    Multi<PieceDone, LayerDone>,                                 // kCombine
-    Multi<LayerDone, SlotRef, LayerGo, HeadGo, TrunkJob, TrunkClaim, TrunkReady, DecodeSlot>,  // kLayerDone
-    flow::function_node<HeadGo>>;                                                              // kHead
-static_assert(std::tuple_size_v<NodeTypes> == kNodeCount);
-template <Node N>
-using NodeType = std::tuple_element_t<N, NodeTypes>;
-template <Node N>
-using Outputs = typename NodeType<N>::output_ports_type;
-
-template <class T>
-struct Owned;
-template <class... T>
-struct Owned<std::tuple<T...>> {
-  using type = std::tuple<std::unique_ptr<T>...>;
-};
-
-}  // namespace graph_detail
 
 using namespace graph_detail;  // this header is included only by graph*.cpp
 
@@ -227,7 +176,7 @@ struct StreamingModel::Impl {
   // ---- the graph (made inside `arena`, so its tasks run there); nodes indexed by Node ----
   std::unique_ptr<flow::graph> graph_owner;
   flow::graph& g;
-  Owned<NodeTypes>::type nodes;
+  Owned<NodeTable>::type nodes;
   template <Node N>
   NodeType<N>& node() {
     return *std::get<N>(nodes);
@@ -417,18 +366,15 @@ struct StreamingModel::Impl {
 
   // ------------------------------------------------------------------ the graph
 
-  void build();  // graph.cpp: the nodes, then the edges of the wiring table
-  // build()'s two ways to make node N (graph.cpp): with constructor arguments after the graph, and
-  // a node that runs `body`, a member function (its concurrency from kNodes).
-  template <Node N, class... Made>
-  void add(Made&&... made);
-  template <Node N, class Body>
-  void run(Body body);
-  void make_edges();      // graph_wiring.cpp
-  void describe_edges();  // graph_wiring.cpp: the same table, to the DOT description
+  void build();  // graph.cpp: the nodes of kNodeTable, then the edges of the wiring table
+  template <class Row>
+  void add(const Row& row);  // graph.cpp: makes one row's node (build() calls it per row)
+  void make_edges();         // graph_wiring.cpp
+  void describe_edges();     // graph_wiring.cpp: the same table, to the DOT description
   void prepare_call(std::span<const stages::Segment> segs, size_t T, std::span<float> logits, bool head_all);
 
-  // The node bodies (graph_nodes.cpp), one per node that runs code, in the diagram's order.
+  // The node bodies (graph_nodes.cpp), one per node that runs code, in the diagram's order; each
+  // row of kNodeTable (graph_nodes.hpp) names its node's.
   void trunk_read_body(const TrunkClaim&, TrunkReadNode::gateway_type&);
   void trunk_decode_body(const DecodeClaim&, Outputs<kTrunkDecode>&);
   void trunk_bind_body(const TrunkReady&, Outputs<kTrunkBind>&);
