@@ -56,9 +56,10 @@ struct StepState {
   std::span<float> logits;                       // segs.size() x vocab (head_all: T x vocab)
   bool head_all = false;                         // the head at every row (one segment: a verify pass)
   // After layer `layer`'s output is in P: each segment's watch scans its own rows.
-  void after_layer(int layer, std::span<const float> P, size_t E) {
+  void after_layer(int layer, std::span<const float> P, size_t hidden) {
     for (const stages::Segment& s : segs)
-      s.state->watch.after_layer(layer, P.subspan(s.first_row * E, s.rows * E), E, s.state->cached);
+      s.state->watch.after_layer(layer, P.subspan(s.first_row * hidden, s.rows * hidden), hidden,
+                                 s.state->cached);
   }
   CallBuffers buf;
   struct Current {  // the layer being computed (one at a time: each needs the previous one's output)
@@ -76,11 +77,11 @@ struct StreamingModel::Impl {
 
   // ---- what the run is ----
   const WeightSources& src;
-  const io::ModelConfig& c;
+  const io::ModelConfig& cfg;
   const MemoryPlan plan;
   const Strategy strategy;
-  const int n;  // bound layers
-  const size_t E, L, K;
+  const int n_layers;          // bound layers
+  const size_t hidden, top_k;  // cfg.hidden (a row's width), cfg.top_k (routed experts per row)
   GraphDescription* dot;
   // One rank of several (expert parallel, docs/distributed.md §6): it reads and computes only the
   // routed experts it owns, and expert_exchange hands every rank the others' rows. Null alone.
@@ -108,8 +109,8 @@ struct StreamingModel::Impl {
   std::unique_ptr<SlotRead[]> slot_reads;
 
   // ---- accounting ----
-  Activity act;
-  StepStats last;
+  Activity activity;
+  StepStats last_step;  // the last forward call's
   ExpertCounters counts;
   std::atomic<uint64_t> read_ids{0};
   std::atomic<int> ring_in_use{0};
@@ -167,15 +168,16 @@ struct StreamingModel::Impl {
   const int read_delay_ms = io::env::integer_or_zero(io::env::kTestReadDelayMs);  // a slow disk, for tests
 
   // ---- the end of a forward call: the driver waits for call_group, which call_open holds until
-  // the head has run (or the run failed). Not g.wait_for_all(): that also waits for reads already
-  // in flight for the next call, and the next token's resident layers could be computing by then.
+  // the head has run (or the run failed). Not flow_graph.wait_for_all(): that also waits for reads
+  // already in flight for the next call, and the next token's resident layers could be computing by
+  // then.
   std::mutex call_mu;
   tbb::task_group call_group;
   tbb::task_handle call_open;
 
   // ---- the graph (made inside `arena`, so its tasks run there); nodes indexed by Node ----
   std::unique_ptr<flow::graph> graph_owner;
-  flow::graph& g;
+  flow::graph& flow_graph;
   Owned<NodeTable>::type nodes;
   template <Node N>
   NodeType<N>& node() {
@@ -201,13 +203,12 @@ struct StreamingModel::Impl {
        stages::ExpertExchange* x, ExpertPolicy policy)
       : arena(int(tbb::global_control::active_value(tbb::global_control::max_allowed_parallelism))),
         src(s),
-        c(s.config()),
+        cfg(s.config()),
         plan(p),
         strategy(st),
-        n(s.n_layers()),
-        E(size_t(c.hidden)),
-        L(size_t(c.latent)),
-        K(size_t(c.top_k)),
+        n_layers(s.n_layers()),
+        hidden(size_t(cfg.hidden)),
+        top_k(size_t(cfg.top_k)),
         dot(d),
         exchange(s.has_experts() ? x : nullptr),
         trunk_graph(p.codec.empty() ? (exchange ? kRawRanks : kRawOne)
@@ -216,7 +217,7 @@ struct StreamingModel::Impl {
         fused(fused_codec(p.codec)),
         step_state(waves_of(st)),
         graph_owner(graph_in(arena)),
-        g(*graph_owner),
+        flow_graph(*graph_owner),
         trunk_reader(trunk_reader_options()),
         expert_reader(expert_reader_options(s.expert_window_bytes())) {
     head = src.load_head();
@@ -225,10 +226,10 @@ struct StreamingModel::Impl {
       const uint64_t widen = src.expert_widen_floats();
       cache = std::make_unique<ExpertCache>(slots,
                                             p.expert_slot_bytes - io::align_up(4 * widen, io::kDirectAlign),
-                                            widen, n, c.n_experts, policy);
+                                            widen, n_layers, cfg.n_experts, policy);
       slot_reads = std::make_unique<SlotRead[]>(slots);
     }
-    for (int l = 0; l < n; ++l)
+    for (int l = 0; l < n_layers; ++l)
       if (trunk.pinned(l)) pin_total_bytes += trunk.bytes(l, -1).size();
     // Nothing to choose when the plan has no lookahead slots (at the floor) or the model no routed
     // experts: auto is then overlap, and says so instead of timing two identical arms.
@@ -238,25 +239,25 @@ struct StreamingModel::Impl {
     }
     build();
     for (int slot = 0; slot < trunk.ring_slots(); ++slot) node<kTrunkFree>().try_put(SlotRef{slot});
-    decoded_once.assign(size_t(n), 0);
+    decoded_once.assign(size_t(n_layers), 0);
     dec_stream.resize(size_t(trunk.decode_slots()));
     dec_ring.assign(size_t(trunk.decode_slots()), -1);
-    fused_ranges.resize(size_t(n));
-    fused_known = std::make_unique<std::atomic<bool>[]>(size_t(n));
-    for (int l = 0; l < n && fused; ++l) {  // the coded ranges, from the layout (nothing read)
-      fused_ranges[size_t(l)] = stages::coded_ranges(c, l, src.layer(l).layout, src.layer(l).bind_offset);
+    fused_ranges.resize(size_t(n_layers));
+    fused_known = std::make_unique<std::atomic<bool>[]>(size_t(n_layers));
+    for (int l = 0; l < n_layers && fused; ++l) {  // the coded ranges, from the layout (nothing read)
+      fused_ranges[size_t(l)] = stages::coded_ranges(cfg, l, src.layer(l).layout, src.layer(l).bind_offset);
       fused_known[size_t(l)].store(true);
     }
     for (int slot = 0; slot < trunk.decode_slots(); ++slot) node<kDecodeFree>().try_put(DecodeSlot{slot});
     // every layer pinned: no decoded slots, but the pins' first reads still pass the decode join
     if (trunk.compressed() && trunk.decode_slots() == 0) node<kDecodeFree>().try_put(DecodeSlot{-1});
-    g.wait_for_all();
+    flow_graph.wait_for_all();
   }
 
   ~Impl() {
     trunk_reader.wait_idle();
     expert_reader.wait_idle();
-    g.wait_for_all();
+    flow_graph.wait_for_all();
   }
 
   // ------------------------------------------------------------------ helpers
@@ -294,7 +295,7 @@ struct StreamingModel::Impl {
   void run_node(Node id, bool compute, const TraceArgs& args, F&& body) {
     if (failed.load(std::memory_order_relaxed)) return;
     const auto t0 = std::chrono::steady_clock::now();
-    if (compute) act.compute_begin();
+    if (compute) activity.compute_begin();
     {
       TraceSpan span(*tracks[id], node_name(id),
                      compute           ? "compute"
@@ -307,7 +308,7 @@ struct StreamingModel::Impl {
         fail(e.what());
       }
     }
-    if (compute) act.compute_end();
+    if (compute) activity.compute_end();
     const auto us =
         std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0);
     stats[id]->items.fetch_add(1, std::memory_order_relaxed);
@@ -323,7 +324,7 @@ struct StreamingModel::Impl {
     return a;
   }
 
-  uint64_t key(Visit v) const { return visit_key(v, n); }
+  uint64_t key(Visit v) const { return visit_key(v, n_layers); }
   // lookahead and auto run the lookahead graph (auto switches its prefetch per step).
   bool lookahead_graph() const { return strategy == Strategy::lookahead || strategy == Strategy::automatic; }
 

@@ -86,8 +86,8 @@ inline constexpr auto kNodeTable = std::tuple{
     // ---- layer ----
     row<kLayerGate, flow::join_node<GatedLayer, flow::key_matching<uint64_t>>>(
         {"layer_gate", "join_node key_matching (visit)", 0, "layer"},
-        std::tuple{[](auto& m, const LayerGo& x) { return visit_key(x.visit, m.n); },
-                   [](auto& m, const TrunkReady& x) { return visit_key(x.visit, m.n); }}),
+        std::tuple{[](auto& m, const LayerGo& x) { return visit_key(x.visit, m.n_layers); },
+                   [](auto& m, const TrunkReady& x) { return visit_key(x.visit, m.n_layers); }}),
     row<kAttention, Multi<GatedLayer, RouteGo, DenseGo>>(
         {"attention", "multifunction_node", 1, "layer"},
         [](auto& m, const auto& in, auto& out) { m.attention_body(in, out); }),
@@ -111,8 +111,8 @@ inline constexpr auto kNodeTable = std::tuple{
         [](auto& m, const auto& in, auto& out) { m.shared_body(in, out); }),
     row<kExpertJoin, flow::join_node<GatedExpert, flow::key_matching<uint64_t>>>(
         {"expert_join", "join_node key_matching (visit, expert)", 0, "moe"},
-        std::tuple{[](auto& m, const ExpertGo& x) { return group_key(x.visit, x.group, m.n); },
-                   [](auto& m, const LatentGo& x) { return group_key(x.visit, x.group, m.n); }}),
+        std::tuple{[](auto& m, const ExpertGo& x) { return group_key(x.visit, x.group, m.n_layers); },
+                   [](auto& m, const LatentGo& x) { return group_key(x.visit, x.group, m.n_layers); }}),
     row<kExpertCompute, Multi<GatedExpert, FetchGo, PieceDone>>(
         {"expert_compute", "multifunction_node", 0, "moe"},
         [](auto& m, const auto& in, auto& out) { m.expert_compute_body(in, out); }),
