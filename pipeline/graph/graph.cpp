@@ -1,5 +1,5 @@
-// The streaming graph declared in one place (build(): its nodes, in the order of the diagram in
-// graph.hpp, then the edges of the wiring table) and the public face. The state it builds on is in
+// The streaming graph declared in one place (build(): its nodes, a row of the node table each, then
+// the edges of the wiring table) and the public face. The state it builds on is in
 // graph_impl.hpp, the node bodies in graph_nodes.cpp, the edges in graph_wiring.*, the reads its
 // async nodes submit in graph_io.cpp.
 #include "pipeline/graph/graph.hpp"
@@ -15,7 +15,9 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "io/error.hpp"
@@ -55,10 +57,28 @@ const char* strategy_name(Strategy s) {
   return "?";
 }
 
-// Registers node N with the DOT description (or its own statistics) and its trace row, and makes it.
-template <Node N, class... Made>
-void StreamingModel::Impl::add(Made&&... made) {
-  const NodeInfo& info = kNodes[N];
+namespace {
+
+template <class T>
+inline constexpr bool is_tuple = false;
+template <class... T>
+inline constexpr bool is_tuple<std::tuple<T...>> = true;
+template <class T>
+inline constexpr bool is_sequencer = false;
+template <class T>
+inline constexpr bool is_sequencer<flow::sequencer_node<T>> = true;
+
+}  // namespace
+
+// Makes one row's node, with its body (NodeRow, graph_nodes.hpp) bound to this Impl, and registers
+// it with the DOT description (or its own statistics) and its trace row; a node the run's graph
+// does not have gets statistics only.
+template <class Row>
+void StreamingModel::Impl::add(const Row& row) {
+  constexpr Node N = Row::id;
+  using Type = typename Row::type;
+  using Body = typename Row::body_type;
+  const NodeInfo& info = row.info;
   if (!(info.graphs & trunk_graph)) {  // e.g. the raw graph is as it was, without the decode stage
     stats[N] = &own_stats[N];
     return;
@@ -67,53 +87,29 @@ void StreamingModel::Impl::add(Made&&... made) {
   tracks[N] = std::make_unique<TraceTrack>(fmt::format("node: {}", info.name),
                                            info.concurrency == 0 ? std::min(2 * threads, 64) : 1);
   stats[N] = dot ? &dot->add_node(info.name, info.kind, info.concurrency, info.cluster) : &own_stats[N];
-  std::get<N>(nodes) = std::make_unique<NodeType<N>>(g, std::forward<Made>(made)...);
+  auto bound = [this](auto f) {
+    return [this, f](auto&&... a) -> decltype(auto) { return f(*this, std::forward<decltype(a)>(a)...); };
+  };
+  auto& made = std::get<N>(nodes);
+  if constexpr (std::is_same_v<Body, NoBody>) {
+    made = std::make_unique<Type>(flow_graph);
+  } else if constexpr (is_tuple<Body>) {  // a key_matching join: a key function per input port
+    made =
+        std::apply([&](auto... key) { return std::make_unique<Type>(flow_graph, bound(key)...); }, row.body);
+  } else if constexpr (is_sequencer<Type>) {
+    made = std::make_unique<Type>(flow_graph, bound(row.body));
+  } else {
+    const size_t concurrency = info.concurrency == 0 ? size_t(flow::unlimited) : size_t(flow::serial);
+    made = std::make_unique<Type>(flow_graph, concurrency, bound(row.body));
+  }
 }
 
-template <Node N, class Body>
-void StreamingModel::Impl::run(Body body) {
-  const size_t concurrency = kNodes[N].concurrency == 0 ? size_t(flow::unlimited) : size_t(flow::serial);
-  if constexpr (std::is_member_function_pointer_v<Body>)
-    add<N>(concurrency, [this, body](const auto& in, auto& out) { (this->*body)(in, out); });
-  else
-    add<N>(concurrency, body);
-}
-
-// The graph, declared in one place: its nodes in the order of the diagram in graph.hpp (which is
-// also Node's order, kNodes in graph_messages.hpp), each running its body (graph_nodes.cpp), then
-// the edges of the wiring table (graph_wiring.hpp), which the DOT description draws too.
+// The graph, declared in one place: its nodes, a row of kNodeTable (graph_nodes.hpp) each, in the
+// order of the diagram in graph.hpp, each running its body (graph_nodes.cpp), then the edges of the
+// wiring table (graph_wiring.hpp), which the DOT description draws too.
 void StreamingModel::Impl::build() {
   own_stats = std::make_unique<NodeStats[]>(kNodeCount);
-  const int nl = n;
-  add<kSchedule>();
-  add<kTrunkFree>();
-  add<kTrunkClaim>();
-  run<kTrunkRead>(&Impl::trunk_read_body);
-  add<kStoredOrder>([](const TrunkReady& r) { return size_t(r.seq); });
-  add<kDecodeFree>();
-  add<kDecodeClaim>();
-  run<kTrunkDecode>(&Impl::trunk_decode_body);
-  run<kTrunkBind>(&Impl::trunk_bind_body);
-  add<kLayerGate>([nl](const LayerGo& m) { return visit_key(m.visit, nl); },
-                  [nl](const TrunkReady& m) { return visit_key(m.visit, nl); });
-  run<kAttention>(&Impl::attention_body);
-  run<kDenseFfn>(&Impl::dense_ffn_body);
-  run<kRouter>(&Impl::router_body);
-  run<kExpertFetch>(&Impl::expert_fetch_body);
-  run<kExpertRead>(&Impl::expert_read_body);
-  run<kExpertLanded>(&Impl::expert_landed_body);
-  run<kShared>(&Impl::shared_body);
-  add<kExpertJoin>([nl](const ExpertGo& m) { return group_key(m.visit, m.group, nl); },
-                   [nl](const LatentGo& m) { return group_key(m.visit, m.group, nl); });
-  run<kExpertCompute>(&Impl::expert_compute_body);
-  run<kLookahead>(&Impl::lookahead_body);
-  run<kExchange>(&Impl::exchange_body);
-  run<kCombine>(&Impl::combine_body);
-  run<kLayerDone>(&Impl::layer_done_body);
-  run<kHead>([this](const HeadGo& m) {
-    head_body(m);
-    return flow::continue_msg();
-  });
+  std::apply([this](const auto&... row) { (add(row), ...); }, kNodeTable);
 
   make_edges();
   if (!dot) return;
@@ -124,7 +120,7 @@ void StreamingModel::Impl::build() {
                 plan.pinned.empty() ? 0 : trunk.pinned_bytes() / plan.pinned.size());
   if (cache) dot->add_pool("expert slots", "moe", cache->slot_count(), cache->slot_bytes());
   if (exchange)
-    dot->add_pool("exchange buffers", "moe", 2, exchange_buffer_bytes(c, plan.context, plan.max_seqs));
+    dot->add_pool("exchange buffers", "moe", 2, exchange_buffer_bytes(cfg, plan.context, plan.max_seqs));
   describe_edges();
 }
 
@@ -133,7 +129,7 @@ void StreamingModel::Impl::prepare_call(std::span<const stages::Segment> segs, s
   StepState& S = step_state;
   size_t cap = 0;
   for (const stages::Segment& s : segs) cap = std::max(cap, s.state->capacity());
-  S.buf.prepare(c, T, cap, src.has_experts(), head_all ? T : segs.size());
+  S.buf.prepare(cfg, T, cap, src.has_experts(), head_all ? T : segs.size());
   S.head_all = head_all;
   S.segs.assign(segs.begin(), segs.end());
   S.T = T;
@@ -154,7 +150,7 @@ void StreamingModel::expect_calls(int n) {
 
 void StreamingModel::forward(stages::DecodeState& st, std::span<const int32_t> ids, std::span<float> logits,
                              stages::HeadAt head_at) {
-  stages::check_forward_inputs(impl_->c, st, ids);
+  stages::check_forward_inputs(impl_->cfg, st, ids);
   const stages::Segment one{.state = &st, .first_row = 0, .rows = ids.size()};
   forward_batch(std::span(&one, 1), ids, logits, head_at);
 }
@@ -162,9 +158,9 @@ void StreamingModel::forward(stages::DecodeState& st, std::span<const int32_t> i
 void StreamingModel::forward_batch(std::span<const stages::Segment> segs, std::span<const int32_t> ids,
                                    std::span<float> logits, stages::HeadAt head_at) {
   Impl& m = *impl_;
-  const io::ModelConfig& c = m.c;
-  const size_t T = ids.size(), V = size_t(c.vocab);
-  stages::check_segments(c, segs, ids);
+  const io::ModelConfig& cfg = m.cfg;
+  const size_t T = ids.size(), V = size_t(cfg.vocab);
+  stages::check_segments(cfg, segs, ids);
   const bool head_all = head_at == stages::HeadAt::all;
   if (head_all && segs.size() != 1)
     throw io::runtime_error("forward: logits at every row need one segment (internal error)");
@@ -180,17 +176,17 @@ void StreamingModel::forward_batch(std::span<const stages::Segment> segs, std::s
   // Reads for this call may have landed (and their bind nodes run) since the last call returned;
   // nothing but this call's nodes touches the activations prepared here.
   if (!m.open_call()) throw io::runtime_error(m.fail_msg);
-  m.act.step_begin();
+  m.activity.step_begin();
   m.prepare_call(segs, T, logits.first((head_all ? T : segs.size()) * V), head_all);
   const int k = m.calls_done.load();
   const Visit v0{uint64_t(k), 0};
   CallBuffers& buf = m.step(v0).buf;
   {
-    m.act.compute_begin();
+    m.activity.compute_begin();
     TraceSpan span(m.embed_track, "embed", "compute", m.args(-1));
-    m.head->embed(c, ids, buf.P);
-    m.step(v0).after_layer(stages::ForwardWatch::kEmbedding, buf.P, m.E);
-    m.act.compute_end();
+    m.head->embed(cfg, ids, buf.P);
+    m.step(v0).after_layer(stages::ForwardWatch::kEmbedding, buf.P, m.hidden);
+    m.activity.compute_end();
   }
   auto job = [&](const TrunkJob& j) { m.node<kSchedule>().try_put(j); };
   auto claim = [&](const TrunkClaim& cl) { m.node<kTrunkRead>().try_put(cl); };
@@ -200,20 +196,20 @@ void StreamingModel::forward_batch(std::span<const stages::Segment> segs, std::s
   if (m.strategy == Strategy::serial) {
     m.request_layer(v0, job, claim, ready);
   } else {
-    for (int l = 0; l < m.n; ++l)
+    for (int l = 0; l < m.n_layers; ++l)
       if (m.trunk.pinned(l)) m.request_layer(Visit{v0.step, l}, job, claim, ready);
     if (m.ring_scheduled_through < k) m.schedule_ring(k);
     if (k + 1 < m.expected_calls && m.ring_scheduled_through < k + 1) m.schedule_ring(k + 1);
   }
   flow::input_port<size_t(LayerGateIn::go)>(m.node<kLayerGate>()).try_put(LayerGo{v0});
   m.wait_call();
-  m.last = m.act.step_end();
+  m.last_step = m.activity.step_end();
   if (m.tuner) {  // strategy auto: the next call prefetches or not, from what the steps cost
-    m.tuner->after_call(m.last.wall_seconds, T);
+    m.tuner->after_call(m.last_step.wall_seconds, T);
     m.prefetch_on.store(m.tuner->prefetch(), std::memory_order_relaxed);
   }
   if (m.failed.load()) {
-    m.g.wait_for_all();  // every node has skipped its body or finished; reads have completed
+    m.flow_graph.wait_for_all();  // every node has skipped its body or finished; reads have completed
     throw io::runtime_error(m.fail_msg);
   }
   for (const stages::Segment& s : segs) s.state->cached += s.rows;
@@ -227,18 +223,18 @@ void StreamingModel::record_routing(const std::string& path) {
 }
 
 void StreamingModel::replay_routing(RoutingTrace trace) {
-  impl_->replay = std::make_unique<RoutingReplay>(std::move(trace), impl_->c.n_experts);
+  impl_->replay = std::make_unique<RoutingReplay>(std::move(trace), impl_->cfg.n_experts);
 }
 
 const StepStats& StreamingModel::last_step() const {
-  return impl_->last;
+  return impl_->last_step;
 }
 
 StreamTotals StreamingModel::totals() const {
   Impl& m = *impl_;
   StreamTotals t;
-  t.trunk_bytes_read = m.act.trunk_bytes();
-  t.expert_bytes_read = m.act.expert_bytes();
+  t.trunk_bytes_read = m.activity.trunk_bytes();
+  t.expert_bytes_read = m.activity.expert_bytes();
   t.expert_requests = m.counts.requests.load();
   t.expert_hits = m.counts.hits.load();
   t.lookahead_predicted = m.counts.predicted.load();
@@ -252,8 +248,8 @@ StreamTotals StreamingModel::totals() const {
     t.trunk_decoded_bytes = m.stats[kTrunkDecode]->bytes.load();
     t.decode_seconds = double(m.stats[kTrunkDecode]->busy_us.load()) * 1e-6;
   }
-  t.io_busy_seconds = m.act.io_busy_seconds();
-  t.compute_busy_seconds = m.act.compute_busy_seconds();
+  t.io_busy_seconds = m.activity.io_busy_seconds();
+  t.compute_busy_seconds = m.activity.compute_busy_seconds();
   t.uring = m.trunk_reader.backend() == io::UringReader::Backend::uring &&
             m.expert_reader.backend() == io::UringReader::Backend::uring;
   if (m.tuner)

@@ -13,11 +13,12 @@
 // found from the message's Visit, so several steps could be in flight; today the driver runs one
 // step at a time.
 //
-// Where it is: graph_messages.hpp (Visit, SlotRef, per-edge messages, node ids and names, named
-// ports), graph_wiring.hpp (the edges: one table that make_edge and the DOT dump both read),
-// graph_nodes.cpp (one member function per node body), moe_layer_run.* (expert waves, claims,
-// retries), call_buffers.* (a step's activations), graph_io.cpp (the reads), graph.cpp (build():
-// the nodes, then the edges; and this class), graph_impl.hpp (the state).
+// Where it is: graph_messages.hpp (Visit, SlotRef, per-edge messages, node ids, named ports),
+// graph_nodes.hpp (the nodes: one table that build() reads), graph_wiring.hpp (the edges: one table
+// that make_edge and the DOT dump both read), graph_nodes.cpp (one member function per node body),
+// moe_layer_run.* (expert waves, claims, retries), call_buffers.* (a step's activations),
+// graph_io.cpp (the reads), graph.cpp (build(): the nodes, then the edges; and this class),
+// graph_impl.hpp (the state).
 //
 //  trunk_schedule ─┐
 //  trunk_free ─────┴► trunk_claim (join) ► trunk_read (async, io_uring) ► trunk_bind ─┐

@@ -1,7 +1,7 @@
-// The streaming graph's state, private to pipeline/graph/graph*.cpp: the node types (indexed by Node, so
-// the wiring table can name them), the per-step state (StepState), and StreamingModel::Impl -- what
-// the run is, the pools sized once, the readers, the counters and the tbb::flow nodes. graph.cpp
-// declares the graph (build(): the nodes, then the edges of graph_wiring.hpp) and the public face;
+// The streaming graph's state, private to pipeline/graph/graph*.cpp: the per-step state (StepState)
+// and StreamingModel::Impl -- what the run is, the pools sized once, the readers, the counters and
+// the tbb::flow nodes (their types from kNodeTable, graph_nodes.hpp). graph.cpp declares the graph
+// (build(): the nodes of kNodeTable, then the edges of graph_wiring.hpp) and the public face;
 // graph_nodes.cpp holds the node bodies; graph_io.cpp puts reads on the two io_uring readers (trunk
 // ring, expert slots), keeps each slot's read in flight, and emits the trace counters.
 #pragma once
@@ -30,6 +30,7 @@
 #include "pipeline/graph/expert_cache.hpp"
 #include "pipeline/graph/graph.hpp"
 #include "pipeline/graph/graph_messages.hpp"
+#include "pipeline/graph/graph_nodes.hpp"
 #include "pipeline/graph/moe_layer_run.hpp"
 #include "pipeline/graph/prefetch_tuner.hpp"
 #include "pipeline/graph/reader_options.hpp"
@@ -39,58 +40,6 @@
 #include "stages/moe.hpp"
 
 namespace k3::pipeline {
-
-namespace graph_detail {
-
-namespace flow = tbb::flow;
-
-// The node types, indexed by Node (graph_messages.hpp): Impl::node<kAttention>() is the attention
-// node, and make_edge over the wiring table (graph_wiring.cpp) checks every edge's message type.
-template <class In, class... Out>
-using Multi = flow::multifunction_node<In, std::tuple<Out...>>;
-using TrunkReadNode = flow::async_node<TrunkClaim, TrunkReady>;
-using ExpertReadNode = flow::async_node<ReadBatch, ExpertLanded>;
-using GatedLayer = std::tuple<LayerGo, TrunkReady>;  // layer_gate's output
-using GatedExpert = std::tuple<ExpertGo, LatentGo>;  // expert_join's output
-using NodeTypes = std::tuple<
-    flow::queue_node<TrunkJob>,                                  // kSchedule
-    flow::queue_node<SlotRef>,                                   // kTrunkFree
-    flow::join_node<TrunkClaim, flow::queueing>,                 // kTrunkClaim
-    TrunkReadNode,                                               // kTrunkRead
-    flow::sequencer_node<TrunkReady>,                            // kStoredOrder
-    flow::queue_node<DecodeSlot>,                                // kDecodeFree
-    flow::join_node<DecodeClaim, flow::queueing>,                // kDecodeClaim
-    Multi<DecodeClaim, TrunkReady, SlotRef, DecodeSlot>,         // kTrunkDecode
-    Multi<TrunkReady, TrunkReady>,                               // kTrunkBind
-    flow::join_node<GatedLayer, flow::key_matching<uint64_t>>,   // kLayerGate
-    Multi<GatedLayer, RouteGo, DenseGo>,                         // kAttention
-    Multi<DenseGo, LayerDone>,                                   // kDenseFfn
-    Multi<RouteGo, FetchGo, SharedGo>,                           // kRouter
-    Multi<FetchGo, ReadBatch, ExpertLanded, LookaheadGo>,        // kExpertFetch
-    ExpertReadNode,                                              // kExpertRead
-    Multi<ExpertLanded, ExpertGo, SharedGo, FetchGo>,            // kExpertLanded
-    Multi<SharedGo, LatentGo, FetchGo, PieceDone>,               // kShared
-    flow::join_node<GatedExpert, flow::key_matching<uint64_t>>,  // kExpertJoin
-    Multi<GatedExpert, FetchGo, PieceDone>,                      // kExpertCompute
-    Multi<LookaheadGo, ReadBatch, PieceDone>,                    // kLookahead
-    Multi<PieceDone, PieceDone>,                                 // kExchange
-    Multi<PieceDone, LayerDone>,                                 // kCombine
-    Multi<LayerDone, SlotRef, LayerGo, HeadGo, TrunkJob, TrunkClaim, TrunkReady, DecodeSlot>,  // kLayerDone
-    flow::function_node<HeadGo>>;                                                              // kHead
-static_assert(std::tuple_size_v<NodeTypes> == kNodeCount);
-template <Node N>
-using NodeType = std::tuple_element_t<N, NodeTypes>;
-template <Node N>
-using Outputs = typename NodeType<N>::output_ports_type;
-
-template <class T>
-struct Owned;
-template <class... T>
-struct Owned<std::tuple<T...>> {
-  using type = std::tuple<std::unique_ptr<T>...>;
-};
-
-}  // namespace graph_detail
 
 using namespace graph_detail;  // this header is included only by graph*.cpp
 
@@ -107,9 +56,10 @@ struct StepState {
   std::span<float> logits;                       // segs.size() x vocab (head_all: T x vocab)
   bool head_all = false;                         // the head at every row (one segment: a verify pass)
   // After layer `layer`'s output is in P: each segment's watch scans its own rows.
-  void after_layer(int layer, std::span<const float> P, size_t E) {
+  void after_layer(int layer, std::span<const float> P, size_t hidden) {
     for (const stages::Segment& s : segs)
-      s.state->watch.after_layer(layer, P.subspan(s.first_row * E, s.rows * E), E, s.state->cached);
+      s.state->watch.after_layer(layer, P.subspan(s.first_row * hidden, s.rows * hidden), hidden,
+                                 s.state->cached);
   }
   CallBuffers buf;
   struct Current {  // the layer being computed (one at a time: each needs the previous one's output)
@@ -127,11 +77,11 @@ struct StreamingModel::Impl {
 
   // ---- what the run is ----
   const WeightSources& src;
-  const io::ModelConfig& c;
+  const io::ModelConfig& cfg;
   const MemoryPlan plan;
   const Strategy strategy;
-  const int n;  // bound layers
-  const size_t E, L, K;
+  const int n_layers;          // bound layers
+  const size_t hidden, top_k;  // cfg.hidden (a row's width), cfg.top_k (routed experts per row)
   GraphDescription* dot;
   // One rank of several (expert parallel, docs/distributed.md §6): it reads and computes only the
   // routed experts it owns, and expert_exchange hands every rank the others' rows. Null alone.
@@ -159,8 +109,8 @@ struct StreamingModel::Impl {
   std::unique_ptr<SlotRead[]> slot_reads;
 
   // ---- accounting ----
-  Activity act;
-  StepStats last;
+  Activity activity;
+  StepStats last_step;  // the last forward call's
   ExpertCounters counts;
   std::atomic<uint64_t> read_ids{0};
   std::atomic<int> ring_in_use{0};
@@ -218,16 +168,17 @@ struct StreamingModel::Impl {
   const int read_delay_ms = io::env::integer_or_zero(io::env::kTestReadDelayMs);  // a slow disk, for tests
 
   // ---- the end of a forward call: the driver waits for call_group, which call_open holds until
-  // the head has run (or the run failed). Not g.wait_for_all(): that also waits for reads already
-  // in flight for the next call, and the next token's resident layers could be computing by then.
+  // the head has run (or the run failed). Not flow_graph.wait_for_all(): that also waits for reads
+  // already in flight for the next call, and the next token's resident layers could be computing by
+  // then.
   std::mutex call_mu;
   tbb::task_group call_group;
   tbb::task_handle call_open;
 
   // ---- the graph (made inside `arena`, so its tasks run there); nodes indexed by Node ----
   std::unique_ptr<flow::graph> graph_owner;
-  flow::graph& g;
-  Owned<NodeTypes>::type nodes;
+  flow::graph& flow_graph;
+  Owned<NodeTable>::type nodes;
   template <Node N>
   NodeType<N>& node() {
     return *std::get<N>(nodes);
@@ -252,13 +203,12 @@ struct StreamingModel::Impl {
        stages::ExpertExchange* x, ExpertPolicy policy)
       : arena(int(tbb::global_control::active_value(tbb::global_control::max_allowed_parallelism))),
         src(s),
-        c(s.config()),
+        cfg(s.config()),
         plan(p),
         strategy(st),
-        n(s.n_layers()),
-        E(size_t(c.hidden)),
-        L(size_t(c.latent)),
-        K(size_t(c.top_k)),
+        n_layers(s.n_layers()),
+        hidden(size_t(cfg.hidden)),
+        top_k(size_t(cfg.top_k)),
         dot(d),
         exchange(s.has_experts() ? x : nullptr),
         trunk_graph(p.codec.empty() ? (exchange ? kRawRanks : kRawOne)
@@ -267,7 +217,7 @@ struct StreamingModel::Impl {
         fused(fused_codec(p.codec)),
         step_state(waves_of(st)),
         graph_owner(graph_in(arena)),
-        g(*graph_owner),
+        flow_graph(*graph_owner),
         trunk_reader(trunk_reader_options()),
         expert_reader(expert_reader_options(s.expert_window_bytes())) {
     head = src.load_head();
@@ -276,10 +226,10 @@ struct StreamingModel::Impl {
       const uint64_t widen = src.expert_widen_floats();
       cache = std::make_unique<ExpertCache>(slots,
                                             p.expert_slot_bytes - io::align_up(4 * widen, io::kDirectAlign),
-                                            widen, n, c.n_experts, policy);
+                                            widen, n_layers, cfg.n_experts, policy);
       slot_reads = std::make_unique<SlotRead[]>(slots);
     }
-    for (int l = 0; l < n; ++l)
+    for (int l = 0; l < n_layers; ++l)
       if (trunk.pinned(l)) pin_total_bytes += trunk.bytes(l, -1).size();
     // Nothing to choose when the plan has no lookahead slots (at the floor) or the model no routed
     // experts: auto is then overlap, and says so instead of timing two identical arms.
@@ -289,25 +239,25 @@ struct StreamingModel::Impl {
     }
     build();
     for (int slot = 0; slot < trunk.ring_slots(); ++slot) node<kTrunkFree>().try_put(SlotRef{slot});
-    decoded_once.assign(size_t(n), 0);
+    decoded_once.assign(size_t(n_layers), 0);
     dec_stream.resize(size_t(trunk.decode_slots()));
     dec_ring.assign(size_t(trunk.decode_slots()), -1);
-    fused_ranges.resize(size_t(n));
-    fused_known = std::make_unique<std::atomic<bool>[]>(size_t(n));
-    for (int l = 0; l < n && fused; ++l) {  // the coded ranges, from the layout (nothing read)
-      fused_ranges[size_t(l)] = stages::coded_ranges(c, l, src.layer(l).layout, src.layer(l).bind_offset);
+    fused_ranges.resize(size_t(n_layers));
+    fused_known = std::make_unique<std::atomic<bool>[]>(size_t(n_layers));
+    for (int l = 0; l < n_layers && fused; ++l) {  // the coded ranges, from the layout (nothing read)
+      fused_ranges[size_t(l)] = stages::coded_ranges(cfg, l, src.layer(l).layout, src.layer(l).bind_offset);
       fused_known[size_t(l)].store(true);
     }
     for (int slot = 0; slot < trunk.decode_slots(); ++slot) node<kDecodeFree>().try_put(DecodeSlot{slot});
     // every layer pinned: no decoded slots, but the pins' first reads still pass the decode join
     if (trunk.compressed() && trunk.decode_slots() == 0) node<kDecodeFree>().try_put(DecodeSlot{-1});
-    g.wait_for_all();
+    flow_graph.wait_for_all();
   }
 
   ~Impl() {
     trunk_reader.wait_idle();
     expert_reader.wait_idle();
-    g.wait_for_all();
+    flow_graph.wait_for_all();
   }
 
   // ------------------------------------------------------------------ helpers
@@ -345,7 +295,7 @@ struct StreamingModel::Impl {
   void run_node(Node id, bool compute, const TraceArgs& args, F&& body) {
     if (failed.load(std::memory_order_relaxed)) return;
     const auto t0 = std::chrono::steady_clock::now();
-    if (compute) act.compute_begin();
+    if (compute) activity.compute_begin();
     {
       TraceSpan span(*tracks[id], node_name(id),
                      compute           ? "compute"
@@ -358,7 +308,7 @@ struct StreamingModel::Impl {
         fail(e.what());
       }
     }
-    if (compute) act.compute_end();
+    if (compute) activity.compute_end();
     const auto us =
         std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0);
     stats[id]->items.fetch_add(1, std::memory_order_relaxed);
@@ -374,7 +324,7 @@ struct StreamingModel::Impl {
     return a;
   }
 
-  uint64_t key(Visit v) const { return visit_key(v, n); }
+  uint64_t key(Visit v) const { return visit_key(v, n_layers); }
   // lookahead and auto run the lookahead graph (auto switches its prefetch per step).
   bool lookahead_graph() const { return strategy == Strategy::lookahead || strategy == Strategy::automatic; }
 
@@ -417,18 +367,15 @@ struct StreamingModel::Impl {
 
   // ------------------------------------------------------------------ the graph
 
-  void build();  // graph.cpp: the nodes, then the edges of the wiring table
-  // build()'s two ways to make node N (graph.cpp): with constructor arguments after the graph, and
-  // a node that runs `body`, a member function (its concurrency from kNodes).
-  template <Node N, class... Made>
-  void add(Made&&... made);
-  template <Node N, class Body>
-  void run(Body body);
-  void make_edges();      // graph_wiring.cpp
-  void describe_edges();  // graph_wiring.cpp: the same table, to the DOT description
+  void build();  // graph.cpp: the nodes of kNodeTable, then the edges of the wiring table
+  template <class Row>
+  void add(const Row& row);  // graph.cpp: makes one row's node (build() calls it per row)
+  void make_edges();         // graph_wiring.cpp
+  void describe_edges();     // graph_wiring.cpp: the same table, to the DOT description
   void prepare_call(std::span<const stages::Segment> segs, size_t T, std::span<float> logits, bool head_all);
 
-  // The node bodies (graph_nodes.cpp), one per node that runs code, in the diagram's order.
+  // The node bodies (graph_nodes.cpp), one per node that runs code, in the diagram's order; each
+  // row of kNodeTable (graph_nodes.hpp) names its node's.
   void trunk_read_body(const TrunkClaim&, TrunkReadNode::gateway_type&);
   void trunk_decode_body(const DecodeClaim&, Outputs<kTrunkDecode>&);
   void trunk_bind_body(const TrunkReady&, Outputs<kTrunkBind>&);

@@ -42,7 +42,7 @@ void StreamingModel::Impl::submit_trunk(Visit visit, SlotRef slot_ref, TrunkRead
   if (slot >= 0) ring_in_use += trunk.parts(layer);
   const uint64_t seq = read_seq++;  // trunk_read is serial: its submission order
   counters();
-  act.read_begin(total, false);
+  activity.read_begin(total, false);
   stats[kTrunkRead]->bytes.fetch_add(total, std::memory_order_relaxed);
   if (Trace::enabled()) {
     TraceArgs a = args(layer, -1, slot);
@@ -64,21 +64,21 @@ void StreamingModel::Impl::submit_trunk(Visit visit, SlotRef slot_ref, TrunkRead
                             if (read_delay_ms > 0)  // test hook: the layer lands that much later
                               std::this_thread::sleep_for(std::chrono::milliseconds(read_delay_ms));
                             if (Trace::enabled()) Trace::async_end("trunk read", "io", id, trunk_track.tid());
-                            act.read_end(total);
+                            activity.read_end(total);
                             if (!h.read_failed.load())
                               gw.try_put(TrunkReady{.visit = visit, .slot = slot_ref, .seq = seq});
                             gw.release_wait();
                           }
                         });
   } catch (...) {
-    act.read_end(total);
+    activity.read_end(total);
     gw.release_wait();
     throw;
   }
 }
 
 void StreamingModel::Impl::schedule_ring(int call_index) {
-  for (int l = 0; l < n; ++l)
+  for (int l = 0; l < n_layers; ++l)
     if (!trunk.pinned(l)) {
       const Visit v{uint64_t(call_index), l};
       const int parts = trunk.parts(l);
@@ -122,7 +122,7 @@ void StreamingModel::Impl::submit_experts(const ReadBatch& b, ExpertReadNode::ga
           io::ReadRequest{e.file, e.offset, dst.subspan(e.dst_offset, e.bytes), uint64_t(it.slot),
                           /*urgent=*/!it.prefetch});  // the layer waits for it: ahead of prefetches
     if (it.prefetch) ++counts.predicted;
-    act.read_begin(er.read_bytes, true);
+    activity.read_begin(er.read_bytes, true);
     stats[kExpertRead]->bytes.fetch_add(er.read_bytes, std::memory_order_relaxed);
     if (Trace::enabled()) {
       TraceArgs a = args(it.layer, it.expert, it.slot);
@@ -145,14 +145,14 @@ void StreamingModel::Impl::submit_experts(const ReadBatch& b, ExpertReadNode::ga
         if (read_delay_ms > 0)  // test hook: the expert lands that much later
           std::this_thread::sleep_for(std::chrono::milliseconds(read_delay_ms));
         if (Trace::enabled()) Trace::async_end(sr.trace_name, "io", sr.trace_id, expert_track.tid());
-        act.read_end(sr.bytes);
+        activity.read_end(sr.bytes);
         gw.try_put(ExpertLanded{sr.visit, slot, -1, true, !sr.failed.load()});
         gw.release_wait();
       }
     });
   } catch (...) {  // nothing was queued: give back every wait taken above
     for (const ReadItem& it : b.items) {
-      act.read_end(slot_reads[size_t(it.slot)].bytes);
+      activity.read_end(slot_reads[size_t(it.slot)].bytes);
       gw.release_wait();
     }
     throw;

@@ -1,6 +1,6 @@
 // What travels on the streaming graph's edges (graph.hpp): handles, never weights, each edge with a
-// type of its own so the compiler checks what goes where; the node ids with their names; and the
-// named ports of every node with more than one.
+// type of its own so the compiler checks what goes where; the node ids; and the named ports of every
+// node with more than one.
 //
 // A Visit is (step, layer): one decode step (a forward call) at one layer. The graph never decodes
 // it by arithmetic; the joins and the trunk slots' holders need one integer per visit, and
@@ -103,8 +103,8 @@ inline constexpr unsigned kRawTrunk = kRawOne | kRawRanks,
 inline constexpr unsigned kOneProcess = kRawOne | kCompressedOne, kRanks = kRawRanks | kCompressedRanks;
 inline constexpr unsigned kGraphs[] = {kRawOne, kCompressedOne, kRawRanks, kCompressedRanks};
 
-// ---- nodes: ids, and per id its name (DOT node and trace row "node: <name>"), kind, concurrency
-// (0 = unlimited) and DOT cluster ----
+// ---- nodes: their ids, in the order of the diagram in graph.hpp; everything else about a node (its
+// type, body, name, concurrency) is its row of kNodeTable (graph_nodes.hpp), in the same order ----
 enum Node : int {
   kSchedule,
   kTrunkFree,
@@ -132,53 +132,6 @@ enum Node : int {
   kHead,
   kNodeCount
 };
-
-struct NodeInfo {
-  Node id;
-  const char* name;
-  const char* kind;
-  int concurrency;
-  const char* cluster;
-  unsigned graphs = kBothTrunks;  // the graphs that have it: kCompressedTrunk (the decode stage), kRanks
-};
-
-inline constexpr NodeInfo kNodes[kNodeCount] = {
-    {kSchedule, "trunk_schedule", "queue_node", 0, "trunk io"},
-    {kTrunkFree, "trunk_free", "queue_node (free list)", 0, "trunk io"},
-    {kTrunkClaim, "trunk_claim", "join_node queueing", 0, "trunk io"},
-    {kTrunkRead, "trunk_read", "async_node (io_uring)", 1, "trunk io"},
-    {kStoredOrder, "stored_order", "sequencer_node (read order)", 0, "trunk io", kCompressedTrunk},
-    {kDecodeFree, "decode_free", "queue_node (free list)", 0, "trunk io", kCompressedTrunk},
-    {kDecodeClaim, "decode_claim", "join_node queueing", 0, "trunk io", kCompressedTrunk},
-    {kTrunkDecode, "trunk_decode", "multifunction_node (parallel_for over blocks)", 1, "trunk io",
-     kCompressedTrunk},
-    {kTrunkBind, "trunk_bind", "multifunction_node", 0, "trunk io"},
-    {kLayerGate, "layer_gate", "join_node key_matching (visit)", 0, "layer"},
-    {kAttention, "attention", "multifunction_node", 1, "layer"},
-    {kDenseFfn, "dense_ffn", "multifunction_node", 1, "layer"},
-    {kRouter, "router", "multifunction_node", 1, "moe"},
-    {kExpertFetch, "expert_fetch", "multifunction_node", 1, "moe"},
-    {kExpertRead, "expert_read", "async_node (io_uring)", 1, "moe"},
-    {kExpertLanded, "expert_landed", "multifunction_node", 1, "moe"},
-    {kShared, "shared", "multifunction_node", 1, "moe"},
-    {kExpertJoin, "expert_join", "join_node key_matching (visit, expert)", 0, "moe"},
-    {kExpertCompute, "expert_compute", "multifunction_node", 0, "moe"},
-    {kLookahead, "lookahead", "multifunction_node", 1, "moe"},
-    {kExchange, "expert_exchange", "multifunction_node (allgatherv over the ranks)", 1, "moe", kRanks},
-    {kCombine, "combine", "multifunction_node", 1, "moe"},
-    {kLayerDone, "layer_done", "multifunction_node", 1, "layer"},
-    {kHead, "head", "function_node", 1, "layer"},
-};
-constexpr bool nodes_in_id_order() {
-  for (int i = 0; i < kNodeCount; ++i)
-    if (kNodes[i].id != i) return false;
-  return true;
-}
-static_assert(nodes_in_id_order(), "kNodes is indexed by Node");
-
-constexpr const char* node_name(Node id) {
-  return kNodes[id].name;
-}
 
 // ---- ports, by name: a node's single port (or a node that is not a multi-port one) is `whole` ----
 enum class Whole { node };

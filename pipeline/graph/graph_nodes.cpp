@@ -114,7 +114,7 @@ void StreamingModel::Impl::trunk_bind_body(const TrunkReady& m, Outputs<kTrunkBi
       coded.first_byte = ls.bind_offset;
       if (learn) coded.coded = &fused_ranges[size_t(l)];
     }
-    h.w = stages::bind_layer(c, l, ls.layout, bytes, trunk.widen(l, s), coded);
+    h.w = stages::bind_layer(cfg, l, ls.layout, bytes, trunk.widen(l, s), coded);
     if (learn) {
       std::sort(fused_ranges[size_t(l)].begin(), fused_ranges[size_t(l)].end());
       fused_known[size_t(l)].store(true, std::memory_order_release);
@@ -139,7 +139,7 @@ void StreamingModel::Impl::attention_body(const GatedLayer& in, Outputs<kAttenti
   run_node(kAttention, true, args(l, -1, r.slot.index), [&] {
     S.cur = StepState::Current{l, r.slot, &trunk.holder(l, r.slot.index).w};
     S.layer_segs = stages::layer_segments(S.segs, l);
-    stages::layer_attention(*S.cur.w, c, S.buf.P, S.T, *S.buf.B, S.layer_segs, S.buf.x, S.buf.attn_sc);
+    stages::layer_attention(*S.cur.w, cfg, S.buf.P, S.T, *S.buf.B, S.layer_segs, S.buf.x, S.buf.attn_sc);
     done = true;
   });
   if (!done) return;  // the run has failed: the driver reports it
@@ -154,10 +154,10 @@ void StreamingModel::Impl::dense_ffn_body(const DenseGo& m, Outputs<kDenseFfn>& 
   StepState& S = step(m.visit);
   bool done = false;
   run_node(kDenseFfn, true, args(S.cur.layer), [&] {
-    stages::dense_ffn(std::get<stages::DenseFfnWeights>(S.cur.w->ffn), c, S.buf.x, S.T, S.buf.a,
+    stages::dense_ffn(std::get<stages::DenseFfnWeights>(S.cur.w->ffn), cfg, S.buf.x, S.T, S.buf.a,
                       S.buf.dense_sc);
-    stages::layer_ffn_add(S.buf.P, S.buf.a.first(S.T * E));
-    S.after_layer(S.cur.layer, S.buf.P, E);
+    stages::layer_ffn_add(S.buf.P, S.buf.a.first(S.T * hidden));
+    S.after_layer(S.cur.layer, S.buf.P, hidden);
     done = true;
   });
   if (done) port<DenseOut::done>(out).try_put(LayerDone{m.visit});  // after the span: see layer_done
@@ -172,12 +172,13 @@ void StreamingModel::Impl::router_body(const RouteGo& m, Outputs<kRouter>& out) 
   run_node(kRouter, true, args(S.cur.layer), [&] {
     const auto& mw = std::get<stages::MoeWeights>(S.cur.w->ffn);
     const size_t T = S.T;
-    stages::route(mw, c, S.buf.x, T, std::span(S.buf.idx).first(T * K), S.buf.weight.first(T * K),
+    stages::route(mw, cfg, S.buf.x, T, std::span(S.buf.idx).first(T * top_k), S.buf.weight.first(T * top_k),
                   S.buf.route_sc);
-    if (replay) replay->apply(S.cur.layer, replay_fed, std::span(S.buf.idx).first(T * K), int(K));
-    if (routing) routing->layer(S.cur.layer, std::span<const int32_t>(S.buf.idx).first(T * K));
+    if (replay) replay->apply(S.cur.layer, replay_fed, std::span(S.buf.idx).first(T * top_k), int(top_k));
+    if (routing) routing->layer(S.cur.layer, std::span<const int32_t>(S.buf.idx).first(T * top_k));
     // The pieces combine waits for: every expert group, the shared experts (and the lookahead).
-    S.moe.begin(m.visit, std::span<const int32_t>(S.buf.idx).first(T * K), c, 1 + (la ? 1 : 0), exchange);
+    S.moe.begin(m.visit, std::span<const int32_t>(S.buf.idx).first(T * top_k), cfg, 1 + (la ? 1 : 0),
+                exchange);
     done = true;
   });
   if (!done) return;  // the run has failed: the driver reports it
@@ -213,7 +214,7 @@ void StreamingModel::Impl::expert_read_body(const ReadBatch& b, ExpertReadNode::
 int StreamingModel::Impl::bind_landed(int slot) {
   SlotRead& sr = slot_reads[size_t(slot)];
   std::span<const std::byte> bytes = cache->bytes(slot).subspan(sr.bind_offset, sr.layout->buffer_bytes);
-  cache->weights(slot) = stages::bind_expert(c, *sr.layout, bytes, cache->widen(slot));
+  cache->weights(slot) = stages::bind_expert(cfg, *sr.layout, bytes, cache->widen(slot));
   return cache->landed(slot, true);
 }
 
@@ -264,7 +265,7 @@ void StreamingModel::Impl::shared_body(const SharedGo& m, Outputs<kShared>& out)
     stages::moe_latent(mw, S.buf.x, T, S.buf.z);
     for (size_t i = 0; i < S.moe.unique(); ++i)
       port<SharedOut::latent>(out).try_put(LatentGo{m.visit, int(i)});
-    stages::shared_experts(mw, c, S.buf.x, T, S.buf.shared, S.buf.shared_sc);
+    stages::shared_experts(mw, cfg, S.buf.x, T, S.buf.shared, S.buf.shared_sc);
     fetch = strategy == Strategy::serial;  // serial: experts are read only now
     last_piece = S.moe.piece_done();
     done = true;
@@ -282,8 +283,8 @@ void StreamingModel::Impl::expert_compute_body(const GatedExpert& in, Outputs<kE
   run_node(kExpertCompute, true, args(S.moe.layer(), S.moe.expert(gi), x.slot), [&] {
     std::span<const uint32_t> rows = S.moe.rows(gi);
     std::span<float> sc =
-        S.buf.apply_sc.subspan(S.moe.apply_offset(gi), stages::expert_apply_scratch(c, rows.size()));
-    stages::expert_apply(cache->weights(x.slot), c, S.buf.z, rows, S.buf.eout, sc);
+        S.buf.apply_sc.subspan(S.moe.apply_offset(gi), stages::expert_apply_scratch(cfg, rows.size()));
+    stages::expert_apply(cache->weights(x.slot), cfg, S.buf.z, rows, S.buf.eout, sc);
     cache->release(x.slot);
     retry = S.moe.computed();
     if (S.moe.piece_done()) port<ComputeOut::last_piece>(out).try_put(PieceDone{x.visit});
@@ -298,13 +299,13 @@ void StreamingModel::Impl::lookahead_body(const LookaheadGo& m, Outputs<kLookahe
   run_node(kLookahead, true, args(next), [&] {
     ReadBatch batch;
     const bool starving = S.moe.starving();  // this layer still waits for slots
-    const TrunkSlots::Holder* h = next < n ? trunk.find_bound(next, key(m.visit.next())) : nullptr;
+    const TrunkSlots::Holder* h = next < n_layers ? trunk.find_bound(next, key(m.visit.next())) : nullptr;
     if (!starving && h && std::holds_alternative<stages::MoeWeights>(h->w.ffn) && plan.lookahead_slots > 0 &&
         prefetch_on.load(std::memory_order_relaxed)) {
       const size_t T = S.T;
-      std::span<int32_t> idx = std::span(S.buf.la_idx).first(T * K);
-      stages::route(std::get<stages::MoeWeights>(h->w.ffn), c, S.buf.x, T, idx, S.buf.la_weight.first(T * K),
-                    S.buf.la_route_sc);
+      std::span<int32_t> idx = std::span(S.buf.la_idx).first(T * top_k);
+      stages::route(std::get<stages::MoeWeights>(h->w.ffn), cfg, S.buf.x, T, idx,
+                    S.buf.la_weight.first(T * top_k), S.buf.la_route_sc);
       predicted_experts.assign(idx.begin(), idx.end());
       std::sort(predicted_experts.begin(), predicted_experts.end());
       predicted_experts.erase(std::unique(predicted_experts.begin(), predicted_experts.end()),
@@ -330,7 +331,7 @@ void StreamingModel::Impl::exchange_body(const PieceDone& m, Outputs<kExchange>&
   StepState& S = step(m.visit);
   bool done = false;
   run_node(kExchange, false, args(S.cur.layer), [&] {
-    exchange->exchange(S.moe.all_groups(), c, S.buf.eout);
+    exchange->exchange(S.moe.all_groups(), cfg, S.buf.eout);
     done = true;
   });
   if (done) port<ExchangeOut::done>(out).try_put(m);
@@ -341,10 +342,10 @@ void StreamingModel::Impl::combine_body(const PieceDone& m, Outputs<kCombine>& o
   bool done = false;
   run_node(kCombine, true, args(S.cur.layer), [&] {
     const size_t T = S.T;
-    stages::moe_combine(std::get<stages::MoeWeights>(S.cur.w->ffn), c, S.buf.weight.first(T * K), S.buf.eout,
-                        S.buf.shared, T, S.buf.a, S.buf.combine_sc);
-    stages::layer_ffn_add(S.buf.P, S.buf.a.first(T * E));
-    S.after_layer(S.cur.layer, S.buf.P, E);
+    stages::moe_combine(std::get<stages::MoeWeights>(S.cur.w->ffn), cfg, S.buf.weight.first(T * top_k),
+                        S.buf.eout, S.buf.shared, T, S.buf.a, S.buf.combine_sc);
+    stages::layer_ffn_add(S.buf.P, S.buf.a.first(T * hidden));
+    S.after_layer(S.cur.layer, S.buf.P, hidden);
     done = true;
   });
   if (done) port<CombineOut::done>(out).try_put(LayerDone{m.visit});  // after the span: see layer_done
@@ -382,8 +383,8 @@ void StreamingModel::Impl::layer_done_body(const LayerDone& m, Outputs<kLayerDon
     }
     for (const stages::Segment& s : S.segs)
       if (s.state->watch.on_layer)
-        s.state->watch.on_layer(l + 1, n, pin_loaded_bytes.load(), pin_total_bytes);
-    if (l + 1 < n) {
+        s.state->watch.on_layer(l + 1, n_layers, pin_loaded_bytes.load(), pin_total_bytes);
+    if (l + 1 < n_layers) {
       if (strategy == Strategy::serial)
         request_layer(
             m.visit.next(), [&](const TrunkJob& j) { port<LayerDoneOut::schedule>(out).try_put(j); },
@@ -402,16 +403,16 @@ void StreamingModel::Impl::head_body(const HeadGo& m) {
     const stages::HeadWeights& hw = head->w;
     const size_t n_out = S.head_all ? S.T : S.segs.size();
     if (S.head_all) {  // every row, as stages::forward's HeadAt::all
-      stages::attnres_stage(*S.buf.B, S.buf.P, hw.out_res_norm, hw.out_res_proj, c, 0, S.T, S.buf.h,
+      stages::attnres_stage(*S.buf.B, S.buf.P, hw.out_res_norm, hw.out_res_proj, cfg, 0, S.T, S.buf.h,
                             S.buf.agg_sc);
     } else {
       for (size_t i = 0; i < n_out; ++i) {  // each segment's last row (AttnRes is per token)
         const size_t t = S.segs[i].first_row + S.segs[i].rows - 1;
-        stages::attnres_stage(*S.buf.B, S.buf.P, hw.out_res_norm, hw.out_res_proj, c, t, t + 1,
-                              S.buf.h.subspan(i * E, E), S.buf.agg_sc);
+        stages::attnres_stage(*S.buf.B, S.buf.P, hw.out_res_norm, hw.out_res_proj, cfg, t, t + 1,
+                              S.buf.h.subspan(i * hidden, hidden), S.buf.agg_sc);
       }
     }
-    stages::lm_head(hw, c, S.buf.h, n_out, S.logits, S.buf.head_sc);
+    stages::lm_head(hw, cfg, S.buf.h, n_out, S.logits, S.buf.head_sc);
   });
   end_call();  // the logits are written: the driver may sample while reads for the next call run on
 }
