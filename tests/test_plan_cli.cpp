@@ -22,6 +22,7 @@
 #include "stages/forward.hpp"
 #include "tests/plan_table.hpp"
 #include "tests/run_helpers.hpp"
+#include "tests/sparse_replica.hpp"
 
 namespace fs = std::filesystem;
 
@@ -40,16 +41,8 @@ Run k3flow(const std::string& args) {
   return k3::test::k3flow_sh(args);
 }
 
-// One replica for the whole test binary (3 s, ~130 MB of headers on disk).
 const fs::path& replica() {
-  static TempDir dir;
-  static fs::path model = [] {
-    fs::path m = dir.path / "k3";
-    Run r = k3flow("synth --sparse " + m.string());
-    REQUIRE_MESSAGE(r.code == 0, r.err);
-    return m;
-  }();
-  return model;
+  return k3::test::sparse_replica();
 }
 
 struct Parsed {

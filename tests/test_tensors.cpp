@@ -15,6 +15,7 @@
 #include "io/safetensors.hpp"
 #include "stages/tensors.hpp"
 #include "tests/fixture_json.hpp"
+#include "tests/sparse_replica.hpp"
 #include "tests/temp_dir.hpp"
 
 namespace fs = std::filesystem;
@@ -23,20 +24,9 @@ using namespace k3;
 namespace {
 
 struct Replica {
-  test::TempDir tmp{"k3plan."};
-  fs::path dir;
-  io::ModelConfig cfg;
-  io::ShardSet shards;
-
-  static fs::path make(const fs::path& dir) {
-    const std::string cmd = std::string(K3FLOW_BIN) + " synth --sparse " + dir.string() + " > /dev/null 2>&1";
-    REQUIRE(std::system(cmd.c_str()) == 0);
-    return dir;
-  }
-  Replica()
-      : dir(make(tmp.path / "k3")),
-        cfg(io::load_config(dir / "config.json")),
-        shards(io::ShardSet::open(dir)) {}
+  fs::path dir = test::sparse_replica();
+  io::ModelConfig cfg = io::load_config(dir / "config.json");
+  io::ShardSet shards = io::ShardSet::open(dir);
 };
 
 Replica& replica() {
