@@ -34,10 +34,10 @@ uint64_t exp3_body_runs(kernels::Isa isa) {
 namespace k3::io::codec::detail {
 
 namespace {
-constexpr int kSpan = 7;           // codes 0..6
-constexpr uint8_t kEscape = 7;     // code 7: the exponent is in the escape list
-constexpr uint8_t kMaxBase = 249;  // base + 6 <= 255
-constexpr size_t kBlockHead = 4;
+constexpr int kExp3Span = 7;           // codes 0..6
+constexpr uint8_t kEscape = 7;         // code 7: the exponent is in the escape list
+constexpr uint8_t kExp3MaxBase = 249;  // base + 6 <= 255
+constexpr size_t kExp3BlockHead = 4;
 
 uint64_t rd_u64(const uint8_t* p) {
   uint64_t v;
@@ -58,22 +58,22 @@ void exp3_encode_block(const uint16_t* v, size_t n, std::vector<std::byte>& out)
   for (size_t i = 0; i < n; ++i) ++hist[bf16_exp(v[i])];
   // The window of 7 exponents holding the most values (the lowest such base on ties).
   uint32_t win = 0;
-  for (int e = 0; e < kSpan; ++e) win += hist[size_t(e)];
+  for (int e = 0; e < kExp3Span; ++e) win += hist[size_t(e)];
   uint32_t best = win;
   int base = 0;
-  for (int b = 1; b <= kMaxBase; ++b) {
-    win += hist[size_t(b + kSpan - 1)] - hist[size_t(b - 1)];
+  for (int b = 1; b <= kExp3MaxBase; ++b) {
+    win += hist[size_t(b + kExp3Span - 1)] - hist[size_t(b - 1)];
     if (win > best) best = win, base = b;
   }
   const size_t n_esc = n - best;
   const size_t at = out.size();
-  out.resize(at + kBlockHead + n + exp3_code_bytes(n) + n_esc);
+  out.resize(at + kExp3BlockHead + n + exp3_code_bytes(n) + n_esc);
   auto* p = reinterpret_cast<uint8_t*>(out.data() + at);
   p[0] = uint8_t(base);
   p[1] = 0;
   p[2] = uint8_t(n_esc & 0xFF);
   p[3] = uint8_t(n_esc >> 8);
-  uint8_t* sm = p + kBlockHead;
+  uint8_t* sm = p + kExp3BlockHead;
   uint8_t* codes = sm + n;
   uint8_t* esc = codes + exp3_code_bytes(n);
   size_t k = 0;
@@ -84,7 +84,7 @@ void exp3_encode_block(const uint16_t* v, size_t n, std::vector<std::byte>& out)
       sm[i] = bf16_sm(v[i]);
       const int e = bf16_exp(v[i]);
       int code = e - base;
-      if (code < 0 || code >= kSpan) {
+      if (code < 0 || code >= kExp3Span) {
         code = kEscape;
         esc[k++] = uint8_t(e);
       }
@@ -108,18 +108,18 @@ void exp3_combine_scalar(const uint8_t* sm, const uint8_t* codes, uint8_t base, 
 
 void exp3_decode_block(const std::byte* blk, size_t size, size_t n, uint16_t* out) {
   const auto* p = reinterpret_cast<const uint8_t*>(blk);
-  if (size < kBlockHead)
+  if (size < kExp3BlockHead)
     throw BlockFault{fmt::format("block of {} bytes has no room for its header", size), 0};
   const uint8_t base = p[0];
-  if (base > kMaxBase) throw BlockFault{fmt::format("base exponent {} > {}", base, kMaxBase), 0};
+  if (base > kExp3MaxBase) throw BlockFault{fmt::format("base exponent {} > {}", base, kExp3MaxBase), 0};
   if (p[1] != 0) throw BlockFault{"reserved byte is not 0", 1};
   const size_t n_esc = size_t(p[2]) | (size_t(p[3]) << 8);
-  const size_t want = kBlockHead + n + exp3_code_bytes(n) + n_esc;
+  const size_t want = kExp3BlockHead + n + exp3_code_bytes(n) + n_esc;
   if (n_esc > n || want != size)
     throw BlockFault{fmt::format("escape count {} does not fit: {} values need {} bytes, the block has {}",
                                  n_esc, n, want, size),
                      2};
-  const uint8_t* sm = p + kBlockHead;
+  const uint8_t* sm = p + kExp3BlockHead;
   const uint8_t* codes = sm + n;
   const uint8_t* esc = codes + exp3_code_bytes(n);
   const size_t groups = (n + kExp3Group - 1) / kExp3Group;
@@ -153,7 +153,7 @@ void exp3_decode_block(const std::byte* blk, size_t size, size_t n, uint16_t* ou
       if (k >= n_esc)
         throw BlockFault{fmt::format("value {} is escape {}, past the escape count {}", pos, k, n_esc), 2};
       const int e = esc[k];
-      if (e >= base && e < base + kSpan)
+      if (e >= base && e < base + kExp3Span)
         throw BlockFault{fmt::format("escape {}: exponent {} lies inside the block's window", k, e),
                          size_t(esc + k - p)};
       out[pos] = static_cast<uint16_t>((out[pos] & 0x807F) | (e << 7));

@@ -27,9 +27,9 @@ uint64_t exp4_body_runs(kernels::Isa isa) {
 namespace k3::io::codec::detail {
 
 namespace {
-constexpr int kSpan = 15;          // offsets 0..14
-constexpr uint8_t kMaxBase = 241;  // base + 14 <= 255
-constexpr size_t kBlockHead = 4;
+constexpr int kExp4Span = 15;          // offsets 0..14
+constexpr uint8_t kExp4MaxBase = 241;  // base + 14 <= 255
+constexpr size_t kExp4BlockHead = 4;
 }  // namespace
 
 void exp4_encode_block(const uint16_t* v, size_t n, std::vector<std::byte>& out) {
@@ -37,22 +37,22 @@ void exp4_encode_block(const uint16_t* v, size_t n, std::vector<std::byte>& out)
   for (size_t i = 0; i < n; ++i) ++hist[bf16_exp(v[i])];
   // The window of 15 exponents holding the most values (the lowest such base on ties).
   uint32_t win = 0;
-  for (int e = 0; e < kSpan; ++e) win += hist[size_t(e)];
+  for (int e = 0; e < kExp4Span; ++e) win += hist[size_t(e)];
   uint32_t best = win;
   int base = 0;
-  for (int b = 1; b <= kMaxBase; ++b) {
-    win += hist[size_t(b + kSpan - 1)] - hist[size_t(b - 1)];
+  for (int b = 1; b <= kExp4MaxBase; ++b) {
+    win += hist[size_t(b + kExp4Span - 1)] - hist[size_t(b - 1)];
     if (win > best) best = win, base = b;
   }
   const size_t n_esc = n - best;
   const size_t at = out.size();
-  out.resize(at + kBlockHead + n + (n + 1) / 2 + 3 * n_esc);
+  out.resize(at + kExp4BlockHead + n + (n + 1) / 2 + 3 * n_esc);
   auto* p = reinterpret_cast<uint8_t*>(out.data() + at);
   p[0] = uint8_t(base);
   p[1] = 0;
   p[2] = uint8_t(n_esc & 0xFF);
   p[3] = uint8_t(n_esc >> 8);
-  uint8_t* sm = p + kBlockHead;
+  uint8_t* sm = p + kExp4BlockHead;
   uint8_t* nib = sm + n;
   uint8_t* esc_pos = nib + (n + 1) / 2;
   uint8_t* esc_exp = esc_pos + 2 * n_esc;
@@ -62,7 +62,7 @@ void exp4_encode_block(const uint16_t* v, size_t n, std::vector<std::byte>& out)
     sm[i] = bf16_sm(v[i]);
     const int e = bf16_exp(v[i]);
     int off = e - base;
-    if (off < 0 || off >= kSpan) {
+    if (off < 0 || off >= kExp4Span) {
       off = 15;
       esc_pos[2 * k] = uint8_t(i & 0xFF);
       esc_pos[2 * k + 1] = uint8_t(i >> 8);
@@ -82,18 +82,18 @@ void exp4_combine_scalar(const uint8_t* sm, const uint8_t* nib, uint8_t base, si
 
 void exp4_decode_block(const std::byte* blk, size_t size, size_t n, uint16_t* out) {
   const auto* p = reinterpret_cast<const uint8_t*>(blk);
-  if (size < kBlockHead)
+  if (size < kExp4BlockHead)
     throw BlockFault{fmt::format("block of {} bytes has no room for its header", size), 0};
   const uint8_t base = p[0];
-  if (base > kMaxBase) throw BlockFault{fmt::format("base exponent {} > {}", base, kMaxBase), 0};
+  if (base > kExp4MaxBase) throw BlockFault{fmt::format("base exponent {} > {}", base, kExp4MaxBase), 0};
   if (p[1] != 0) throw BlockFault{"reserved byte is not 0", 1};
   const size_t n_esc = size_t(p[2]) | (size_t(p[3]) << 8);
-  const size_t want = kBlockHead + n + (n + 1) / 2 + 3 * n_esc;
+  const size_t want = kExp4BlockHead + n + (n + 1) / 2 + 3 * n_esc;
   if (n_esc > n || want != size)
     throw BlockFault{fmt::format("escape count {} does not fit: {} values need {} bytes, the block has {}",
                                  n_esc, n, want, size),
                      2};
-  const uint8_t* sm = p + kBlockHead;
+  const uint8_t* sm = p + kExp4BlockHead;
   const uint8_t* nib = sm + n;
   const uint8_t* esc_pos = nib + (n + 1) / 2;
   const uint8_t* esc_exp = esc_pos + 2 * n_esc;
@@ -123,7 +123,7 @@ void exp4_decode_block(const std::byte* blk, size_t size, size_t n, uint16_t* ou
     if (((nib[pos / 2] >> ((pos & 1) * 4)) & 0x0F) != 15)
       throw BlockFault{fmt::format("escape {} at value {}: its offset is not 15", k, pos), at};
     const int e = esc_exp[k];
-    if (e >= base && e < base + kSpan)
+    if (e >= base && e < base + kExp4Span)
       throw BlockFault{fmt::format("escape {}: exponent {} lies inside the block's window", k, e),
                        size_t(esc_exp + k - p)};
     out[pos] = static_cast<uint16_t>((out[pos] & 0x807F) | (e << 7));

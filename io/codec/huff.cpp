@@ -14,7 +14,7 @@ namespace k3::io::codec::detail {
 namespace {
 
 constexpr int kMaxLen = 12;
-constexpr size_t kBlockHead = 8;
+constexpr size_t kHuffBlockHead = 8;
 
 // Huffman code lengths for the nonzero frequencies (a single symbol gets length 1); when the
 // longest exceeds kMaxLen the frequencies are halved (rounding up) and the code rebuilt.
@@ -95,13 +95,13 @@ void huff_encode_block(const uint16_t* v, size_t n, std::vector<std::byte>& out)
   const std::array<Code, 256> codes = canonical(syms, lens, n_sym);
   const size_t bits_bytes = size_t((bits + 7) / 8);
   const size_t at = out.size();
-  out.resize(at + kBlockHead + 2 * size_t(n_sym) + n + bits_bytes);
+  out.resize(at + kHuffBlockHead + 2 * size_t(n_sym) + n + bits_bytes);
   auto* p = reinterpret_cast<uint8_t*>(out.data() + at);
   p[0] = uint8_t(n_sym - 1);
   p[1] = p[2] = p[3] = 0;
   const uint32_t bb = uint32_t(bits_bytes);
   std::memcpy(p + 4, &bb, 4);
-  uint8_t* q = p + kBlockHead;
+  uint8_t* q = p + kHuffBlockHead;
   for (int i = 0; i < n_sym; ++i) *q++ = syms[i], *q++ = lens[i];
   for (size_t i = 0; i < n; ++i) *q++ = bf16_sm(v[i]);
   uint64_t acc = 0;
@@ -117,23 +117,23 @@ void huff_encode_block(const uint16_t* v, size_t n, std::vector<std::byte>& out)
 
 void huff_decode_block(const std::byte* blk, size_t size, size_t n, uint16_t* out) {
   const auto* p = reinterpret_cast<const uint8_t*>(blk);
-  if (size < kBlockHead)
+  if (size < kHuffBlockHead)
     throw BlockFault{fmt::format("block of {} bytes has no room for its header", size), 0};
   const int n_sym = p[0] + 1;
   if (p[1] || p[2] || p[3]) throw BlockFault{"reserved bytes are not 0", 1};
   uint32_t bits_bytes;
   std::memcpy(&bits_bytes, p + 4, 4);
-  const size_t want = kBlockHead + 2 * size_t(n_sym) + n + size_t(bits_bytes);
+  const size_t want = kHuffBlockHead + 2 * size_t(n_sym) + n + size_t(bits_bytes);
   if (want != size)
     throw BlockFault{fmt::format("{} symbols, {} values and {} code bytes need {} bytes, the block has {}",
                                  n_sym, n, bits_bytes, want, size),
                      4};
-  const uint8_t* table = p + kBlockHead;
+  const uint8_t* table = p + kHuffBlockHead;
   uint8_t syms[256], lens[256];
   uint32_t kraft = 0;
   for (int i = 0; i < n_sym; ++i) {
     syms[i] = table[2 * i], lens[i] = table[2 * i + 1];
-    const size_t at = kBlockHead + 2 * size_t(i);
+    const size_t at = kHuffBlockHead + 2 * size_t(i);
     if (i > 0 && syms[i] <= syms[i - 1]) throw BlockFault{"code table symbols are not increasing", at};
     if (lens[i] < 1 || lens[i] > kMaxLen)
       throw BlockFault{fmt::format("code length {} outside 1..{}", lens[i], kMaxLen), at + 1};
@@ -141,7 +141,7 @@ void huff_decode_block(const std::byte* blk, size_t size, size_t n, uint16_t* ou
   }
   const bool single = n_sym == 1;
   if (single ? lens[0] != 1 : kraft != (1u << kMaxLen))
-    throw BlockFault{"code table is not a complete prefix code", kBlockHead};
+    throw BlockFault{"code table is not a complete prefix code", kHuffBlockHead};
   const std::array<Code, 256> codes = canonical(syms, lens, n_sym);
   // lut[12 bits] = symbol | length << 8; 0 = no code (only with a single symbol).
   std::array<uint16_t, 1u << kMaxLen> lut{};

@@ -24,7 +24,6 @@ const std::string kResponseClosure = fmt::format("{}response{}{}message{}", kClo
 // After the response channel: the opening of the tools block, and what ends the block.
 const std::string kResponseToTools = fmt::format("{}response{}{}tools{}", kClose, kSep, kOpen, kSep);
 const std::string kToolsClosure = fmt::format("{}tools{}{}message{}", kClose, kSep, kClose, kSep);
-const std::string kCallOpen = fmt::format("{}call", kOpen);
 const std::string kCallClose = fmt::format("{}call{}", kClose, kSep);
 
 constexpr std::array<std::string_view, 5> kControls = {kOpen, kSep, kClose, kEndOfMsg, kEos};

@@ -23,6 +23,8 @@ inline constexpr std::string_view kEndOfMsg = "<|end_of_msg|>";
 // The released checkpoint ends its turns with [EOS] (163585) although its config.json names
 // <|end_of_msg|> (163586); either ends a turn.
 inline constexpr std::string_view kEos = "[EOS]";
+// What opens a tool call in an assistant's tools segment: kOpen followed by "call".
+inline constexpr std::string_view kCallOpen = "<|open|>call";
 
 // One function call of an assistant message, as OpenAI's API carries it.
 struct ToolCall {

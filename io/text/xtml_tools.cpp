@@ -9,12 +9,6 @@
 
 namespace k3::io::text {
 
-namespace {
-
-const std::string kCallOpen = fmt::format("{}call", kOpen);
-
-}  // namespace
-
 namespace dom = simdjson::dom;
 using Role = ChatMessage::Role;
 

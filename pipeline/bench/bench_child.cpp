@@ -26,7 +26,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string slurp(const fs::path& p) {
+std::string read_or_empty(const fs::path& p) {
   std::ifstream f(p, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(f), {});
 }
@@ -97,8 +97,8 @@ ChildRun run_child(const std::vector<std::string>& argv, const fs::path& scratch
   } else if (WIFSIGNALED(status)) {
     r.signal = WTERMSIG(status);
   }
-  r.out = slurp(out_path);
-  r.err = slurp(err_path);
+  r.out = read_or_empty(out_path);
+  r.err = read_or_empty(err_path);
   std::error_code ec;
   fs::remove(out_path, ec);
   fs::remove(err_path, ec);

@@ -29,11 +29,11 @@ namespace {
 
 namespace fs = std::filesystem;
 
-enum class Role { trunk, expert, embedding, head, other };
+enum class TensorRole { trunk, expert, embedding, head, other };
 constexpr const char* kRoleNames[] = {"trunk", "expert", "embedding", "head", "other"};
 constexpr const char* kDtypeNames[] = {"U8", "BF16", "F16", "F32"};
 struct ParsedName {
-  Role role = Role::other;
+  TensorRole role = TensorRole::other;
   int layer = -1, expert = -1;
 };
 
@@ -43,11 +43,11 @@ ParsedName classify(std::string_view name) {
   const io::NameOwner o = io::owner_of(name);
   switch (o.kind) {
     case K::model:
-      return {o.field == io::TensorField::embed ? Role::embedding : Role::head, -1, -1};
+      return {o.field == io::TensorField::embed ? TensorRole::embedding : TensorRole::head, -1, -1};
     case K::layer_trunk:
-      return {Role::trunk, o.layer, -1};
+      return {TensorRole::trunk, o.layer, -1};
     case K::expert:
-      return {Role::expert, o.layer, o.expert};
+      return {TensorRole::expert, o.layer, o.expert};
     case K::other:
       break;
   }
@@ -114,8 +114,8 @@ Census take_census(const fs::path& dir) {
     }
     auto& r = c.by_role[static_cast<int>(p.role)];
     ++r.tensors, r.bytes += t.nbytes;
-    if (p.role == Role::trunk) c.trunk[p.layer].add(t);
-    if (p.role == Role::expert) {
+    if (p.role == TensorRole::trunk) c.trunk[p.layer].add(t);
+    if (p.role == TensorRole::expert) {
       Run& e = c.experts[(uint64_t(p.layer) << 32) | uint32_t(p.expert)];
       if (e.tensors == 0) ++c.experts_in_layer[p.layer];
       e.add(t);
@@ -189,7 +189,7 @@ TrunkStats trunk_stats(const Census& c) {
 }
 
 uint64_t resident_bytes(const Census& c) {
-  return c.by_role[int(Role::embedding)].bytes + c.by_role[int(Role::head)].bytes;
+  return c.by_role[int(TensorRole::embedding)].bytes + c.by_role[int(TensorRole::head)].bytes;
 }
 
 void print_json(const Census& c, const fs::path& dir) {
