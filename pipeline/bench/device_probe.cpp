@@ -13,6 +13,7 @@
 #include "io/error.hpp"
 #include "io/packed_trunk.hpp"
 #include "io/safetensors.hpp"
+#include "pipeline/support/clock.hpp"
 #include "pipeline/support/human_bytes.hpp"
 #include "stages/tensors.hpp"
 
@@ -26,11 +27,6 @@ using io::kDirectAlign;
 
 // The ceiling's destination area unless asked otherwise (CeilingOptions::dest_bytes).
 constexpr uint64_t kDefaultDestBytes = uint64_t{256} << 20;
-
-double now() {
-  using namespace std::chrono;
-  return duration<double>(steady_clock::now().time_since_epoch()).count();
-}
 
 // [begin, end) of a shard widened to the enclosing 4096 window; the last window stops at EOF.
 ProbeRange window(const io::ShardSet& shards, uint32_t shard, uint64_t begin, uint64_t end) {
@@ -134,7 +130,7 @@ PhaseResult run_phase(Readers& readers, const ProbePattern& p, unsigned reads, d
   PhaseResult r;
   Progress prog;
   const uint64_t direct0 = readers.direct_bytes();
-  const double t0 = now();
+  const double t0 = now_seconds();
   double t_pass = t0;
   uint64_t bytes_pass = 0;
   std::vector<int> ids;
@@ -185,11 +181,11 @@ PhaseResult run_phase(Readers& readers, const ProbePattern& p, unsigned reads, d
           prog.done(c);
           expert_pool.release(size_t(c.tag >> 1));
         });
-      if (now() - t0 >= seconds) stop = true;
+      if (now_seconds() - t0 >= seconds) stop = true;
     }
     if (l == p.layers.size()) {
       // A whole token submitted: bytes landed since the last boundary over the time since it.
-      const double t = now();
+      const double t = now_seconds();
       const uint64_t b = prog.completed();
       if (t > t_pass && b > bytes_pass) r.pass_gbps.push_back(double(b - bytes_pass) / (t - t_pass) / 1e9);
       t_pass = t;
@@ -199,7 +195,7 @@ PhaseResult run_phase(Readers& readers, const ProbePattern& p, unsigned reads, d
   }
   readers.trunk.wait_idle();
   readers.experts.wait_idle();
-  r.seconds = now() - t0;
+  r.seconds = now_seconds() - t0;
   r.bytes = prog.bytes;
   r.requests = prog.requests;
   r.direct_bytes = readers.direct_bytes() - direct0;
@@ -385,8 +381,8 @@ void keep_busy(io::UringReader& reader, Outstanding& st, uint64_t window, double
     st.bytes += queued;
   }
   reader.submit(first, on_done);
-  const double t0 = now();
-  while (now() - t0 < seconds) {
+  const double t0 = now_seconds();
+  while (now_seconds() - t0 < seconds) {
     {
       std::unique_lock lock(st.m);
       st.cv.wait(lock, [&] { return st.bytes < window || !st.error.empty(); });
@@ -406,10 +402,10 @@ CeilingPhase run_ceiling_phase(const io::UringReader::Options& ro, uint64_t wind
                                uint64_t request_bytes, const std::function<io::ReadRequest()>& next) {
   io::UringReader reader(ro);
   Outstanding st;
-  const double t0 = now();
+  const double t0 = now_seconds();
   keep_busy(reader, st, window, seconds, next);
   CeilingPhase r;
-  r.seconds = now() - t0;
+  r.seconds = now_seconds() - t0;
   r.bytes = st.done_bytes;
   r.requests = st.done_requests;
   r.request_bytes = request_bytes;

@@ -43,6 +43,7 @@
 #include "pipeline/run/model_tokenizer.hpp"
 #include "pipeline/run/sampler_flags.hpp"
 #include "pipeline/run/speculative.hpp"
+#include "pipeline/support/clock.hpp"
 #include "pipeline/support/human_bytes.hpp"
 #include "pipeline/support/interrupt.hpp"
 #include "pipeline/support/output_file.hpp"
@@ -70,11 +71,6 @@ struct ChatArgs {
   DraftPolicyOptions draft;  // from --spec, --spec-min-match, --spec-policy
   stages::SamplerOptions sampling;
 };
-
-double now() {
-  using namespace std::chrono;
-  return duration<double>(steady_clock::now().time_since_epoch()).count();
-}
 
 // One line from stdin without the trailing newline; nullopt at end of input. A signal while
 // waiting (Ctrl-C at the prompt) returns an empty line with `interrupted` set.
@@ -295,7 +291,7 @@ class ChatSession {
     text::ReplyParser parser(opts_.thinking);
     text::StreamDecoder decoder(tok_);
     const uint64_t bytes0 = dec_.stream() ? dec_.stream()->bytes_read() : 0;
-    const double t0 = now();
+    const double t0 = now_seconds();
     double t_first = 0;
     int n = 0;
     bool in_thinking_block = false;
@@ -322,7 +318,7 @@ class ChatSession {
       speculative_step(
           dec_, sampler_, a_.spec, most, spec_,
           [&](int32_t id, std::span<const float>) {
-            if (n == 0) t_first = now() - t0;
+            if (n == 0) t_first = now_seconds() - t0;
             show(parser.feed(decoder.push(id)), in_thinking_block);
             const auto st = parser.state();
             over = st == text::ReplyParser::State::done || st == text::ReplyParser::State::malformed ||
@@ -359,7 +355,7 @@ class ChatSession {
     if (a_.history && lead_) text::save_history(*a_.history, history_);
     if (!lead_) return;
     if (a_.jsonl) record(n, ended);
-    const double dt = now() - t0;
+    const double dt = now_seconds() - t0;
     const uint64_t bytes = dec_.stream() ? dec_.stream()->bytes_read() - bytes0 : 0;
     std::fprintf(
         stderr,

@@ -35,6 +35,7 @@
 #include "pipeline/run/run_report.hpp"
 #include "pipeline/run/sampler_flags.hpp"
 #include "pipeline/run/speculative.hpp"
+#include "pipeline/support/clock.hpp"
 #include "pipeline/support/human_bytes.hpp"
 #include "pipeline/support/id_list.hpp"
 #include "pipeline/support/interrupt.hpp"
@@ -78,11 +79,6 @@ void check_saved_positions(const std::filesystem::path& path, const StateHeader&
                                         path.string(), nseq, kMaxPositions - 1));
 }
 
-double now() {
-  using namespace std::chrono;
-  return duration<double>(steady_clock::now().time_since_epoch()).count();
-}
-
 // A whole file, read verbatim; a missing or unreadable one names the flag (exit 2).
 std::string read_text_file(const std::string& path, const char* flag) {
   check_input_file(path, flag);
@@ -120,7 +116,7 @@ struct TextOut {
 };
 
 int run_generate(GenerateOptions o) {
-  const double t_start = now();
+  const double t_start = now_seconds();
   // ---- usage checks that need no files ----
   const int sources = (o.ids ? 1 : 0) + (o.prompt ? 1 : 0) + (o.prompt_file ? 1 : 0);
   if (sources != 1)
@@ -278,10 +274,10 @@ int run_generate(GenerateOptions o) {
         "inputs)\n",
         human_bytes(double(dec.journal_bytes(size_t(o.spec) + 1))).c_str(), o.spec + 1);
   if (saved) {
-    const double t0 = now();
+    const double t0 = now_seconds();
     dec.load(*o.load_state);
     std::printf("restored %zu positions from %s in %.2f s\n", dec.seq().size() - dec.pending(),
-                o.load_state->c_str(), now() - t0);
+                o.load_state->c_str(), now_seconds() - t0);
   }
   dec.push(prompt);
   if (o.gen > 0 && dec.pending() == 0)
@@ -331,7 +327,7 @@ int run_generate(GenerateOptions o) {
       ended = "an interrupt";
       break;
     }
-    const double ts = now();
+    const double ts = now_seconds();
     const uint64_t drafted = spec.drafted, accepted = spec.accepted;
     std::vector<int32_t> pass;
     speculative_step(
@@ -353,7 +349,7 @@ int run_generate(GenerateOptions o) {
           return !stopped;
         },
         drafter, &policy);
-    const double dt = now() - ts;
+    const double dt = now_seconds() - ts;
     t_steps += dt;
     if (g == 0) t_first = dt;
     // The report's per-token rows are per pass: a verify pass's reads belong to all its tokens.
@@ -426,7 +422,7 @@ int run_generate(GenerateOptions o) {
   r.incremental = !dec.recompute();
   r.interrupted = interrupted;
   r.seconds_per_token = spt;
-  r.wall_seconds = now() - t_start;
+  r.wall_seconds = now_seconds() - t_start;
   r.peak_rss_bytes = rss;
   r.threads =
       static_cast<int>(tbb::global_control::active_value(tbb::global_control::max_allowed_parallelism));

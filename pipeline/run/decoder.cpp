@@ -10,6 +10,7 @@
 
 #include "io/error.hpp"
 #include "pipeline/run/run_report.hpp"
+#include "pipeline/support/clock.hpp"
 #include "pipeline/support/human_bytes.hpp"
 #include "pipeline/support/process_memory.hpp"
 #include "stages/head.hpp"
@@ -17,15 +18,6 @@
 #include "stages/tensors.hpp"
 
 namespace k3::pipeline {
-
-namespace {
-
-double now() {
-  using namespace std::chrono;
-  return duration<double>(steady_clock::now().time_since_epoch()).count();
-}
-
-}  // namespace
 
 int bound_layers(const io::ModelConfig& cfg, int layers) {
   return (layers <= 0 || layers >= cfg.n_layers) ? cfg.n_layers : layers;
@@ -66,23 +58,23 @@ uint64_t resident_bytes(const io::ShardSet& shards, const io::ModelConfig& c, in
 }  // namespace
 
 io::ShardSet open_model_shards(const std::string& dir) {
-  const double t0 = now();
+  const double t0 = now_seconds();
   io::ShardSet s = io::ShardSet::open(dir);
   std::printf("indexed %zu tensors from %zu shards in %.2f s\n", s.tensor_count(), s.shard_count(),
-              now() - t0);
+              now_seconds() - t0);
   return s;
 }
 
 std::unique_ptr<stages::ResidentModel> load_resident(const io::ShardSet& shards, const io::ModelConfig& cfg,
                                                      int n_layers, Progress::Mode mode,
                                                      stages::ExpertExchange* experts) {
-  const double t0 = now();
+  const double t0 = now_seconds();
   ReadProgress bar("load", mode);
   if (bar.enabled()) bar.start(resident_bytes(shards, cfg, n_layers, experts));
   std::unique_ptr<stages::ResidentModel> model = stages::ResidentModel::load(shards, cfg, n_layers, experts);
   bar.done();
   std::printf("resident weights: %s bound for %d layers in %.2f s\n",
-              human_bytes(double(model->weight_bytes())).c_str(), n_layers, now() - t0);
+              human_bytes(double(model->weight_bytes())).c_str(), n_layers, now_seconds() - t0);
   return model;
 }
 
