@@ -26,6 +26,8 @@ const std::string kResponseToTools = fmt::format("{}response{}{}tools{}", kClose
 const std::string kToolsClosure = fmt::format("{}tools{}{}message{}", kClose, kSep, kClose, kSep);
 const std::string kCallClose = fmt::format("{}call{}", kClose, kSep);
 
+static_assert(kCallOpen.starts_with(kOpen) && kCallOpen.substr(kOpen.size()) == "call",
+              "kCallOpen is kOpen followed by \"call\"");
 constexpr std::array<std::string_view, 5> kControls = {kOpen, kSep, kClose, kEndOfMsg, kEos};
 
 // The body of the system message that announces the thinking effort. One segment, never split

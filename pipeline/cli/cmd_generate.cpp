@@ -14,7 +14,6 @@
 #include <tbb/global_control.h>
 #include <unistd.h>
 
-#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
