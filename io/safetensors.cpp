@@ -578,12 +578,15 @@ ShardSet ShardSet::open(const fs::path& dir) {
   if (has_index) {
     // The index must agree with the headers: every tensor it lists is in the shard it names.
     const fs::path index_path = dir / kIndexFile;
+    std::vector<std::string> file_names;  // once per shard, not once per tensor
+    file_names.reserve(im.shards.size());
+    for (const ShardFile& s : im.shards) file_names.push_back(s.path.filename().string());
     for (auto [tensor, shard] : dom::object(weight_map)) {
       const auto t = im.index.find(tensor);
       const std::string_view file = std::string_view(shard);
       if (!t)
         throw refuse(index_path, tensor, fmt::format("listed in {} but in no shard header", printable(file)));
-      if (im.shards[t->shard].path.filename() != file) {
+      if (file_names[t->shard] != file) {
         throw refuse(
             index_path, tensor,
             fmt::format("listed in {} but found in {}", printable(file), im.shards[t->shard].path.string()));

@@ -4,8 +4,9 @@
 // Names are stored sorted and front-coded in one byte blob: each record is
 //   varint shared-prefix length | varint suffix length | suffix bytes |
 //   byte dtype + 4*rank | varint shard | varint absolute offset | rank x varint dim
-// and every 16th record is a restart (shared length 0, the full name) whose blob offset is kept in
-// a u32 table. Lookup binary-searches the restarts, then scans at most 15 records. nbytes is not
+// The shared prefix is the longest one the name has in common with the previous name (lookup relies
+// on it), and every 16th record is a restart (shared length 0, the full name) whose blob offset is
+// kept in a u32 table. Lookup binary-searches the restarts, then scans at most 15 records. nbytes is not
 // stored: it is numel x dtype size, which the header parser has checked against data_offsets.
 #pragma once
 #include <cstddef>

@@ -76,6 +76,23 @@ TEST_CASE("front-coded index: prefixes, restarts, bytes >= 0x80, large values") 
                                     std::string("\xff"), std::string(301, 'x'), std::string("b\0", 2)}) {
     CHECK_MESSAGE(!idx.find(absent).has_value(), absent);
   }
+  // Near misses of every name (a byte shorter, longer, or its last byte one off either way) against
+  // the sorted list: the lookup compares front-coded records without rebuilding them.
+  for (const std::string& name : names) {
+    std::vector<std::string> near = {name + std::string(1, '\0'), name + "z"};
+    if (!name.empty()) {
+      near.push_back(name.substr(0, name.size() - 1));
+      for (const int d : {-1, 1}) {
+        std::string t = name;
+        t.back() = static_cast<char>(static_cast<unsigned char>(t.back()) + d);
+        near.push_back(t);
+      }
+    }
+    for (const std::string& q : near) {
+      CAPTURE(q);
+      CHECK(idx.find(q).has_value() == std::binary_search(names.begin(), names.end(), q));
+    }
+  }
   size_t n = 0;
   idx.for_each([&](std::string_view name, const TensorInfo& t) {
     CHECK(name == names[n]);
