@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <CLI/CLI.hpp>
+
 namespace k3::pipeline {
 
 void add_sampler_flags(CLI::App& sub, stages::SamplerOptions& o) {

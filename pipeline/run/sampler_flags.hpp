@@ -1,9 +1,13 @@
 // The sampling flags shared by `generate` and `chat` (stages/sampler.hpp holds the sampler).
 #pragma once
-#include <CLI/CLI.hpp>
 #include <string>
 
 #include "stages/sampler.hpp"
+
+// Declared, not included: CLI11 is a large header that only the files declaring flags need.
+namespace CLI {
+class App;
+}  // namespace CLI
 
 namespace k3::pipeline {
 

@@ -4,6 +4,7 @@
 #include <malloc.h>
 #include <tbb/global_control.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cmath>
 #include <cstdio>

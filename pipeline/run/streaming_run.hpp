@@ -31,7 +31,6 @@
 // split does not depend on which command computes it; generate measures the process and, should it
 // hold more than the allowance, plans with the measured figure and says so.
 #pragma once
-#include <CLI/CLI.hpp>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -44,6 +43,11 @@
 #include "pipeline/graph/graph.hpp"
 #include "pipeline/graph/planner.hpp"
 #include "pipeline/run/run_report.hpp"
+
+// Declared, not included: CLI11 is a large header that only the files declaring flags need.
+namespace CLI {
+class App;
+}  // namespace CLI
 
 namespace k3::pipeline {
 
