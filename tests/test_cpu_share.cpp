@@ -74,8 +74,10 @@ TEST_CASE("a spinner sharing its one CPU with a busy thread keeps about half of 
   CHECK(shared.threads == 1);
   CHECK(shared.seconds >= 0.6);
   CHECK(alone.seconds >= 0.4);
-  CHECK(shared.share > 0.2);
-  CHECK(shared.share < 0.75);  // half, give or take the scheduler and other load on that CPU
+  // Half, give or take the scheduler and other load on that CPU: CI builds and tests at once, so
+  // two or three other runnable processes per CPU (1/(2+n)) are normal there.
+  CHECK(shared.share > 0.1);
+  CHECK(shared.share < 0.75);
   CHECK(shared.gaps > 0);
   CHECK(shared.longest_gap > k3::pipeline::kGapSeconds);
   CHECK(ratio < 0.8);  // alone: 1 (or 1/(1+n) beside n others); shared: 1/2 (or 1/(2+n))

@@ -99,6 +99,9 @@ TEST_CASE("plan --preset laptop: within 8 GiB, a 2-slot ring, >= 16 expert slots
   CHECK(u(p.doc["trunk"]["trunk_bytes"]) > 108'000'000'000);
   CHECK(u(p.doc["trunk"]["trunk_bytes"]) < 110'000'000'000);
 
+  // The same plan as text. Sanitized, skipped: it is this plan's code path again (~20 CPU-s under
+  // ASan), and the text form is checked on the small synthetics below.
+  if (k3::test::kSanitized) return;
   Run text = k3flow("plan " + replica().string() + " --preset laptop");
   REQUIRE(text.code == 0);
   MESSAGE(text.out);
@@ -210,9 +213,13 @@ TEST_CASE("generate at --preset laptop on the full-size replica: plan == generat
                        layers + " --out " + d / "r.json" + " 2>&1");
   REQUIRE_MESSAGE(g.code == 0, g.out);
   MESSAGE(g.out);
-  const Run p = k3flow("plan " + replica().string() + " --preset laptop --context 3");
-  REQUIRE(p.code == 0);
-  K3_CHECK_UNLESS_SANITIZED(plan_table(g.out) == p.out);
+  // The plan generate printed is plan's own (not compared sanitized: the process is larger than the
+  // allowance, and the plan run, ~20 CPU-s under ASan, is then skipped too).
+  if (!k3::test::kSanitized) {
+    const Run p = k3flow("plan " + replica().string() + " --preset laptop --context 3");
+    REQUIRE(p.code == 0);
+    CHECK(plan_table(g.out) == p.out);
+  }
   K3_CHECK_UNLESS_SANITIZED(g.out.find("WARNING") == std::string::npos);
   K3_CHECK_UNLESS_SANITIZED(g.out.find("NOTE") ==
                             std::string::npos);  // the process fits the allowance the plan counts
