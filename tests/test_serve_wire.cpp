@@ -348,15 +348,31 @@ TEST_CASE("start-up: refusals come before 'listening'; a port in use ends the co
     CHECK(r.err.find("unknown preset 'phone'") != std::string::npos);
     CHECK(r.out.find("listening") == std::string::npos);
   }
+  SUBCASE("a truncated shard: exit 1 naming the file, and 'listening' is never printed") {
+    TempDir d;
+    const std::string m = d / "m";
+    const Run sy = k3flow(fmt::format("synth {} --size tiny --layers 2 --shards 2 --seed 1", m));
+    REQUIRE_MESSAGE(sy.code == 0, sy.err);
+    const std::filesystem::path shard = std::filesystem::path(m) / "model-00002-of-000002.safetensors";
+    REQUIRE(std::filesystem::exists(shard));
+    std::filesystem::resize_file(shard, std::filesystem::file_size(shard) - 4096);
+    // No budget flag: nothing plans the run before the port, yet the headers are checked there.
+    const Run r = k3flow(fmt::format("serve {} --port 0", m), "", 60);
+    CHECK(r.code == 1);
+    CHECK(r.err.find(shard.string()) != std::string::npos);
+    CHECK(r.err.find("lie outside the data section") != std::string::npos);
+    CHECK(r.out.find("listening") == std::string::npos);
+  }
   SUBCASE("a checkpoint that fails to load: the server stops at once, the port closes, exit 1") {
     TempDir d;
     const std::filesystem::path m = d.path / "m";
     std::filesystem::copy(kTiny, m);
-    const std::filesystem::path shard = m / "model-00001-of-000001.safetensors";
-    std::filesystem::resize_file(shard, std::filesystem::file_size(shard) - 4096);
-    // The load is held 1 s so that /health can be seen answering 503 first.
+    // The load is held 1 s so that /health can be seen answering 503 first; the shard, whole when
+    // the headers were checked before 'listening', is cut while the load waits.
     ServeChild s(m.string(), "K3FLOW_TEST_LOAD_DELAY_MS=1000", /*wait_ready=*/false);
     const int port = s.port();
+    const std::filesystem::path shard = m / "model-00001-of-000001.safetensors";
+    std::filesystem::resize_file(shard, std::filesystem::file_size(shard) - 4096);
     CHECK(http(port, "GET", "/health").status == 503);
     CHECK(s.wait_exit(30) == 1);
     CHECK(s.err().find("lie outside the data section") != std::string::npos);

@@ -57,13 +57,12 @@ struct ServeArgs {
 };
 
 // A budget below the plan's floor is refused before the server listens, by the plan the scheduler's
-// engine makes when it loads (the same flags, slots and positions): only the shards' headers and
-// the trunk's index are read here.
-void check_budget(const ServeArgs& a, const io::ModelConfig& cfg) {
+// engine makes when it loads (the same flags, slots and positions): only the shards' headers
+// (`shards`, already read) and the trunk's index are read here.
+void check_budget(const ServeArgs& a, const io::ModelConfig& cfg, const io::ShardSet& shards) {
   if (!a.dec.stream.budget_given() && a.dec.stream.trunk_dir.empty()) return;
   StreamFlags flags = a.dec.stream;
   flags.max_seqs = a.max_seqs;
-  const io::ShardSet shards = open_model_shards(a.dec.model_dir);
   const int layers = bound_layers(cfg, a.dec.layers);
   std::optional<io::PackedTrunk> trunk;
   if (!flags.trunk_dir.empty()) trunk.emplace(io::PackedTrunk::open(flags.trunk_dir, cfg.n_layers));
@@ -129,6 +128,7 @@ int run_serve(ServeArgs a) {
   PrefillPolicy prefill;
   io::ModelConfig cfg;
   std::optional<io::text::Tokenizer> tok;
+  std::optional<io::ShardSet> shards;
   ranks::on_every_rank(comm, "refused the command", [&] {
     check_stream_flags(a.dec.stream);
     check_model_dir(a.dec.model_dir, a.dec.config.has_value());
@@ -147,10 +147,14 @@ int run_serve(ServeArgs a) {
                                         a.context, kMaxPositions));
     cfg = load_model_config(a.dec.model_dir, a.dec.config);
     if (lead) tok = model_tokenizer(a.dec.model_dir, a.tokenizer, cfg, "serve");  // rank 0 serves text
+    // Every shard's header, read and checked (a truncated or corrupt shard, named, exit 1): a
+    // checkpoint that cannot load ends the command here, so the server never says it is listening.
+    shards.emplace(io::ShardSet::open(a.dec.model_dir));
   });
   a.dec.capacity = a.context;
   // One process: its plan is the scheduler's (several ranks plan each its own slice, as they load).
-  if (comm.size() == 1) check_budget(a, cfg);
+  if (comm.size() == 1) check_budget(a, cfg, *shards);
+  shards.reset();  // the scheduler's engine opens its own
   std::optional<tbb::global_control> threads;
   if (a.threads > 0)
     threads.emplace(tbb::global_control::max_allowed_parallelism, static_cast<size_t>(a.threads));
