@@ -3,8 +3,9 @@
 // a client that stops reading its stream is cut (--write-seconds), so they cannot lock a real client
 // out of --max-connections; an idle keep-alive is closed; the
 // headers a client acts on (Retry-After, WWW-Authenticate, CORS); GET /v1/models/{id}; the start-up
-// order (a port in use, a budget below the floor and an unknown preset end the command before
-// "listening"; a load that fails ends the server at once); the shutdown line.
+// order (a port in use, a budget below the floor, an unknown preset and a truncated shard end the
+// command before "listening"; a load that fails ends the server at once); the load's lines on
+// stderr as they happen; the shutdown line.
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 #include <netinet/tcp.h>
@@ -378,6 +379,26 @@ TEST_CASE("start-up: refusals come before 'listening'; a port in use ends the co
     CHECK(s.err().find("lie outside the data section") != std::string::npos);
     CHECK(connect_loopback(port, 1) < 0);  // a /health poller sees the connection refused
   }
+}
+
+TEST_CASE("the load's lines reach stderr as they are printed, before 'listening' and while serving") {
+  // The load is held, so the process is surely still running when stderr is read.
+  ServeChild s(kTiny, "K3FLOW_TEST_LOAD_DELAY_MS=1500", /*wait_ready=*/false);
+  const std::string at_listening = s.err();
+  // The config's summary is printed before the port is bound: it is there once 'listening' is.
+  CHECK(at_listening.find("config: ") != std::string::npos);
+  CHECK(at_listening.find(" layers=") != std::string::npos);
+  // The load's own lines arrive while the server runs, not when it exits.
+  bool loaded = false;
+  for (int i = 0; i < 3000 && !loaded; ++i) {
+    loaded = s.err().find("k3flow serve: ready") != std::string::npos;
+    if (!loaded) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  REQUIRE(loaded);
+  const std::string running = s.err();
+  CHECK(running.find("indexed ") != std::string::npos);
+  CHECK(s.running());
+  CHECK(s.stop(SIGTERM) == 0);
 }
 
 TEST_CASE("SIGTERM: the shutdown line says what was in flight and what was closed") {

@@ -1,11 +1,12 @@
 // `k3flow serve MODEL_DIR`: an OpenAI-compatible HTTP server (docs/serve.md). It checks every flag
-// (paths, the config, a budget against the plan's floor), binds the port -- a port in use ends it
-// there, before any weight is read -- and only then says `listening on http://HOST:PORT` on stdout
-// and opens the model on the scheduler thread, so GET /health answers 503 with the load's progress
-// until the weights are in. A load that fails stops the server at once (the port closes) and exits
-// with the error's code. Diagnostics (the load, the plan) go to stderr; stdout carries only the
-// listening line. SIGINT / SIGTERM stop accepting, let in-flight requests finish within
-// --drain-seconds (then cancel them), print what was drained on stderr and exit 0.
+// (paths, the config, the shards' headers, a budget against the plan's floor), binds the port -- a
+// port in use ends it there, before any weight is read -- and only then says `listening on
+// http://HOST:PORT` on stdout and opens the model on the scheduler thread, so GET /health answers
+// 503 with the load's progress until the weights are in. A load that fails stops the server at once
+// (the port closes) and exits with the error's code. Diagnostics (the load, the plan) go to stderr,
+// line by line as they are printed; stdout carries only the listening line. SIGINT / SIGTERM stop
+// accepting, let in-flight requests finish within --drain-seconds (then cancel them), print what was
+// drained on stderr and exit 0.
 // Under mpirun (docs/distributed.md §6) rank 0 is the server and the scheduler; the other ranks load
 // their slice of the experts and run the steps rank 0 sends them (pipeline/serve/rank_steps.hpp). They
 // ignore SIGINT / SIGTERM: the signal to rank 0 drains the server, then rank 0 tells them to stop and
@@ -122,6 +123,9 @@ int run_serve(ServeArgs a) {
   if (lead)
     if (const int fd = dup(STDOUT_FILENO); fd >= 0 && dup2(STDERR_FILENO, STDOUT_FILENO) >= 0)
       if (FILE* f = fdopen(fd, "w")) announce = f;
+  // The prints to stdout now reach stderr's descriptor, line by line: each load line is there when
+  // it is printed (stdio would buffer a file or a pipe in blocks, held until the process exits).
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
 
   // Under mpirun every rank checks the command line, and a refusal is printed once (by rank 0,
   // naming the rank): the ranks share one command line, but each has its own view of the paths.
