@@ -132,7 +132,6 @@ int run_serve(ServeArgs a) {
   PrefillPolicy prefill;
   io::ModelConfig cfg;
   std::optional<io::text::Tokenizer> tok;
-  std::optional<io::ShardSet> shards;
   ranks::on_every_rank(comm, "refused the command", [&] {
     check_stream_flags(a.dec.stream);
     check_model_dir(a.dec.model_dir, a.dec.config.has_value());
@@ -151,10 +150,13 @@ int run_serve(ServeArgs a) {
                                         a.context, kMaxPositions));
     cfg = load_model_config(a.dec.model_dir, a.dec.config);
     if (lead) tok = model_tokenizer(a.dec.model_dir, a.tokenizer, cfg, "serve");  // rank 0 serves text
-    // Every shard's header, read and checked (a truncated or corrupt shard, named, exit 1): a
-    // checkpoint that cannot load ends the command here, so the server never says it is listening.
-    shards.emplace(io::ShardSet::open(a.dec.model_dir));
   });
+  // Every shard's header, read and checked on every rank (a truncated or corrupt shard, named, exit
+  // 1): a checkpoint that cannot load ends the command here, so the server never says it is
+  // listening. Under mpirun the refusal is the one a rank's failed load gives.
+  std::optional<io::ShardSet> shards;
+  ranks::on_every_rank(comm, "could not load its slice",
+                       [&] { shards.emplace(io::ShardSet::open(a.dec.model_dir)); });
   a.dec.capacity = a.context;
   // One process: its plan is the scheduler's (several ranks plan each its own slice, as they load).
   if (comm.size() == 1) check_budget(a, cfg, *shards);
