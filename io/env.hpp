@@ -62,6 +62,9 @@ inline constexpr Var kTestReadDelayMs{"K3FLOW_TEST_READ_DELAY_MS", Kind::test_ho
                                       "N: every streamed read lands N ms later (a slow disk)"};
 inline constexpr Var kTestLoadDelayMs{"K3FLOW_TEST_LOAD_DELAY_MS", Kind::test_hook,
                                       "N: serve waits N ms before it opens the model (a slow load)"};
+inline constexpr Var kTestChatReply{"K3FLOW_TEST_CHAT_REPLY", Kind::test_hook,
+                                    "TEXT: chat starts every reply with TEXT (the chat format's markers "
+                                    "included) as if the model had generated it"};
 inline constexpr Var kTestMemAvailable{"K3FLOW_TEST_MEM_AVAILABLE", Kind::test_hook,
                                        "BYTES: the memory the machine has available (instead of "
                                        "MemAvailable capped by the cgroup limit)"};
@@ -77,7 +80,7 @@ inline constexpr Var kAll[] = {
     kIsa,        kNoUring,         kTrunkQd,         kTrunkChunkKb,    kTrunkMaxQd,       kTrunkGatedQd,
     kExpertQd,   kExpertChunkKb,   kNoHuge,          kDistTimeout,     kDistLoadTimeout,  kFailAfterBytes,
     kFailMode,   kSynthFailAfter,  kTestStepDelayMs, kTestReadDelayMs, kTestMemAvailable, kBenchChild,
-    kFuzzTmpdir, kTestLoadDelayMs, kDistFault};
+    kFuzzTmpdir, kTestLoadDelayMs, kDistFault,       kTestChatReply};
 
 // The listed variable named `name`; a name that is not listed is a programming error (logic_error).
 const Var& find(std::string_view name);

@@ -4,7 +4,7 @@
 // tool choice ends the prompt with the call's opening; unknown fields are refused by name;
 // max_tokens defaults to and is capped by --max-reply; tool calls come back in OpenAI's shapes,
 // whole and streamed. And through the scheduler: a reply whose think channel closes carries its
-// answer in content.
+// answer in content; with parallel_tool_calls false a reply ends at its first complete call.
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 #include <simdjson.h>
@@ -314,4 +314,51 @@ TEST_CASE("a reply whose think channel closes carries its answer in content") {
   CHECK(!open.reasoning.empty());
   CHECK(closed.reasoning.empty());
   CHECK(closed.text == open.reasoning);
+}
+
+TEST_CASE("parallel_tool_calls false: the reply stops as soon as its first call is complete") {
+  Fixture f;
+  pipeline::DecoderOptions dec;
+  dec.model_dir = kTiny;
+  dec.capacity = 1024;
+  dec.stream.no_progress = true;
+  Scheduler sched(SchedulerOptions{.dec = dec, .max_seqs = 1, .queue = 2, .prefill = {}}, f.cfg, f.tok);
+  REQUIRE(sched.wait_until_settled(60s));
+  REQUIRE(sched.phase() == Phase::ready);
+  // The byte-level model never writes a call. The reply is started for it, as the forced tool choice
+  // starts one: K3's text of two calls, cut inside the second one's arguments, so the first call is
+  // complete before the first sampled token and the model goes on writing the second call's value.
+  text::ChatOptions o(false, "max");
+  o.tools = kTools;
+  text::ChatMessage two{Role::assistant, ""};
+  two.tool_calls = {{"", "get_weather", R"({"city":"Paris"})"}, {"", "get_weather", R"({"city":"Lyon"})"}};
+  const std::string whole = text::join(text::render_completion(two, o));
+  const std::string prefix = whole.substr(0, whole.find("Lyon"));
+  REQUIRE(prefix.size() < whole.size());
+  const auto run = [&](bool parallel) {
+    ApiRequest r = parse_request(
+        Endpoint::chat,
+        fmt::format(
+            R"({{"messages":[{{"role":"user","content":"Weather?"}}],"thinking":false,"tools":{},"parallel_tool_calls":{},"ignore_eos":true,"max_tokens":12}})",
+            kTools, parallel ? "true" : "false"),
+        f.ctx());
+    CHECK(r.gen.max_calls == (parallel ? 0 : 1));
+    r.gen.reply_prefix = prefix;
+    const std::vector<int32_t> ids = f.tok.encode(prefix, true);
+    r.gen.prompt.insert(r.gen.prompt.end(), ids.begin(), ids.end());
+    auto ch = std::make_shared<Channel>();
+    REQUIRE(sched.submit(r.gen, ch) == Scheduler::Submit::queued);
+    const auto until = std::chrono::steady_clock::now() + 120s;
+    while (!ch->done() && std::chrono::steady_clock::now() < until) ch->next(50ms);
+    REQUIRE(ch->done());
+    return *ch->outcome();
+  };
+  // Calls in parallel: the model writes on inside the second call until max_tokens.
+  const Outcome all = run(true);
+  CHECK(all.finish == Finish::length);
+  CHECK(all.completion_tokens == 12);
+  // One call: the first sampled token already follows a complete call, and the reply ends there.
+  const Outcome one = run(false);
+  CHECK(one.finish == Finish::stop);
+  CHECK(one.completion_tokens == 1);
 }

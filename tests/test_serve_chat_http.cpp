@@ -1,7 +1,8 @@
 // `k3flow serve` chat requests over loopback on fixtures/tiny-k3: serve --thinking sets the default
 // a request may override, --max-reply is a chat request's default length and every request's cap,
 // tools and a named tool choice are accepted streamed and not, the developer role and tool results
-// are accepted, and an unknown field is a 400 naming it while the server keeps serving.
+// are accepted, and an unknown field is a 400 naming it while the server keeps serving; so is an
+// unknown key inside a nested object (by its path) and a content part that is not text.
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 #include <simdjson.h>
@@ -93,6 +94,68 @@ TEST_CASE("chat over HTTP: --thinking off and --max-reply defaults, tools, roles
   CHECK(r.status == 400);
   CHECK(r.error == "'tool_choice' other than auto needs 'tools'");
   CHECK(chat(s.port(), "{" + user + "}").status == 200);
+  CHECK(s.stop(SIGTERM) == 0);
+}
+
+TEST_CASE("nested fields: unknown keys refused by their path, non-text parts by type; strict accepted") {
+  ServeChild s(kTiny + " --thinking off --max-reply 2");
+  const std::string user = R"("messages":[{"role":"user","content":"Hi"}])";
+  const std::string named = R"("tool_choice":{"type":"function","function":{"name":"get_weather"}})";
+  const std::string call =
+      R"({"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"get_weather","arguments":"{}"}}]})";
+  const auto with_call = [&](const std::string& c) {
+    return R"({"messages":[{"role":"user","content":"Weather?"},)" + c +
+           R"(,{"role":"tool","tool_call_id":"c1","content":"-3C"}],"tools":)" + kTools + "}";
+  };
+  const auto insert = [](std::string text, const std::string& after, const std::string& what) {
+    return text.insert(text.find(after) + after.size(), what);
+  };
+  const std::vector<std::pair<std::string, std::string>> refused = {
+      {"{" + user + R"(,"stream":true,"stream_options":{"include_usage":true,"chunk_size":4}})",
+       "'stream_options.chunk_size' is not supported by this server"},
+      {"{" + user + R"(,"stream":true,"stream_options":{"include_obfuscation":true}})",
+       "'stream_options.include_obfuscation': true is not supported by this server"},
+      {"{" + user + R"(,"tools":)" + kTools +
+           R"(,"tool_choice":{"type":"function","function":{"name":"get_weather"},"allowed":[]}})",
+       "'tool_choice.allowed' is not supported by this server"},
+      {"{" + user + R"(,"tools":)" + kTools +
+           R"(,"tool_choice":{"type":"function","function":{"name":"get_weather","args":{}}}})",
+       "'tool_choice.function.args' is not supported by this server"},
+      {with_call(insert(call, R"("id":"c1",)", R"("index":0,)")),
+       "'messages[1].tool_calls[0].index' is not supported by this server"},
+      {with_call(insert(call, R"("arguments":"{}")", R"(,"parsed":{})")),
+       "'messages[1].tool_calls[0].function.parsed' is not supported by this server"},
+      {R"({"messages":[{"role":"user","content":[{"type":"text","text":"Hi"},{"type":"image_url","image_url":{"url":"https://x/y.png"}}]}]})",
+       "'messages[0].content[1].type' 'image_url' is not supported by this server (text parts only)"},
+      {R"({"messages":[{"role":"user","content":[{"type":"text","text":"Hi","cache_control":{}}]}]})",
+       "'messages[0].content[0].cache_control' is not supported by this server"},
+      {R"({"messages":[{"role":"user","content":[{"text":"Hi"}]}]})",
+       "messages[0].content[0].type is required (\"text\")"},
+      {"{" + user + R"(,"tools":[{"type":"function","function":{"name":"f"},"cache":true}]})",
+       "'tools[0].cache' is not supported by this server"},
+      {"{" + user + R"(,"tools":[{"type":"function","function":{"name":"f","examples":[]}}]})",
+       "'tools[0].function.examples' is not supported by this server"},
+      {"{" + user + R"(,"tools":[{"type":"function","function":{"name":"f","strict":"yes"}}]})",
+       "'tools[0].function.strict' must be true or false"},
+  };
+  for (const auto& [body, error] : refused) {
+    CAPTURE(body);
+    const Reply r = chat(s.port(), body);
+    CHECK(r.status == 400);
+    CHECK(r.error.starts_with(error));
+  }
+  // What the same places accept: text parts, strict, include_obfuscation false, a named choice and a
+  // call echoed back in OpenAI's own shapes.
+  const std::string strict_tools =
+      R"([{"type":"function","function":{"name":"get_weather","description":"d","strict":true,"parameters":{"type":"object","properties":{}}}}])";
+  for (const std::string& body :
+       {std::string(R"({"messages":[{"role":"user","content":[{"type":"text","text":"Hi"}]}]})"),
+        "{" + user + R"(,"tools":)" + strict_tools + "," + named + "}",
+        "{" + user + R"(,"stream":true,"stream_options":{"include_usage":true,"include_obfuscation":false}})",
+        with_call(call)}) {
+    CAPTURE(body);
+    CHECK(http(s.port(), "POST", "/v1/chat/completions", body).status == 200);
+  }
   CHECK(s.stop(SIGTERM) == 0);
 }
 

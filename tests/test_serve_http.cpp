@@ -1,7 +1,8 @@
 // `k3flow serve` end to end: the real binary as a child on loopback (tests/test_serve_client.hpp),
 // on fixtures/tiny-k3 (byte-level tokenizer) resident and streamed, and on a `k3flow synth`
 // checkpoint streamed within a budget. Greedy text and ids equal `k3flow generate`'s for the same
-// prompt, streamed or not, alone or beside other requests; the error statuses; 429 from a full queue;
+// prompt, streamed or not, alone or beside other requests; the error statuses; 429 from a full queue,
+// none with --queue 0 while a slot is free;
 // a disconnect frees the slot; /health 503 while loading; /metrics parses and moves; SIGTERM and
 // SIGINT exit 0, a request in flight finishing inside the drain bound; 503 beyond --max-connections;
 // flag errors exit 2; curl -N reads a stream.
@@ -410,6 +411,21 @@ TEST_CASE("a full queue answers 429 at once; a client that disconnects frees its
   CHECK(left == 0);
   const std::map<std::string, double> m2 = metric_values(http(s.port(), "GET", "/metrics").body);
   CHECK(m2.at("k3flow_generated_tokens_total") < m.at("k3flow_generated_tokens_total") + 3000);
+  CHECK(s.stop(SIGTERM) == 0);
+}
+
+TEST_CASE("--queue 0: a request is served while a slot is free; --queue bounds only the waiting ones") {
+  ServeChild s(kTiny + " --max-seqs 1 --queue 0");
+  for (const char* prompt : {"Hello", "Hi"}) {  // the second after the first freed the slot
+    CAPTURE(prompt);
+    const Completion got =
+        parse_completion(http(s.port(), "POST", "/v1/completions", completion_body(prompt, 3, false)));
+    CHECK(got.status == 200);
+    CHECK(got.completion_tokens == 3);
+  }
+  const std::map<std::string, double> m = metric_values(http(s.port(), "GET", "/metrics").body);
+  const auto refused = m.find(R"(k3flow_requests_total{endpoint="/v1/completions",status="429"})");
+  CHECK((refused == m.end() || refused->second == 0));
   CHECK(s.stop(SIGTERM) == 0);
 }
 

@@ -3,8 +3,9 @@
 // a client that stops reading its stream is cut (--write-seconds), so they cannot lock a real client
 // out of --max-connections; an idle keep-alive is closed; the
 // headers a client acts on (Retry-After, WWW-Authenticate, CORS); GET /v1/models/{id}; the start-up
-// order (a port in use, a budget below the floor and an unknown preset end the command before
-// "listening"; a load that fails ends the server at once); the shutdown line.
+// order (a port in use, a budget below the floor, an unknown preset and a truncated shard end the
+// command before "listening"; a load that fails ends the server at once); the load's lines on
+// stderr as they happen; the shutdown line.
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 #include <netinet/tcp.h>
@@ -348,20 +349,56 @@ TEST_CASE("start-up: refusals come before 'listening'; a port in use ends the co
     CHECK(r.err.find("unknown preset 'phone'") != std::string::npos);
     CHECK(r.out.find("listening") == std::string::npos);
   }
+  SUBCASE("a truncated shard: exit 1 naming the file, and 'listening' is never printed") {
+    TempDir d;
+    const std::string m = d / "m";
+    const Run sy = k3flow(fmt::format("synth {} --size tiny --layers 2 --shards 2 --seed 1", m));
+    REQUIRE_MESSAGE(sy.code == 0, sy.err);
+    const std::filesystem::path shard = std::filesystem::path(m) / "model-00002-of-000002.safetensors";
+    REQUIRE(std::filesystem::exists(shard));
+    std::filesystem::resize_file(shard, std::filesystem::file_size(shard) - 4096);
+    // No budget flag: nothing plans the run before the port, yet the headers are checked there.
+    const Run r = k3flow(fmt::format("serve {} --port 0", m), "", 60);
+    CHECK(r.code == 1);
+    CHECK(r.err.find(shard.string()) != std::string::npos);
+    CHECK(r.err.find("lie outside the data section") != std::string::npos);
+    CHECK(r.out.find("listening") == std::string::npos);
+  }
   SUBCASE("a checkpoint that fails to load: the server stops at once, the port closes, exit 1") {
     TempDir d;
     const std::filesystem::path m = d.path / "m";
     std::filesystem::copy(kTiny, m);
-    const std::filesystem::path shard = m / "model-00001-of-000001.safetensors";
-    std::filesystem::resize_file(shard, std::filesystem::file_size(shard) - 4096);
-    // The load is held 1 s so that /health can be seen answering 503 first.
+    // The load is held 1 s so that /health can be seen answering 503 first; the shard, whole when
+    // the headers were checked before 'listening', is cut while the load waits.
     ServeChild s(m.string(), "K3FLOW_TEST_LOAD_DELAY_MS=1000", /*wait_ready=*/false);
     const int port = s.port();
+    const std::filesystem::path shard = m / "model-00001-of-000001.safetensors";
+    std::filesystem::resize_file(shard, std::filesystem::file_size(shard) - 4096);
     CHECK(http(port, "GET", "/health").status == 503);
     CHECK(s.wait_exit(30) == 1);
     CHECK(s.err().find("lie outside the data section") != std::string::npos);
     CHECK(connect_loopback(port, 1) < 0);  // a /health poller sees the connection refused
   }
+}
+
+TEST_CASE("the load's lines reach stderr as they are printed, before 'listening' and while serving") {
+  // The load is held, so the process is surely still running when stderr is read.
+  ServeChild s(kTiny, "K3FLOW_TEST_LOAD_DELAY_MS=1500", /*wait_ready=*/false);
+  const std::string at_listening = s.err();
+  // The config's summary is printed before the port is bound: it is there once 'listening' is.
+  CHECK(at_listening.find("config: ") != std::string::npos);
+  CHECK(at_listening.find(" layers=") != std::string::npos);
+  // The load's own lines arrive while the server runs, not when it exits.
+  bool loaded = false;
+  for (int i = 0; i < 3000 && !loaded; ++i) {
+    loaded = s.err().find("k3flow serve: ready") != std::string::npos;
+    if (!loaded) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  REQUIRE(loaded);
+  const std::string running = s.err();
+  CHECK(running.find("indexed ") != std::string::npos);
+  CHECK(s.running());
+  CHECK(s.stop(SIGTERM) == 0);
 }
 
 TEST_CASE("SIGTERM: the shutdown line says what was in flight and what was closed") {

@@ -1,6 +1,7 @@
 // What the CLI shows a person: generated text's control characters escaped when stdout is a
 // terminal (a pseudo-terminal here) and left raw when it is a pipe, in `generate` and in `chat`;
-// `chat --jsonl` keeps one reply per line whatever it holds; an unknown subcommand is named. The
+// `chat --jsonl` keeps one reply per line whatever it holds, a tool call's line is escaped like the
+// reply (with --jsonl the calls are in the record instead); an unknown subcommand is named. The
 // byte-level fixtures/tiny-k3 writes ESC, BS, DEL and friends in its greedy text, which is what makes
 // these real inputs.
 #include <doctest/doctest.h>
@@ -13,10 +14,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <fstream>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "io/text/xtml.hpp"
 #include "pipeline/support/terminal_text.hpp"
 #include "tests/run_helpers.hpp"
 
@@ -159,6 +162,57 @@ TEST_CASE("chat: escaped on a terminal; --jsonl keeps one reply per line") {
   plain.erase(std::remove(plain.begin(), plain.end(), '\n'), plain.end());
   all_text.erase(std::remove(all_text.begin(), all_text.end(), '\n'), all_text.end());
   CHECK(all_text == plain);
+}
+
+TEST_CASE("chat --tools: a call's line is escaped on a terminal; with --jsonl the calls are in the record") {
+  namespace text = k3::io::text;
+  TempDir d;
+  std::ofstream(d / "tools.json")
+      << R"([{"type":"function","function":{"name":"get_weather","parameters":{"type":"object"}}}])";
+  // The byte-level model never writes a call itself: the test hook gives every reply as K3 would
+  // write one call -- to a name holding ESC, model text the terminal must not act on.
+  text::ChatMessage call{text::ChatMessage::Role::assistant, ""};
+  call.tool_calls = {{"", "get\x1b[2Jweather", R"({"city":"Paris"})"}};
+  const std::string reply = text::join(text::render_completion(call, text::ChatOptions(false, "max")));
+  ::setenv("K3FLOW_TEST_CHAT_REPLY", reply.c_str(), 1);
+  const std::string args =
+      fmt::format("chat {} --no-thinking --max-reply 4 --context 2048 --tools {}", kTiny, d / "tools.json");
+  const std::string input = "Weather?\n/tool 12C\n";  // the result is answered by a second call
+  const Run piped = k3flow_sh(args + " 2>/dev/null <<'EOF'\n" + input + "EOF", "", 120);
+  const std::string shown = on_terminal(args, input);
+  const Run jsonl = k3flow_sh(args + " --jsonl 2>/dev/null <<'EOF'\n" + input + "EOF", "", 120);
+  ::unsetenv("K3FLOW_TEST_CHAT_REPLY");
+
+  REQUIRE(piped.code == 0);
+  const std::string line1 = "tool call call_1: get\x1b[2Jweather {\"city\":\"Paris\"}\n";
+  CHECK(piped.out.find(line1) != std::string::npos);
+  CHECK(piped.out.find("tool call call_2: ") != std::string::npos);
+  CHECK(controls(shown) == 0);
+  CHECK(shown.find("tool call call_1: get\\x1b[2Jweather") != std::string::npos);
+  CHECK(unescaped(shown) == piped.out);
+
+  // --jsonl: one record per turn and nothing else; the calls in the API's shape.
+  REQUIRE(jsonl.code == 0);
+  CHECK(jsonl.out.find("tool call") == std::string::npos);
+  std::istringstream in(jsonl.out);
+  std::string line;
+  int records = 0;
+  simdjson::dom::parser p;
+  while (std::getline(in, line)) {
+    ++records;
+    CAPTURE(line);
+    simdjson::dom::element rec;
+    REQUIRE(!p.parse(line).get(rec));
+    CHECK(std::string_view(rec["stopped_by"]) == "the end of the turn");
+    simdjson::dom::array calls;
+    REQUIRE(!rec["tool_calls"].get(calls));
+    REQUIRE(calls.size() == 1);
+    CHECK(std::string_view(calls.at(0)["id"]) == fmt::format("call_{}", records));
+    CHECK(std::string_view(calls.at(0)["type"]) == "function");
+    CHECK(std::string_view(calls.at(0)["function"]["name"]) == "get\x1b[2Jweather");
+    CHECK(std::string_view(calls.at(0)["function"]["arguments"]) == R"({"city":"Paris"})");
+  }
+  CHECK(records == 2);
 }
 
 TEST_CASE("an unknown subcommand is named, with the list; none at all says which exist") {

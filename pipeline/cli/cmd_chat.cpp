@@ -11,7 +11,8 @@
 // file or a pipe it is written as generated.
 // The think channel is generated but hidden unless --show-thinking.
 // --tools F.json declares functions: a reply's calls are printed as `tool call ID: NAME ARGUMENTS`
-// lines, and `/tool RESULT` answers them in order; after the last answer the model replies.
+// lines (escaped on a terminal like the reply; with --jsonl in the turn's record instead), and
+// `/tool RESULT` answers them in order; after the last answer the model replies.
 // Under mpirun (docs/distributed.md §6) rank 0 owns the terminal and the files: it reads each line
 // and sends it, with Ctrl-C / SIGTERM as a flag before every step, and the other ranks follow, each
 // holding only its experts; every rank samples the same ids, so nothing else is sent.
@@ -29,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "io/env.hpp"
 #include "io/error.hpp"
 #include "io/json_text.hpp"
 #include "io/text/chat_history.hpp"
@@ -300,6 +302,14 @@ class ChatSession {
     // end mid-pass keeps only the rows before it, as plain decoding would have fed).
     bool over = false;
     sampler_.start_reply(dec_.seq().size());  // the penalties count this reply's ids only
+    // Test hook (io/env.hpp): the reply's first text, as if generated -- its ids into the state, its
+    // text through the parser. A reply it completes generates nothing more.
+    if (const auto given = io::env::text(io::env::kTestChatReply)) {
+      push({text::Segment{std::string(*given), true}});
+      show(parser.feed(*given), in_thinking_block);
+      over = parser.state() == text::ReplyParser::State::done ||
+             parser.state() == text::ReplyParser::State::malformed;
+    }
     while (n < a_.max_reply && !over) {
       // Ctrl-C or SIGTERM, as rank 0 saw it (one byte to every rank under mpirun: all stop together).
       char stop = lead_ && InterruptScope::requested() ? (terminated() ? 'T' : 'C') : 0;
@@ -341,11 +351,14 @@ class ChatSession {
       say(fmt::format("k3flow: the reply left the chat format ({}); it was closed there", parser.error()));
 
     text::ChatMessage answer = parser.message();
-    // The calls get ids the results will name; they wait for /tool.
+    // The calls get ids the results will name; they wait for /tool. With --jsonl they are in the
+    // turn's record; otherwise a line each, the model's name and arguments escaped as its reply is.
     for (text::ToolCall& c : answer.tool_calls) {
       c.id = fmt::format("call_{}", ++calls_made_);
-      if (lead_)
-        std::fprintf(stdout, "tool call %s: %s %s\n", c.id.c_str(), c.name.c_str(), c.arguments.c_str());
+      if (lead_ && !a_.jsonl) {
+        write_text(fmt::format("tool call {}: {} {}", c.id, c.name, c.arguments));
+        std::fputs("\n", stdout);
+      }
     }
     std::fflush(stdout);
     pending_ = answer.tool_calls;
@@ -353,7 +366,7 @@ class ChatSession {
     history_.push_back(std::move(answer));
     if (a_.history && lead_) text::save_history(*a_.history, history_);
     if (!lead_) return;
-    if (a_.jsonl) record(n, ended);
+    if (a_.jsonl) record(n, ended, pending_);
     const double dt = now_seconds() - t0;
     const uint64_t bytes = dec_.stream() ? dec_.stream()->bytes_read() - bytes0 : 0;
     std::fprintf(
@@ -394,16 +407,26 @@ class ChatSession {
     std::fwrite(shown.data(), 1, shown.size(), stdout);
   }
 
-  // --jsonl: the turn as one line, {"reply","reasoning","tokens","stopped_by"}; JSON escapes every
-  // control character, so a terminal shows it safely too.
-  void record(int tokens, const char* stopped_by) {
+  // --jsonl: the turn as one line, {"reply","reasoning","tokens","stopped_by"} and, when the reply
+  // made calls, "tool_calls" in the API's shape ([{"id","type":"function","function":{"name",
+  // "arguments"}}]); JSON escapes every control character, so a terminal shows it safely too.
+  void record(int tokens, const char* stopped_by, const std::vector<text::ToolCall>& calls) {
     io::JsonWriter w;
     w.begin_object()
         .field("reply", reply_)
         .field("reasoning", reasoning_)
         .field("tokens", tokens)
-        .field("stopped_by", stopped_by)
-        .end_object();
+        .field("stopped_by", stopped_by);
+    if (!calls.empty()) {
+      w.key("tool_calls").begin_array();
+      for (const text::ToolCall& c : calls) {
+        w.begin_object().field("id", c.id).field("type", "function");
+        w.key("function").begin_object().field("name", c.name).field("arguments", c.arguments).end_object();
+        w.end_object();
+      }
+      w.end_array();
+    }
+    w.end_object();
     std::printf("%s\n", w.str().c_str());
     std::fflush(stdout);
     reply_.clear();

@@ -118,7 +118,15 @@ ApiRequest parse_request(Endpoint ep, std::string_view body, const ApiContext& c
   if (auto e = member(o, "stream_options")) {
     dom::object so;
     if (e->get(so)) throw bad("'stream_options' must be an object");
+    refuse_unknown_keys(so, "stream_options", {"include_usage", "include_obfuscation"});
     if (auto u = member(so, "include_usage")) r.include_usage = as_bool(*u, "stream_options.include_usage");
+    // OpenAI pads streamed chunks with a random `obfuscation` field unless this is false; this
+    // server sends no padding, which is what false asks for. true would ask for padding it does
+    // not add, so it is refused rather than ignored.
+    if (auto ob = member(so, "include_obfuscation"); ob && as_bool(*ob, "stream_options.include_obfuscation"))
+      throw bad(
+          "'stream_options.include_obfuscation': true is not supported by this server (it adds no "
+          "obfuscation padding; send false or leave it out)");
   }
   if (auto e = member(o, "return_token_ids")) r.token_ids = as_bool(*e, "return_token_ids");
   if (auto e = member(o, "ignore_eos")) g.ignore_eos = as_bool(*e, "ignore_eos");

@@ -4,7 +4,9 @@
 #include <fmt/format.h>
 #include <simdjson.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <initializer_list>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -52,6 +54,18 @@ inline int64_t as_integer(simdjson::dom::element e, std::string_view key) {
     throw bad(fmt::format("'{}' must be an integer", key));
   }
   return i;
+}
+
+// A 400 naming `where.KEY` for the first member of the object `o` that is not in `allowed`: a
+// nested object's unknown keys are refused by their path as the top-level fields are by name
+// (a member whose value is null counts as absent).
+inline void refuse_unknown_keys(simdjson::dom::object o, std::string_view where,
+                                std::initializer_list<std::string_view> allowed) {
+  for (simdjson::dom::key_value_pair kv : o) {
+    if (kv.value.is_null() || std::find(allowed.begin(), allowed.end(), kv.key) != allowed.end()) continue;
+    throw bad(fmt::format("'{}.{}' is not supported by this server (docs/serve.md lists the fields)", where,
+                          kv.key));
+  }
 }
 
 // Chat requests: the fields about tools and messages (api_tools.cpp).

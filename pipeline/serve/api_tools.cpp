@@ -52,12 +52,21 @@ std::string message_text(dom::element c, size_t i) {
   dom::array parts;
   if (c.get(parts)) throw bad(fmt::format("messages[{}].content must be a string or an array", i));
   std::string out;
+  size_t k = 0;
   for (dom::element p : parts) {
+    const std::string where = fmt::format("messages[{}].content[{}]", i, k++);
     dom::object po;
-    std::string_view t;
-    if (p.get(po) || po.at_key("text").get(t))
-      throw bad(fmt::format("messages[{}].content: only text parts are supported", i));
-    out += t;
+    if (p.get(po)) throw bad(where + " must be an object");
+    const auto type = member(po, "type");
+    if (!type) throw bad(where + ".type is required (\"text\")");
+    const std::string ts = as_string(*type, where + ".type");
+    // Images, audio, files and refusals have no place in K3's text-only prompt.
+    if (ts != "text")
+      throw bad(fmt::format("'{}.type' '{}' is not supported by this server (text parts only)", where, ts));
+    refuse_unknown_keys(po, where, {"type", "text"});
+    const auto t = member(po, "text");
+    if (!t) throw bad(where + ".text is required");
+    out += as_string(*t, where + ".text");
   }
   return out;
 }
@@ -71,9 +80,11 @@ std::vector<text::ToolCall> parse_calls(dom::element e, size_t i) {
     const std::string where = fmt::format("messages[{}].tool_calls[{}]", i, k++);
     dom::object co, fn;
     if (c.get(co)) throw bad(where + " must be an object");
+    refuse_unknown_keys(co, where, {"id", "type", "function"});
     if (auto t = member(co, "type"); t && as_string(*t, where + ".type") != "function")
       throw bad(where + ".type: only \"function\" calls are supported");
     if (co.at_key("function").get(fn)) throw bad(where + ".function must be an object");
+    refuse_unknown_keys(fn, where + ".function", {"name", "arguments"});
     text::ToolCall call;
     if (auto id = member(co, "id")) call.id = as_string(*id, where + ".id");
     const auto name = member(fn, "name");
@@ -152,6 +163,19 @@ void parse_tools(dom::object o, text::ChatOptions& opts, GenRequest& g) {
   if (auto t = member(o, "tools")) {
     dom::array arr;
     if (t->get(arr)) throw bad("'tools' must be an array");
+    // Each declaration's keys: what the render and the checks read, and `strict` (OpenAI's request
+    // that arguments follow `parameters` exactly; accepted, not enforced: docs/serve.md).
+    size_t i = 0;
+    for (dom::element decl : arr) {
+      const std::string where = fmt::format("tools[{}]", i++);
+      dom::object to, fn;
+      if (decl.get(to)) throw bad(where + " must be an object");
+      refuse_unknown_keys(to, where, {"type", "function"});
+      if (to.at_key("function").get(fn) == simdjson::SUCCESS) {
+        refuse_unknown_keys(fn, where + ".function", {"name", "description", "parameters", "strict"});
+        if (auto s = member(fn, "strict")) as_bool(*s, where + ".function.strict");
+      }
+    }
     if (arr.size() > 0) opts.tools = simdjson::minify(*t);
     try {
       if (!opts.tools.empty()) text::validate_tools(opts.tools, "'tools'");
@@ -176,6 +200,8 @@ void parse_tools(dom::object o, text::ChatOptions& opts, GenRequest& g) {
       if (c->get(co) || co.at_key("type").get(type) || type != "function" || co.at_key("function").get(fn) ||
           fn.at_key("name").get(name))
         throw bad("'tool_choice' must be a string or {\"type\":\"function\",\"function\":{\"name\":...}}");
+      refuse_unknown_keys(co, "tool_choice", {"type", "function"});
+      refuse_unknown_keys(fn, "tool_choice.function", {"name"});
       opts.tool_choice = text::ToolChoice{Kind::named, std::string(name)};
     }
     if (opts.tool_choice.kind != Kind::automatic && opts.tools.empty())

@@ -1,11 +1,12 @@
 // `k3flow serve MODEL_DIR`: an OpenAI-compatible HTTP server (docs/serve.md). It checks every flag
-// (paths, the config, a budget against the plan's floor), binds the port -- a port in use ends it
-// there, before any weight is read -- and only then says `listening on http://HOST:PORT` on stdout
-// and opens the model on the scheduler thread, so GET /health answers 503 with the load's progress
-// until the weights are in. A load that fails stops the server at once (the port closes) and exits
-// with the error's code. Diagnostics (the load, the plan) go to stderr; stdout carries only the
-// listening line. SIGINT / SIGTERM stop accepting, let in-flight requests finish within
-// --drain-seconds (then cancel them), print what was drained on stderr and exit 0.
+// (paths, the config, the shards' headers, a budget against the plan's floor), binds the port -- a
+// port in use ends it there, before any weight is read -- and only then says `listening on
+// http://HOST:PORT` on stdout and opens the model on the scheduler thread, so GET /health answers
+// 503 with the load's progress until the weights are in. A load that fails stops the server at once
+// (the port closes) and exits with the error's code. Diagnostics (the load, the plan) go to stderr,
+// line by line as they are printed; stdout carries only the listening line. SIGINT / SIGTERM stop
+// accepting, let in-flight requests finish within --drain-seconds (then cancel them), print what was
+// drained on stderr and exit 0.
 // Under mpirun (docs/distributed.md §6) rank 0 is the server and the scheduler; the other ranks load
 // their slice of the experts and run the steps rank 0 sends them (pipeline/serve/rank_steps.hpp). They
 // ignore SIGINT / SIGTERM: the signal to rank 0 drains the server, then rank 0 tells them to stop and
@@ -57,13 +58,12 @@ struct ServeArgs {
 };
 
 // A budget below the plan's floor is refused before the server listens, by the plan the scheduler's
-// engine makes when it loads (the same flags, slots and positions): only the shards' headers and
-// the trunk's index are read here.
-void check_budget(const ServeArgs& a, const io::ModelConfig& cfg) {
+// engine makes when it loads (the same flags, slots and positions): only the shards' headers
+// (`shards`, already read) and the trunk's index are read here.
+void check_budget(const ServeArgs& a, const io::ModelConfig& cfg, const io::ShardSet& shards) {
   if (!a.dec.stream.budget_given() && a.dec.stream.trunk_dir.empty()) return;
   StreamFlags flags = a.dec.stream;
   flags.max_seqs = a.max_seqs;
-  const io::ShardSet shards = open_model_shards(a.dec.model_dir);
   const int layers = bound_layers(cfg, a.dec.layers);
   std::optional<io::PackedTrunk> trunk;
   if (!flags.trunk_dir.empty()) trunk.emplace(io::PackedTrunk::open(flags.trunk_dir, cfg.n_layers));
@@ -123,6 +123,9 @@ int run_serve(ServeArgs a) {
   if (lead)
     if (const int fd = dup(STDOUT_FILENO); fd >= 0 && dup2(STDERR_FILENO, STDOUT_FILENO) >= 0)
       if (FILE* f = fdopen(fd, "w")) announce = f;
+  // The prints to stdout now reach stderr's descriptor, line by line: each load line is there when
+  // it is printed (stdio would buffer a file or a pipe in blocks, held until the process exits).
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
 
   // Under mpirun every rank checks the command line, and a refusal is printed once (by rank 0,
   // naming the rank): the ranks share one command line, but each has its own view of the paths.
@@ -148,9 +151,16 @@ int run_serve(ServeArgs a) {
     cfg = load_model_config(a.dec.model_dir, a.dec.config);
     if (lead) tok = model_tokenizer(a.dec.model_dir, a.tokenizer, cfg, "serve");  // rank 0 serves text
   });
+  // Every shard's header, read and checked on every rank (a truncated or corrupt shard, named, exit
+  // 1): a checkpoint that cannot load ends the command here, so the server never says it is
+  // listening. Under mpirun the refusal is the one a rank's failed load gives.
+  std::optional<io::ShardSet> shards;
+  ranks::on_every_rank(comm, "could not load its slice",
+                       [&] { shards.emplace(io::ShardSet::open(a.dec.model_dir)); });
   a.dec.capacity = a.context;
   // One process: its plan is the scheduler's (several ranks plan each its own slice, as they load).
-  if (comm.size() == 1) check_budget(a, cfg);
+  if (comm.size() == 1) check_budget(a, cfg, *shards);
+  shards.reset();  // the scheduler's engine opens its own
   std::optional<tbb::global_control> threads;
   if (a.threads > 0)
     threads.emplace(tbb::global_control::max_allowed_parallelism, static_cast<size_t>(a.threads));

@@ -119,7 +119,10 @@ Scheduler::Submit Scheduler::submit(GenRequest r, std::shared_ptr<Channel> ch) {
   std::lock_guard lock(m_);
   if (stopping_) return Submit::stopping;
   if (phase_ != Phase::ready) return Submit::not_ready;
-  if (queue_.size() >= size_t(std::max(opt_.queue, 0))) return Submit::queue_full;
+  // --queue bounds the requests that wait for a slot. Queued requests the free slots take at the
+  // next step boundary do not wait, so a request is refused only when it would be number
+  // free + --queue + 1 in line (with --queue 0: only when no slot is free for it).
+  if (queue_.size() >= free_slots_ + size_t(std::max(opt_.queue, 0))) return Submit::queue_full;
   queue_.emplace_back(std::move(r), std::move(ch));
   g_.queued = int(queue_.size());
   cv_.notify_all();
@@ -187,6 +190,7 @@ void Scheduler::run() {
     }
     {
       std::lock_guard lock(m_);
+      free_slots_ = busy_.size();
       phase_ = Phase::ready;
       cv_.notify_all();
     }
@@ -294,6 +298,7 @@ void Scheduler::admit() {
     }
     a->slot = int(free - busy_.begin());
     *free = true;
+    --free_slots_;
     engine_->reset(a->slot);
     if (several()) resets_.push_back(a->slot);
     if (cache_)
@@ -362,7 +367,11 @@ void Scheduler::finish(Active& a, Finish f, std::string error) {
     publish_cache_gauges();
   }
   by_slot_[size_t(a.slot)] = nullptr;
-  busy_[size_t(a.slot)] = false;
+  {
+    std::lock_guard lock(m_);
+    busy_[size_t(a.slot)] = false;
+    ++free_slots_;
+  }
   g_.requests_done += 1;  // before the outcome: a client that sees it also sees the count
   a.ch->finish(Outcome{.finish = f,
                        .error = std::move(error),

@@ -174,6 +174,7 @@ class Scheduler {
   std::unique_ptr<BatchEngine> engine_;          // scheduler thread only
   std::vector<std::unique_ptr<Active>> active_;  // scheduler thread only
   std::vector<bool> busy_;
+  size_t free_slots_ = 0;  // slots no sequence holds (under m_): what submit counts beside --queue
   std::unique_ptr<PromptCache> cache_;  // scheduler thread only; null: no prompt cache
   std::vector<Active*> by_slot_;        // the sequence in each slot (scheduler thread; for the pass hook)
   std::thread thread_;

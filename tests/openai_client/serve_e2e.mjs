@@ -5,7 +5,8 @@
 //
 // with the expectations in the environment: K3FLOW_MODEL (the served model's id), K3FLOW_API_KEY,
 // K3FLOW_PROMPT, K3FLOW_MAX_TOKENS and K3FLOW_EXPECT_IDS (comma-separated: the ids `k3flow generate`
-// gives for that prompt, greedy). Each case is one async function in `cases`; add a case by adding
+// gives for that prompt, greedy), K3FLOW_EXPECT_CHAT_IDS (the ids `k3flow generate --ids` gives, greedy,
+// for the XTML render of `chatMessages` with thinking off: the chat reply's ids, up to 8). Each case is one async function in `cases`; add a case by adding
 // a function. Every case runs; the script prints `ok NAME` or `FAIL NAME: why` per case and exits 1
 // if any failed.
 import OpenAI from 'openai';
@@ -21,6 +22,7 @@ const apiKey = env('K3FLOW_API_KEY');
 const prompt = env('K3FLOW_PROMPT');
 const maxTokens = Number(env('K3FLOW_MAX_TOKENS'));
 const expectIds = env('K3FLOW_EXPECT_IDS').split(',').map(Number);
+const expectChatIds = env('K3FLOW_EXPECT_CHAT_IDS').split(',').map(Number);
 
 // No retries: a failure must show as itself, not as a slow success.
 const client = new OpenAI({ baseURL, apiKey, maxRetries: 0, timeout: 60_000 });
@@ -93,6 +95,17 @@ const cases = {
     const m = r.choices[0].message;
     check(m.role === 'assistant' && typeof m.content === 'string', `message ${JSON.stringify(m)}`);
     check(r.usage.completion_tokens > 0 && r.usage.prompt_tokens > 0, `usage ${JSON.stringify(r.usage)}`);
+  },
+
+  // The reply's ids are generate's for the rendered conversation, whole and streamed.
+  async chatIds() {
+    const body = { model, messages: chatMessages, max_tokens: 8, thinking: false, return_token_ids: true };
+    const whole = await client.chat.completions.create(body);
+    sameIds(whole.choices[0].token_ids, expectChatIds, 'chat.completions.create');
+    const stream = await client.chat.completions.create({ ...body, stream: true });
+    const ids = [];
+    for await (const chunk of stream) ids.push(...(chunk.choices[0]?.token_ids ?? []));
+    sameIds(ids, expectChatIds, 'streamed chat.completions.create');
   },
 
   async chatStream() {
