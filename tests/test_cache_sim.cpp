@@ -234,6 +234,28 @@ TEST_CASE("Kimi K3's routing: the recorded shape, LRU as the issue replayed it, 
   }
 }
 
+TEST_CASE("Kimi K3's routing: run against LRU, slot by slot around one token's worth of slots") {
+  // LRU starts to hit once the cache holds one token's 1,472 requests (92 layers x 16). There the
+  // visit under way used to keep its layer's previous experts past the visit's last request and
+  // push out experts of other layers instead (1,486 slots: LRU 5,558 hits, run 5,555).
+  // Not yet reached: on the positions reversed, run is still one hit below LRU at 1,485 and 1,486
+  // slots (5,557 against 5,558); the reversed check allows that one hit and no more.
+  const RoutingTrace& t = k3_trace();
+  const RoutingTrace reversed = reverse_positions(t);
+  for (const RoutingTrace* x : {&t, &reversed}) {
+    const std::vector<ReplayGroup> g = replay_groups(*x, ReplayOrder::incremental);
+    std::vector<uint64_t> slots;
+    for (uint64_t s = 1470; s <= 1500; ++s) slots.push_back(s);
+    for (uint64_t s = 16; s <= 3100; s += 257) slots.push_back(s);
+    for (uint64_t s : slots) {
+      CAPTURE(x == &reversed);
+      CAPTURE(s);
+      const uint64_t slack = x == &reversed && (s == 1485 || s == 1486) ? 1 : 0;
+      CHECK(replay_hits(*x, g, ExpertPolicy::run, s) + slack >= replay_hits(*x, g, ExpertPolicy::lru, s));
+    }
+  }
+}
+
 TEST_CASE("streamed generate under each expert policy: the resident run's ids and logits") {
   TempDir d;
   const std::string model = d / "m";
