@@ -8,7 +8,8 @@
 //     31.5 % at 32 GiB (the issue's own replay), and the run policy never below LRU and at least
 //     0.45 x Belady at 2..32 GiB, unchanged by relabelling every layer's expert ids and holding on
 //     the positions reversed;
-//   - streamed generate under --expert-policy lru and run: the resident run's ids and logits.
+//   - streamed generate under --expert-policy lru and run, with cache slots planned and different
+//     hit counts: the resident run's ids and logits.
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
@@ -261,15 +262,29 @@ TEST_CASE("streamed generate under each expert policy: the resident run's ids an
   const std::string model = d / "m";
   REQUIRE(k3flow(fmt::format("synth {} --size tiny --layers 6 --seed 9", model)).code == 0);
   const std::string ids = "5,900,17,17,3,640";
-  const k3::test::Output ref = k3::test::generate(model, ids, "--gen 4 --incremental", d);
-  // 0.02 GiB leaves a few cache slots beside the floor, so victims are chosen and the policies differ.
+  const k3::test::Output ref = k3::test::generate(model, ids, "--gen 8 --incremental", d);
+  // 0.022 GiB plans cache slots beside the 4 in-flight and 4 lookahead ones (12 to 17 of them, with
+  // the context, of the 160 experts), so victims are chosen; serial has no prefetch, so the hit counts do not
+  // depend on timing.
+  std::vector<std::string> hits, bytes;
   for (const char* policy : {"lru", "run"}) {
     CAPTURE(policy);
     const k3::test::Output o = k3::test::generate(
-        model, ids, fmt::format("--gen 4 --incremental --mem-gb 0.02 --expert-policy {}", policy), d);
+        model, ids,
+        fmt::format("--gen 8 --incremental --mem-gb 0.022 --strategy serial --expert-policy {}", policy), d);
     CHECK(o.ids == ref.ids);
     CHECK(o.logits == ref.logits);
+    hits.push_back(k3::test::field(o.report, "expert_hits"));
+    bytes.push_back(k3::test::field(o.report, "expert_bytes_read"));
   }
+  // The policies kept different experts: lru 5 hits, run 14.
+  CHECK(hits[0] != hits[1]);
+  CHECK(bytes[0] != bytes[1]);
+  CHECK(std::stoi(hits[1]) > std::stoi(hits[0]));
+  const Run plan = k3flow(fmt::format("plan {} --mem-gb 0.022 --context 14", model));
+  const size_t at = plan.out.find("expert cache slots");
+  REQUIRE(at != std::string::npos);
+  CHECK(std::stoi(plan.out.substr(at + 18)) > 0);
 }
 
 TEST_CASE("generate --routing-trace: one pass per call, the positions fed, the engine's own request count") {
