@@ -58,6 +58,7 @@ int LruPolicy::victim() {
 RunPolicy::RunPolicy(uint64_t slots, int n_layers, int n_experts)
     : slots_(slots),
       visits_(size_t(n_layers), 0),
+      visit_size_(size_t(n_layers), 0),
       history_(size_t(n_layers) * size_t(n_experts), 0),
       seen_(size_t(n_layers) * size_t(n_experts), 0) {
   evictable_.reserve(slots);
@@ -65,10 +66,13 @@ RunPolicy::RunPolicy(uint64_t slots, int n_layers, int n_experts)
 
 void RunPolicy::requested(int layer, int32_t key) {
   if (layer != last_layer_) {
+    if (last_layer_ >= 0) visit_size_[size_t(last_layer_)] = asked_;
+    asked_ = 0;
     ++visits_[size_t(layer)];
     last_layer_ = layer;
   }
   const uint64_t v = visits_[size_t(layer)];
+  if (seen_[size_t(key)] != v) ++asked_;
   uint64_t& h = history_[size_t(key)];
   const uint64_t since = v - seen_[size_t(key)];
   h = since >= 64 ? 0 : h << since;
@@ -100,10 +104,14 @@ void RunPolicy::pinned(int s) {
 }
 
 RunPolicy::Rank RunPolicy::rank(const SlotInfo& x) const {
-  // The visit under way at the layer being requested has not passed yet: its experts that the
-  // previous visit used may still be asked for, so they rank as used at the latest visit.
+  // The visit under way at the layer being requested has not passed while it has asked for fewer
+  // experts than the layer's previous visit: the previous visit's experts may still be asked for,
+  // so they rank as used at the latest visit. Once as many have been asked for, the visit counts as
+  // passed (near one token's worth of slots, keeping them would push out experts of other layers
+  // that are sure to stay until their layer's next visit).
   const uint64_t visits = visits_[size_t(x.layer)];
-  const uint64_t latest = visits - (x.layer == last_layer_ && visits > 0 ? 1 : 0);
+  const bool under_way = x.layer == last_layer_ && asked_ < visit_size_[size_t(x.layer)];
+  const uint64_t latest = visits - (under_way && visits > 0 ? 1 : 0);
   const int64_t newest = -int64_t(x.filled);
   if (x.prefetch_visit > latest) return Rank{0, std::numeric_limits<int>::max(), newest};  // not yet due
   const uint64_t seen = seen_[size_t(x.key)];

@@ -10,6 +10,8 @@
 //        visit, ranked by (a) not used at the layer's latest visit, the longer ago the worse, then
 //        (b) the length of its current run of consecutive visits, shortest first, then (c) the most
 //        recently filled first, so an expert seen once does not push out one that has stayed in use.
+//        The visit under way counts as not yet passed (its layer's previous experts rank as used at
+//        the latest visit) until it has asked for as many experts as that layer's previous visit.
 //        Why: on Kimi K3's routing (docs/routing.md) an expert used at the previous token is used
 //        again with probability ~0.3 after one use, ~0.5 after two to four consecutive uses and more
 //        after longer runs, but only ~0.1 when the previous token skipped it; LRU keeps whatever was
@@ -92,10 +94,12 @@ class RunPolicy final : public CachePolicy {
 
   std::vector<SlotInfo> slots_;
   std::vector<int32_t> evictable_;
-  std::vector<uint64_t> visits_;   // per layer: visits so far
-  std::vector<uint64_t> history_;  // per key: bit i = used at its layer's visit (seen_ - i)
-  std::vector<uint64_t> seen_;     // per key: the visit bit 0 stands for (0: never used)
+  std::vector<uint64_t> visits_;      // per layer: visits so far
+  std::vector<uint32_t> visit_size_;  // per layer: distinct keys its latest finished visit asked for
+  std::vector<uint64_t> history_;     // per key: bit i = used at its layer's visit (seen_ - i)
+  std::vector<uint64_t> seen_;        // per key: the visit bit 0 stands for (0: never used)
   int last_layer_ = -1;
+  uint32_t asked_ = 0;  // distinct keys the visit under way (at last_layer_) has asked for
   uint64_t fills_ = 0;
 };
 

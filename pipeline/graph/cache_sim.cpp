@@ -167,7 +167,7 @@ std::string read_per_step(uint64_t misses, uint64_t steps, uint64_t slot_bytes) 
 std::string format_cache_sim(const RoutingTrace& t, const CacheSimOptions& o, const CacheSimResult& r,
                              const std::string& name) {
   std::string s = fmt::format(
-      "routing trace {}: {} positions x {} MoE layers x top-{} ({} pairs in {} passes), {} experts seen\n"
+      "routing trace {}: {} positions x {} MoE layers x top-{} ({} pairs in {} passes), {} experts a layer\n"
       "replay: {} order, {} requests, {} distinct (layer, expert); slot {} B; steps {}\n"
       "compulsory-miss ceiling: no policy hits more than {:.1f} %\n",
       name, t.positions(), t.layers.size(), t.top_k, t.pairs, t.passes, t.n_experts,

@@ -219,7 +219,8 @@ void StreamingModel::forward_batch(std::span<const stages::Segment> segs, std::s
 }
 
 void StreamingModel::record_routing(const std::string& path) {
-  impl_->routing = std::make_unique<RoutingTraceWriter>(path);
+  impl_->routing =
+      std::make_unique<RoutingTraceWriter>(path, impl_->cfg.top_k, impl_->cfg.n_experts, impl_->n_layers);
 }
 
 void StreamingModel::replay_routing(RoutingTrace trace) {

@@ -13,8 +13,6 @@
 namespace k3::pipeline {
 namespace {
 
-constexpr int32_t kMaxLayer = 1 << 16, kMaxExpert = 1 << 20;  // far beyond any checkpoint
-
 struct Run {  // consecutive pairs of one layer
   int32_t layer;
   uint64_t first, count;  // pair index, pairs
@@ -22,7 +20,8 @@ struct Run {  // consecutive pairs of one layer
 
 }  // namespace
 
-RoutingTrace parse_routing_trace(std::span<const std::byte> bytes, const std::string& name) {
+RoutingTrace parse_routing_trace(std::span<const std::byte> bytes, const std::string& name,
+                                 const RoutingTraceShape& reference) {
   auto fail = [&](uint64_t pair, const std::string& what) {
     return io::runtime_error(fmt::format("{}: offset {}: {}", name, pair * 8, what));
   };
@@ -36,13 +35,43 @@ RoutingTrace parse_routing_trace(std::span<const std::byte> bytes, const std::st
   std::vector<int32_t> v(n * 2);
   std::memcpy(v.data(), bytes.data(), n * 8);  // little-endian hosts only, as the engine
   RoutingTrace t;
-  t.pairs = n;
+  // The engine's header, else the reference's shape: valid layer numbers [lo, hi], experts [0, E).
+  uint64_t begin = 0;
+  int32_t lo = 1, hi = reference.layers;
+  t.n_experts = reference.experts;
+  t.top_k = reference.top_k;
+  if (v[0] == kRoutingHeaderTopK) {
+    const char* field[] = {"top-k", "experts", "layers"};
+    int32_t value[3];
+    for (uint64_t i = 0; i < 3; ++i) {
+      if (i >= n || v[2 * i] != kRoutingHeaderTopK - int32_t(i))
+        throw fail(std::min(i, n), fmt::format("the engine's header has no {} pair (layer {})", field[i],
+                                               kRoutingHeaderTopK - int32_t(i)));
+      value[i] = v[2 * i + 1];
+      if (value[i] < 1 || value[i] > kRoutingHeaderMax)
+        throw fail(i, fmt::format("header {} {} out of range", field[i], value[i]));
+    }
+    if (value[0] > value[1])
+      throw fail(0, fmt::format("header top-k {} exceeds its {} experts", value[0], value[1]));
+    t.top_k = value[0];
+    t.n_experts = value[1];
+    lo = 0;
+    hi = value[2] - 1;
+    begin = 3;
+    t.header = true;
+    if (begin == n) throw fail(n, "the engine's header and no pair");
+  }
+  // Named in the errors: where the valid range comes from.
+  const char* rule = t.header ? "the header's" : "a reference trace's (--layers, --experts)";
+  t.pairs = n - begin;
   std::vector<Run> runs;
-  for (uint64_t i = 0; i < n; ++i) {
+  for (uint64_t i = begin; i < n; ++i) {
     const int32_t layer = v[2 * i], expert = v[2 * i + 1];
-    if (layer < 0 || layer >= kMaxLayer) throw fail(i, fmt::format("layer {} out of range", layer));
-    if (expert < 0 || expert >= kMaxExpert) throw fail(i, fmt::format("expert {} out of range", expert));
-    t.n_experts = std::max(t.n_experts, expert + 1);
+    if (layer < lo || layer > hi)
+      throw fail(i, fmt::format("layer {} out of range: {} layers are {}..{}", layer, rule, lo, hi));
+    if (expert < 0 || expert >= t.n_experts)
+      throw fail(i,
+                 fmt::format("expert {} out of range: {} experts are 0..{}", expert, rule, t.n_experts - 1));
     if (runs.empty() || runs.back().layer != layer) runs.push_back(Run{layer, i, 0});
     ++runs.back().count;
   }
@@ -54,7 +83,7 @@ RoutingTrace parse_routing_trace(std::span<const std::byte> bytes, const std::st
   for (size_t p = 0; p < passes.size(); ++p)
     passes[p].second = p + 1 < passes.size() ? passes[p + 1].first : runs.size();
   for (size_t r = passes[0].first; r < passes[0].second; ++r) t.layers.push_back(runs[r].layer);
-  uint64_t k = 0;
+  const uint64_t k = uint64_t(t.top_k);
   for (const auto& [a, b] : passes) {
     if (b - a != t.layers.size())
       throw fail(runs[a].first,
@@ -67,13 +96,14 @@ RoutingTrace parse_routing_trace(std::span<const std::byte> bytes, const std::st
         throw fail(runs[r].first, fmt::format("layer {} has {} pairs, layer {} of the same pass {}",
                                               runs[r].layer, runs[r].count, runs[a].layer, runs[a].count));
     }
-    k = std::gcd(k, runs[a].count);
+    if (runs[a].count % k != 0)
+      throw fail(runs[a].first, fmt::format("layer {} has {} pairs, not whole positions of top-{}",
+                                            runs[a].layer, runs[a].count, k));
   }
-  t.top_k = int(k);
   t.passes = passes.size();
   const size_t L = t.layers.size();
   // Layer visits; each position's top-k checked for repeated experts; the deduplicated positions.
-  t.recorded.resize(n);
+  t.recorded.resize(n);  // indexed by pair, the header's pairs included (unused)
   for (uint64_t i = 0; i < n; ++i) t.recorded[i] = v[2 * i + 1];
   std::vector<int32_t> sorted(k);
   for (const auto& [a, b] : passes) {
@@ -107,12 +137,12 @@ RoutingTrace parse_routing_trace(std::span<const std::byte> bytes, const std::st
   return t;
 }
 
-RoutingTrace read_routing_trace(const std::filesystem::path& path) {
+RoutingTrace read_routing_trace(const std::filesystem::path& path, const RoutingTraceShape& reference) {
   std::ifstream f(path, std::ios::binary);
   if (!f) throw io::runtime_error(path.string() + ": cannot open the routing trace");
   std::vector<char> buf((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
   if (f.bad()) throw io::runtime_error(path.string() + ": read failed");
-  return parse_routing_trace(std::as_bytes(std::span(buf)), path.string());
+  return parse_routing_trace(std::as_bytes(std::span(buf)), path.string(), reference);
 }
 
 RoutingTrace relabel_experts(const RoutingTrace& t, uint64_t seed) {
@@ -168,9 +198,15 @@ void RoutingReplay::apply(int layer, uint64_t first_position, std::span<int32_t>
   }
 }
 
-RoutingTraceWriter::RoutingTraceWriter(std::filesystem::path path) : path_(std::move(path)) {
+RoutingTraceWriter::RoutingTraceWriter(std::filesystem::path path, int top_k, int n_experts, int n_layers)
+    : path_(std::move(path)) {
   std::ofstream f(path_, std::ios::binary | std::ios::trunc);
   if (!f) throw io::usage_error("--routing-trace: cannot write " + path_.string());
+  const int32_t header[6] = {kRoutingHeaderTopK,     top_k,   kRoutingHeaderTopK - 1, n_experts,
+                             kRoutingHeaderTopK - 2, n_layers};
+  f.write(reinterpret_cast<const char*>(header), sizeof header);
+  f.flush();
+  if (!f) throw io::runtime_error(path_.string() + ": write of the routing trace failed");
 }
 
 void RoutingTraceWriter::layer(int layer, std::span<const int32_t> idx) {

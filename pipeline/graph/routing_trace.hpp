@@ -1,16 +1,18 @@
-// Expert routing traces (docs/routing.md): little-endian int32 (layer, expert) pairs, no header, in
-// the order the router chose them. A trace is a sequence of passes; a pass visits the MoE layers in
-// increasing order (a smaller layer than the previous pair starts the next pass), and at each layer
-// lists positions x top_k experts, position-major, the same number of positions at every layer.
+// Expert routing traces (docs/routing.md): little-endian int32 (layer, expert) pairs in the order
+// the router chose them. A trace is a sequence of passes; a pass visits the MoE layers in increasing
+// order (a smaller layer than the previous pair starts the next pass), and at each layer lists
+// positions x top_k experts, position-major, the same number of positions at every layer.
 //
 // Two producers write it:
-//   - the C reference engine (fixtures/expert_trace.bin) re-prefilled the whole prefix every step,
-//     so its pass k repeats the positions of pass k-1 and adds one;
-//   - `k3flow generate --routing-trace F`: one pass per forward call over the new positions only
-//     (the prompt, then one position per token).
+//   - the C reference engine (fixtures/expert_trace.bin): no header; it re-prefilled the whole
+//     prefix every step, so its pass k repeats the positions of pass k-1 and adds one. Its shape is
+//     not in the file: it is read as RoutingTraceShape says (Kimi K3's by default: MoE layers 1..92,
+//     896 experts, top-16);
+//   - `k3flow generate --routing-trace F`: a header of three pairs whose layer field is negative,
+//     (-1, top_k), (-2, experts), (-3, layers: the model's, so layer numbers are 0..layers-1), then
+//     one pass per forward call over the new positions only (the prompt, then one position per token).
 // read_routing_trace() accepts both: a pass whose leading positions repeat every position seen so
-// far (same experts in the same order) only adds the rest. top_k is the greatest common divisor of
-// the per-layer counts (16 on both K3 traces).
+// far (same experts in the same order) only adds the rest.
 #pragma once
 #include <cstdint>
 #include <filesystem>
@@ -21,10 +23,21 @@
 
 namespace k3::pipeline {
 
+// The first pair's layer field in the engine's header (top-k), then -2 (experts), -3 (layers).
+inline constexpr int32_t kRoutingHeaderTopK = -1;
+inline constexpr int32_t kRoutingHeaderMax = 1 << 20;  // a header value above this is refused
+
+// What a header-less (reference) trace is read as: layer numbers 1..layers, expert ids
+// 0..experts-1, top_k experts per position.
+struct RoutingTraceShape {
+  int layers = 92, experts = 896, top_k = 16;  // Kimi K3 (layer 0 is dense)
+};
+
 struct RoutingTrace {
   int top_k = 0;
   std::vector<int> layers;  // the MoE layer numbers, ascending, as in the file
-  int n_experts = 0;        // largest expert id + 1
+  int n_experts = 0;        // the expert count of the header or of the reference shape
+  bool header = false;      // written by the engine (its header read)
   // Deduplicated: positions() x layers.size() x top_k expert ids, position-major.
   std::vector<int32_t> experts;
   // The file's layer visits in its own order (recorded order): every position of one pass at one
@@ -35,7 +48,7 @@ struct RoutingTrace {
   };
   std::vector<Group> groups;
   std::vector<int32_t> recorded;  // the file's expert ids
-  uint64_t pairs = 0;             // pairs in the file
+  uint64_t pairs = 0;             // (layer, expert) pairs in the file, the header's not counted
   uint64_t passes = 0;            // forward calls (the reference: one per generated token)
 
   size_t positions() const {
@@ -47,9 +60,11 @@ struct RoutingTrace {
   }
 };
 
-// Throws io::Error (runtime) naming the file and the byte offset of the first bad pair.
-RoutingTrace parse_routing_trace(std::span<const std::byte> bytes, const std::string& name);
-RoutingTrace read_routing_trace(const std::filesystem::path&);
+// Throws io::Error (runtime) naming the file and the byte offset of the first bad pair. `reference`
+// applies to a trace without the engine's header.
+RoutingTrace parse_routing_trace(std::span<const std::byte> bytes, const std::string& name,
+                                 const RoutingTraceShape& reference = {});
+RoutingTrace read_routing_trace(const std::filesystem::path&, const RoutingTraceShape& reference = {});
 
 // Variants for robustness checks: each layer's expert ids relabelled by a random permutation (seeded),
 // and the positions in reverse order. Both keep `recorded` consistent with `experts` only for
@@ -75,11 +90,12 @@ class RoutingReplay {
   int next_ordinal_ = 0;
 };
 
-// Appends the pairs of one forward call: `idx` holds positions x top_k experts of `layer`.
-// RoutingTraceWriter collects a whole call (every layer) and writes it in the trace's order.
+// Writes the header, then appends the pairs of one forward call: `idx` holds positions x top_k
+// experts of `layer`. RoutingTraceWriter collects a whole call (every layer) and writes it in the
+// trace's order.
 class RoutingTraceWriter {
  public:
-  explicit RoutingTraceWriter(std::filesystem::path path);
+  RoutingTraceWriter(std::filesystem::path path, int top_k, int n_experts, int n_layers);
   void layer(int layer, std::span<const int32_t> idx);  // one MoE layer of the call under way
   void end_call();                                      // writes the call's pass, flushed
   const std::filesystem::path& path() const { return path_; }
