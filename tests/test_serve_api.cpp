@@ -45,6 +45,19 @@ struct Fixture {
   }
 };
 
+// A scheduler over the tiny model (1,024 positions a sequence), its load finished.
+std::unique_ptr<Scheduler> ready_scheduler(const Fixture& f, int max_seqs, int queue) {
+  pipeline::DecoderOptions dec;
+  dec.model_dir = kTiny;
+  dec.capacity = 1024;
+  dec.stream.no_progress = true;
+  auto sched = std::make_unique<Scheduler>(
+      SchedulerOptions{.dec = dec, .max_seqs = max_seqs, .queue = queue, .prefill = {}}, f.cfg, f.tok);
+  REQUIRE(sched->wait_until_settled(60s));
+  REQUIRE(sched->phase() == Phase::ready);
+  return sched;
+}
+
 const std::string kTools =
     R"([{"type":"function","function":{"name":"get_weather","parameters":{"type":"object","properties":{"city":{"type":"string"}}}}}])";
 
@@ -269,13 +282,8 @@ TEST_CASE("tool calls in the response: OpenAI's shapes, whole and streamed; echo
 
 TEST_CASE("a reply whose think channel closes carries its answer in content") {
   Fixture f;
-  pipeline::DecoderOptions dec;
-  dec.model_dir = kTiny;
-  dec.capacity = 1024;
-  dec.stream.no_progress = true;
-  Scheduler sched(SchedulerOptions{.dec = dec, .max_seqs = 2, .queue = 4, .prefill = {}}, f.cfg, f.tok);
-  REQUIRE(sched.wait_until_settled(60s));
-  REQUIRE(sched.phase() == Phase::ready);
+  const std::unique_ptr<Scheduler> held = ready_scheduler(f, 2, 4);
+  Scheduler& sched = *held;
   const std::vector<int32_t> prompt =
       f.encode(text::render(std::vector<text::ChatMessage>{{Role::user, "Hi"}}, true, text::ChatOptions{}));
   struct Got {
@@ -318,13 +326,8 @@ TEST_CASE("a reply whose think channel closes carries its answer in content") {
 
 TEST_CASE("parallel_tool_calls false: the reply stops as soon as its first call is complete") {
   Fixture f;
-  pipeline::DecoderOptions dec;
-  dec.model_dir = kTiny;
-  dec.capacity = 1024;
-  dec.stream.no_progress = true;
-  Scheduler sched(SchedulerOptions{.dec = dec, .max_seqs = 1, .queue = 2, .prefill = {}}, f.cfg, f.tok);
-  REQUIRE(sched.wait_until_settled(60s));
-  REQUIRE(sched.phase() == Phase::ready);
+  const std::unique_ptr<Scheduler> held = ready_scheduler(f, 1, 2);
+  Scheduler& sched = *held;
   // The byte-level model never writes a call. The reply is started for it, as the forced tool choice
   // starts one: K3's text of two calls, cut inside the second one's arguments, so the first call is
   // complete before the first sampled token and the model goes on writing the second call's value.
