@@ -277,10 +277,11 @@ TEST_CASE("streamed generate under each expert policy: the resident run's ids an
     hits.push_back(k3::test::field(o.report, "expert_hits"));
     bytes.push_back(k3::test::field(o.report, "expert_bytes_read"));
   }
-  // The policies kept different experts: lru 5 hits, run 14.
-  CHECK(hits[0] != hits[1]);
-  CHECK(bytes[0] != bytes[1]);
-  CHECK(std::stoi(hits[1]) > std::stoi(hits[0]));
+  // The policies kept different experts: lru 5 hits, run 14. Sanitized, generate plans with the
+  // process it measures (larger than the allowance), which leaves no cache slot at this budget.
+  K3_CHECK_UNLESS_SANITIZED(hits[0] != hits[1]);
+  K3_CHECK_UNLESS_SANITIZED(bytes[0] != bytes[1]);
+  K3_CHECK_UNLESS_SANITIZED(std::stoi(hits[1]) > std::stoi(hits[0]));
   const Run plan = k3flow(fmt::format("plan {} --mem-gb 0.022 --context 14", model));
   const size_t at = plan.out.find("expert cache slots");
   REQUIRE(at != std::string::npos);
