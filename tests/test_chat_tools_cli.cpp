@@ -1,7 +1,8 @@
 // `k3flow chat --tools F.json` through a pipe on fixtures/tiny-k3 (byte vocabulary: a prompt's ids
 // are the bytes of its rendered text): the declarations are in the prefix the first turn feeds,
 // `/tool` without a waiting call is refused with a message and the session goes on, and a bad
-// --tools file (or --tools with --history) exits 2 naming the flag.
+// --tools file (one with a key no tool has included, or --tools with --history) exits 2 naming the
+// flag.
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
@@ -54,6 +55,8 @@ TEST_CASE("chat --tools refuses a bad file, a missing one, and --history, with e
   TempDir d;
   std::ofstream(d / "bad.json") << R"([{"type":"function","function":{}}])";
   std::ofstream(d / "tools.json") << kTools;
+  // "paramters": a misspelt key would declare the function without its arguments; it is named.
+  std::ofstream(d / "typo.json") << R"([{"type":"function","function":{"name":"f","paramters":{}}}])";
   for (const std::string& args : {"--tools " + d / "bad.json", "--tools " + d / "none.json",
                                   "--tools " + d / "tools.json" + " --history " + d / "h.jsonl"}) {
     CAPTURE(args);
@@ -61,4 +64,8 @@ TEST_CASE("chat --tools refuses a bad file, a missing one, and --history, with e
     CHECK(r.code == 2);
     CHECK(r.err.find("--tools") != std::string::npos);
   }
+  const Run typo = chat("hi\\n", kModel + " --tools " + d / "typo.json");
+  CHECK(typo.code == 2);
+  CHECK(typo.err.find(fmt::format("--tools {}[0].function: unknown key 'paramters'", d / "typo.json")) !=
+        std::string::npos);
 }

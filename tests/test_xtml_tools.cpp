@@ -238,6 +238,24 @@ TEST_CASE("tool conversations that break the rules are refused, naming the messa
     o.tools = bad;
     CHECK(usage_message([&] { validate(o); }).starts_with("tools"));
   }
+  // Keys nobody reads are named, with the tool's index; null counts as absent; strict is a boolean.
+  auto tools_refusal = [](std::string tools) {
+    ChatOptions o;
+    o.tools = std::move(tools);
+    return usage_message([&] { validate(o); });
+  };
+  CHECK(tools_refusal(R"([{"type":"function","function":{"name":"f"}},{"type":"function","cache":1,)"
+                      R"("function":{"name":"g"}}])") ==
+        "tools[1]: unknown key 'cache' (known: type, function)");
+  CHECK(tools_refusal(R"([{"type":"function","function":{"name":"f","args":{}}}])") ==
+        "tools[0].function: unknown key 'args' (known: name, description, parameters, strict)");
+  CHECK(tools_refusal(R"([{"type":"function","function":{"name":"f","strict":"yes"}}])") ==
+        "tools[0].function: 'strict' must be true or false");
+  CHECK(tools_refusal("[3]") == "tools[0]: must be an object");
+  ChatOptions ok;
+  ok.tools = R"([{"type":"function","cache":null,"function":{"name":"f","description":"d","parameters":{},)"
+             R"("strict":true}}])";
+  CHECK_NOTHROW(validate(ok));
 }
 
 namespace {

@@ -82,8 +82,9 @@ struct ChatOptions {
   ToolChoice tool_choice;
 };
 
-// Usage error naming `what` unless `tools` is a JSON array of objects each with a function name
-// ({"type":"function","function":{"name":...}}).
+// Usage error naming `what` and the tool's index unless `tools` is a JSON array of objects each with
+// a function name ({"type":"function","function":{"name":...}}) and no key beyond type and function,
+// and name, description, parameters and strict (a boolean) in the function.
 void validate_tools(std::string_view tools, std::string_view what);
 
 // Effort must be low, high or max (the prompt text also names `medium`, but the checkpoint's own

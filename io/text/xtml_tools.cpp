@@ -1,8 +1,11 @@
 #include "io/text/xtml_tools.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
+#include <initializer_list>
+#include <string>
 
 #include "io/error.hpp"
 #include "io/json_text.hpp"
@@ -304,15 +307,30 @@ void validate_tools(std::string_view tools, std::string_view what) {
     throw usage_error(fmt::format("{}: not valid JSON ({})", what, simdjson::error_message(err)));
   dom::array arr;
   if (doc.get(arr)) throw usage_error(fmt::format("{}: must be an array of tools", what));
+  // A key nobody reads is refused by name rather than dropped: a misspelt "parameters" would
+  // otherwise declare a function without its arguments. `strict` is accepted (not enforced). A key
+  // whose value is null counts as absent, as in the server's request fields.
+  auto known_keys = [&](dom::object o, std::string_view where, std::initializer_list<std::string_view> keys) {
+    for (dom::key_value_pair kv : o)
+      if (!kv.value.is_null() && std::find(keys.begin(), keys.end(), kv.key) == keys.end())
+        throw usage_error(
+            fmt::format("{}: unknown key '{}' (known: {})", where, kv.key, fmt::join(keys, ", ")));
+  };
   size_t i = 0;
   for (dom::element t : arr) {
+    const std::string where = fmt::format("{}[{}]", what, i++);
     std::string_view type, name;
-    dom::object fn;
-    if (t.at_key("type").get(type) || type != "function")
-      throw usage_error(fmt::format("{}[{}]: 'type' must be \"function\"", what, i));
-    if (t.at_key("function").get(fn) || fn.at_key("name").get(name) || name.empty())
-      throw usage_error(fmt::format("{}[{}]: 'function.name' must be a non-empty string", what, i));
-    ++i;
+    dom::object tool, fn;
+    if (t.get(tool)) throw usage_error(fmt::format("{}: must be an object", where));
+    if (tool.at_key("type").get(type) || type != "function")
+      throw usage_error(fmt::format("{}: 'type' must be \"function\"", where));
+    if (tool.at_key("function").get(fn) || fn.at_key("name").get(name) || name.empty())
+      throw usage_error(fmt::format("{}: 'function.name' must be a non-empty string", where));
+    known_keys(tool, where, {"type", "function"});
+    known_keys(fn, where + ".function", {"name", "description", "parameters", "strict"});
+    dom::element strict;
+    if (fn.at_key("strict").get(strict) == simdjson::SUCCESS && !strict.is_null() && !strict.is_bool())
+      throw usage_error(fmt::format("{}.function: 'strict' must be true or false", where));
   }
 }
 
