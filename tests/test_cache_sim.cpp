@@ -320,6 +320,7 @@ TEST_CASE("generate --routing-trace: one pass per call, the positions fed, the e
   REQUIRE(at != std::string::npos);
   const std::string slots = plan.out.substr(at + 15, plan.out.find('\n', at) - at - 15);
   CHECK(plan.out.find(fmt::format("(9 positions, top-4): {} expert slots hit", slots)) != std::string::npos);
+  CHECK(plan.out.find("the C reference reads 133 GB a token under an 8 GB cap") != std::string::npos);
   CHECK(k3flow(fmt::format("plan {} --mem-gb 0.02 --routing-trace {} --json", model, trace)).code == 2);
   // A resident run has no router node to record: refused before anything runs.
   const Run r = k3flow(fmt::format("generate {} --ids 5,900 --gen 2 --routing-trace {}", model, trace));

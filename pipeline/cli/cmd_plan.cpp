@@ -48,6 +48,10 @@ struct PlanArgs {
   bool json = false;
 };
 
+// What the C reference engine reads a token on the real checkpoint under an 8 GB memory cap (its
+// published figure, docs/routing.md): the yardstick a plan's total is printed against.
+constexpr double kReferenceBytesPerTokenAt8GB = 133e9;
+
 // The plan's expert pool (in-flight, lookahead and cache slots: one pool, whatever the current layer
 // does not pin is cache) replayed on a routing trace, one position at a time as a decode.
 std::string expected_expert_reads(const PlanArgs& a, const MemoryPlan& p, uint64_t read_bytes) {
@@ -62,13 +66,15 @@ std::string expected_expert_reads(const PlanArgs& a, const MemoryPlan& p, uint64
   const uint64_t hits = replay_hits(t, g, policy, slots), lru = replay_hits(t, g, ExpertPolicy::lru, slots),
                  best = belady_hits(t, g, slots);
   const double per_token = double(requests - hits) * double(read_bytes) / double(t.positions());
+  const double total = per_token + double(p.streamed_bytes);
   return fmt::format(
       "  on the routing of {} ({} positions, top-{}): {} expert slots hit {:.1f} % under {} (lru {:.1f} %, "
-      "Belady {:.1f} %); per token {} of experts + {} of trunk = {} read\n",
+      "Belady {:.1f} %); per token {} of experts + {} of trunk = {} read ({:.1f} GB; the C reference "
+      "reads {:.0f} GB a token under an 8 GB cap)\n",
       a.routing_trace, t.positions(), t.top_k, slots, 100.0 * double(hits) / double(requests),
       expert_policy_name(policy), 100.0 * double(lru) / double(requests),
       100.0 * double(best) / double(requests), human_bytes(per_token), human_bytes(double(p.streamed_bytes)),
-      human_bytes(per_token + double(p.streamed_bytes)));
+      human_bytes(total), total / 1e9, kReferenceBytesPerTokenAt8GB / 1e9);
 }
 
 std::string split_json(const ranks::RankSplit& s) {
