@@ -49,4 +49,32 @@ uint64_t decode_staged_hashing(const codec::Stream& st, std::span<const uint32_t
   return h.digest();
 }
 
+std::vector<uint32_t> staged_blocks(const ByteRanges& coded, uint64_t raw_bytes, uint64_t block_bytes) {
+  std::vector<uint32_t> todo;
+  size_t k = 0;
+  for (uint64_t b0 = 0; b0 < raw_bytes; b0 += block_bytes) {
+    const uint64_t b1 = std::min(b0 + block_bytes, raw_bytes);
+    while (k < coded.size() && coded[k].second <= b0) ++k;
+    if (k < coded.size() && coded[k].first <= b0 && b1 <= coded[k].second) continue;
+    todo.push_back(uint32_t(b0 / block_bytes));
+  }
+  return todo;
+}
+
+std::optional<uint64_t> decode_layer(const codec::Stream& st, std::span<std::byte> dst,
+                                     const ByteRanges* fused, bool verify, LayerDecodeScratch& scratch) {
+  std::vector<uint32_t>& todo = scratch.blocks;
+  if (fused) {
+    todo = staged_blocks(*fused, st.raw_bytes(), uint64_t(st.block_values()) * 2);
+    // The first pass: the decoded slot holds only the staged blocks, so the whole layer is decoded
+    // through the window and hashed as it passes.
+    if (verify) return decode_staged_hashing(st, todo, dst, scratch.window);
+  } else {
+    todo.resize(st.n_blocks());
+    std::iota(todo.begin(), todo.end(), 0u);
+  }
+  decode_blocks(st, todo, dst, 0, verify);
+  return std::nullopt;
+}
+
 }  // namespace k3::io

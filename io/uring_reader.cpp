@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -486,6 +487,14 @@ struct UringReader::Impl {
 UringReader::UringReader() : UringReader(Options{}) {}
 UringReader::UringReader(const Options& options) : impl_(std::make_unique<Impl>(options)) {}
 UringReader::~UringReader() = default;
+
+void sort_by_position(std::span<ReadRequest> batch) {
+  std::stable_sort(batch.begin(), batch.end(), [](const ReadRequest& a, const ReadRequest& z) {
+    // std::less orders the File objects (a ShardSet's files lie in shard order); offsets within one.
+    if (a.file != z.file) return std::less<const File*>{}(a.file, z.file);
+    return a.offset < z.offset;
+  });
+}
 
 void UringReader::submit(const ReadRequest& request, const Callback& on_done) {
   submit(std::span<const ReadRequest>(&request, 1), on_done);

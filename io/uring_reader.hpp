@@ -54,6 +54,11 @@ struct ReadRequest {
   bool urgent = false;
 };
 
+// Puts a batch of scattered reads (a layer's routed experts) in the order a device serves best: by
+// file, then by offset; requests at the same position keep their order. Only the order of the batch
+// changes, never what a request reads or where it lands.
+void sort_by_position(std::span<ReadRequest> batch);
+
 struct ReadCompletion {
   uint64_t tag = 0;
   std::span<std::byte> dst;  // the request's destination

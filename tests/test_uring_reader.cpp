@@ -353,6 +353,22 @@ TEST_CASE("destroying the reader with requests in flight completes each exactly 
   }
 }
 
+TEST_CASE("sort_by_position orders a batch by file, then offset; equal positions keep their order") {
+  // Two File objects in one vector, as a ShardSet holds its shards: their addresses order the batch.
+  std::vector<File> files;
+  files.push_back(File::open_read(pattern().path, File::Mode::buffered));
+  files.push_back(File::open_read(pattern().path, File::Mode::buffered));
+  const File* a = &files[0];
+  const File* b = &files[1];
+  std::vector<ReadRequest> batch = {{b, 4096, {}, 0}, {a, 8192, {}, 1, true}, {b, 0, {}, 2},
+                                    {a, 8192, {}, 3}, {a, 0, {}, 4},          {b, 4096, {}, 5}};
+  k3::io::sort_by_position(batch);
+  std::vector<uint64_t> tags;
+  for (const ReadRequest& r : batch) tags.push_back(r.tag);
+  CHECK(tags == std::vector<uint64_t>{4, 1, 3, 2, 0, 5});
+  CHECK(batch[1].urgent);  // only the order changes
+}
+
 TEST_CASE("ring memory estimate grows with queue depth") {
   CHECK(UringReader::ring_bytes(32) >= 4096);
   CHECK(UringReader::ring_bytes(1024) > UringReader::ring_bytes(32));

@@ -145,17 +145,14 @@ PhaseResult run_phase(Readers& readers, const ProbePattern& p, unsigned reads, d
       if (reads & kTrunk)
         for (const ProbeRange& t : layer.trunk) batch.emplace_back(t, &trunk_pool);
       if ((reads & kExperts) && !layer.experts.empty()) {
-        // top_k distinct experts (partial Fisher-Yates), then sorted by file and offset as the
-        // engine's fetch stage submits them.
+        // top_k distinct experts (partial Fisher-Yates); submitted in file order below, as the
+        // engine's expert reads are.
         ids.resize(layer.experts.size());
         std::iota(ids.begin(), ids.end(), 0);
         const size_t k = std::min<size_t>(size_t(p.top_k), ids.size());
         for (size_t i = 0; i < k; ++i) std::swap(ids[i], ids[i + splitmix64(rng) % (ids.size() - i)]);
         std::vector<ProbeRange> picked;
         for (size_t i = 0; i < k; ++i) picked.push_back(layer.experts[size_t(ids[i])]);
-        std::sort(picked.begin(), picked.end(), [](const ProbeRange& a, const ProbeRange& b) {
-          return std::pair(a.file, a.offset) < std::pair(b.file, b.offset);
-        });
         for (const ProbeRange& e : picked) batch.emplace_back(e, &expert_pool);
       }
       // Trunk reads go one by one (each waits for a ring slot); the expert batch is submitted
@@ -175,6 +172,7 @@ PhaseResult run_phase(Readers& readers, const ProbePattern& p, unsigned reads, d
           reqs.push_back(req);
         }
       }
+      io::sort_by_position(reqs);
       if (!reqs.empty())
         readers.experts.submit(reqs, [&prog, &expert_pool](const io::ReadCompletion& c) {
           prog.done(c);

@@ -25,6 +25,7 @@
 
 #include "io/codec/codec.hpp"
 #include "io/env.hpp"
+#include "io/layer_decode.hpp"
 #include "io/uring_reader.hpp"
 #include "pipeline/graph/call_buffers.hpp"
 #include "pipeline/graph/expert_cache.hpp"
@@ -128,7 +129,7 @@ struct StreamingModel::Impl {
   const bool fused;
   std::vector<std::optional<io::codec::Stream>> dec_stream;
   std::vector<int> dec_ring;
-  std::vector<std::vector<std::pair<uint64_t, uint64_t>>> fused_ranges;
+  std::vector<io::ByteRanges> fused_ranges;
   std::unique_ptr<std::atomic<bool>[]> fused_known;
   // Pinned trunk bytes loaded so far of their total, for the first step's progress bar.
   std::atomic<uint64_t> pin_loaded_bytes{0};
@@ -157,11 +158,9 @@ struct StreamingModel::Impl {
 
   // ---- node-local scratch, reused (each of these nodes is serial) ----
   std::vector<SlotRef> span_held;                        // trunk_read
-  std::vector<uint32_t> decode_todo;                     // trunk_decode
-  std::vector<std::byte> decode_window;                  // trunk_decode: a fused layer's first pass
+  io::LayerDecodeScratch decode_scratch;                 // trunk_decode
   std::vector<io::ReadRequest> trunk_reqs, expert_reqs;  // trunk_read, expert_read
-  std::vector<ExpertRead> expert_reads;                  // expert_read
-  std::vector<size_t> order;                             // expert_read
+  ExpertRead expert_read;                                // expert_read: one expert's, reused
   std::vector<int> hit_groups, predicted_experts;        // expert_fetch, lookahead
   std::vector<ExpertGo> go_out;                          // expert_landed
   const int step_delay_ms = io::env::integer_or_zero(io::env::kTestStepDelayMs);

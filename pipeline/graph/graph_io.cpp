@@ -90,21 +90,10 @@ void StreamingModel::Impl::schedule_ring(int call_index) {
 // ------------------------------------------------------------------ experts
 
 void StreamingModel::Impl::submit_experts(const ReadBatch& b, ExpertReadNode::gateway_type& gw) {
-  const size_t m = b.items.size();
-  if (expert_reads.size() < m) expert_reads.resize(m);
-  order.resize(m);
-  for (size_t i = 0; i < m; ++i) {
-    src.expert(b.items[i].layer, b.items[i].expert, expert_reads[i]);
-    order[i] = i;
-  }
-  std::sort(order.begin(), order.end(), [&](size_t a, size_t z) {
-    return std::pair(expert_reads[a].sort_shard, expert_reads[a].sort_offset) <
-           std::pair(expert_reads[z].sort_shard, expert_reads[z].sort_offset);
-  });
   expert_reqs.clear();
-  for (size_t i : order) {
-    const ReadItem& it = b.items[i];
-    const ExpertRead& er = expert_reads[i];
+  for (const ReadItem& it : b.items) {
+    src.expert(it.layer, it.expert, expert_read);
+    const ExpertRead& er = expert_read;
     SlotRead& sr = slot_reads[size_t(it.slot)];
     sr.layout = er.layout;
     sr.bind_offset = er.bind_offset;
@@ -127,12 +116,13 @@ void StreamingModel::Impl::submit_experts(const ReadBatch& b, ExpertReadNode::ga
     if (Trace::enabled()) {
       TraceArgs a = args(it.layer, it.expert, it.slot);
       a.bytes = int64_t(er.read_bytes);
-      a.offset = int64_t(er.sort_offset);
+      a.offset = int64_t(er.first_offset);
       Trace::async_begin(sr.trace_name, "io", sr.trace_id, a, expert_track.tid());
     }
     gw.reserve_wait();
   }
   counters();
+  io::sort_by_position(expert_reqs);  // the batch in file order, whatever order the layer asked in
   try {
     expert_reader.submit(expert_reqs, [this, &gw](const io::ReadCompletion& r) {
       const int slot = int(r.tag);

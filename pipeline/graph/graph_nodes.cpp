@@ -57,27 +57,15 @@ void StreamingModel::Impl::trunk_decode_body(const DecodeClaim& in, Outputs<kTru
     const bool verify = !decoded_once[size_t(l)];
     const io::codec::Stream st = src.trunk()->layer_stream(l, trunk.read_target(l, r.slot.index));
     const std::span<std::byte> dst = trunk.bytes(l, to.index).first(size_t(st.raw_bytes()));
-    // The blocks to decode here: all of them, or (fused) those not wholly coded.
-    std::vector<uint32_t>& todo = decode_todo;
-    todo.clear();
-    const uint64_t bb = uint64_t(st.block_values()) * 2;
-    if (fuse) {
-      if (st.block_values() != io::codec::default_block_values(st.codec()))
-        throw io::runtime_error(fmt::format(
-            "trunk: layer {}: its stream has blocks of {} values, the plan's decoded slot assumed {} "
-            "(re-run pack-trunk)",
-            l, st.block_values(), io::codec::default_block_values(st.codec())));
-      todo = fused_staged_blocks(fused_ranges[size_t(l)], st.raw_bytes(), bb);
-    } else {
-      for (uint32_t b = 0; b < st.n_blocks(); ++b) todo.push_back(b);
-    }
-    if (fuse && verify) {
-      // A fused layer's first pass: the decoded slot holds only the staged blocks, so the whole
-      // layer is decoded through a window and hashed as it passes (check_loaded's xxh64).
-      src.trunk()->check_loaded_digest(l, io::decode_staged_hashing(st, todo, dst, decode_window));
-    } else {
-      io::decode_blocks(st, todo, dst, 0, verify);
-    }
+    if (fuse && st.block_values() != io::codec::default_block_values(st.codec()))
+      throw io::runtime_error(fmt::format(
+          "trunk: layer {}: its stream has blocks of {} values, the plan's decoded slot assumed {} "
+          "(re-run pack-trunk)",
+          l, st.block_values(), io::codec::default_block_values(st.codec())));
+    // A fused layer's first pass returns the whole layer's xxh64, checked as check_loaded would.
+    if (const std::optional<uint64_t> digest =
+            io::decode_layer(st, dst, fuse ? &fused_ranges[size_t(l)] : nullptr, verify, decode_scratch))
+      src.trunk()->check_loaded_digest(l, *digest);
     decoded_once[size_t(l)] = 1;
     if (fuse) dec_stream[size_t(d.index)].emplace(st);
     // the layer's decoded bytes, here or (fused) inside this pass's matvecs

@@ -178,19 +178,6 @@ bool fused_codec(std::string_view codec) {
   return c && io::codec::fused_decode(*c);
 }
 
-std::vector<uint32_t> fused_staged_blocks(const std::vector<std::pair<uint64_t, uint64_t>>& coded,
-                                          uint64_t raw_bytes, uint64_t block_bytes) {
-  std::vector<uint32_t> todo;
-  size_t k = 0;
-  for (uint64_t b0 = 0; b0 < raw_bytes; b0 += block_bytes) {
-    const uint64_t b1 = std::min(b0 + block_bytes, raw_bytes);
-    while (k < coded.size() && coded[k].second <= b0) ++k;
-    if (k < coded.size() && coded[k].first <= b0 && b1 <= coded[k].second) continue;
-    todo.push_back(uint32_t(b0 / block_bytes));
-  }
-  return todo;
-}
-
 uint64_t MemoryPlan::total() const {
   return sum_terms(pools);
 }

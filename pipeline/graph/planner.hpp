@@ -90,7 +90,7 @@ struct PlanInputs {
   uint64_t pass_rows = 0;
   std::string codec;  // the packed trunk's codec ("" or "none": raw); see "Compressed trunk" above
   // A fused codec: the bytes a decoded slot holds -- the 4 KiB pages the decode stage writes of
-  // any layer (fused_staged_blocks; their union over the layers, as one slot serves them all).
+  // any layer (io::staged_blocks; their union over the layers, as one slot serves them all).
   // 0: unknown (a decoded slot is a whole layer).
   uint64_t fused_slot_bytes = 0;
   bool compressed() const { return !codec.empty() && codec != "none"; }
@@ -149,12 +149,6 @@ struct MemoryPlan {
 
 // A codec the graph decodes inside the matvecs (exp4, exp3): io::codec::fused_decode by name.
 bool fused_codec(std::string_view codec);
-
-// The blocks of a fused layer the decode stage decodes (the matvecs decode the rest): those not
-// wholly inside a `coded` range (ascending, disjoint byte ranges of the decoded image), for a stream
-// of `raw_bytes` in blocks of `block_bytes`.
-std::vector<uint32_t> fused_staged_blocks(const std::vector<std::pair<uint64_t, uint64_t>>& coded,
-                                          uint64_t raw_bytes, uint64_t block_bytes);
 
 // Throws usage Error (one line: budget, floor, missing bytes) when the budget is below the floor.
 MemoryPlan make_plan(const PlanInputs& in, const PlanBudget& budget);

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "io/error.hpp"
+#include "io/layer_decode.hpp"
 #include "io/packed_trunk.hpp"
 #include "io/uring_reader.hpp"
 #include "pipeline/graph/reader_options.hpp"
@@ -139,14 +140,12 @@ void WeightSources::expert(int l, int e, ExpertRead& out) const {
     Extent w = window(f, r.run_begin, r.run_begin + g.layout.buffer_bytes);
     out.bind_offset = r.run_begin - w.offset;
     out.reads.push_back(w);
-    out.sort_shard = r.shard;
-    out.sort_offset = w.offset;
+    out.first_offset = w.offset;
   } else {
     out.bind_offset = 0;
     for (const stages::Placement& p : g.layout.places)
       out.reads.push_back(Extent{&shards_.shard_file(p.info.shard), p.info.offset, p.offset, p.info.nbytes});
-    out.sort_shard = g.layout.places.empty() ? 0 : g.layout.places[0].info.shard;
-    out.sort_offset = g.layout.places.empty() ? 0 : g.layout.places[0].info.offset;
+    out.first_offset = g.layout.places.empty() ? 0 : g.layout.places[0].info.offset;
   }
   out.read_bytes = 0;
   for (const Extent& x : out.reads) out.read_bytes += x.bytes;
@@ -224,7 +223,7 @@ PlanInputs plan_inputs(const io::ModelConfig& c, const io::ShardSet& shards, con
       const io::TrunkLayer& T = trunk->layer(l);
       const auto coded = stages::coded_ranges(c, l, packed_layer_layout(c, T, l), 0);
       page.resize(std::max<size_t>(page.size(), size_t(align_up(T.nbytes, kDirectAlign) / kDirectAlign)));
-      for (uint32_t b : fused_staged_blocks(coded, T.nbytes, block_bytes)) {
+      for (uint32_t b : io::staged_blocks(coded, T.nbytes, block_bytes)) {
         const uint64_t b0 = b * block_bytes, b1 = std::min(b0 + block_bytes, T.nbytes);
         for (uint64_t q = b0 / kDirectAlign; q < (b1 + kDirectAlign - 1) / kDirectAlign; ++q)
           page[size_t(q)] = true;

@@ -82,8 +82,7 @@ struct ExpertRead {
   uint64_t read_bytes = 0;
   uint64_t bind_offset = 0;
   const stages::Layout* layout = nullptr;  // shared by the experts of a layer with equal geometry
-  uint32_t sort_shard = 0;                 // for ordering a batch by file position
-  uint64_t sort_offset = 0;
+  uint64_t first_offset = 0;               // where its first read starts (trace events show it)
 };
 
 class WeightSources {
