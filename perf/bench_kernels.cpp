@@ -2,7 +2,8 @@
 //
 // First a streaming read over a buffer far larger than the LLC measures the read bandwidth at 1
 // and 2 threads; then the matmuls run at 1 and 2 threads for every body the CPU supports:
-//   bf16 matvec 12288x7168 (KDA q_proj), f32 matvec of the same shape,
+//   bf16 matvec 12288x7168 (KDA q_proj), f32 matvec of the same shape, the bf16 matmul over a
+//   batch of B = 2, 4, 8 rows against B matvecs (best body only: vs_matvecs, see BM_bf16_batch),
 //   one MXFP4 routed expert (w1, w3 3072x3584 and w2 3584x3072) streamed from a set of experts
 //   larger than the LLC, and the single hot w1 matrix the C reference engine's own benchmark uses;
 //   and one KDA layer's recurrence step (96 heads, D = 128), single thread.
@@ -24,6 +25,8 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <span>
+#include <string>
 #include <vector>
 
 #include "kernels/dispatch.hpp"
@@ -213,6 +216,55 @@ void BM_f32_matvec(benchmark::State& st) {
   set_rates(st, kRows * kCols * 4.0, 2.0 * kRows * kCols, timing, threads, exact);
 }
 
+// ---- a batch of rows: one matmul against B matvecs ---------------------------------------------
+
+// B inputs against the bf16 matrix, as a batched decode step feeds every trunk projection: matmul
+// over the B rows, and the same B rows as B matvecs, alternating inside each iteration so a
+// neighbour's burst lands on both. vs_matvecs = the matmul's best time / the B matvecs' best: the
+// share of B matvecs' time a batched projection costs (1 = no gain; 1/B = B rows for the price of
+// one). bitexact: every row equal (memcmp) to its matvec.
+void BM_bf16_batch(benchmark::State& st) {
+  const Isa isa = static_cast<Isa>(st.range(0));
+  const int threads = static_cast<int>(st.range(1));
+  const auto B = static_cast<size_t>(st.range(2));
+  const DenseData& d = dense_data();
+  const Bf16Matrix w{d.bf16, kRows, kCols};
+  std::vector<float> x(B * kCols);
+  uint32_t s = 777;
+  for (auto& v : x) v = static_cast<float>(xorshift(s) >> 8) / 8388608.0f - 1.0f;
+  std::vector<float> y_mm(B * kRows), y_mv(B * kRows);
+  auto batched = [&] { matmul(w, x, B, y_mm); };
+  auto singles = [&] {
+    for (size_t t = 0; t < B; ++t)
+      matvec(w, std::span<const float>(x).subspan(t * kCols, kCols),
+             std::span<float>(y_mv).subspan(t * kRows, kRows));
+  };
+  const Isa saved = active_isa();
+  set_active_isa(isa);
+  tbb::task_arena arena(threads);
+  arena.execute(batched);  // warm
+  auto timed = [&](auto& body) {
+    const auto t0 = Clock::now();
+    arena.execute(body);
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+  };
+  double best_mm = 1e30, best_mv = 1e30, sum_mm = 0.0;
+  for (auto _ : st) {
+    const double a = timed(batched), b = timed(singles);
+    best_mm = a < best_mm ? a : best_mm;
+    best_mv = b < best_mv ? b : best_mv;
+    sum_mm += a;
+  }
+  set_active_isa(saved);
+  st.SetLabel(std::string(isa_name(isa)) + " " + std::to_string(threads) + "t B=" + std::to_string(B));
+  if (st.iterations() == 0) return;
+  const double bytes = kRows * kCols * 2.0;  // the weights, read once per matmul
+  st.counters["GB/s_best"] = bytes / best_mm / 1e9;
+  st.counters["GFLOP/s"] = 2.0 * double(B) * kRows * kCols / (sum_mm / double(st.iterations())) / 1e9;
+  st.counters["vs_matvecs"] = best_mm / best_mv;
+  st.counters["bitexact"] = std::memcmp(y_mm.data(), y_mv.data(), y_mm.size() * sizeof(float)) == 0 ? 1 : 0;
+}
+
 // ---- MXFP4 experts -------------------------------------------------------------------------
 
 constexpr size_t kLatent = 3584, kInter = 3072;
@@ -354,6 +406,13 @@ void isa_thread_args(benchmark::internal::Benchmark* b) {
 BENCHMARK(BM_dram_read)->Arg(1)->Arg(2)->MinTime(1.0)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_bf16_matvec)->Apply(isa_thread_args)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_f32_matvec)->Apply(isa_thread_args)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_bf16_batch)
+    ->Apply([](benchmark::internal::Benchmark* b) {
+      for (int t = 1; t <= kMaxThreads; ++t)
+        for (int rows : {2, 4, 8}) b->Args({static_cast<int64_t>(best_isa()), t, rows});
+    })
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 BENCHMARK(BM_mxfp4_expert)->Apply(isa_thread_args)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_mxfp4_w1_hot)->Apply(isa_thread_args)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_kda_step)
