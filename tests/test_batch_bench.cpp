@@ -3,14 +3,17 @@
 // engine per child, and a child with 4 sequences on a checkpoint over 3x its budget keeps its peak
 // RSS (wait4) under the budget; every sequence emits the ids it emits in a batch of one. `bench
 // --batch B --join N` compares the prefill modes for a prompt joining B - 1 decoding sequences, with
-// the same ids in every mode.
+// the same ids in every mode. Both write their results as JSON with --json / --out.
 #include <doctest/doctest.h>
 #include <fmt/format.h>
+#include <simdjson.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <filesystem>
 #include <string>
+#include <string_view>
 
 #include "tests/run_helpers.hpp"
 
@@ -112,13 +115,38 @@ TEST_CASE("bench --batch child: 4 sequences on a checkpoint over 3x the budget s
   CHECK(t4 < 2 * t1);
 }
 
-TEST_CASE("bench --batch: the table, every batch size, the same ids; bad lists refused") {
+TEST_CASE("bench --batch: the table, every batch size, the same ids, its JSON; bad lists refused") {
   Small& s = small();
-  const Run r = k3flow(
-      fmt::format("bench {} --mem-gb 0.09 --gen 3 --ids 7,8,9 --repeat 1 --batch 1,2", s.model), "", 300);
+  TempDir d;
+  const std::string out = d / "batch.json";
+  // --json: the JSON alone on stdout, the text on stderr; --out: the same document in a file.
+  const Run r = k3flow(fmt::format("bench {} --mem-gb 0.09 --gen 3 --ids 7,8,9 --repeat 1 --batch 1,2 --json "
+                                   "--out {}",
+                                   s.model, out),
+                       "", 300);
   REQUIRE_MESSAGE(r.code == 0, r.err);
-  CHECK(r.out.find("agg tok/s med") != std::string::npos);
-  CHECK(r.out.find("every sequence emitted the same ids at every B") != std::string::npos);
+  CHECK(r.err.find("agg tok/s med") != std::string::npos);
+  CHECK(r.err.find("every sequence emitted the same ids at every B") != std::string::npos);
+  CHECK(k3::test::slurp(out) == r.out);
+  simdjson::dom::parser parser;
+  simdjson::dom::element doc;
+  REQUIRE_MESSAGE(parser.parse(r.out).get(doc) == simdjson::SUCCESS, r.out);
+  CHECK(std::string_view(doc["mode"]) == "batch");
+  CHECK(int64_t(doc["decode_steps"]) == 2);
+  simdjson::dom::array rows = doc["batches"];
+  REQUIRE(rows.size() == 2);
+  int64_t b = 0;
+  for (simdjson::dom::element row : rows) {
+    CHECK(int64_t(row["batch"]) == ++b);
+    const double sps = row["s_per_step"];
+    CHECK(sps > 0);
+    // Aggregate tokens/s is B over the median s/step, as the table prints it.
+    CHECK(double(row["tokens_per_s"]) == doctest::Approx(double(b) / sps));
+    CHECK(simdjson::dom::array(row["s_per_step_runs"]).size() == 1);
+    CHECK(uint64_t(row["peak_rss_bytes"]) > 0);
+  }
+  CHECK(k3flow(fmt::format("bench {} --mem-gb 0.09 --batch 1 --out {}", s.model, d / "none/x.json")).code ==
+        2);
   CHECK(k3flow(fmt::format("bench {} --mem-gb 0.09 --batch 2,1", s.model)).code == 2);
   CHECK(k3flow(fmt::format("bench {} --mem-gb 0.09 --batch 0", s.model)).code == 2);
   CHECK(k3flow(fmt::format("bench {} --batch 1,2", s.model)).code == 2);
@@ -127,14 +155,25 @@ TEST_CASE("bench --batch: the table, every batch size, the same ids; bad lists r
 TEST_CASE(
     "bench --batch 3 --join N: a prompt joining two decoding sequences, inline and separate, same ids") {
   Small& s = small();
-  const Run r = k3flow(
-      fmt::format("bench {} --mem-gb 0.09 --gen 3 --ids 7,8,9 --repeat 1 --batch 3 --join 12", s.model), "",
-      300);
+  const Run r =
+      k3flow(fmt::format("bench {} --mem-gb 0.09 --gen 3 --ids 7,8,9 --repeat 1 --batch 3 --join 12 --json",
+                         s.model),
+             "", 300);
   REQUIRE_MESSAGE(r.code == 0, r.err);
-  CHECK(r.out.find("TTFT med") != std::string::npos);
-  CHECK(r.out.find("\ninline ") != std::string::npos);
-  CHECK(r.out.find("\nseparate ") != std::string::npos);
-  CHECK(r.out.find("every sequence emitted the same ids in every mode") != std::string::npos);
+  CHECK(r.err.find("TTFT med") != std::string::npos);
+  CHECK(r.err.find("\ninline ") != std::string::npos);
+  CHECK(r.err.find("\nseparate ") != std::string::npos);
+  CHECK(r.err.find("every sequence emitted the same ids in every mode") != std::string::npos);
+  simdjson::dom::parser parser;
+  simdjson::dom::element doc;
+  REQUIRE_MESSAGE(parser.parse(r.out).get(doc) == simdjson::SUCCESS, r.out);
+  CHECK(std::string_view(doc["mode"]) == "join");
+  CHECK(int64_t(doc["join_prompt_ids"]) == 12);
+  simdjson::dom::array modes = doc["prefill"];
+  REQUIRE(modes.size() == 2);
+  CHECK(std::string_view(modes.at(0)["prefill"]) == "inline");
+  CHECK(std::string_view(modes.at(1)["prefill"]) == "separate");
+  for (simdjson::dom::element m : modes) CHECK(double(m["ttft_s"]) > 0);
   // The child: in a separate prefill the joiner's prompt has a step of its own (12 ids fed alone),
   // inline it rides with the two decoding ids (14).
   const std::string child = fmt::format(

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "io/error.hpp"
+#include "io/json_text.hpp"
 #include "kernels/argmax.hpp"
 #include "pipeline/bench/bench_child.hpp"
 #include "pipeline/run/batch_engine.hpp"
@@ -190,7 +191,8 @@ int run_batch_child(const BatchBenchArgs& a, int B) {
   return 0;
 }
 
-int run_batch_bench(const BatchBenchArgs& a, const std::vector<int>& batches, std::FILE* txt) {
+int run_batch_bench(const BatchBenchArgs& a, const std::vector<int>& batches, std::FILE* txt,
+                    std::string* json) {
   ScratchDir tmp("k3batch");
   std::vector<fs::path> cache_dirs = {a.model_dir};
   if (!a.trunk_dir.empty()) cache_dirs.emplace_back(a.trunk_dir);
@@ -237,6 +239,20 @@ int run_batch_bench(const BatchBenchArgs& a, const std::vector<int>& batches, st
 
   std::fprintf(txt, "\n%5s  %12s  %12s  %14s  %14s  %12s  %12s  %10s  %9s\n", "B", "s/step med", "s/step min",
                "agg tok/s med", "agg tok/s max", "trunk/step", "experts/step", "peak RSS", "vs first");
+  io::JsonWriter w;
+  w.begin_object()
+      .field("mode", "batch")
+      .field("model", a.model_dir)
+      .field("trunk", a.trunk_dir)
+      .field("budget", budget_text(a))
+      .field("strategy", a.strategy)
+      .field("prompt_ids", a.ids.size())
+      .field("gen", a.gen)
+      .field("decode_steps", a.gen - 1)
+      .field("repeat", a.repeat)
+      .field("threads", a.threads)
+      .key("batches")
+      .begin_array();
   double base = 0;
   for (size_t i = 0; i < batches.size(); ++i) {
     std::vector<double> s;
@@ -256,7 +272,24 @@ int run_batch_bench(const BatchBenchArgs& a, const std::vector<int>& batches, st
                  agg, mn > 0 ? batches[i] / mn : 0.0, human_bytes(double(trunk) / std::max(steps, 1)).c_str(),
                  human_bytes(double(experts) / std::max(steps, 1)).c_str(), human_bytes(double(peak)).c_str(),
                  base > 0 ? agg / base : 0.0);
+    std::vector<double> prefill;
+    for (const BatchSample& x : samples[i]) prefill.push_back(x.prefill_s);
+    w.begin_object()
+        .field("batch", batches[i])
+        .field("s_per_step", med)
+        .field("s_per_step_min", mn)
+        .field("s_per_step_runs", s)
+        .field("tokens_per_s", agg)
+        .field("tokens_per_s_max", mn > 0 ? batches[i] / mn : 0.0)
+        .field("prefill_s_runs", prefill)
+        .field("trunk_bytes_per_step", trunk / uint64_t(std::max(steps, 1)))
+        .field("expert_bytes_per_step", experts / uint64_t(std::max(steps, 1)))
+        .field("peak_rss_bytes", peak)
+        .field("vs_first", base > 0 ? agg / base : 0.0)
+        .end_object();
   }
+  w.end_array().field("same_ids", true).end_object();
+  if (json) *json = w.str() + "\n";
   std::fprintf(
       txt,
       "s/step: decode steps 1..%d (the prefill step excluded), median and min over %d repeat%s; per-sequence "
@@ -443,7 +476,7 @@ int run_join_child(const BatchBenchArgs& a, int B, PrefillPolicy::Mode mode) {
   return 0;
 }
 
-int run_join_bench(const BatchBenchArgs& a, int B, std::FILE* txt) {
+int run_join_bench(const BatchBenchArgs& a, int B, std::FILE* txt, std::string* json) {
   ScratchDir tmp("k3join");
   std::vector<fs::path> cache_dirs = {a.model_dir};
   if (!a.trunk_dir.empty()) cache_dirs.emplace_back(a.trunk_dir);
@@ -498,6 +531,22 @@ int run_join_bench(const BatchBenchArgs& a, int B, std::FILE* txt) {
 
   std::fprintf(txt, "\n%-9s  %10s  %10s  %12s  %12s  %12s  %12s  %12s  %10s\n", "prefill", "TTFT med",
                "TTFT min", "s/tok before", "gap med", "gap max", "agg tok/s", "trunk read", "peak RSS");
+  io::JsonWriter w;
+  w.begin_object()
+      .field("mode", "join")
+      .field("model", a.model_dir)
+      .field("trunk", a.trunk_dir)
+      .field("budget", budget_text(a))
+      .field("strategy", a.strategy)
+      .field("batch", B)
+      .field("running_prompt_ids", a.ids.size())
+      .field("join_prompt_ids", a.join)
+      .field("prefill_chunk", a.chunk)
+      .field("gen", a.gen)
+      .field("repeat", a.repeat)
+      .field("threads", a.threads)
+      .key("prefill")
+      .begin_array();
   for (size_t i = 0; i < a.modes.size(); ++i) {
     std::vector<double> ttft, base, gap, agg;
     uint64_t trunk = 0, peak = 0;
@@ -514,7 +563,21 @@ int run_join_bench(const BatchBenchArgs& a, int B, std::FILE* txt) {
                  median_of(gap), *std::max_element(gap.begin(), gap.end()), median_of(agg),
                  human_bytes(double(trunk) / double(samples[i].size())).c_str(),
                  human_bytes(double(peak)).c_str());
+    w.begin_object()
+        .field("prefill", names[i])
+        .field("ttft_s", median_of(ttft))
+        .field("ttft_s_min", *std::min_element(ttft.begin(), ttft.end()))
+        .field("ttft_s_runs", ttft)
+        .field("s_per_token_before", median_of(base))
+        .field("gap_s", median_of(gap))
+        .field("gap_s_max", *std::max_element(gap.begin(), gap.end()))
+        .field("tokens_per_s", median_of(agg))
+        .field("trunk_bytes_per_run", trunk / uint64_t(samples[i].size()))
+        .field("peak_rss_bytes", peak)
+        .end_object();
   }
+  w.end_array().field("same_ids", true).end_object();
+  if (json) *json = w.str() + "\n";
   std::fprintf(
       txt,
       "TTFT: from the join to the joiner's first id; s/tok before: the running sequences' median gap "

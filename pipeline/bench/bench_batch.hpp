@@ -50,17 +50,20 @@ inline constexpr int kWarmSteps = 3;
 // "BATCH {json}" with the measurements and every sequence's ids.
 int run_batch_child(const BatchBenchArgs&, int batch);
 
-// The parent: every B in `batches` (ascending, distinct), `repeat` rounds; the table to `txt`.
-// Throws runtime Error when a child fails or a sequence's ids differ between batch sizes.
-int run_batch_bench(const BatchBenchArgs&, const std::vector<int>& batches, std::FILE* txt);
+// The parent: every B in `batches` (ascending, distinct), `repeat` rounds; the table to `txt` and,
+// when `json` is given, the same results as one JSON object into it (docs/performance.md lists the
+// keys). Throws runtime Error when a child fails or a sequence's ids differ between batch sizes.
+int run_batch_bench(const BatchBenchArgs&, const std::vector<int>& batches, std::FILE* txt,
+                    std::string* json = nullptr);
 
 // The join bench's child: B - 1 running sequences and one joiner under `mode`; prints one line
 // "JOIN {key=value ...}" with the measurements and every sequence's ids.
 int run_join_child(const BatchBenchArgs&, int batch, PrefillPolicy::Mode mode);
 
-// The join bench's parent: `repeat` rounds of every mode in a.modes, the table to `txt`. Throws
-// runtime Error when a child fails or a sequence's ids differ between modes.
-int run_join_bench(const BatchBenchArgs&, int batch, std::FILE* txt);
+// The join bench's parent: `repeat` rounds of every mode in a.modes, the table to `txt` and, when
+// `json` is given, the results as one JSON object. Throws runtime Error when a child fails or a
+// sequence's ids differ between modes.
+int run_join_bench(const BatchBenchArgs&, int batch, std::FILE* txt, std::string* json = nullptr);
 
 // "inline,separate" -> the modes, in order; usage Error naming --prefill for anything else.
 std::vector<PrefillPolicy::Mode> parse_prefill_modes(const std::string& text);

@@ -215,13 +215,41 @@ class Runner {
   std::vector<int32_t> ref_ids_;
 };
 
+// --out FILE: refused before any run when it could not be written at the end.
+void check_out_path(const std::string& out_path) {
+  if (out_path.empty()) return;
+  const fs::path out(out_path);
+  const fs::path parent = out.has_parent_path() ? out.parent_path() : fs::path(".");
+  if (!fs::is_directory(parent))
+    throw io::usage_error(fmt::format("--out: directory {} does not exist", parent.string()));
+  if (fs::is_directory(out)) throw io::usage_error(fmt::format("--out: {} is a directory", out_path));
+}
+
+// The JSON document to --out (atomically), then the text's `last_line` if any, then with --json the
+// document alone on stdout (the text went to stderr).
+void write_results(const BenchArgs& a, const std::string& doc, std::FILE* txt,
+                   const std::string& last_line = "") {
+  if (!a.out_path.empty()) {
+    write_file_atomic(a.out_path, doc);
+    std::fprintf(txt, "wrote %s\n", a.out_path.c_str());
+  }
+  if (!last_line.empty()) std::fprintf(txt, "%s\n", last_line.c_str());
+  if (a.json) {
+    std::fflush(txt);
+    std::fputs(doc.c_str(), stdout);
+  }
+}
+
 // --batch / --batch-child: the batched-decode bench (pipeline/bench/bench_batch.hpp).
 int run_batched(const BenchArgs& a) {
   if (a.preset.empty() && !a.mem_gb)
     throw io::usage_error("bench --batch: give a budget: --mem-gb X or --preset NAME");
-  if (a.json || !a.out_path.empty() || !a.trace_dir.empty() || parse_rings(a.ring) != std::vector<int>{2})
-    throw io::usage_error(
-        "bench --batch: --json, --out, --trace-dir and --ring are not supported with --batch");
+  if (!a.trace_dir.empty() || parse_rings(a.ring) != std::vector<int>{2})
+    throw io::usage_error("bench --batch: --trace-dir and --ring are not supported with --batch");
+  if (a.batch_child > 0 && (a.json || !a.out_path.empty()))
+    throw io::usage_error("bench --batch-child: --json and --out belong to the parent bench");
+  check_out_path(a.out_path);
+  std::FILE* txt = a.json ? stderr : stdout;
   if (!a.routing_replay.empty()) throw io::usage_error("bench --batch: --routing-replay is not supported");
   BatchBenchArgs b;
   b.model_dir = a.model_dir;
@@ -256,10 +284,16 @@ int run_batched(const BenchArgs& a) {
     const std::vector<int> batches = parse_batch_list(a.batch);
     if (batches.size() != 1 || batches.front() < 2)
       throw io::usage_error(fmt::format("--join: give one batch size of at least 2 (--batch {})", a.batch));
-    return run_join_bench(b, batches.front(), stdout);
+    std::string doc;
+    run_join_bench(b, batches.front(), txt, &doc);
+    write_results(a, doc, txt);
+    return 0;
   }
   if (a.batch_child > 0) return run_batch_child(b, a.batch_child);
-  return run_batch_bench(b, parse_batch_list(a.batch), stdout);
+  std::string doc;
+  run_batch_bench(b, parse_batch_list(a.batch), txt, &doc);
+  write_results(a, doc, txt);
+  return 0;
 }
 
 int run_bench(const BenchArgs& a) {
@@ -269,13 +303,7 @@ int run_bench(const BenchArgs& a) {
   // ---- usage checks ----
   const std::vector<std::string> strategies = parse_strategies(a.strategies);
   const std::vector<int> rings = parse_rings(a.ring);
-  if (!a.out_path.empty()) {
-    const fs::path out(a.out_path);
-    const fs::path parent = out.has_parent_path() ? out.parent_path() : fs::path(".");
-    if (!fs::is_directory(parent))
-      throw io::usage_error(fmt::format("--out: directory {} does not exist", parent.string()));
-    if (fs::is_directory(out)) throw io::usage_error(fmt::format("--out: {} is a directory", a.out_path));
-  }
+  check_out_path(a.out_path);
   if (a.preset.empty() && !a.mem_gb)
     throw io::usage_error("bench: give a budget: --mem-gb X or --preset NAME");
   if (!a.routing_replay.empty()) {
@@ -632,16 +660,7 @@ int run_bench(const BenchArgs& a) {
       if (trunk) flags += fmt::format(" --trunk {}", row.trunk_dir);
       std::fprintf(txt, "fastest here: k3flow generate %s %s\n", a.model_dir.c_str(), flags.c_str());
     }
-  const std::string doc = bench_json(sum);
-  if (!a.out_path.empty()) {
-    write_file_atomic(a.out_path, doc);
-    std::fprintf(txt, "wrote %s\n", a.out_path.c_str());
-  }
-  std::fprintf(txt, "%s\n", bench_last_line(sum).c_str());
-  if (a.json) {
-    std::fflush(txt);
-    std::fputs(doc.c_str(), stdout);
-  }
+  write_results(a, bench_json(sum), txt, bench_last_line(sum));
   return 0;
 }
 
