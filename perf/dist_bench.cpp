@@ -10,7 +10,6 @@
 // On one machine the ranks share the cores, so this shows the communication's cost, not a speedup.
 #include <fmt/format.h>
 #include <mpi.h>
-#include <tbb/global_control.h>
 
 #include <algorithm>
 #include <chrono>
@@ -30,6 +29,7 @@
 #include "pipeline/graph/streaming_source.hpp"
 #include "pipeline/ranks/mpi_comm.hpp"
 #include "pipeline/ranks/rank_experts.hpp"
+#include "pipeline/run/thread_limit.hpp"
 #include "stages/bind.hpp"
 #include "stages/forward.hpp"
 
@@ -73,8 +73,7 @@ int run(int argc, char** argv) {
     else if (flag == "--mem-gb")
       mem_gb = std::atof(argv[i + 1]);
   }
-  std::optional<tbb::global_control> limit;  // ranks sharing one machine: cores / N each
-  if (threads > 0) limit.emplace(tbb::global_control::max_allowed_parallelism, size_t(threads));
+  const pipeline::ThreadLimit limit(threads);  // ranks sharing one machine: cores / N each
   ranks::MpiComm comm;
   const io::ModelConfig cfg = io::load_config(dir + "/config.json");
   const io::ShardSet shards = io::ShardSet::open(dir);
@@ -96,7 +95,8 @@ int run(int argc, char** argv) {
     b.source = "--mem-gb";
     const pipeline::MemoryPlan plan = pipeline::make_plan(in, b);
     streamed = std::make_unique<pipeline::StreamingModel>(*src, plan, pipeline::Strategy::automatic, nullptr,
-                                                          comm.size() > 1 ? &experts : nullptr);
+                                                          comm.size() > 1 ? &experts : nullptr,
+                                                          pipeline::kDefaultExpertPolicy, limit.threads());
     streamed->expect_calls(gen + 1);
     held_bytes = streamed->allocated_bytes();
   } else {

@@ -14,7 +14,6 @@
 //   - bad rows are refused before any state changes.
 #include <doctest/doctest.h>
 #include <fmt/format.h>
-#include <tbb/global_control.h>
 
 #include <algorithm>
 #include <cstring>
@@ -25,6 +24,7 @@
 #include "kernels/argmax.hpp"
 #include "pipeline/run/batch_engine.hpp"
 #include "pipeline/run/decoder.hpp"
+#include "pipeline/run/thread_limit.hpp"
 #include "tests/run_helpers.hpp"
 
 using namespace k3;
@@ -215,7 +215,7 @@ TEST_CASE(
     "thread count") {
   Synth& s = synth();
   for (const int threads : {1, 2}) {
-    tbb::global_control gc(tbb::global_control::max_allowed_parallelism, size_t(threads));
+    const pipeline::ThreadLimit limit(threads);
     for (const char* budget : {"ultra", "0.02"})
       for (const char* strategy : {"serial", "overlap", "lookahead", "auto"}) {
         CAPTURE(threads);
@@ -229,6 +229,7 @@ TEST_CASE(
           o.stream.mem_gb = std::stod(budget);
         }
         o.stream.strategy = strategy;
+        o.stream.threads = limit.threads();
         BatchEngine eng(o, s.cfg, 3);
         run_scenario(eng, s.cfg, s.want);
       }

@@ -5,7 +5,6 @@
 // incremental, single tokens and multi-token prefill (expert waves at the floor).
 #include <doctest/doctest.h>
 #include <fmt/format.h>
-#include <tbb/global_control.h>
 
 #include <cstring>
 #include <filesystem>
@@ -22,6 +21,7 @@
 #include "pipeline/graph/graph.hpp"
 #include "pipeline/graph/planner.hpp"
 #include "pipeline/graph/streaming_source.hpp"
+#include "pipeline/run/thread_limit.hpp"
 #include "stages/bind.hpp"
 #include "stages/forward.hpp"
 #include "stages/head.hpp"
@@ -105,7 +105,8 @@ struct Streamed {
 
 // budget: 0 = the floor, else bytes. `before` runs on the built model before the decode.
 Streamed streamed(pipeline::Strategy s, uint64_t budget, bool use_trunk, bool incremental, int gen,
-                  const std::function<void(pipeline::StreamingModel&, const io::ModelConfig&)>& before = {}) {
+                  const std::function<void(pipeline::StreamingModel&, const io::ModelConfig&)>& before = {},
+                  int threads = 0) {
   Checkpoint& ck = checkpoint();
   const io::ModelConfig c = io::load_config(ck.model / "config.json");
   const io::ShardSet shards = io::ShardSet::open(ck.model);
@@ -119,7 +120,7 @@ Streamed streamed(pipeline::Strategy s, uint64_t budget, bool use_trunk, bool in
   b.source = "test";
   Streamed out;
   out.plan = pipeline::make_plan(in, b);
-  pipeline::StreamingModel m(*src, out.plan, s, nullptr);
+  pipeline::StreamingModel m(*src, out.plan, s, nullptr, nullptr, pipeline::kDefaultExpertPolicy, threads);
   if (before) before(m, c);
   m.expect_calls(gen);
   out.logits = decode(c, incremental, gen,
@@ -189,10 +190,11 @@ TEST_CASE("1 and 2 threads give the same bits") {
   const std::vector<float> ref = resident(true, 3);
   for (int threads : {1, 2}) {
     CAPTURE(threads);
-    tbb::global_control gc(tbb::global_control::max_allowed_parallelism, size_t(threads));
+    // The command's way: the process capped, and the graph's arena given the same count.
+    const pipeline::ThreadLimit limit(threads);
     for (pipeline::Strategy s : kStrategies) {
       CAPTURE(pipeline::strategy_name(s));
-      CHECK(same_bits(streamed(s, 0, false, true, 3).logits, ref));
+      CHECK(same_bits(streamed(s, 0, false, true, 3, {}, limit.threads()).logits, ref));
     }
   }
 }

@@ -1,7 +1,6 @@
 #include "pipeline/bench/bench_batch.hpp"
 
 #include <fmt/format.h>
-#include <tbb/global_control.h>
 
 #include <algorithm>
 #include <chrono>
@@ -19,6 +18,7 @@
 #include "pipeline/bench/bench_child.hpp"
 #include "pipeline/run/batch_engine.hpp"
 #include "pipeline/run/decoder.hpp"
+#include "pipeline/run/thread_limit.hpp"
 #include "pipeline/support/human_bytes.hpp"
 
 namespace k3::pipeline {
@@ -87,8 +87,9 @@ BatchSample parse_batch_line(const std::string& out, const std::string& label) {
 }
 
 // The engine a child measures: the bench's budget flags, `capacity` positions per sequence.
-DecoderOptions child_options(const BatchBenchArgs& a, size_t capacity) {
+DecoderOptions child_options(const BatchBenchArgs& a, size_t capacity, const ThreadLimit& threads) {
   DecoderOptions o;
+  o.stream.threads = threads.threads();
   o.model_dir = a.model_dir;
   o.capacity = capacity;
   o.stream.no_progress = true;
@@ -148,10 +149,9 @@ std::vector<int> parse_batch_list(const std::string& text) {
 }
 
 int run_batch_child(const BatchBenchArgs& a, int B) {
-  std::optional<tbb::global_control> threads;
-  if (a.threads > 0) threads.emplace(tbb::global_control::max_allowed_parallelism, size_t(a.threads));
+  const ThreadLimit threads(a.threads);
   const io::ModelConfig cfg = load_model_config(a.model_dir, std::nullopt);
-  BatchEngine eng(child_options(a, a.ids.size() + size_t(a.gen) + 1), cfg, B);
+  BatchEngine eng(child_options(a, a.ids.size() + size_t(a.gen) + 1, threads), cfg, B);
 
   const size_t V = size_t(cfg.vocab), n = size_t(B);
   std::vector<std::vector<int32_t>> prompts(n), out(n);
@@ -368,8 +368,7 @@ JoinSample parse_join_line(const std::string& out, int B, const std::string& lab
 }  // namespace
 
 int run_join_child(const BatchBenchArgs& a, int B, PrefillPolicy::Mode mode) {
-  std::optional<tbb::global_control> threads;
-  if (a.threads > 0) threads.emplace(tbb::global_control::max_allowed_parallelism, size_t(a.threads));
+  const ThreadLimit threads(a.threads);
   const io::ModelConfig cfg = load_model_config(a.model_dir, std::nullopt);
   const size_t n = size_t(B), N = a.join, len = a.ids.size(), gen = size_t(a.gen);
   const size_t chunk = a.chunk ? std::min(a.chunk, N) : N;
@@ -378,7 +377,7 @@ int run_join_child(const BatchBenchArgs& a, int B, PrefillPolicy::Mode mode) {
   // most one id a step until the joiner has `gen` ids (join_steps + gen - 1 steps); the joiner its
   // prompt and gen ids.
   const size_t capacity = std::max(len + kWarmSteps + 1 + join_steps + gen, N + gen + 1);
-  BatchEngine eng(child_options(a, capacity), cfg, B);
+  BatchEngine eng(child_options(a, capacity, threads), cfg, B);
   eng.set_prefill({.mode = mode, .chunk = a.chunk});
 
   std::vector<JoinSeq> seqs(n);

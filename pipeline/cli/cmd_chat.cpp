@@ -17,7 +17,6 @@
 // and sends it, with Ctrl-C / SIGTERM as a flag before every step, and the other ranks follow, each
 // holding only its experts; every rank samples the same ids, so nothing else is sent.
 #include <fmt/format.h>
-#include <tbb/global_control.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -44,6 +43,7 @@
 #include "pipeline/run/model_tokenizer.hpp"
 #include "pipeline/run/sampler_flags.hpp"
 #include "pipeline/run/speculative.hpp"
+#include "pipeline/run/thread_limit.hpp"
 #include "pipeline/support/clock.hpp"
 #include "pipeline/support/human_bytes.hpp"
 #include "pipeline/support/interrupt.hpp"
@@ -493,8 +493,8 @@ int run_chat(ChatArgs& a) {
   if (!a.dec.stream.trunk_dir.empty()) check_trunk_dir(a.dec.stream.trunk_dir);
   if (a.history) check_writable(*a.history, "--history");
   if (a.save_state) check_writable(*a.save_state, "--save-state");
-  std::optional<tbb::global_control> threads;
-  if (a.threads > 0) threads.emplace(tbb::global_control::max_allowed_parallelism, size_t(a.threads));
+  const ThreadLimit threads(a.threads);
+  a.dec.stream.threads = threads.threads();
 
   // Diagnostics go to stderr; stdout carries the conversation. Under mpirun only rank 0's: the others'
   // stdout stays closed (ranks::Session), and each holds and computes only its experts.

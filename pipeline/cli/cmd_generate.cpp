@@ -11,7 +11,6 @@
 // (pipeline/run/speculative.hpp, docs/speculative.md); --spec-min-match / --spec-policy choose when
 // and how much to draft (pipeline/run/draft_policy.hpp).
 #include <fmt/format.h>
-#include <tbb/global_control.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -34,6 +33,7 @@
 #include "pipeline/run/run_report.hpp"
 #include "pipeline/run/sampler_flags.hpp"
 #include "pipeline/run/speculative.hpp"
+#include "pipeline/run/thread_limit.hpp"
 #include "pipeline/support/clock.hpp"
 #include "pipeline/support/human_bytes.hpp"
 #include "pipeline/support/id_list.hpp"
@@ -192,9 +192,8 @@ int run_generate(GenerateOptions o) {
   TextOut out;
   if (text_mode) out.split_from_diagnostics();
 
-  std::optional<tbb::global_control> threads;
-  if (o.threads > 0)
-    threads.emplace(tbb::global_control::max_allowed_parallelism, static_cast<size_t>(o.threads));
+  const ThreadLimit threads(o.threads);
+  o.dec.stream.threads = threads.threads();
 
   // ---- config, tokenizer, prompt ids ----
   io::ModelConfig cfg = load_model_config(o.dec.model_dir, o.dec.config);
@@ -423,8 +422,7 @@ int run_generate(GenerateOptions o) {
   r.seconds_per_token = spt;
   r.wall_seconds = now_seconds() - t_start;
   r.peak_rss_bytes = rss;
-  r.threads =
-      static_cast<int>(tbb::global_control::active_value(tbb::global_control::max_allowed_parallelism));
+  r.threads = threads.threads();
   if (o.spec > 0) {
     SpecReport& sr = r.speculative.emplace();
     sr.drafts_per_pass = o.spec;

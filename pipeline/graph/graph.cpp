@@ -83,7 +83,6 @@ void StreamingModel::Impl::add(const Row& row) {
     stats[N] = &own_stats[N];
     return;
   }
-  const int threads = int(tbb::global_control::active_value(tbb::global_control::max_allowed_parallelism));
   tracks[N] = std::make_unique<TraceTrack>(fmt::format("node: {}", info.name),
                                            info.concurrency == 0 ? std::min(2 * threads, 64) : 1);
   stats[N] = dot ? &dot->add_node(info.name, info.kind, info.concurrency, info.cluster) : &own_stats[N];
@@ -139,8 +138,9 @@ void StreamingModel::Impl::prepare_call(std::span<const stages::Segment> segs, s
 // ------------------------------------------------------------------ the public face
 
 StreamingModel::StreamingModel(const WeightSources& s, const MemoryPlan& p, Strategy st,
-                               GraphDescription* dot, stages::ExpertExchange* exchange, ExpertPolicy policy)
-    : impl_(std::make_unique<Impl>(s, p, st, dot, exchange, policy)) {}
+                               GraphDescription* dot, stages::ExpertExchange* exchange, ExpertPolicy policy,
+                               int threads)
+    : impl_(std::make_unique<Impl>(s, p, st, dot, exchange, policy, threads)) {}
 
 StreamingModel::~StreamingModel() = default;
 

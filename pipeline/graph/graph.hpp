@@ -161,9 +161,11 @@ class StreamingModel {
   // expert_exchange node between a MoE layer's last piece and its combine (null: one process, the
   // graph without it). The plan should be the rank's (plan_rank_experts).
   // `policy`: the expert cache's replacement policy (cache_policy.hpp); it changes what is read, never
-  // the bits.
+  // the bits. `threads`: the graph's arena, where its nodes and their kernels run (the command's
+  // --threads; 0: oneTBB's default concurrency); it never changes the bits either.
   StreamingModel(const WeightSources&, const MemoryPlan&, Strategy, GraphDescription* dot,
-                 stages::ExpertExchange* exchange = nullptr, ExpertPolicy policy = kDefaultExpertPolicy);
+                 stages::ExpertExchange* exchange = nullptr, ExpertPolicy policy = kDefaultExpertPolicy,
+                 int threads = 0);
   ~StreamingModel();
   StreamingModel(const StreamingModel&) = delete;
   StreamingModel& operator=(const StreamingModel&) = delete;

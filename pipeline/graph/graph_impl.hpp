@@ -7,7 +7,7 @@
 #pragma once
 #include <fmt/format.h>
 #include <tbb/flow_graph.h>
-#include <tbb/global_control.h>
+#include <tbb/info.h>
 #include <tbb/task_arena.h>
 #include <tbb/task_group.h>
 
@@ -73,7 +73,9 @@ struct StepState {
 
 struct StreamingModel::Impl {
   // ---- where the graph's tasks run: an arena of its own, so the driver thread can wait for one
-  // call inside it (and execute the graph's tasks while it waits, as it must with one thread) ----
+  // call inside it (and execute the graph's tasks while it waits, as it must with one thread), of
+  // `threads` threads (the command's --threads, passed down) ----
+  const int threads;
   tbb::task_arena arena;
 
   // ---- what the run is ----
@@ -199,8 +201,9 @@ struct StreamingModel::Impl {
   }
 
   Impl(const WeightSources& s, const MemoryPlan& p, Strategy st, GraphDescription* d,
-       stages::ExpertExchange* x, ExpertPolicy policy)
-      : arena(int(tbb::global_control::active_value(tbb::global_control::max_allowed_parallelism))),
+       stages::ExpertExchange* x, ExpertPolicy policy, int n_threads)
+      : threads(n_threads > 0 ? n_threads : tbb::info::default_concurrency()),
+        arena(threads),
         src(s),
         cfg(s.config()),
         plan(p),

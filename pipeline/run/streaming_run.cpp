@@ -2,7 +2,6 @@
 
 #include <fmt/format.h>
 #include <malloc.h>
-#include <tbb/global_control.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -346,7 +345,7 @@ std::unique_ptr<StreamRun> StreamRun::open(const StreamFlags& f, const io::Model
   }
   s.model = std::make_unique<StreamingModel>(
       *s.src, s.plan, s.strategy, f.graph_dot.empty() ? nullptr : &s.dot, ranks > 1 ? experts : nullptr,
-      f.expert_policy.empty() ? kDefaultExpertPolicy : parse_expert_policy(f.expert_policy));
+      f.expert_policy.empty() ? kDefaultExpertPolicy : parse_expert_policy(f.expert_policy), f.threads);
   s.model->expect_calls(gen);
   if (!f.routing_trace.empty()) s.model->record_routing(f.routing_trace);
   if (!f.routing_replay.empty()) {

@@ -13,7 +13,6 @@
 // every rank exits 0.
 #include <fmt/format.h>
 #include <signal.h>
-#include <tbb/global_control.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -33,6 +32,7 @@
 #include "pipeline/run/decoder.hpp"
 #include "pipeline/run/model_tokenizer.hpp"
 #include "pipeline/run/streaming_run.hpp"
+#include "pipeline/run/thread_limit.hpp"
 #include "pipeline/serve/http.hpp"
 #include "pipeline/serve/rank_steps.hpp"
 #include "pipeline/serve/scheduler.hpp"
@@ -161,9 +161,8 @@ int run_serve(ServeArgs a) {
   // One process: its plan is the scheduler's (several ranks plan each its own slice, as they load).
   if (comm.size() == 1) check_budget(a, cfg, *shards);
   shards.reset();  // the scheduler's engine opens its own
-  std::optional<tbb::global_control> threads;
-  if (a.threads > 0)
-    threads.emplace(tbb::global_control::max_allowed_parallelism, static_cast<size_t>(a.threads));
+  const ThreadLimit threads(a.threads);
+  a.dec.stream.threads = threads.threads();
   // Several ranks: each holds and computes only its experts (docs/distributed.md §6).
   std::optional<ranks::RankExperts> experts;
   if (comm.size() > 1) {
