@@ -51,6 +51,14 @@ std::string batch_field(const std::string& out, const std::string& key, const st
   return out.substr(b, e - b);
 }
 
+// A bench's --json output: one JSON object whose mode is `mode`.
+simdjson::dom::element results(simdjson::dom::parser& parser, const std::string& out, std::string_view mode) {
+  simdjson::dom::element doc;
+  REQUIRE_MESSAGE(parser.parse(out).get(doc) == simdjson::SUCCESS, out);
+  CHECK(std::string_view(doc["mode"]) == mode);
+  return doc;
+}
+
 }  // namespace
 
 TEST_CASE("plan --max-seqs: the carried state of every sequence is planned, and printed per sequence") {
@@ -129,9 +137,7 @@ TEST_CASE("bench --batch: the table, every batch size, the same ids, its JSON; b
   CHECK(r.err.find("every sequence emitted the same ids at every B") != std::string::npos);
   CHECK(k3::test::slurp(out) == r.out);
   simdjson::dom::parser parser;
-  simdjson::dom::element doc;
-  REQUIRE_MESSAGE(parser.parse(r.out).get(doc) == simdjson::SUCCESS, r.out);
-  CHECK(std::string_view(doc["mode"]) == "batch");
+  const simdjson::dom::element doc = results(parser, r.out, "batch");
   CHECK(int64_t(doc["decode_steps"]) == 2);
   simdjson::dom::array rows = doc["batches"];
   REQUIRE(rows.size() == 2);
@@ -165,9 +171,7 @@ TEST_CASE(
   CHECK(r.err.find("\nseparate ") != std::string::npos);
   CHECK(r.err.find("every sequence emitted the same ids in every mode") != std::string::npos);
   simdjson::dom::parser parser;
-  simdjson::dom::element doc;
-  REQUIRE_MESSAGE(parser.parse(r.out).get(doc) == simdjson::SUCCESS, r.out);
-  CHECK(std::string_view(doc["mode"]) == "join");
+  const simdjson::dom::element doc = results(parser, r.out, "join");
   CHECK(int64_t(doc["join_prompt_ids"]) == 12);
   simdjson::dom::array modes = doc["prefill"];
   REQUIRE(modes.size() == 2);

@@ -121,6 +121,16 @@ std::string budget_text(const BatchBenchArgs& a) {
 }
 
 // The peak RSS against --mem-gb (a --preset's bytes are the child's to know): said, not hidden.
+// The results' JSON object opened with what both benches share: the mode and the run's settings.
+io::JsonWriter& results_head(io::JsonWriter& w, const BatchBenchArgs& a, const char* mode) {
+  return w.begin_object()
+      .field("mode", mode)
+      .field("model", a.model_dir)
+      .field("trunk", a.trunk_dir)
+      .field("budget", budget_text(a))
+      .field("strategy", a.strategy);
+}
+
 std::string over_budget(const BatchBenchArgs& a, uint64_t peak_rss) {
   const uint64_t budget_bytes = a.mem_gb ? uint64_t(std::llround(*a.mem_gb * double(uint64_t{1} << 30))) : 0;
   return budget_bytes && peak_rss > budget_bytes
@@ -240,12 +250,7 @@ int run_batch_bench(const BatchBenchArgs& a, const std::vector<int>& batches, st
   std::fprintf(txt, "\n%5s  %12s  %12s  %14s  %14s  %12s  %12s  %10s  %9s\n", "B", "s/step med", "s/step min",
                "agg tok/s med", "agg tok/s max", "trunk/step", "experts/step", "peak RSS", "vs first");
   io::JsonWriter w;
-  w.begin_object()
-      .field("mode", "batch")
-      .field("model", a.model_dir)
-      .field("trunk", a.trunk_dir)
-      .field("budget", budget_text(a))
-      .field("strategy", a.strategy)
+  results_head(w, a, "batch")
       .field("prompt_ids", a.ids.size())
       .field("gen", a.gen)
       .field("decode_steps", a.gen - 1)
@@ -531,12 +536,7 @@ int run_join_bench(const BatchBenchArgs& a, int B, std::FILE* txt, std::string* 
   std::fprintf(txt, "\n%-9s  %10s  %10s  %12s  %12s  %12s  %12s  %12s  %10s\n", "prefill", "TTFT med",
                "TTFT min", "s/tok before", "gap med", "gap max", "agg tok/s", "trunk read", "peak RSS");
   io::JsonWriter w;
-  w.begin_object()
-      .field("mode", "join")
-      .field("model", a.model_dir)
-      .field("trunk", a.trunk_dir)
-      .field("budget", budget_text(a))
-      .field("strategy", a.strategy)
+  results_head(w, a, "join")
       .field("batch", B)
       .field("running_prompt_ids", a.ids.size())
       .field("join_prompt_ids", a.join)
