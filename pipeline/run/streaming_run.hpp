@@ -67,8 +67,8 @@ struct StreamFlags {
   int max_seqs = 1;                               // sequences whose state the plan holds (BatchEngine)
   int spec = 0;                                   // --spec N: plan its journal (run/speculative.hpp)
   double prompt_cache_gb = 0;                     // serve --prompt-cache-gb: a resident term of the plan
-  int threads = 0;  // the command's ThreadLimit::threads(): the graph's arena (0: oneTBB's default)
-  bool progress = false, no_progress = false;  // --progress / --no-progress
+  int threads = 0;                                // the graph's arena: the command's ThreadLimit
+  bool progress = false, no_progress = false;     // --progress / --no-progress
   bool requested() const;
   bool budget_given() const { return !preset.empty() || mem_gb > 0 || trunk_gb > 0; }
 };
