@@ -120,7 +120,6 @@ std::string budget_text(const BatchBenchArgs& a) {
   return a.mem_gb ? fmt::format("--mem-gb {}", *a.mem_gb) : fmt::format("--preset {}", a.preset);
 }
 
-// The peak RSS against --mem-gb (a --preset's bytes are the child's to know): said, not hidden.
 // The results' JSON object opened with what both benches share: the mode and the run's settings.
 io::JsonWriter& results_head(io::JsonWriter& w, const BatchBenchArgs& a, const char* mode) {
   return w.begin_object()
@@ -131,6 +130,7 @@ io::JsonWriter& results_head(io::JsonWriter& w, const BatchBenchArgs& a, const c
       .field("strategy", a.strategy);
 }
 
+// The peak RSS against --mem-gb (a --preset's bytes are the child's to know): said, not hidden.
 std::string over_budget(const BatchBenchArgs& a, uint64_t peak_rss) {
   const uint64_t budget_bytes = a.mem_gb ? uint64_t(std::llround(*a.mem_gb * double(uint64_t{1} << 30))) : 0;
   return budget_bytes && peak_rss > budget_bytes

@@ -215,16 +215,6 @@ class Runner {
   std::vector<int32_t> ref_ids_;
 };
 
-// --out FILE: refused before any run when it could not be written at the end.
-void check_out_path(const std::string& out_path) {
-  if (out_path.empty()) return;
-  const fs::path out(out_path);
-  const fs::path parent = out.has_parent_path() ? out.parent_path() : fs::path(".");
-  if (!fs::is_directory(parent))
-    throw io::usage_error(fmt::format("--out: directory {} does not exist", parent.string()));
-  if (fs::is_directory(out)) throw io::usage_error(fmt::format("--out: {} is a directory", out_path));
-}
-
 // The JSON document to --out (atomically), then the text's `last_line` if any, then with --json the
 // document alone on stdout (the text went to stderr).
 void write_results(const BenchArgs& a, const std::string& doc, std::FILE* txt,
@@ -248,7 +238,7 @@ int run_batched(const BenchArgs& a) {
     throw io::usage_error("bench --batch: --trace-dir and --ring are not supported with --batch");
   if (a.batch_child > 0 && (a.json || !a.out_path.empty()))
     throw io::usage_error("bench --batch-child: --json and --out belong to the parent bench");
-  check_out_path(a.out_path);
+  if (!a.out_path.empty()) check_writable(a.out_path, "--out");  // before any run
   std::FILE* txt = a.json ? stderr : stdout;
   if (!a.routing_replay.empty()) throw io::usage_error("bench --batch: --routing-replay is not supported");
   BatchBenchArgs b;
@@ -303,7 +293,7 @@ int run_bench(const BenchArgs& a) {
   // ---- usage checks ----
   const std::vector<std::string> strategies = parse_strategies(a.strategies);
   const std::vector<int> rings = parse_rings(a.ring);
-  check_out_path(a.out_path);
+  if (!a.out_path.empty()) check_writable(a.out_path, "--out");  // before any run
   if (a.preset.empty() && !a.mem_gb)
     throw io::usage_error("bench: give a budget: --mem-gb X or --preset NAME");
   if (!a.routing_replay.empty()) {
