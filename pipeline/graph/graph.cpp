@@ -80,12 +80,13 @@ void StreamingModel::Impl::add(const Row& row) {
   using Body = typename Row::body_type;
   const NodeInfo& info = row.info;
   if (!(info.graphs & trunk_graph)) {  // e.g. the raw graph is as it was, without the decode stage
-    stats[N] = &own_stats[N];
+    accounting.stats[N] = &accounting.own_stats[N];
     return;
   }
-  tracks[N] = std::make_unique<TraceTrack>(fmt::format("node: {}", info.name),
-                                           info.concurrency == 0 ? std::min(2 * threads, 64) : 1);
-  stats[N] = dot ? &dot->add_node(info.name, info.kind, info.concurrency, info.cluster) : &own_stats[N];
+  accounting.tracks[N] = std::make_unique<TraceTrack>(fmt::format("node: {}", info.name),
+                                                      info.concurrency == 0 ? std::min(2 * threads, 64) : 1);
+  accounting.stats[N] =
+      dot ? &dot->add_node(info.name, info.kind, info.concurrency, info.cluster) : &accounting.own_stats[N];
   auto bound = [this](auto f) {
     return [this, f](auto&&... a) -> decltype(auto) { return f(*this, std::forward<decltype(a)>(a)...); };
   };
@@ -107,7 +108,6 @@ void StreamingModel::Impl::add(const Row& row) {
 // order of the diagram in graph.hpp, each running its body (graph_nodes.cpp), then the edges of the
 // wiring table (graph_wiring.hpp), which the DOT description draws too.
 void StreamingModel::Impl::build() {
-  own_stats = std::make_unique<NodeStats[]>(kNodeCount);
   std::apply([this](const auto&... row) { (add(row), ...); }, kNodeTable);
 
   make_edges();
@@ -169,24 +169,24 @@ void StreamingModel::forward_batch(std::span<const stages::Segment> segs, std::s
         "forward: {} rows in one pass, more than the plan's {} (internal error: the caller splits a "
         "longer feed into passes)",
         T, m.plan.pass_rows));
-  if (m.failed.load()) throw io::runtime_error(m.fail_msg);
+  if (m.failure.failed()) throw io::runtime_error(m.failure.message());
   if (m.calls_done.load() > 0 && m.step_delay_ms > 0)  // test hook: time to change files between tokens
     std::this_thread::sleep_for(std::chrono::milliseconds(m.step_delay_ms));
 
   // Reads for this call may have landed (and their bind nodes run) since the last call returned;
   // nothing but this call's nodes touches the activations prepared here.
-  if (!m.open_call()) throw io::runtime_error(m.fail_msg);
-  m.activity.step_begin();
+  if (!m.call_gate.open(m.failure)) throw io::runtime_error(m.failure.message());
+  m.accounting.activity.step_begin();
   m.prepare_call(segs, T, logits.first((head_all ? T : segs.size()) * V), head_all);
   const int k = m.calls_done.load();
   const Visit v0{uint64_t(k), 0};
   CallBuffers& buf = m.step(v0).buf;
   {
-    m.activity.compute_begin();
-    TraceSpan span(m.embed_track, "embed", "compute", m.args(-1));
+    m.accounting.activity.compute_begin();
+    TraceSpan span(m.accounting.embed_track, "embed", "compute", m.args(-1));
     m.head->embed(cfg, ids, buf.P);
     m.step(v0).after_layer(stages::ForwardWatch::kEmbedding, buf.P, m.hidden);
-    m.activity.compute_end();
+    m.accounting.activity.compute_end();
   }
   auto job = [&](const TrunkJob& j) { m.node<kSchedule>().try_put(j); };
   auto claim = [&](const TrunkClaim& cl) { m.node<kTrunkRead>().try_put(cl); };
@@ -202,15 +202,15 @@ void StreamingModel::forward_batch(std::span<const stages::Segment> segs, std::s
     if (k + 1 < m.expected_calls && m.ring_scheduled_through < k + 1) m.schedule_ring(k + 1);
   }
   flow::input_port<size_t(LayerGateIn::go)>(m.node<kLayerGate>()).try_put(LayerGo{v0});
-  m.wait_call();
-  m.last_step = m.activity.step_end();
+  m.call_gate.wait(m.arena);
+  m.accounting.last_step = m.accounting.activity.step_end();
   if (m.tuner) {  // strategy auto: the next call prefetches or not, from what the steps cost
-    m.tuner->after_call(m.last_step.wall_seconds, T);
+    m.tuner->after_call(m.accounting.last_step.wall_seconds, T);
     m.prefetch_on.store(m.tuner->prefetch(), std::memory_order_relaxed);
   }
-  if (m.failed.load()) {
+  if (m.failure.failed()) {
     m.flow_graph.wait_for_all();  // every node has skipped its body or finished; reads have completed
-    throw io::runtime_error(m.fail_msg);
+    throw io::runtime_error(m.failure.message());
   }
   for (const stages::Segment& s : segs) s.state->cached += s.rows;
   if (m.routing) m.routing->end_call();
@@ -228,29 +228,29 @@ void StreamingModel::replay_routing(RoutingTrace trace) {
 }
 
 const StepStats& StreamingModel::last_step() const {
-  return impl_->last_step;
+  return impl_->accounting.last_step;
 }
 
 StreamTotals StreamingModel::totals() const {
   Impl& m = *impl_;
   StreamTotals t;
-  t.trunk_bytes_read = m.activity.trunk_bytes();
-  t.expert_bytes_read = m.activity.expert_bytes();
-  t.expert_requests = m.counts.requests.load();
-  t.expert_hits = m.counts.hits.load();
-  t.lookahead_predicted = m.counts.predicted.load();
-  t.lookahead_used = m.counts.used.load();
+  t.trunk_bytes_read = m.accounting.activity.trunk_bytes();
+  t.expert_bytes_read = m.accounting.activity.expert_bytes();
+  t.expert_requests = m.accounting.counts.requests.load();
+  t.expert_hits = m.accounting.counts.hits.load();
+  t.lookahead_predicted = m.accounting.counts.predicted.load();
+  t.lookahead_used = m.accounting.counts.used.load();
   const io::ReaderCounters a = m.trunk_reader.counters(), b = m.expert_reader.counters();
   t.uring_bytes = a.uring_bytes + b.uring_bytes;
   t.pread_bytes = a.pread_bytes + b.pread_bytes;
   t.direct_bytes = a.direct_bytes + b.direct_bytes;
   if (m.trunk.compressed()) {
     t.codec = io::codec::codec_name(m.src.trunk()->codec());
-    t.trunk_decoded_bytes = m.stats[kTrunkDecode]->bytes.load();
-    t.decode_seconds = double(m.stats[kTrunkDecode]->busy_us.load()) * 1e-6;
+    t.trunk_decoded_bytes = m.accounting.stats[kTrunkDecode]->bytes.load();
+    t.decode_seconds = double(m.accounting.stats[kTrunkDecode]->busy_us.load()) * 1e-6;
   }
-  t.io_busy_seconds = m.activity.io_busy_seconds();
-  t.compute_busy_seconds = m.activity.compute_busy_seconds();
+  t.io_busy_seconds = m.accounting.activity.io_busy_seconds();
+  t.compute_busy_seconds = m.accounting.activity.compute_busy_seconds();
   t.uring = m.trunk_reader.backend() == io::UringReader::Backend::uring &&
             m.expert_reader.backend() == io::UringReader::Backend::uring;
   if (m.tuner)

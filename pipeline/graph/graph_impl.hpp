@@ -1,34 +1,34 @@
-// The streaming graph's state, private to pipeline/graph/graph*.cpp: the per-step state (StepState)
-// and StreamingModel::Impl -- what the run is, the pools sized once, the readers, the counters and
-// the tbb::flow nodes (their types from kNodeTable, graph_nodes.hpp). graph.cpp declares the graph
-// (build(): the nodes of kNodeTable, then the edges of graph_wiring.hpp) and the public face;
-// graph_nodes.cpp holds the node bodies; graph_io.cpp puts reads on the two io_uring readers (trunk
-// ring, expert slots), keeps each slot's read in flight, and emits the trace counters.
+// The streaming graph's state, private to pipeline/graph/graph*.cpp: StreamingModel::Impl -- what
+// the run is, the pools sized once, the readers and the tbb::flow nodes (their types from
+// kNodeTable, graph_nodes.hpp). Its parts have headers of their own: the per-step state
+// (step_state.hpp), the decode stage's (trunk_decode_stage.hpp), what the run counts and traces
+// (run_accounting.hpp), the failure latch (failure_latch.hpp) and the forward call's end
+// (call_gate.hpp). graph.cpp declares the graph (build(): the nodes of kNodeTable, then the edges of
+// graph_wiring.hpp) and the public face; graph_nodes.cpp holds the node bodies; graph_io.cpp puts
+// reads on the two io_uring readers (trunk ring, expert slots), keeps each slot's read in flight,
+// and emits the trace counters.
 #pragma once
 #include <fmt/format.h>
 #include <tbb/flow_graph.h>
 #include <tbb/info.h>
 #include <tbb/task_arena.h>
-#include <tbb/task_group.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
 #include <tuple>
 #include <vector>
 
-#include "io/codec/codec.hpp"
 #include "io/env.hpp"
-#include "io/layer_decode.hpp"
 #include "io/uring_reader.hpp"
-#include "pipeline/graph/call_buffers.hpp"
+#include "pipeline/graph/call_gate.hpp"
 #include "pipeline/graph/expert_cache.hpp"
+#include "pipeline/graph/failure_latch.hpp"
 #include "pipeline/graph/graph.hpp"
 #include "pipeline/graph/graph_messages.hpp"
 #include "pipeline/graph/graph_nodes.hpp"
@@ -36,40 +36,16 @@
 #include "pipeline/graph/prefetch_tuner.hpp"
 #include "pipeline/graph/reader_options.hpp"
 #include "pipeline/graph/routing_trace.hpp"
+#include "pipeline/graph/run_accounting.hpp"
 #include "pipeline/graph/slot_pool.hpp"
+#include "pipeline/graph/step_state.hpp"
 #include "pipeline/graph/trace.hpp"
+#include "pipeline/graph/trunk_decode_stage.hpp"
 #include "stages/moe.hpp"
 
 namespace k3::pipeline {
 
 using namespace graph_detail;  // this header is included only by graph*.cpp
-
-// One decode step in flight: its inputs, activations, the layer being computed and its MoE run.
-// A step carries one or more sequences (segments of its T rows, each with its own DecodeState);
-// every row-wise node runs once over all T rows, the attention per segment, the head at each
-// segment's last row. Today the driver runs one step at a time (StreamingModel::Impl::step() has
-// one); several steps in flight would be a table of these keyed by step.
-struct StepState {
-  explicit StepState(MoeLayerRun::Waves w) : moe(w) {}
-  std::vector<stages::Segment> segs;
-  std::vector<stages::LayerSegment> layer_segs;  // the attention node's per-layer views of segs
-  size_t T = 0;                                  // rows: every segment's together
-  std::span<float> logits;                       // segs.size() x vocab (head_all: T x vocab)
-  bool head_all = false;                         // the head at every row (one segment: a verify pass)
-  // After layer `layer`'s output is in P: each segment's watch scans its own rows.
-  void after_layer(int layer, std::span<const float> P, size_t hidden) {
-    for (const stages::Segment& s : segs)
-      s.state->watch.after_layer(layer, P.subspan(s.first_row * hidden, s.rows * hidden), hidden,
-                                 s.state->cached);
-  }
-  CallBuffers buf;
-  struct Current {  // the layer being computed (one at a time: each needs the previous one's output)
-    int layer = -1;
-    SlotRef slot;
-    const stages::LayerWeights* w = nullptr;
-  } cur;
-  MoeLayerRun moe;  // the MoE layer being computed
-};
 
 struct StreamingModel::Impl {
   // ---- where the graph's tasks run: an arena of its own, so the driver thread can wait for one
@@ -111,41 +87,14 @@ struct StreamingModel::Impl {
   };
   std::unique_ptr<SlotRead[]> slot_reads;
 
-  // ---- accounting ----
-  Activity activity;
-  StepStats last_step;  // the last forward call's
-  ExpertCounters counts;
-  std::atomic<uint64_t> read_ids{0};
-  std::atomic<int> ring_in_use{0};
-  // Compressed trunk: reads submitted (TrunkReady::seq), decoded slots in use, the decode stage's
-  // output bytes and time, and which layers have been decoded once (their block checks verified).
-  uint64_t read_seq = 0;
-  std::atomic<int> decode_in_use{0};
-  std::atomic<uint64_t> decoded_bytes{0}, decode_us{0};
-  std::vector<char> decoded_once;
-  // Fused decode (exp4 / exp3, streamed layers; docs/codec.md "Fused decode"): the layer's projections are
-  // bound coded over its stored bytes, which stay in the ring slot until layer_done, and the matvecs
-  // decode them tile by tile; the decode stage decodes only the rest. Per decoded slot: the parsed
-  // stream its coded matrices decode from, and the first ring slot it holds (-1: none). Per layer:
-  // the byte ranges bound coded (from the layout at construction; `fused_known` then set).
-  const bool fused;
-  std::vector<std::optional<io::codec::Stream>> dec_stream;
-  std::vector<int> dec_ring;
-  std::vector<io::ByteRanges> fused_ranges;
-  std::unique_ptr<std::atomic<bool>[]> fused_known;
-  // Pinned trunk bytes loaded so far of their total, for the first step's progress bar.
-  std::atomic<uint64_t> pin_loaded_bytes{0};
-  uint64_t pin_total_bytes = 0;
-  std::unique_ptr<NodeStats[]> own_stats;
-  NodeStats* stats[kNodeCount] = {};
-  // Trace rows: one per node (lanes where its runs overlap), one per reader for its reads.
-  std::unique_ptr<TraceTrack> tracks[kNodeCount];
-  TraceTrack embed_track{"node: embed"}, trunk_track{"reader: trunk"}, expert_track{"reader: experts"};
+  // ---- the compressed trunk's decode stage (its slots, streams and scratch) ----
+  TrunkDecodeStage decode;
+
+  // ---- what the run counts and traces ----
+  RunAccounting accounting;
 
   // ---- failure: the first message wins; nodes skip their bodies afterwards ----
-  std::atomic<bool> failed{false};
-  std::mutex fail_mu;
-  std::string fail_msg;
+  FailureLatch failure;
 
   // ---- the decode step in progress (one at a time; see StepState) ----
   StepState step_state;
@@ -160,7 +109,6 @@ struct StreamingModel::Impl {
 
   // ---- node-local scratch, reused (each of these nodes is serial) ----
   std::vector<SlotRef> span_held;                        // trunk_read
-  io::LayerDecodeScratch decode_scratch;                 // trunk_decode
   std::vector<io::ReadRequest> trunk_reqs, expert_reqs;  // trunk_read, expert_read
   ExpertRead expert_read;                                // expert_read: one expert's, reused
   std::vector<int> hit_groups, predicted_experts;        // expert_fetch, lookahead
@@ -168,13 +116,8 @@ struct StreamingModel::Impl {
   const int step_delay_ms = io::env::integer_or_zero(io::env::kTestStepDelayMs);
   const int read_delay_ms = io::env::integer_or_zero(io::env::kTestReadDelayMs);  // a slow disk, for tests
 
-  // ---- the end of a forward call: the driver waits for call_group, which call_open holds until
-  // the head has run (or the run failed). Not flow_graph.wait_for_all(): that also waits for reads
-  // already in flight for the next call, and the next token's resident layers could be computing by
-  // then.
-  std::mutex call_mu;
-  tbb::task_group call_group;
-  tbb::task_handle call_open;
+  // ---- the end of a forward call: the driver waits until the head has run (or the run failed) ----
+  CallGate call_gate;
 
   // ---- the graph (made inside `arena`, so its tasks run there); nodes indexed by Node ----
   std::unique_ptr<flow::graph> graph_owner;
@@ -216,7 +159,7 @@ struct StreamingModel::Impl {
         trunk_graph(p.codec.empty() ? (exchange ? kRawRanks : kRawOne)
                                     : (exchange ? kCompressedRanks : kCompressedOne)),
         trunk(p, s),
-        fused(fused_codec(p.codec)),
+        decode(p, s, trunk.decode_slots()),
         step_state(waves_of(st)),
         graph_owner(graph_in(arena)),
         flow_graph(*graph_owner),
@@ -232,7 +175,7 @@ struct StreamingModel::Impl {
       slot_reads = std::make_unique<SlotRead[]>(slots);
     }
     for (int l = 0; l < n_layers; ++l)
-      if (trunk.pinned(l)) pin_total_bytes += trunk.bytes(l, -1).size();
+      if (trunk.pinned(l)) accounting.pin_total_bytes += trunk.bytes(l, -1).size();
     // Nothing to choose when the plan has no lookahead slots (at the floor) or the model no routed
     // experts: auto is then overlap, and says so instead of timing two identical arms.
     if (strategy == Strategy::automatic && cache && plan.lookahead_slots > 0) {
@@ -241,15 +184,6 @@ struct StreamingModel::Impl {
     }
     build();
     for (int slot = 0; slot < trunk.ring_slots(); ++slot) node<kTrunkFree>().try_put(SlotRef{slot});
-    decoded_once.assign(size_t(n_layers), 0);
-    dec_stream.resize(size_t(trunk.decode_slots()));
-    dec_ring.assign(size_t(trunk.decode_slots()), -1);
-    fused_ranges.resize(size_t(n_layers));
-    fused_known = std::make_unique<std::atomic<bool>[]>(size_t(n_layers));
-    for (int l = 0; l < n_layers && fused; ++l) {  // the coded ranges, from the layout (nothing read)
-      fused_ranges[size_t(l)] = stages::coded_ranges(cfg, l, src.layer(l).layout, src.layer(l).bind_offset);
-      fused_known[size_t(l)].store(true);
-    }
     for (int slot = 0; slot < trunk.decode_slots(); ++slot) node<kDecodeFree>().try_put(DecodeSlot{slot});
     // every layer pinned: no decoded slots, but the pins' first reads still pass the decode join
     if (trunk.compressed() && trunk.decode_slots() == 0) node<kDecodeFree>().try_put(DecodeSlot{-1});
@@ -264,42 +198,22 @@ struct StreamingModel::Impl {
 
   // ------------------------------------------------------------------ helpers
 
+  // Latches the run's failure (the first message wins) and closes the call in progress, which
+  // cannot finish: the driver sees the failure.
   void fail(const std::string& msg) {
-    {
-      std::lock_guard lk(fail_mu);
-      if (!failed.load()) {
-        fail_msg = msg;
-        failed.store(true);
-      }
-    }
-    end_call();  // the call in progress cannot finish: let the driver see the failure
-  }
-
-  // Opens a forward call (false: the run has already failed); end_call() closes it, from the head
-  // node or from fail(); wait_call() returns when it is closed.
-  bool open_call() {
-    std::lock_guard lk(call_mu);
-    if (failed.load()) return false;
-    call_open = call_group.defer([] {});
-    return true;
-  }
-  void end_call() {
-    std::lock_guard lk(call_mu);
-    call_open = tbb::task_handle{};  // dropping the handle releases call_group's wait
-  }
-  void wait_call() {
-    arena.execute([&] { call_group.wait(); });
+    failure.set(msg);
+    call_gate.end();
   }
 
   // Runs a node body: skipped after a failure; an exception becomes the run's failure; its wall
   // time goes to the node's statistics, the trace, and compute-busy when it computes.
   template <class F>
   void run_node(Node id, bool compute, const TraceArgs& args, F&& body) {
-    if (failed.load(std::memory_order_relaxed)) return;
+    if (failure.failed(std::memory_order_relaxed)) return;
     const auto t0 = std::chrono::steady_clock::now();
-    if (compute) activity.compute_begin();
+    if (compute) accounting.activity.compute_begin();
     {
-      TraceSpan span(*tracks[id], node_name(id),
+      TraceSpan span(*accounting.tracks[id], node_name(id),
                      compute           ? "compute"
                      : id == kExchange ? "comm"
                                        : "graph",
@@ -310,11 +224,11 @@ struct StreamingModel::Impl {
         fail(e.what());
       }
     }
-    if (compute) activity.compute_end();
+    if (compute) accounting.activity.compute_end();
     const auto us =
         std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0);
-    stats[id]->items.fetch_add(1, std::memory_order_relaxed);
-    stats[id]->busy_us.fetch_add(uint64_t(us.count()), std::memory_order_relaxed);
+    accounting.stats[id]->items.fetch_add(1, std::memory_order_relaxed);
+    accounting.stats[id]->busy_us.fetch_add(uint64_t(us.count()), std::memory_order_relaxed);
   }
 
   TraceArgs args(int layer, int64_t expert = -1, int64_t slot = -1) const {

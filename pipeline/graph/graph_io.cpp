@@ -12,16 +12,16 @@ namespace k3::pipeline {
 
 void StreamingModel::Impl::counters() {
   if (!Trace::enabled()) return;
-  const int64_t ring = ring_in_use.load();
+  const int64_t ring = accounting.ring_in_use.load();
   const int64_t experts = cache ? int64_t(cache->occupied()) : 0;
   Trace::counter("trunk ring slots in use", ring);
   Trace::counter("expert slots in use", experts);
   // The trunk reader's depth as it adapts to the device (reader_options.cpp, io::DepthTuner).
   Trace::counter("trunk reader depth", int64_t(trunk_reader.counters().depth));
-  if (trunk.compressed()) Trace::counter("trunk decode slots in use", int64_t(decode_in_use.load()));
+  if (trunk.compressed()) Trace::counter("trunk decode slots in use", int64_t(decode.slots_in_use.load()));
   Trace::counter("resident weight bytes",
                  ring * int64_t(trunk.slot_read_bytes()) +
-                     int64_t(decode_in_use.load()) * int64_t(trunk.decode_slot_bytes()) +
+                     int64_t(decode.slots_in_use.load()) * int64_t(trunk.decode_slot_bytes()) +
                      int64_t(trunk.pinned_bytes()) + experts * int64_t(cache ? cache->slot_bytes() : 0));
 }
 
@@ -37,18 +37,18 @@ void StreamingModel::Impl::submit_trunk(Visit visit, SlotRef slot_ref, TrunkRead
   trunk_reqs.clear();
   for (const Extent& e : ls.reads)
     trunk_reqs.push_back(io::ReadRequest{e.file, e.offset, bytes.subspan(e.dst_offset, e.bytes), 0});
-  const uint64_t id = ++read_ids;
+  const uint64_t id = ++accounting.read_ids;
   const uint64_t total = ls.read_bytes;
-  if (slot >= 0) ring_in_use += trunk.parts(layer);
-  const uint64_t seq = read_seq++;  // trunk_read is serial: its submission order
+  if (slot >= 0) accounting.ring_in_use += trunk.parts(layer);
+  const uint64_t seq = decode.read_seq++;  // trunk_read is serial: its submission order
   counters();
-  activity.read_begin(total, false);
-  stats[kTrunkRead]->bytes.fetch_add(total, std::memory_order_relaxed);
+  accounting.activity.read_begin(total, false);
+  accounting.stats[kTrunkRead]->bytes.fetch_add(total, std::memory_order_relaxed);
   if (Trace::enabled()) {
     TraceArgs a = args(layer, -1, slot);
     a.bytes = int64_t(total);
     a.offset = int64_t(ls.reads.front().offset);
-    Trace::async_begin("trunk read", "io", id, a, trunk_track.tid());
+    Trace::async_begin("trunk read", "io", id, a, accounting.trunk_track.tid());
   }
   // The graph waits for this read: wait_for_all() cannot return while it is in flight. If the
   // submission itself throws, nothing will complete, so the wait is given back here.
@@ -63,15 +63,16 @@ void StreamingModel::Impl::submit_trunk(Visit visit, SlotRef slot_ref, TrunkRead
                           if (h.pending_reads.fetch_sub(1) == 1) {
                             if (read_delay_ms > 0)  // test hook: the layer lands that much later
                               std::this_thread::sleep_for(std::chrono::milliseconds(read_delay_ms));
-                            if (Trace::enabled()) Trace::async_end("trunk read", "io", id, trunk_track.tid());
-                            activity.read_end(total);
+                            if (Trace::enabled())
+                              Trace::async_end("trunk read", "io", id, accounting.trunk_track.tid());
+                            accounting.activity.read_end(total);
                             if (!h.read_failed.load())
                               gw.try_put(TrunkReady{.visit = visit, .slot = slot_ref, .seq = seq});
                             gw.release_wait();
                           }
                         });
   } catch (...) {
-    activity.read_end(total);
+    accounting.activity.read_end(total);
     gw.release_wait();
     throw;
   }
@@ -103,21 +104,21 @@ void StreamingModel::Impl::submit_experts(const ReadBatch& b, ExpertReadNode::ga
     sr.expert = it.expert;
     sr.pending.store(int(er.reads.size()));
     sr.failed.store(false);
-    sr.trace_id = ++read_ids;
+    sr.trace_id = ++accounting.read_ids;
     sr.trace_name = it.prefetch ? "expert prefetch" : "expert read";
     std::span<std::byte> dst = cache->bytes(it.slot);
     for (const Extent& e : er.reads)
       expert_reqs.push_back(
           io::ReadRequest{e.file, e.offset, dst.subspan(e.dst_offset, e.bytes), uint64_t(it.slot),
                           /*urgent=*/!it.prefetch});  // the layer waits for it: ahead of prefetches
-    if (it.prefetch) ++counts.predicted;
-    activity.read_begin(er.read_bytes, true);
-    stats[kExpertRead]->bytes.fetch_add(er.read_bytes, std::memory_order_relaxed);
+    if (it.prefetch) ++accounting.counts.predicted;
+    accounting.activity.read_begin(er.read_bytes, true);
+    accounting.stats[kExpertRead]->bytes.fetch_add(er.read_bytes, std::memory_order_relaxed);
     if (Trace::enabled()) {
       TraceArgs a = args(it.layer, it.expert, it.slot);
       a.bytes = int64_t(er.read_bytes);
       a.offset = int64_t(er.first_offset);
-      Trace::async_begin(sr.trace_name, "io", sr.trace_id, a, expert_track.tid());
+      Trace::async_begin(sr.trace_name, "io", sr.trace_id, a, accounting.expert_track.tid());
     }
     gw.reserve_wait();
   }
@@ -134,15 +135,16 @@ void StreamingModel::Impl::submit_experts(const ReadBatch& b, ExpertReadNode::ga
       if (sr.pending.fetch_sub(1) == 1) {
         if (read_delay_ms > 0)  // test hook: the expert lands that much later
           std::this_thread::sleep_for(std::chrono::milliseconds(read_delay_ms));
-        if (Trace::enabled()) Trace::async_end(sr.trace_name, "io", sr.trace_id, expert_track.tid());
-        activity.read_end(sr.bytes);
+        if (Trace::enabled())
+          Trace::async_end(sr.trace_name, "io", sr.trace_id, accounting.expert_track.tid());
+        accounting.activity.read_end(sr.bytes);
         gw.try_put(ExpertLanded{sr.visit, slot, -1, true, !sr.failed.load()});
         gw.release_wait();
       }
     });
   } catch (...) {  // nothing was queued: give back every wait taken above
     for (const ReadItem& it : b.items) {
-      activity.read_end(slot_reads[size_t(it.slot)].bytes);
+      accounting.activity.read_end(slot_reads[size_t(it.slot)].bytes);
       gw.release_wait();
     }
     throw;

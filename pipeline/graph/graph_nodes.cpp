@@ -50,11 +50,11 @@ void StreamingModel::Impl::trunk_decode_body(const DecodeClaim& in, Outputs<kTru
   const DecodeSlot d = std::get<size_t(DecodeClaimIn::slot)>(in);
   const int l = r.visit.layer;
   const bool pin = trunk.pinned(l);
-  const bool fuse = fused && !pin;
+  const bool fuse = decode.fused && !pin;
   const SlotRef to = pin ? SlotRef::pin() : SlotRef{d.index};
   bool done = false;
   run_node(kTrunkDecode, true, args(l, -1, to.index), [&] {
-    const bool verify = !decoded_once[size_t(l)];
+    const bool verify = !decode.decoded_once[size_t(l)];
     const io::codec::Stream st = src.trunk()->layer_stream(l, trunk.read_target(l, r.slot.index));
     const std::span<std::byte> dst = trunk.bytes(l, to.index).first(size_t(st.raw_bytes()));
     if (fuse && st.block_values() != io::codec::default_block_values(st.codec()))
@@ -63,24 +63,24 @@ void StreamingModel::Impl::trunk_decode_body(const DecodeClaim& in, Outputs<kTru
           "(re-run pack-trunk)",
           l, st.block_values(), io::codec::default_block_values(st.codec())));
     // A fused layer's first pass returns the whole layer's xxh64, checked as check_loaded would.
-    if (const std::optional<uint64_t> digest =
-            io::decode_layer(st, dst, fuse ? &fused_ranges[size_t(l)] : nullptr, verify, decode_scratch))
+    if (const std::optional<uint64_t> digest = io::decode_layer(
+            st, dst, fuse ? &decode.fused_ranges[size_t(l)] : nullptr, verify, decode.scratch))
       src.trunk()->check_loaded_digest(l, *digest);
-    decoded_once[size_t(l)] = 1;
-    if (fuse) dec_stream[size_t(d.index)].emplace(st);
+    decode.decoded_once[size_t(l)] = 1;
+    if (fuse) decode.slot_stream[size_t(d.index)].emplace(st);
     // the layer's decoded bytes, here or (fused) inside this pass's matvecs
-    stats[kTrunkDecode]->bytes.fetch_add(st.raw_bytes(), std::memory_order_relaxed);
+    accounting.stats[kTrunkDecode]->bytes.fetch_add(st.raw_bytes(), std::memory_order_relaxed);
     done = true;
   });
   if (!done) return;  // the run has failed: the driver reports it
   const int k = trunk.parts(l);
   if (fuse) {
-    dec_ring[size_t(d.index)] = r.slot.index;  // held until layer_done
+    decode.slot_ring[size_t(d.index)] = r.slot.index;  // held until layer_done
   } else {
-    ring_in_use -= k;
+    accounting.ring_in_use -= k;
     for (int s = 0; s < k; ++s) port<DecodeOut::free_ring>(out).try_put(k == 1 ? r.slot : SlotRef{s});
   }
-  if (!pin) ++decode_in_use;
+  if (!pin) ++decode.slots_in_use;
   counters();
   if (pin) port<DecodeOut::free_decoded>(out).try_put(d);
   port<DecodeOut::ready>(out).try_put(TrunkReady{.visit = r.visit, .slot = to, .seq = r.seq});
@@ -96,21 +96,22 @@ void StreamingModel::Impl::trunk_bind_body(const TrunkReady& m, Outputs<kTrunkBi
     if (const io::PackedTrunk* pt = src.trunk()) pt->check_loaded(l, trunk.bytes(l, s));
     std::span<const std::byte> bytes = trunk.bytes(l, s).subspan(ls.bind_offset, ls.layout.buffer_bytes);
     stages::CodedLayer coded;
-    const bool learn = fused && !m.slot.pinned() && !fused_known[size_t(l)].load(std::memory_order_acquire);
-    if (fused && !m.slot.pinned()) {  // fused decode: the projections decode from the stored bytes
-      coded.src = &*dec_stream[size_t(s)];
+    const bool learn =
+        decode.fused && !m.slot.pinned() && !decode.fused_known[size_t(l)].load(std::memory_order_acquire);
+    if (decode.fused && !m.slot.pinned()) {  // fused decode: the projections decode from the stored bytes
+      coded.src = &*decode.slot_stream[size_t(s)];
       coded.first_byte = ls.bind_offset;
-      if (learn) coded.coded = &fused_ranges[size_t(l)];
+      if (learn) coded.coded = &decode.fused_ranges[size_t(l)];
     }
     h.w = stages::bind_layer(cfg, l, ls.layout, bytes, trunk.widen(l, s), coded);
     if (learn) {
-      std::sort(fused_ranges[size_t(l)].begin(), fused_ranges[size_t(l)].end());
-      fused_known[size_t(l)].store(true, std::memory_order_release);
+      std::sort(decode.fused_ranges[size_t(l)].begin(), decode.fused_ranges[size_t(l)].end());
+      decode.fused_known[size_t(l)].store(true, std::memory_order_release);
     }
     h.visit.store(key(m.visit), std::memory_order_release);
     if (m.slot.pinned()) {
       trunk.set_pin_loaded(l);
-      pin_loaded_bytes += trunk.bytes(l, -1).size();
+      accounting.pin_loaded_bytes += trunk.bytes(l, -1).size();
     }
     done = true;
   });
@@ -186,7 +187,7 @@ void StreamingModel::Impl::expert_fetch_body(const FetchGo& m, Outputs<kExpertFe
   run_node(kExpertFetch, false, args(moe.layer()), [&] {
     ReadBatch batch;
     hit_groups.clear();
-    const MoeLayerRun::Claim claim = moe.claim(m.visit, *cache, counts, hit_groups, batch);
+    const MoeLayerRun::Claim claim = moe.claim(m.visit, *cache, accounting.counts, hit_groups, batch);
     if (claim.stale) return;  // a retry for a layer already done
     for (int gi : hit_groups)
       port<FetchOut::hits>(out).try_put(ExpertLanded{m.visit, moe.slot(size_t(gi)), gi, false, true});
@@ -352,18 +353,18 @@ void StreamingModel::Impl::layer_done_body(const LayerDone& m, Outputs<kLayerDon
     if (!cur.slot.pinned()) {
       trunk.holder(l, cur.slot.index).visit.store(kNoVisit, std::memory_order_release);
       if (trunk.compressed()) {  // its decoded slot, and (fused decode) the ring slot(s) it held
-        const int ring = std::exchange(dec_ring[size_t(cur.slot.index)], -1);
+        const int ring = std::exchange(decode.slot_ring[size_t(cur.slot.index)], -1);
         if (ring >= 0) {
           const int k = trunk.parts(l);
-          ring_in_use -= k;
+          accounting.ring_in_use -= k;
           for (int s = 0; s < k; ++s)
             port<LayerDoneOut::free_slot>(out).try_put(k == 1 ? SlotRef{ring} : SlotRef{s});
         }
-        --decode_in_use;
+        --decode.slots_in_use;
         port<LayerDoneOut::free_decoded>(out).try_put(DecodeSlot{cur.slot.index});
       } else {
         const int k = trunk.parts(l);
-        ring_in_use -= k;
+        accounting.ring_in_use -= k;
         for (int s = 0; s < k; ++s)
           port<LayerDoneOut::free_slot>(out).try_put(k == 1 ? cur.slot : SlotRef{s});
       }
@@ -371,7 +372,8 @@ void StreamingModel::Impl::layer_done_body(const LayerDone& m, Outputs<kLayerDon
     }
     for (const stages::Segment& s : S.segs)
       if (s.state->watch.on_layer)
-        s.state->watch.on_layer(l + 1, n_layers, pin_loaded_bytes.load(), pin_total_bytes);
+        s.state->watch.on_layer(l + 1, n_layers, accounting.pin_loaded_bytes.load(),
+                                accounting.pin_total_bytes);
     if (l + 1 < n_layers) {
       if (strategy == Strategy::serial)
         request_layer(
@@ -402,7 +404,7 @@ void StreamingModel::Impl::head_body(const HeadGo& m) {
     }
     stages::lm_head(hw, cfg, S.buf.h, n_out, S.logits, S.buf.head_sc);
   });
-  end_call();  // the logits are written: the driver may sample while reads for the next call run on
+  call_gate.end();  // the logits are written: the driver may sample while reads for the next call run on
 }
 
 }  // namespace k3::pipeline
