@@ -170,33 +170,8 @@ void check_limits(const ModelConfig& c, const std::string& source) {
     throw cfg_error(source, fmt::format("rms_norm_eps = {} is not in (0, 1) as a float32", c.rms_eps));
 }
 
-}  // namespace
-
-bool ModelConfig::is_mla(int l) const {
-  return std::find(full_attn_layers.begin(), full_attn_layers.end(), l + 1) != full_attn_layers.end();
-}
-
-LayerKind ModelConfig::layer(int l) const {
-  return LayerKind{is_mla(l) ? LayerAttention::mla : LayerAttention::kda,
-                   is_dense(l) ? LayerFfn::dense : LayerFfn::moe,
-                   attn_res_block > 0 && l % attn_res_block == 0};
-}
-
-int ModelConfig::mla_layer_count() const {
-  return static_cast<int>(full_attn_layers.size());
-}
-
-std::string ModelConfig::summary() const {
-  return fmt::format(
-      "config: {} ({} shape) | hidden={} layers={} vocab={} | {} MLA + {} KDA | experts {} top{} "
-      "shared{} | latent={}",
-      source, nested ? "nested" : "flat", hidden, n_layers, vocab, mla_layer_count(), kda_layer_count(),
-      n_experts, top_k, n_shared, latent);
-}
-
-ModelConfig parse_config(std::string_view json, const std::string& source) {
-  dom::parser parser;
-  simdjson::padded_string text(json);
+// The document's top-level object, or the object under its "config" key when it has one.
+dom::object config_root(dom::parser& parser, const simdjson::padded_string& text, const std::string& source) {
   dom::element doc;
   if (auto err = parser.parse(text).get(doc)) {
     throw cfg_error(source, fmt::format("not valid JSON ({})", simdjson::error_message(err)));
@@ -205,9 +180,11 @@ ModelConfig parse_config(std::string_view json, const std::string& source) {
   if (doc.get(root) != simdjson::SUCCESS) throw cfg_error(source, "top level is not a JSON object");
   dom::object wrapped;
   if (member_object(root, "config", wrapped, source)) root = wrapped;
+  return root;
+}
 
-  ModelConfig cfg;
-  cfg.source = source;
+// The objects a field is looked up in, in order (§1.1); sets cfg.nested when there is a text_config.
+Lookup field_lookup(const dom::object& root, ModelConfig& cfg, const std::string& source) {
   Lookup lookup;
   dom::object text_config, linear;
   cfg.nested = member_object(root, "text_config", text_config, source);
@@ -217,89 +194,116 @@ ModelConfig parse_config(std::string_view json, const std::string& source) {
     lookup.objects.push_back(linear);
   }
   lookup.objects.push_back(root);
+  return lookup;
+}
 
-  std::vector<std::string> missing;
-  std::vector<int64_t> layers;
-  for (const Field& f : kFields) {
-    dom::element e;
-    const bool present = lookup.find(f.key, f.alias, e);
-    switch (f.kind) {
-      case Kind::integer: {
-        int64_t v = 0;
-        if (!present) {
-          missing.emplace_back(f.key);
-        } else if (e.type() == dom::element_type::INT64) {
-          v = int64_t(e);
-          if (v < INT_MIN || v > INT_MAX) {
-            throw cfg_error(source, fmt::format("{} = {} does not fit a 32-bit int", f.key, v));
-          }
-          cfg.*(f.i) = static_cast<int>(v);
-        } else if (e.type() == dom::element_type::UINT64) {
-          throw cfg_error(source, fmt::format("{} = {} does not fit a 32-bit int", f.key, number_text(e)));
-        } else {
-          // A number with a fraction or exponent (e.g. 4.0) is not an integer: counted as missing.
-          missing.push_back(fmt::format("{} (not an integer: {})", f.key, number_text(e)));
-        }
-        break;
+// The readers of one kFields entry by its kind. `e` is the field's value, null when absent; a
+// required field that is absent or not of its kind is added to `missing` (reported together).
+
+void read_integer(const Field& f, const dom::element* e, ModelConfig& cfg, std::vector<std::string>& missing,
+                  const std::string& source) {
+  if (!e) {
+    missing.emplace_back(f.key);
+  } else if (e->type() == dom::element_type::INT64) {
+    const auto v = int64_t(*e);
+    if (v < INT_MIN || v > INT_MAX) {
+      throw cfg_error(source, fmt::format("{} = {} does not fit a 32-bit int", f.key, v));
+    }
+    cfg.*(f.i) = static_cast<int>(v);
+  } else if (e->type() == dom::element_type::UINT64) {
+    throw cfg_error(source, fmt::format("{} = {} does not fit a 32-bit int", f.key, number_text(*e)));
+  } else {
+    // A number with a fraction or exponent (e.g. 4.0) is not an integer: counted as missing.
+    missing.push_back(fmt::format("{} (not an integer: {})", f.key, number_text(*e)));
+  }
+}
+
+void read_real(const Field& f, const dom::element* e, ModelConfig& cfg, std::vector<std::string>& missing) {
+  if (!e) {
+    missing.emplace_back(f.key);
+  } else if (e->is_number()) {
+    cfg.*(f.f) = static_cast<float>(double(*e));
+  } else {
+    missing.push_back(fmt::format("{} (not a number)", f.key));
+  }
+}
+
+// Optional (the default is true): anything but a bool or an integer keeps the default.
+void read_boolean(const Field& f, const dom::element* e, ModelConfig& cfg) {
+  if (!e) return;
+  if (e->type() == dom::element_type::BOOL) {
+    cfg.*(f.b) = bool(*e);
+  } else if (e->type() == dom::element_type::INT64) {
+    cfg.*(f.b) = int64_t(*e) != 0;
+  } else if (e->type() == dom::element_type::UINT64) {
+    cfg.*(f.b) = true;
+  }
+}
+
+// full_attn_layers: its entries appended to `layers` as written (ONE-based; checked later).
+void read_layer_list(const Field& f, const dom::element* e, std::vector<int64_t>& layers,
+                     std::vector<std::string>& missing, const std::string& source) {
+  dom::array arr;
+  if (!e) {
+    missing.emplace_back(f.key);
+  } else if (e->get(arr) != simdjson::SUCCESS) {
+    missing.push_back(fmt::format("{} (not an array)", f.key));
+  } else if (arr.size() == 0) {
+    missing.push_back(fmt::format("{} (empty)", f.key));
+  } else {
+    // Entry errors end the load at once, before the missing-field report (§1.2).
+    size_t i = 0;
+    for (dom::element v : arr) {
+      if (v.type() == dom::element_type::INT64) {
+        layers.push_back(int64_t(v));
+      } else if (v.type() == dom::element_type::UINT64) {
+        layers.push_back(INT64_MAX);  // out of 1..n_layers by construction
+      } else {
+        throw cfg_error(source, fmt::format("full_attn_layers[{}] is not a number", i));
       }
-      case Kind::real: {
-        if (!present) {
-          missing.emplace_back(f.key);
-        } else if (e.is_number()) {
-          cfg.*(f.f) = static_cast<float>(double(e));
-        } else {
-          missing.push_back(fmt::format("{} (not a number)", f.key));
-        }
-        break;
-      }
-      case Kind::boolean: {
-        if (!present) break;  // optional, default true
-        if (e.type() == dom::element_type::BOOL) {
-          cfg.*(f.b) = bool(e);
-        } else if (e.type() == dom::element_type::INT64) {
-          cfg.*(f.b) = int64_t(e) != 0;
-        } else if (e.type() == dom::element_type::UINT64) {
-          cfg.*(f.b) = true;
-        }
-        break;
-      }
-      case Kind::layer_list: {
-        dom::array arr;
-        if (!present) {
-          missing.emplace_back(f.key);
-        } else if (e.get(arr) != simdjson::SUCCESS) {
-          missing.push_back(fmt::format("{} (not an array)", f.key));
-        } else if (arr.size() == 0) {
-          missing.push_back(fmt::format("{} (empty)", f.key));
-        } else {
-          // Entry errors end the load at once, before the missing-field report (§1.2).
-          size_t i = 0;
-          for (dom::element v : arr) {
-            if (v.type() == dom::element_type::INT64) {
-              layers.push_back(int64_t(v));
-            } else if (v.type() == dom::element_type::UINT64) {
-              layers.push_back(INT64_MAX);  // out of 1..n_layers by construction
-            } else {
-              throw cfg_error(source, fmt::format("full_attn_layers[{}] is not a number", i));
-            }
-            ++i;
-          }
-        }
-        break;
-      }
+      ++i;
     }
   }
+}
 
-  if (!missing.empty()) {
-    std::string names;
-    for (const std::string& m : missing) names += (names.empty() ? "" : ", ") + m;
-    throw runtime_error(
-        fmt::format("{} is missing {} required field(s): {} -- refusing to substitute defaults: a config "
-                    "this reader cannot fully understand would silently produce a DIFFERENT model.",
-                    source, missing.size(), names));
+// Every field of kFields, in its order, into `cfg` (full_attn_layers into `layers`); returns the
+// required fields that are absent or not of their kind.
+std::vector<std::string> read_fields(const Lookup& lookup, ModelConfig& cfg, std::vector<int64_t>& layers,
+                                     const std::string& source) {
+  std::vector<std::string> missing;
+  for (const Field& f : kFields) {
+    dom::element found;
+    const dom::element* e = lookup.find(f.key, f.alias, found) ? &found : nullptr;
+    switch (f.kind) {
+      case Kind::integer:
+        read_integer(f, e, cfg, missing, source);
+        break;
+      case Kind::real:
+        read_real(f, e, cfg, missing);
+        break;
+      case Kind::boolean:
+        read_boolean(f, e, cfg);
+        break;
+      case Kind::layer_list:
+        read_layer_list(f, e, layers, missing, source);
+        break;
+    }
   }
+  return missing;
+}
 
-  // Structural refusals of docs/model.md §1.3, in the references' order.
+void refuse_missing(const std::vector<std::string>& missing, const std::string& source) {
+  if (missing.empty()) return;
+  std::string names;
+  for (const std::string& m : missing) names += (names.empty() ? "" : ", ") + m;
+  throw runtime_error(
+      fmt::format("{} is missing {} required field(s): {} -- refusing to substitute defaults: a config "
+                  "this reader cannot fully understand would silently produce a DIFFERENT model.",
+                  source, missing.size(), names));
+}
+
+// Structural refusals of docs/model.md §1.3, in the references' order.
+void check_structure(const ModelConfig& cfg, const std::vector<int64_t>& layers, const std::string& source) {
   if (cfg.n_layers <= 0 || cfg.hidden <= 0 || cfg.vocab <= 0) {
     throw cfg_error(source, fmt::format("has non-positive layers/hidden/vocab (layers={} hidden={} vocab={})",
                                         cfg.n_layers, cfg.hidden, cfg.vocab));
@@ -337,9 +341,11 @@ ModelConfig parse_config(std::string_view json, const std::string& source) {
   if (cfg.conv_kernel < 1) {
     throw cfg_error(source, fmt::format("short_conv_kernel_size = {} must be at least 1", cfg.conv_kernel));
   }
+}
 
-  // Stricter than both references (they accept these and fail later, or index out of bounds):
-  // sizes the engine allocates or divides by must be positive.
+// Stricter than both references (they accept these and fail later, or index out of bounds):
+// sizes the engine allocates or divides by must be positive.
+void check_sizes(const ModelConfig& cfg, const std::string& source) {
   struct Positive {
     const char* key;
     int value;
@@ -369,7 +375,10 @@ ModelConfig parse_config(std::string_view json, const std::string& source) {
   if (cfg.dense_inter < 0) {
     throw cfg_error(source, fmt::format("intermediate_size = {} must be at least 0", cfg.dense_inter));
   }
-  check_limits(cfg, source);
+}
+
+// The dense layers below first_k_dense_replace: within the model, and with a dense FFN to run.
+void check_dense_layers(const ModelConfig& cfg, const std::string& source) {
   if (cfg.first_dense > cfg.n_layers) {
     throw cfg_error(source, fmt::format("first_k_dense_replace = {} exceeds num_hidden_layers = {}",
                                         cfg.first_dense, cfg.n_layers));
@@ -379,7 +388,44 @@ ModelConfig parse_config(std::string_view json, const std::string& source) {
                                         "first_k_dense_replace = {} are dense)",
                                         cfg.dense_inter, cfg.first_dense));
   }
+}
 
+}  // namespace
+
+bool ModelConfig::is_mla(int l) const {
+  return std::find(full_attn_layers.begin(), full_attn_layers.end(), l + 1) != full_attn_layers.end();
+}
+
+LayerKind ModelConfig::layer(int l) const {
+  return LayerKind{is_mla(l) ? LayerAttention::mla : LayerAttention::kda,
+                   is_dense(l) ? LayerFfn::dense : LayerFfn::moe,
+                   attn_res_block > 0 && l % attn_res_block == 0};
+}
+
+int ModelConfig::mla_layer_count() const {
+  return static_cast<int>(full_attn_layers.size());
+}
+
+std::string ModelConfig::summary() const {
+  return fmt::format(
+      "config: {} ({} shape) | hidden={} layers={} vocab={} | {} MLA + {} KDA | experts {} top{} "
+      "shared{} | latent={}",
+      source, nested ? "nested" : "flat", hidden, n_layers, vocab, mla_layer_count(), kda_layer_count(),
+      n_experts, top_k, n_shared, latent);
+}
+
+ModelConfig parse_config(std::string_view json, const std::string& source) {
+  dom::parser parser;  // owns the parsed document every dom::object below points into
+  simdjson::padded_string text(json);
+  ModelConfig cfg;
+  cfg.source = source;
+  const Lookup lookup = field_lookup(config_root(parser, text, source), cfg, source);
+  std::vector<int64_t> layers;  // full_attn_layers as written, checked against n_layers below
+  refuse_missing(read_fields(lookup, cfg, layers, source), source);
+  check_structure(cfg, layers, source);
+  check_sizes(cfg, source);
+  check_limits(cfg, source);
+  check_dense_layers(cfg, source);
   cfg.full_attn_layers.assign(layers.begin(), layers.end());
   return cfg;
 }
