@@ -201,20 +201,19 @@ uint64_t plan_floor(const PlanInputs& in, int ring_slots) {
   return sum_terms(in.resident) + uint64_t(in.top_k) * expert_slot(in.expert_bytes) + ring;
 }
 
-MemoryPlan make_plan(const PlanInputs& in, const PlanBudget& want) {
-  if (want.ring_slots < 2)
-    throw io::usage_error(fmt::format("plan: a trunk ring needs at least 2 slots, got {}", want.ring_slots));
+namespace {
+
+// ---- make_plan's steps, in the order it takes them
+
+// The plan's copies of its inputs and request, the floor, the expert slot size and the trunk's bytes.
+MemoryPlan plan_basics(const PlanInputs& in, const PlanBudget& want) {
   MemoryPlan p;
   p.request = want;
   const uint64_t resident = sum_terms(in.resident);
-  const bool split = want.trunk.has_value();
-  p.budget = split ? resident + *want.trunk + want.experts.value_or(0) : want.total;
+  p.budget = want.trunk.has_value() ? resident + *want.trunk + want.experts.value_or(0) : want.total;
   p.floor = plan_floor(in, want.ring_slots);
   p.expert_slot_bytes = expert_slot(in.expert_bytes);
-  const uint64_t inflight = p.expert_slot_bytes ? uint64_t(in.top_k) : 0;
-  const uint64_t inflight_bytes = inflight * p.expert_slot_bytes;
-  const uint64_t n = in.layers.size();
-  p.n_layers = int(n);
+  p.n_layers = int(in.layers.size());
   p.routed_experts = p.expert_slot_bytes ? in.routed_experts : 0;
   p.seq_kda_bytes = in.seq_kda_bytes;
   p.seq_kv_bytes = in.seq_kv_bytes;
@@ -222,99 +221,186 @@ MemoryPlan make_plan(const PlanInputs& in, const PlanBudget& want) {
   p.max_seqs = in.max_seqs;
   p.pass_rows = in.pass_rows;
   for (const LayerFootprint& l : in.layers) p.trunk_bytes += footprint(l);
+  return p;
+}
 
+// What make_plan's steps share: the inputs, the request, and the fixed terms the budget holds
+// before the trunk's pools.
+struct Sizing {
+  const PlanInputs& in;
+  const PlanBudget& want;
+  uint64_t resident = 0;  // the always-resident terms
+  bool split = false;     // separate trunk and expert budgets
+  uint64_t inflight = 0;  // in-flight expert slots (top_k; 0: no routed experts)
+  uint64_t inflight_bytes = 0;
+  uint64_t n = 0;  // layers
+  bool compressed = false;
+};
+
+Sizing sizing(const PlanInputs& in, const PlanBudget& want, const MemoryPlan& p) {
+  Sizing z{.in = in, .want = want};
+  z.resident = sum_terms(in.resident);
+  z.split = want.trunk.has_value();
+  z.inflight = p.expert_slot_bytes ? uint64_t(in.top_k) : 0;
+  z.inflight_bytes = z.inflight * p.expert_slot_bytes;
+  z.n = in.layers.size();
+  z.compressed = in.compressed();
+  return z;
+}
+
+// Refuses a budget below the floor, or (split) a trunk or expert budget below its share of it.
+void check_budget(const MemoryPlan& p, const Sizing& z) {
+  const PlanBudget& want = z.want;
   if (p.budget < p.floor)
     throw io::usage_error(
         fmt::format("plan: budget {} ({} B, {}) is {} B short of the floor {} ({} B: resident {}, "
                     "{} expert slots, {}-slot trunk ring)",
                     human_bytes(p.budget), p.budget, want.source, p.floor - p.budget, human_bytes(p.floor),
-                    p.floor, human_bytes(resident), inflight, want.ring_slots));
-  if (split) {
-    uint64_t ring_min = p.floor - resident - inflight_bytes;
-    if (*want.trunk < ring_min)
-      throw io::usage_error(fmt::format("plan: trunk budget {} is {} B short of the {}-slot ring ({} B)",
-                                        human_bytes(*want.trunk), ring_min - *want.trunk, want.ring_slots,
-                                        ring_min));
-    if (want.experts.value_or(0) < inflight_bytes)
-      throw io::usage_error(
-          fmt::format("plan: expert budget {} is {} B short of {} in-flight expert slots ({} B)",
-                      human_bytes(want.experts.value_or(0)), inflight_bytes - want.experts.value_or(0),
-                      inflight, inflight_bytes));
-  }
+                    p.floor, human_bytes(z.resident), z.inflight, want.ring_slots));
+  if (!z.split) return;
+  uint64_t ring_min = p.floor - z.resident - z.inflight_bytes;
+  if (*want.trunk < ring_min)
+    throw io::usage_error(fmt::format("plan: trunk budget {} is {} B short of the {}-slot ring ({} B)",
+                                      human_bytes(*want.trunk), ring_min - *want.trunk, want.ring_slots,
+                                      ring_min));
+  if (want.experts.value_or(0) < z.inflight_bytes)
+    throw io::usage_error(
+        fmt::format("plan: expert budget {} is {} B short of {} in-flight expert slots ({} B)",
+                    human_bytes(want.experts.value_or(0)), z.inflight_bytes - want.experts.value_or(0),
+                    z.inflight, z.inflight_bytes));
+}
 
-  // Trunk: what the ring + pins may use, and what is left for the experts after them.
-  uint64_t trunk_avail = split ? *want.trunk : p.budget - resident - inflight_bytes;
+// Trunk: what the ring + pins may use, and the lookahead slots' bytes (taken from it unless split).
+struct TrunkRoom {
+  uint64_t trunk_avail = 0;
   uint64_t lookahead_bytes = 0;
-  // Lookahead slots only where the cache has room for them beside the in-flight ones.
-  if (want.lookahead && inflight && (!in.routed_experts || 2 * inflight <= in.routed_experts)) {
-    uint64_t ring0 = p.floor - resident - inflight_bytes;
-    uint64_t room = split ? want.experts.value_or(0) - inflight_bytes : trunk_avail - ring0;
-    if (room >= inflight_bytes) {
-      p.lookahead_slots = inflight;
-      lookahead_bytes = inflight_bytes;
-      if (!split) trunk_avail -= lookahead_bytes;
+};
+
+// Sets p.lookahead_slots: lookahead slots only where the cache has room for them beside the
+// in-flight ones.
+TrunkRoom trunk_room(MemoryPlan& p, const Sizing& z) {
+  const PlanBudget& want = z.want;
+  TrunkRoom r;
+  r.trunk_avail = z.split ? *want.trunk : p.budget - z.resident - z.inflight_bytes;
+  if (want.lookahead && z.inflight && (!z.in.routed_experts || 2 * z.inflight <= z.in.routed_experts)) {
+    uint64_t ring0 = p.floor - z.resident - z.inflight_bytes;
+    uint64_t room = z.split ? want.experts.value_or(0) - z.inflight_bytes : r.trunk_avail - ring0;
+    if (room >= z.inflight_bytes) {
+      p.lookahead_slots = z.inflight;
+      r.lookahead_bytes = z.inflight_bytes;
+      if (!z.split) r.trunk_avail -= r.lookahead_bytes;
     }
   }
+  return r;
+}
 
-  // Compressed trunk: a second decode slot when the budget has room for it beside the floor's one
-  // (staged codecs: decode of L+1 then overlaps compute of L). A fused codec decodes almost nothing
-  // in the decode stage, but its layers hold their ring slots through compute, so the room goes to a
-  // third ring slot instead: reads then run two layers ahead, as a raw trunk's effectively do.
-  const bool compressed = in.compressed();
-  int D = 1, S = want.ring_slots;
-  if (compressed && fused_codec(in.codec)) {
-    const std::vector<bool> none(n, false);
-    if (S < 3 && trunk_avail >= pools_for(in.layers, none, 3, 1, true, in.fused_slot_bytes).bytes()) S = 3;
-  } else if (compressed) {
-    const std::vector<bool> none(n, false);
-    const Pools one = pools_for(in.layers, none, S, 1, true, in.fused_slot_bytes);
-    const uint64_t ring0 = p.floor - resident - inflight_bytes;
+struct SlotCounts {
+  int ring = 0;    // trunk ring slots (S)
+  int decode = 1;  // decoded slots (D; compressed trunk only)
+};
+
+// Compressed trunk: a second decode slot when the budget has room for it beside the floor's one
+// (staged codecs: decode of L+1 then overlaps compute of L). A fused codec decodes almost nothing
+// in the decode stage, but its layers hold their ring slots through compute, so the room goes to a
+// third ring slot instead: reads then run two layers ahead, as a raw trunk's effectively do.
+SlotCounts slot_counts(const MemoryPlan& p, const Sizing& z, uint64_t trunk_avail) {
+  const PlanInputs& in = z.in;
+  SlotCounts c{.ring = z.want.ring_slots};
+  if (z.compressed && fused_codec(in.codec)) {
+    const std::vector<bool> none(z.n, false);
+    if (c.ring < 3 && trunk_avail >= pools_for(in.layers, none, 3, 1, true, in.fused_slot_bytes).bytes())
+      c.ring = 3;
+  } else if (z.compressed) {
+    const std::vector<bool> none(z.n, false);
+    const Pools one = pools_for(in.layers, none, c.ring, 1, true, in.fused_slot_bytes);
+    const uint64_t ring0 = p.floor - z.resident - z.inflight_bytes;
     const uint64_t extra = one.dec_read + one.dec_widen;
-    if (one.dec && trunk_avail >= ring0 && trunk_avail - ring0 >= extra) D = 2;
+    if (one.dec && trunk_avail >= ring0 && trunk_avail - ring0 >= extra) c.decode = 2;
+  }
+  return c;
+}
+
+// Which layers are pinned, their bytes, and the trunk's pools beside them.
+struct Pinning {
+  std::vector<bool> pinned;
+  uint64_t bytes = 0;
+  Pools pools{};
+};
+
+// Largest-first pinning within `trunk_avail` for a ring of S slots and D decoded slots.
+class PinSearch {
+ public:
+  PinSearch(const Sizing& z, SlotCounts c, uint64_t trunk_avail, uint64_t trunk_bytes)
+      : in_(z.in),
+        n_(z.n),
+        S_(c.ring),
+        D_(c.decode),
+        compressed_(z.compressed),
+        trunk_avail_(trunk_avail),
+        trunk_bytes_(trunk_bytes),
+        order_(z.n) {
+    stage_all_ = pools(std::vector<bool>(n_, true)).bytes();
+    std::iota(order_.begin(), order_.end(), 0);
+    std::stable_sort(order_.begin(), order_.end(),
+                     [&](int a, int b) { return footprint(in_.layers[a]) > footprint(in_.layers[b]); });
   }
 
-  // Largest-first pinning to a fixed point from `pinned` (layers already pinned stay pinned): pins
+  uint64_t n() const { return n_; }
+  uint64_t trunk_bytes() const { return trunk_bytes_; }
+  const std::vector<LayerFootprint>& layers() const { return in_.layers; }
+  Pools pools(const std::vector<bool>& pins) const {
+    return pools_for(in_.layers, pins, S_, D_, compressed_, in_.fused_slot_bytes);
+  }
+
+  // Pins largest-first to a fixed point from `x.pinned` (layers already pinned stay pinned): pins
   // only ever shrink the ring, so every pass stays within the budget, and a pass that pins nothing
   // ends the loop. False when the starting pins do not fit beside their own ring.
-  const std::vector<bool> every(n, true);
-  const uint64_t stage_all = pools_for(in.layers, every, S, D, compressed, in.fused_slot_bytes).bytes();
-  std::vector<int> order(n);
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(),
-                   [&](int a, int b) { return footprint(in.layers[a]) > footprint(in.layers[b]); });
-  auto pin_fixed_point = [&](std::vector<bool>& pins, uint64_t& pins_bytes, Pools& with) {
-    pins_bytes = 0;
-    for (size_t l = 0; l < n; ++l)
-      if (pins[l]) pins_bytes += footprint(in.layers[l]);
-    with = pools_for(in.layers, pins, S, D, compressed, in.fused_slot_bytes);
-    if (pins_bytes + with.bytes() > trunk_avail) return false;
+  bool fixed_point(Pinning& x) const {
+    x.bytes = 0;
+    for (size_t l = 0; l < n_; ++l)
+      if (x.pinned[l]) x.bytes += footprint(in_.layers[l]);
+    x.pools = pools(x.pinned);
+    if (x.bytes + x.pools.bytes() > trunk_avail_) return false;
     for (bool changed = true; changed;) {
       changed = false;
-      uint64_t unpinned = p.trunk_bytes - pins_bytes;
-      if (unpinned && unpinned + stage_all <= trunk_avail - pins_bytes) {  // everything fits without a ring
-        std::fill(pins.begin(), pins.end(), true);
-        pins_bytes = p.trunk_bytes;
-        with = pools_for(in.layers, pins, S, D, compressed, in.fused_slot_bytes);
+      uint64_t unpinned = trunk_bytes_ - x.bytes;
+      if (unpinned && unpinned + stage_all_ <= trunk_avail_ - x.bytes) {  // everything fits without a ring
+        std::fill(x.pinned.begin(), x.pinned.end(), true);
+        x.bytes = trunk_bytes_;
+        x.pools = pools(x.pinned);
         break;
       }
-      uint64_t avail = trunk_avail - pins_bytes - with.bytes();
-      for (int l : order) {
-        uint64_t b = footprint(in.layers[l]);
-        if (!pins[l] && b <= avail) {
-          pins[l] = true;
-          pins_bytes += b;
+      uint64_t avail = trunk_avail_ - x.bytes - x.pools.bytes();
+      for (int l : order_) {
+        uint64_t b = footprint(in_.layers[l]);
+        if (!x.pinned[l] && b <= avail) {
+          x.pinned[l] = true;
+          x.bytes += b;
           avail -= b;
           changed = true;
         }
       }
-      with = pools_for(in.layers, pins, S, D, compressed, in.fused_slot_bytes);
+      x.pools = pools(x.pinned);
     }
     return true;
-  };
-  std::vector<bool> pinned(n, false);
-  uint64_t pinned_bytes = 0;
-  Pools pools;
-  pin_fixed_point(pinned, pinned_bytes, pools);  // nothing pinned at the start always fits (floor)
+  }
+
+ private:
+  const PlanInputs& in_;
+  uint64_t n_;
+  int S_, D_;
+  bool compressed_;
+  uint64_t trunk_avail_, trunk_bytes_;
+  uint64_t stage_all_ = 0;  // every layer pinned: the pools (a compressed trunk's staging slot)
+  std::vector<int> order_;  // layer indices, largest footprint first
+};
+
+// The pins: largest-first from none, then without a spanning layer when that is worth it, then
+// spread over the token (spread_pins).
+Pinning choose_pins(const PinSearch& search) {
+  const uint64_t n = search.n(), trunk_bytes = search.trunk_bytes();
+  Pinning pins{.pinned = std::vector<bool>(n, false)};
+  search.fixed_point(pins);  // nothing pinned at the start always fits (floor)
   // A spanning layer takes the whole ring (docs/design.md §3.2): it cannot be read until the layer
   // before it in the ring has been computed, nor anything after it until it has, so the disk idles
   // for a layer's compute twice a token (docs/performance.md, "A layer that fills the ring").
@@ -322,71 +408,100 @@ MemoryPlan make_plan(const PlanInputs& in, const PlanBudget& want) {
   // plan is taken when it reads at most kSpanByteAllowance times the span plan's bytes per token.
   // At the floor, or when the spanning layer does not fit beside the ring, the span stays.
   constexpr double kSpanByteAllowance = 1.25;
-  const uint64_t spanning_streamed = p.trunk_bytes - pinned_bytes;
-  for (std::vector<bool> alt(n, false); pools.ring.spanning >= 0;) {
-    alt[size_t(pools.ring.spanning)] = true;
-    std::vector<bool> next = alt;
-    uint64_t alt_bytes = 0;
-    Pools alt_pools;
-    if (!pin_fixed_point(next, alt_bytes, alt_pools) ||
-        double(p.trunk_bytes - alt_bytes) > kSpanByteAllowance * double(spanning_streamed))
+  const uint64_t spanning_streamed = trunk_bytes - pins.bytes;
+  for (std::vector<bool> alt(n, false); pins.pools.ring.spanning >= 0;) {
+    alt[size_t(pins.pools.ring.spanning)] = true;
+    Pinning next{.pinned = alt};
+    if (!search.fixed_point(next) ||
+        double(trunk_bytes - next.bytes) > kSpanByteAllowance * double(spanning_streamed))
       break;
-    pinned = std::move(next);
-    pinned_bytes = alt_bytes;
-    pools = alt_pools;
+    pins = std::move(next);
   }
-  spread_pins(in.layers, pinned);
+  spread_pins(search.layers(), pins.pinned);
   // the same sizes unpinned: only the indices move
-  pools = pools_for(in.layers, pinned, S, D, compressed, in.fused_slot_bytes);
-  const Ring& ring = pools.ring;
-  for (size_t l = 0; l < n; ++l)
-    if (pinned[l])
+  pins.pools = search.pools(pins.pinned);
+  return pins;
+}
+
+// The trunk's part of the plan: pinned layers, streamed bytes, decoded slots, the ring.
+void record_trunk(MemoryPlan& p, const Sizing& z, const Pinning& pins) {
+  const PlanInputs& in = z.in;
+  const Ring& ring = pins.pools.ring;
+  for (size_t l = 0; l < z.n; ++l)
+    if (pins.pinned[l])
       p.pinned.push_back(int(l));
     else
       p.streamed_stored_bytes +=
-          align_up(compressed ? in.layers[l].stored_bytes : in.layers[l].read_bytes, kDirectAlign);
-  if (compressed) {
+          align_up(z.compressed ? in.layers[l].stored_bytes : in.layers[l].read_bytes, kDirectAlign);
+  if (z.compressed) {
     p.codec = in.codec;
-    p.decode_slots = pools.dec;
-    p.decode_slot_bytes = pools.dec_read;
-    p.decode_widen_bytes = pools.dec_widen;
-    p.decode_slot_span = pools.dec ? pools.dec_span : 0;
+    p.decode_slots = pins.pools.dec;
+    p.decode_slot_bytes = pins.pools.dec_read;
+    p.decode_widen_bytes = pins.pools.dec_widen;
+    p.decode_slot_span = pins.pools.dec ? pins.pools.dec_span : 0;
   }
   p.ring_slots = ring.slots;
   p.slot_read_bytes = ring.read;
   p.slot_widen_bytes = ring.widen;
   p.spanning_layer = ring.spanning;
   p.span_slots = ring.span;
-  p.streamed_bytes = p.trunk_bytes - pinned_bytes;
+  p.streamed_bytes = p.trunk_bytes - pins.bytes;
+}
 
-  // Experts: in-flight, lookahead, then whole cache slots from what is left.
-  p.inflight_slots = inflight;
-  uint64_t used = resident + pools.bytes() + pinned_bytes + inflight_bytes + lookahead_bytes;
-  uint64_t left = split ? (want.experts.value_or(0) - inflight_bytes - lookahead_bytes) : p.budget - used;
+// Experts: in-flight, lookahead, then whole cache slots from what is left.
+void assign_expert_slots(MemoryPlan& p, const Sizing& z, const Pinning& pins, uint64_t lookahead_bytes) {
+  p.inflight_slots = z.inflight;
+  uint64_t used = z.resident + pins.pools.bytes() + pins.bytes + z.inflight_bytes + lookahead_bytes;
+  uint64_t left =
+      z.split ? (z.want.experts.value_or(0) - z.inflight_bytes - lookahead_bytes) : p.budget - used;
   p.cache_slots = p.expert_slot_bytes ? left / p.expert_slot_bytes : 0;
   // Never more slots than routed experts: a larger budget stays unassigned, not allocated.
-  if (in.routed_experts) {
-    const uint64_t room = in.routed_experts > inflight + p.lookahead_slots
-                              ? in.routed_experts - inflight - p.lookahead_slots
+  if (z.in.routed_experts) {
+    const uint64_t room = z.in.routed_experts > z.inflight + p.lookahead_slots
+                              ? z.in.routed_experts - z.inflight - p.lookahead_slots
                               : 0;
     p.cache_slots = std::min(p.cache_slots, room);
   }
+}
 
-  p.pools = in.resident;
-  std::string ring_name = compressed ? "trunk ring slots, stored (compressed) bytes" : "trunk ring slots";
+// Everything the plan allocates, in print order: the resident terms, then the trunk's and the
+// experts' pools.
+std::vector<PlanTerm> pool_terms(const MemoryPlan& p, const Sizing& z, const Pinning& pins,
+                                 uint64_t lookahead_bytes) {
+  const Pools& pools = pins.pools;
+  const Ring& ring = pools.ring;
+  std::vector<PlanTerm> t = z.in.resident;
+  std::string ring_name = z.compressed ? "trunk ring slots, stored (compressed) bytes" : "trunk ring slots";
   if (ring.spanning >= 0) ring_name += fmt::format(" (layer {} spans {})", ring.spanning, ring.span);
-  p.pools.push_back({ring_name, uint64_t(ring.slots), ring.read + ring.widen, ring.bytes()});
-  if (compressed)
-    p.pools.push_back({p.decode_slot_span ? "trunk decode slots (a fused layer's staged part)"
-                                          : "trunk decode slots (decoded layers)",
-                       uint64_t(pools.dec), pools.dec_read + pools.dec_widen,
-                       uint64_t(pools.dec) * (pools.dec_read + pools.dec_widen)});
-  p.pools.push_back(
-      {fmt::format("pinned trunk layers ({} of {})", p.pinned.size(), n), p.pinned.size(), 0, pinned_bytes});
-  p.pools.push_back({"expert in-flight slots", inflight, p.expert_slot_bytes, inflight_bytes});
-  p.pools.push_back({"expert lookahead slots", p.lookahead_slots, p.expert_slot_bytes, lookahead_bytes});
-  p.pools.push_back(
+  t.push_back({ring_name, uint64_t(ring.slots), ring.read + ring.widen, ring.bytes()});
+  if (z.compressed)
+    t.push_back({p.decode_slot_span ? "trunk decode slots (a fused layer's staged part)"
+                                    : "trunk decode slots (decoded layers)",
+                 uint64_t(pools.dec), pools.dec_read + pools.dec_widen,
+                 uint64_t(pools.dec) * (pools.dec_read + pools.dec_widen)});
+  t.push_back(
+      {fmt::format("pinned trunk layers ({} of {})", p.pinned.size(), z.n), p.pinned.size(), 0, pins.bytes});
+  t.push_back({"expert in-flight slots", z.inflight, p.expert_slot_bytes, z.inflight_bytes});
+  t.push_back({"expert lookahead slots", p.lookahead_slots, p.expert_slot_bytes, lookahead_bytes});
+  t.push_back(
       {"expert cache slots", p.cache_slots, p.expert_slot_bytes, p.cache_slots * p.expert_slot_bytes});
+  return t;
+}
+
+}  // namespace
+
+MemoryPlan make_plan(const PlanInputs& in, const PlanBudget& want) {
+  if (want.ring_slots < 2)
+    throw io::usage_error(fmt::format("plan: a trunk ring needs at least 2 slots, got {}", want.ring_slots));
+  MemoryPlan p = plan_basics(in, want);
+  const Sizing z = sizing(in, want, p);
+  check_budget(p, z);
+  const TrunkRoom room = trunk_room(p, z);
+  const SlotCounts counts = slot_counts(p, z, room.trunk_avail);
+  const Pinning pins = choose_pins(PinSearch(z, counts, room.trunk_avail, p.trunk_bytes));
+  record_trunk(p, z, pins);
+  assign_expert_slots(p, z, pins, room.lookahead_bytes);
+  p.pools = pool_terms(p, z, pins, room.lookahead_bytes);
   return p;
 }
 
