@@ -29,11 +29,10 @@
 #include "pipeline/run/decoder.hpp"
 #include "pipeline/run/draft_policy.hpp"
 #include "pipeline/run/json_output.hpp"
-#include "pipeline/run/model_tokenizer.hpp"
+#include "pipeline/run/run_context.hpp"
 #include "pipeline/run/run_report.hpp"
 #include "pipeline/run/sampler_flags.hpp"
 #include "pipeline/run/speculative.hpp"
-#include "pipeline/run/thread_limit.hpp"
 #include "pipeline/support/clock.hpp"
 #include "pipeline/support/human_bytes.hpp"
 #include "pipeline/support/id_list.hpp"
@@ -114,25 +113,16 @@ struct TextOut {
   }
 };
 
-int run_generate(GenerateOptions o) {
-  const double t_start = now_seconds();
-  // ---- usage checks that need no files ----
-  const int sources = (o.ids ? 1 : 0) + (o.prompt ? 1 : 0) + (o.prompt_file ? 1 : 0);
-  if (sources != 1)
-    throw io::usage_error(
-        fmt::format("exactly one of --ids, --prompt, --prompt-file is required ({} given)", sources));
-  const bool text_mode = !o.ids;
-  stages::validate(o.sampling);
-  if (o.dump_logits && o.gen == 0) throw io::usage_error("--dump-logits needs --gen >= 1 (it dumps step 0)");
-  if (o.incremental && o.dec.recompute)
-    throw io::usage_error("--incremental and --recompute exclude each other");
-  check_spec_flag(o.spec, o.sampling, o.dec.recompute);
-  const DraftPolicyOptions policy_opts = spec_policy_options(o.spec, o.spec_min_match, o.spec_policy);
-  o.dec.stream.spec = o.spec;  // a streamed run's plan holds the verify pass's journal
-  if (o.spec_oracle && o.spec == 0) throw io::usage_error("--spec-oracle needs --spec N (N >= 1)");
-  if (!o.stop.empty() && !text_mode)
-    throw io::usage_error("--stop needs a text prompt (--prompt / --prompt-file)");
-  // JSON output: the schema is compiled (and refused, naming the keyword) before any model file is read.
+// What generate's usage checks decide before any model file is read.
+struct GenerateUsage {
+  bool text_mode = false;                          // --prompt / --prompt-file (else --ids)
+  std::shared_ptr<const stages::JsonSchema> json;  // --json-schema / --json-object
+  DraftPolicyOptions policy;                       // --spec, --spec-min-match, --spec-policy
+  std::vector<int32_t> given_ids;                  // --ids
+};
+
+// JSON output: the schema is compiled (and refused, naming the keyword) before any model file is read.
+std::shared_ptr<const stages::JsonSchema> json_output(const GenerateOptions& o, bool text_mode) {
   std::shared_ptr<const stages::JsonSchema> json;
   if (o.json_schema && o.json_object)
     throw io::usage_error("--json-schema and --json-object exclude each other");
@@ -152,69 +142,96 @@ int run_generate(GenerateOptions o) {
   if (json && o.ignore_eos)
     throw io::usage_error(
         fmt::format("{} and --ignore-eos exclude each other (the value ends the turn)", json_flag));
+  return json;
+}
+
+// ---- usage checks that need no files ----
+GenerateUsage check_usage(GenerateOptions& o) {
+  GenerateUsage u;
+  const int sources = (o.ids ? 1 : 0) + (o.prompt ? 1 : 0) + (o.prompt_file ? 1 : 0);
+  if (sources != 1)
+    throw io::usage_error(
+        fmt::format("exactly one of --ids, --prompt, --prompt-file is required ({} given)", sources));
+  u.text_mode = !o.ids;
+  stages::validate(o.sampling);
+  if (o.dump_logits && o.gen == 0) throw io::usage_error("--dump-logits needs --gen >= 1 (it dumps step 0)");
+  if (o.incremental && o.dec.recompute)
+    throw io::usage_error("--incremental and --recompute exclude each other");
+  check_spec_flag(o.spec, o.sampling, o.dec.recompute);
+  u.policy = spec_policy_options(o.spec, o.spec_min_match, o.spec_policy);
+  o.dec.stream.spec = o.spec;  // a streamed run's plan holds the verify pass's journal
+  if (o.spec_oracle && o.spec == 0) throw io::usage_error("--spec-oracle needs --spec N (N >= 1)");
+  if (!o.stop.empty() && !u.text_mode)
+    throw io::usage_error("--stop needs a text prompt (--prompt / --prompt-file)");
+  u.json = json_output(o, u.text_mode);
   // The vocabulary is known only once config.json is read (checked below); --load-state may
   // resume with no new ids.
-  const std::vector<int32_t> given_ids =
-      text_mode ? std::vector<int32_t>{} : parse_id_list(*o.ids, "--ids", 0, o.load_state.has_value());
-  // Under mpirun rank 0 reads the prompt and sends it to the others (docs/distributed.md).
-  ranks::Comm& comm = ranks::world();
+  if (!u.text_mode) u.given_ids = parse_id_list(*o.ids, "--ids", 0, o.load_state.has_value());
+  return u;
+}
+
+// Under mpirun rank 0 reads the prompt and sends it to the others (docs/distributed.md).
+std::string read_prompt(const GenerateOptions& o, const GenerateUsage& u, ranks::Comm& comm) {
   std::string prompt_text;
   ranks::on_every_rank(comm, "could not read the prompt", [&] {
     if (comm.rank() == 0)
       prompt_text = o.prompt ? *o.prompt : o.prompt_file ? read_prompt_file(*o.prompt_file) : "";
   });
   prompt_text = ranks::from_rank0(comm, prompt_text);
-  if (!o.load_state && text_mode && prompt_text.empty()) throw io::usage_error("the prompt is empty");
-  for (const auto& [flag, value] : {std::pair{"--trace", o.dec.stream.trace},
-                                    {"--graph-dot", o.dec.stream.graph_dot},
-                                    {"--routing-trace", o.dec.stream.routing_trace},
-                                    {"--bench-routing-replay", o.dec.stream.routing_replay}})
-    if (!value.empty() && !o.dec.stream.requested())
+  if (!o.load_state && u.text_mode && prompt_text.empty()) throw io::usage_error("the prompt is empty");
+  return prompt_text;
+}
+
+// The flags that only show a streamed run are refused without one.
+void check_streamed_only(const StreamFlags& s) {
+  for (const auto& [flag, value] : {std::pair{"--trace", s.trace},
+                                    {"--graph-dot", s.graph_dot},
+                                    {"--routing-trace", s.routing_trace},
+                                    {"--bench-routing-replay", s.routing_replay}})
+    if (!value.empty() && !s.requested())
       throw io::usage_error(fmt::format(
           "{} shows a streamed run: add a budget (--mem-gb, --preset, --trunk-gb + --cache-gb) or --trunk",
           flag));
-  check_stream_flags(o.dec.stream);
-  // Every path is checked before the first read: a typo must not throw a long run away.
-  check_model_dir(o.dec.model_dir, o.dec.config.has_value());
-  if (o.dec.config) check_input_file(*o.dec.config, "--config");
-  if (o.tokenizer) check_input_dir(*o.tokenizer, "--tokenizer");
-  if (o.load_state) check_input_file(*o.load_state, "--load-state");
-  if (!o.dec.stream.trunk_dir.empty()) check_trunk_dir(o.dec.stream.trunk_dir);
+}
+
+// ---- paths (every one checked before the first read), threads, config: the run context ----
+RunSpec run_spec(GenerateOptions& o) {
+  using Kind = PathCheck::Kind;
+  RunSpec s{.dec = o.dec, .tokenizer = o.tokenizer, .threads = o.threads};
+  if (o.load_state) s.before_trunk.push_back({Kind::input_file, "--load-state", *o.load_state});
   for (const auto& [flag, path] :
        {std::pair{"--out", o.out_path}, {"--dump-logits", o.dump_logits}, {"--save-state", o.save_state}})
-    if (path) check_writable(*path, flag);
-  if (!o.dec.stream.trace.empty()) check_writable(o.dec.stream.trace, "--trace");
-  if (!o.dec.stream.graph_dot.empty()) check_writable(o.dec.stream.graph_dot, "--graph-dot");
-  if (!o.dec.stream.routing_trace.empty()) check_writable(o.dec.stream.routing_trace, "--routing-trace");
-  if (!o.dec.stream.routing_replay.empty())
-    check_input_file(o.dec.stream.routing_replay, "--bench-routing-replay");
+    if (path) s.after_trunk.push_back({Kind::writable, flag, *path});
+  const StreamFlags& st = o.dec.stream;
+  for (const auto& [flag, path] :
+       {std::pair{"--trace", st.trace}, {"--graph-dot", st.graph_dot}, {"--routing-trace", st.routing_trace}})
+    if (!path.empty()) s.after_trunk.push_back({Kind::writable, flag, path});
+  if (!st.routing_replay.empty())
+    s.after_trunk.push_back({Kind::input_file, "--bench-routing-replay", st.routing_replay});
+  return s;
+}
 
-  TextOut out;
-  if (text_mode) out.split_from_diagnostics();
-
-  const ThreadLimit threads(o.threads);
-  o.dec.stream.threads = threads.threads();
-
-  // ---- config, tokenizer, prompt ids ----
-  io::ModelConfig cfg = load_model_config(o.dec.model_dir, o.dec.config);
-  if (o.dec.layers > cfg.n_layers)
-    throw io::usage_error(fmt::format("--layers {}: the model has {} layers", o.dec.layers, cfg.n_layers));
-  std::printf("%s\n", cfg.summary().c_str());
-  const std::optional<io::text::Tokenizer> tok = model_tokenizer(
-      o.dec.model_dir, o.tokenizer, cfg, text_mode ? (o.prompt ? "--prompt" : "--prompt-file") : nullptr);
-  std::vector<int32_t> prompt = text_mode ? tok->encode(prompt_text, true) : given_ids;
+// ---- model: the config's summary, the tokenizer, the prompt's ids ----
+std::vector<int32_t> prompt_ids(const GenerateOptions& o, const GenerateUsage& u, RunContext& ctx,
+                                const std::string& prompt_text) {
+  std::printf("%s\n", ctx.cfg.summary().c_str());
+  ctx.load_tokenizer(u.text_mode ? (o.prompt ? "--prompt" : "--prompt-file") : nullptr);
+  std::vector<int32_t> prompt = u.text_mode ? ctx.tok->encode(prompt_text, true) : u.given_ids;
   if (prompt.empty() && !o.load_state)
-    throw io::usage_error(text_mode ? "the prompt is empty" : "--ids: no token ids given");
-  if (!text_mode) check_ids_in_vocab(prompt, cfg.vocab, "--ids");
+    throw io::usage_error(u.text_mode ? "the prompt is empty" : "--ids: no token ids given");
+  if (!u.text_mode) check_ids_in_vocab(prompt, ctx.cfg.vocab, "--ids");
+  return prompt;
+}
 
-  // ---- resume header before anything is sized ----
+// ---- plan: the positions, a resume header read before anything is sized ----
+std::optional<StateHeader> size_run(GenerateOptions& o, size_t prompt_size) {
   std::optional<StateHeader> saved;
   if (o.load_state) {
     saved = peek_state(*o.load_state);
     check_saved_positions(*o.load_state, *saved);
   }
   const size_t prior = saved ? static_cast<size_t>(saved->nseq) : 0;
-  o.dec.capacity = prior + prompt.size() + static_cast<size_t>(o.gen) + 1;
+  o.dec.capacity = prior + prompt_size + static_cast<size_t>(o.gen) + 1;
   if (o.dec.capacity > kMaxPositions) {
     const std::string from_state =
         saved ? fmt::format("{} saved positions in {} + ", prior, *o.load_state) : std::string();
@@ -223,17 +240,21 @@ int run_generate(GenerateOptions o) {
   }
   o.dec.expected_calls = o.gen;
   run_capacity(o.dec);  // a --context below what the run needs is refused before the header
+  return saved;
+}
 
+void print_run_header(const GenerateOptions& o, const GenerateUsage& u, const io::ModelConfig& cfg,
+                      size_t prompt_size, const std::optional<StateHeader>& saved) {
   std::printf("\nKimi K3, k3flow, released checkpoint layout\n");
   std::printf("  model   : %s\n", o.dec.model_dir.c_str());
   if (saved)
-    std::printf("  prompt  : %zu saved + %zu new ids\n", prior, prompt.size());
+    std::printf("  prompt  : %zu saved + %zu new ids\n", static_cast<size_t>(saved->nseq), prompt_size);
   else
-    std::printf("  prompt  : %zu ids\n", prompt.size());
+    std::printf("  prompt  : %zu ids\n", prompt_size);
   std::printf("  decode  : %s, %s, up to %d tokens, threads %s\n", describe_sampling(o.sampling).c_str(),
               o.dec.recompute ? "full recompute" : "incremental (KV cache + carried KDA state)", o.gen,
               o.threads > 0 ? std::to_string(o.threads).c_str() : "default");
-  if (json)
+  if (u.json)
     std::printf(
         "  output  : JSON, %s\n",
         o.json_schema ? fmt::format("matching the schema in {}", *o.json_schema).c_str() : "one object");
@@ -241,16 +262,19 @@ int run_generate(GenerateOptions o) {
     std::printf(
         "  spec    : up to %d prompt-lookup drafts verified per pass (greedy, same ids and logits); %s "
         "policy, matches of >= %zu ids\n",
-        o.spec, policy_opts.adaptive ? "adaptive" : "fixed", policy_opts.min_match);
+        o.spec, u.policy.adaptive ? "adaptive" : "fixed", u.policy.min_match);
   if (o.dec.layers > 0 && o.dec.layers < cfg.n_layers)
     std::printf(
         "  NOTE    : --layers %d runs only the first %d of %d layers; the output is not the model's\n",
         o.dec.layers, o.dec.layers, cfg.n_layers);
+}
 
-  // Several ranks under mpirun (docs/distributed.md): each loads (or, with a budget, streams within
-  // its own) and computes only its own experts; every rank decodes the same ids, rank 0 alone prints
-  // and writes the files (the trace and the DOT dump too: rank 0's graph).
-  std::optional<ranks::RankExperts> experts;
+// ---- the weights ----
+// Several ranks under mpirun (docs/distributed.md): each loads (or, with a budget, streams within
+// its own) and computes only its own experts; every rank decodes the same ids, rank 0 alone prints
+// and writes the files (the trace and the DOT dump too: rank 0's graph).
+Decoder& load_model(GenerateOptions& o, const RunContext& ctx, ranks::Comm& comm,
+                    std::optional<ranks::RankExperts>& experts, std::optional<Decoder>& decoder) {
   if (comm.size() > 1) {
     experts.emplace(comm);
     o.dec.experts = &*experts;
@@ -262,15 +286,18 @@ int run_generate(GenerateOptions o) {
       o.dec.stream.routing_trace.clear();
     }
   }
-  std::optional<Decoder> decoder;
-  ranks::on_every_rank(comm, "could not load its slice", [&] { decoder.emplace(o.dec, std::move(cfg)); });
+  ranks::on_every_rank(comm, "could not load its slice", [&] { decoder.emplace(o.dec, ctx.cfg); });
   Decoder& dec = *decoder;
-  const io::ModelConfig& c = dec.config();
   if (o.spec > 0)
     std::printf(
         "speculative journal: %s for a pass of %d rows (KDA state on entry + each row's recurrence "
         "inputs)\n",
         human_bytes(double(dec.journal_bytes(size_t(o.spec) + 1))).c_str(), o.spec + 1);
+  return dec;
+}
+
+// The saved state (--load-state), then the prompt, pending.
+void feed_prompt(const GenerateOptions& o, Decoder& dec, const std::vector<int32_t>& prompt, bool saved) {
   if (saved) {
     const double t0 = now_seconds();
     dec.load(*o.load_state);
@@ -281,122 +308,156 @@ int run_generate(GenerateOptions o) {
   if (o.gen > 0 && dec.pending() == 0)
     throw io::usage_error(
         "--load-state: nothing to feed (the saved state has no pending token and --ids is empty)");
+}
 
-  // ---- decode ----
-  std::optional<io::text::TextStream> text;
-  if (text_mode)
-    text.emplace(*tok, o.ignore_eos ? std::vector<int32_t>{} : io::text::end_of_turn_ids(*tok), o.stop);
-  if (!text_mode) {
-    std::printf("\n%-6s %-10s %-12s %s\n", "STEP", "TOKEN", "SECONDS", "TOK/S");
-    std::printf("----------------------------------------\n");
+// --spec-oracle IDS (a measurement flag): drafts the known answer -- what a plain run generated --
+// instead of looking it up, so every draft is accepted: the upper bound of --spec on a checkpoint
+// that never repeats itself (perf/spec_bench.sh; a synthetic one has random weights).
+DraftFn oracle_drafter(const GenerateOptions& o, const Decoder& dec) {
+  if (!o.spec_oracle) return {};
+  const std::vector<int32_t> answer = parse_id_list(*o.spec_oracle, "--spec-oracle", dec.config().vocab);
+  const size_t start = dec.seq().size() - 1;  // the first generated id lands at start + 1
+  std::printf("NOTE: drafts come from --spec-oracle (%zu ids), not from prompt lookup\n", answer.size());
+  return [answer, start](std::span<const int32_t> seq, size_t n) {
+    const size_t at = std::min(answer.size(), seq.size() - 1 - start);
+    return std::vector<int32_t>(answer.begin() + std::ptrdiff_t(at),
+                                answer.begin() + std::ptrdiff_t(std::min(answer.size(), at + n)));
+  };
+}
+
+// ---- decode ----
+// One pass per iteration: a plain step (one token) or, with --spec, a verify pass (1..N+1
+// tokens). Each token is handled as it is emitted; a stop ends the pass there (the decoder then
+// holds what plain decoding would).
+class DecodeLoop {
+ public:
+  DecodeLoop(const GenerateOptions& o, const GenerateUsage& u, Decoder& dec,
+             const std::optional<io::text::Tokenizer>& tok, TextOut& out, DraftPolicy& policy)
+      : o_(o), dec_(dec), out_(out), policy_(policy), sampler_(o.sampling) {
+    if (u.text_mode)
+      text_.emplace(*tok, o.ignore_eos ? std::vector<int32_t>{} : io::text::end_of_turn_ids(*tok), o.stop);
+    if (!u.text_mode) {
+      std::printf("\n%-6s %-10s %-12s %s\n", "STEP", "TOKEN", "SECONDS", "TOK/S");
+      std::printf("----------------------------------------\n");
+    }
+    if (u.json)
+      sampler_.set_constraint(std::make_unique<stages::JsonConstraint>(
+          u.json, json_token_table(*tok, dec.config().vocab, io::text::end_of_turn_ids(*tok))));
+    spec.log_passes = o.spec > 0;  // the --out report's "speculative" rows
   }
-  stages::Sampler sampler(o.sampling);
-  if (json)
-    sampler.set_constraint(std::make_unique<stages::JsonConstraint>(
-        json, json_token_table(*tok, c.vocab, io::text::end_of_turn_ids(*tok))));
-  InterruptScope interrupts;
+
+  // Decodes up to --gen tokens (an interrupt, the end of the turn or a --stop string ends it sooner),
+  // then ends the text (or the STEP table).
+  void run() {
+    const DraftFn drafter = oracle_drafter(o_, dec_);
+    for (int g = 0; g < o_.gen && !stopped_;) {
+      if (InterruptScope::requested()) {
+        ended = "an interrupt";
+        break;
+      }
+      const double ts = now_seconds();
+      const uint64_t drafted = spec.drafted, accepted = spec.accepted;
+      std::vector<int32_t> pass;
+      speculative_step(
+          dec_, sampler_, o_.spec, o_.gen - g, spec,
+          [&](int32_t next, std::span<const float> logits) { return emit(g, pass, next, logits); }, drafter,
+          &policy_);
+      const double dt = now_seconds() - ts;
+      t_steps += dt;
+      if (g == 0) t_first = dt;
+      // The report's per-token rows are per pass: a verify pass's reads belong to all its tokens.
+      if (dec_.stream()) dec_.stream()->record_step(g, pass.front());
+      if (!text_) print_rows(g, pass, dt, spec.drafted - drafted, spec.accepted - accepted);
+      g += int(pass.size());
+    }
+    interrupted = InterruptScope::requested();
+    if (text_) {
+      out_.write(text_->finish());
+      out_.write("\n");
+    } else {
+      std::printf("----------------------------------------\n");
+    }
+  }
+
   std::vector<float> step0_logits;
   std::vector<int32_t> generated;
   double t_steps = 0, t_first = 0;
   const char* ended = "the --gen cap";
-  // One pass per iteration: a plain step (one token) or, with --spec, a verify pass (1..N+1
-  // tokens). Each token is handled as it is emitted; a stop ends the pass there (the decoder then
-  // holds what plain decoding would).
   SpecStats spec;
-  spec.log_passes = o.spec > 0;  // the --out report's "speculative" rows
-  bool stopped = false;
-  // --spec-oracle IDS (a measurement flag): drafts the known answer -- what a plain run generated --
-  // instead of looking it up, so every draft is accepted: the upper bound of --spec on a checkpoint
-  // that never repeats itself (perf/spec_bench.sh; a synthetic one has random weights).
-  DraftFn drafter;
-  DraftPolicy policy(policy_opts);
-  if (o.spec_oracle) {
-    const std::vector<int32_t> answer = parse_id_list(*o.spec_oracle, "--spec-oracle", c.vocab);
-    const size_t start = dec.seq().size() - 1;  // the first generated id lands at start + 1
-    drafter = [answer, start](std::span<const int32_t> seq, size_t n) {
-      const size_t at = std::min(answer.size(), seq.size() - 1 - start);
-      return std::vector<int32_t>(answer.begin() + std::ptrdiff_t(at),
-                                  answer.begin() + std::ptrdiff_t(std::min(answer.size(), at + n)));
-    };
-    std::printf("NOTE: drafts come from --spec-oracle (%zu ids), not from prompt lookup\n", answer.size());
-  }
-  for (int g = 0; g < o.gen && !stopped;) {
-    if (InterruptScope::requested()) {
-      ended = "an interrupt";
-      break;
+  bool interrupted = false;
+
+ private:
+  // One emitted token: kept, shown as text, and checked for the end of the text; false stops.
+  bool emit(int g, std::vector<int32_t>& pass, int32_t next, std::span<const float> logits) {
+    if (g == 0 && pass.empty() && o_.dump_logits) step0_logits.assign(logits.begin(), logits.end());
+    pass.push_back(next);
+    generated.push_back(next);
+    if (!text_) return true;
+    const io::text::TextStream::Out piece = text_->push(next);
+    out_.write(piece.text);
+    if (piece.stop) {
+      ended = "the end of the turn or a --stop string";
+      stopped_ = true;
+    } else if (sampler_.constraint() && sampler_.constraint()->done()) {
+      ended = "the end of the JSON value (the vocabulary has no end-of-turn id)";
+      stopped_ = true;
     }
-    const double ts = now_seconds();
-    const uint64_t drafted = spec.drafted, accepted = spec.accepted;
-    std::vector<int32_t> pass;
-    speculative_step(
-        dec, sampler, o.spec, o.gen - g, spec,
-        [&](int32_t next, std::span<const float> logits) {
-          if (g == 0 && pass.empty() && o.dump_logits) step0_logits.assign(logits.begin(), logits.end());
-          pass.push_back(next);
-          generated.push_back(next);
-          if (!text) return true;
-          const io::text::TextStream::Out piece = text->push(next);
-          out.write(piece.text);
-          if (piece.stop) {
-            ended = "the end of the turn or a --stop string";
-            stopped = true;
-          } else if (sampler.constraint() && sampler.constraint()->done()) {
-            ended = "the end of the JSON value (the vocabulary has no end-of-turn id)";
-            stopped = true;
-          }
-          return !stopped;
-        },
-        drafter, &policy);
-    const double dt = now_seconds() - ts;
-    t_steps += dt;
-    if (g == 0) t_first = dt;
-    // The report's per-token rows are per pass: a verify pass's reads belong to all its tokens.
-    if (dec.stream()) dec.stream()->record_step(g, pass.front());
-    if (!text) {
-      const double per = dt / double(pass.size());
-      for (size_t i = 0; i < pass.size(); ++i) {
-        std::string note = i == 0 && dec.stream() ? "   " + dec.stream()->step_note() : "";
-        if (i == 0 && spec.drafted > drafted)
-          note += fmt::format("   verify: {} drafted, {} accepted, {} tokens this pass",
-                              spec.drafted - drafted, spec.accepted - accepted, pass.size());
-        std::printf("%-6d %-10d %-12.4f %.2f%s\n", g + int(i), pass[i], per, per > 0 ? 1.0 / per : 0.0,
-                    note.c_str());
-      }
-      std::fflush(stdout);
+    return !stopped_;
+  }
+
+  // The STEP table's rows of one pass (--ids): its time shared by its tokens.
+  void print_rows(int g, const std::vector<int32_t>& pass, double dt, uint64_t drafted, uint64_t accepted) {
+    const double per = dt / double(pass.size());
+    for (size_t i = 0; i < pass.size(); ++i) {
+      std::string note = i == 0 && dec_.stream() ? "   " + dec_.stream()->step_note() : "";
+      if (i == 0 && drafted > 0)
+        note += fmt::format("   verify: {} drafted, {} accepted, {} tokens this pass", drafted, accepted,
+                            pass.size());
+      std::printf("%-6d %-10d %-12.4f %.2f%s\n", g + int(i), pass[i], per, per > 0 ? 1.0 / per : 0.0,
+                  note.c_str());
     }
-    g += int(pass.size());
+    std::fflush(stdout);
   }
-  const bool interrupted = InterruptScope::requested();
-  if (text) {
-    out.write(text->finish());
-    out.write("\n");
-  } else {
-    std::printf("----------------------------------------\n");
-  }
-  // Written after the last step: a failed run leaves no logits file.
-  if (!step0_logits.empty()) {
-    write_file_atomic(*o.dump_logits, std::as_bytes(std::span<const float>(step0_logits)));
-    std::printf("wrote %s (%d float32 logits)\n", o.dump_logits->c_str(), c.vocab);
+
+  const GenerateOptions& o_;
+  Decoder& dec_;
+  TextOut& out_;
+  DraftPolicy& policy_;
+  stages::Sampler sampler_;
+  std::optional<io::text::TextStream> text_;
+  bool stopped_ = false;
+};
+
+// ---- report ----
+// The files written after the last step (a failed run leaves no logits file), and the run's summary.
+void write_run_files(const GenerateOptions& o, Decoder& dec, const DecodeLoop& loop) {
+  if (!loop.step0_logits.empty()) {
+    write_file_atomic(*o.dump_logits, std::as_bytes(std::span<const float>(loop.step0_logits)));
+    std::printf("wrote %s (%d float32 logits)\n", o.dump_logits->c_str(), dec.config().vocab);
   }
   if (o.save_state) {
     const uint64_t bytes = dec.save(*o.save_state);
     std::printf("wrote %s (%s, %zu positions)\n", o.save_state->c_str(), human_bytes(double(bytes)).c_str(),
                 dec.seq().size() - dec.pending());
   }
-  const int n = int(generated.size());
-  const double spt = n > 0 ? t_steps / n : 0.0;
+}
+
+void print_summary(const GenerateOptions& o, const GenerateUsage& u, size_t prompt_size,
+                   const DecodeLoop& loop, const DraftPolicy& policy, TextOut& out) {
+  const int n = int(loop.generated.size());
   std::printf(
       "%d tokens in %.3f s, %.4f s/token average (first step, with the %zu-id prompt: %.3f s); "
       "stopped by %s\n",
-      n, t_steps, spt, prompt.size(), t_first, ended);
-  if (o.print_ids || !text_mode) {
+      n, loop.t_steps, n > 0 ? loop.t_steps / n : 0.0, prompt_size, loop.t_first, loop.ended);
+  if (o.print_ids || !u.text_mode) {
     std::string ids;
-    for (int32_t id : generated) ids += fmt::format(" {}", id);
-    if (text_mode)
+    for (int32_t id : loop.generated) ids += fmt::format(" {}", id);
+    if (u.text_mode)
       out.write(fmt::format("ids:{}\n", ids));
     else
       std::printf("generated ids:%s\n", ids.c_str());
   }
+  const SpecStats& spec = loop.spec;
   if (o.spec > 0)
     std::printf(
         "speculative: %llu drafted, %llu accepted (acceptance %.2f); %llu passes (%llu verify) for %llu "
@@ -407,53 +468,91 @@ int run_generate(GenerateOptions o) {
   if (o.spec > 0 && !o.spec_oracle)
     std::printf(
         "speculative policy: %s, matches of >= %zu ids; %llu pauses, %llu tokens decoded without drafting\n",
-        policy_opts.adaptive ? "adaptive" : "fixed", policy_opts.min_match,
-        (unsigned long long)policy.pauses(), (unsigned long long)policy.paused_tokens());
+        u.policy.adaptive ? "adaptive" : "fixed", u.policy.min_match, (unsigned long long)policy.pauses(),
+        (unsigned long long)policy.paused_tokens());
+}
+
+SpecReport spec_report(const GenerateOptions& o, const GenerateUsage& u, const SpecStats& spec,
+                       const DraftPolicy& policy) {
+  SpecReport sr;
+  sr.drafts_per_pass = o.spec;
+  sr.policy = o.spec_oracle ? "oracle" : u.policy.adaptive ? "adaptive" : "fixed";
+  sr.min_match = int(u.policy.min_match);
+  sr.pauses = policy.pauses();
+  sr.paused_tokens = policy.paused_tokens();
+  sr.drafted = spec.drafted;
+  sr.accepted = spec.accepted;
+  sr.passes = spec.passes;
+  sr.verify_passes = spec.verifies;
+  sr.emitted = spec.emitted;
+  sr.pass_log.reserve(spec.pass_log.size());
+  for (const SpecPass& p : spec.pass_log)
+    sr.pass_log.push_back({.rows = int(p.rows),
+                           .drafted = int(p.drafted),
+                           .accepted = int(p.accepted),
+                           .emitted = int(p.emitted),
+                           .seconds = p.seconds});
+  return sr;
+}
+
+// The run report (--out), after the peak RSS line; the exit code.
+int report_run(const GenerateOptions& o, const GenerateUsage& u, const RunContext& ctx, Decoder& dec,
+               const std::vector<int32_t>& prompt, const DecodeLoop& loop, const DraftPolicy& policy,
+               double t_start) {
   const uint64_t rss = peak_rss_bytes();
   std::printf("PEAK RSS %s (quote this, not the plan)\n", human_bytes(static_cast<double>(rss)).c_str());
-
+  const int n = int(loop.generated.size());
   RunReport r;
   r.prompt_ids = prompt;
-  r.generated_ids = generated;
+  r.generated_ids = loop.generated;
   r.full_ids = dec.seq();
   r.layers = dec.n_layers();
   r.incremental = !dec.recompute();
-  r.interrupted = interrupted;
-  r.seconds_per_token = spt;
+  r.interrupted = loop.interrupted;
+  r.seconds_per_token = n > 0 ? loop.t_steps / n : 0.0;
   r.wall_seconds = now_seconds() - t_start;
   r.peak_rss_bytes = rss;
-  r.threads = threads.threads();
-  if (o.spec > 0) {
-    SpecReport& sr = r.speculative.emplace();
-    sr.drafts_per_pass = o.spec;
-    sr.policy = o.spec_oracle ? "oracle" : policy_opts.adaptive ? "adaptive" : "fixed";
-    sr.min_match = int(policy_opts.min_match);
-    sr.pauses = policy.pauses();
-    sr.paused_tokens = policy.paused_tokens();
-    sr.drafted = spec.drafted;
-    sr.accepted = spec.accepted;
-    sr.passes = spec.passes;
-    sr.verify_passes = spec.verifies;
-    sr.emitted = spec.emitted;
-    sr.pass_log.reserve(spec.pass_log.size());
-    for (const SpecPass& p : spec.pass_log)
-      sr.pass_log.push_back({.rows = int(p.rows),
-                             .drafted = int(p.drafted),
-                             .accepted = int(p.accepted),
-                             .emitted = int(p.emitted),
-                             .seconds = p.seconds});
-  }
-  if (dec.stream()) dec.stream()->finish(r, t_steps);
+  r.threads = ctx.threads();
+  if (o.spec > 0) r.speculative = spec_report(o, u, loop.spec, policy);
+  if (dec.stream()) dec.stream()->finish(r, loop.t_steps);
   if (o.out_path) {
     write_file_atomic(*o.out_path, to_json(r));
     std::printf("wrote %s\n", o.out_path->c_str());
   }
-  if (interrupted) {
+  if (loop.interrupted) {
     std::fprintf(stderr, "k3flow: generate interrupted after %d tokens; the report and trace cover them\n",
                  n);
     return interrupted_exit_code();
   }
   return 0;
+}
+
+int run_generate(GenerateOptions o) {
+  const double t_start = now_seconds();
+  const GenerateUsage u = check_usage(o);
+  ranks::Comm& comm = ranks::world();
+  const std::string prompt_text = read_prompt(o, u, comm);
+  check_streamed_only(o.dec.stream);
+  RunContext ctx(run_spec(o));
+  TextOut out;
+  if (u.text_mode) out.split_from_diagnostics();
+
+  const std::vector<int32_t> prompt = prompt_ids(o, u, ctx, prompt_text);
+  const std::optional<StateHeader> saved = size_run(o, prompt.size());
+  print_run_header(o, u, ctx.cfg, prompt.size(), saved);
+  std::optional<ranks::RankExperts> experts;
+  std::optional<Decoder> decoder;
+  Decoder& dec = load_model(o, ctx, comm, experts, decoder);
+  feed_prompt(o, dec, prompt, saved.has_value());
+
+  DraftPolicy policy(u.policy);
+  DecodeLoop loop(o, u, dec, ctx.tok, out, policy);
+  InterruptScope interrupts;
+  loop.run();
+
+  write_run_files(o, dec, loop);
+  print_summary(o, u, prompt.size(), loop, policy, out);
+  return report_run(o, u, ctx, dec, prompt, loop, policy, t_start);
 }
 
 }  // namespace
