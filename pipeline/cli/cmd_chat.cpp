@@ -40,10 +40,9 @@
 #include "pipeline/ranks/rank_experts.hpp"
 #include "pipeline/run/decoder.hpp"
 #include "pipeline/run/draft_policy.hpp"
-#include "pipeline/run/model_tokenizer.hpp"
+#include "pipeline/run/run_context.hpp"
 #include "pipeline/run/sampler_flags.hpp"
 #include "pipeline/run/speculative.hpp"
-#include "pipeline/run/thread_limit.hpp"
 #include "pipeline/support/clock.hpp"
 #include "pipeline/support/human_bytes.hpp"
 #include "pipeline/support/interrupt.hpp"
@@ -474,7 +473,8 @@ std::string read_tools_file(const std::string& path) {
   return s.str();
 }
 
-int run_chat(ChatArgs& a) {
+// ---- usage checks ----
+void check_usage(ChatArgs& a) {
   text::ChatOptions opts{!a.no_thinking, a.effort};
   text::validate(opts);
   if (a.tools) {
@@ -486,21 +486,23 @@ int run_chat(ChatArgs& a) {
   check_spec_flag(a.spec, a.sampling, a.dec.recompute);
   a.draft = spec_policy_options(a.spec, a.spec_min_match, a.spec_policy);
   a.dec.stream.spec = a.spec;  // a streamed run's plan holds the verify pass's journal
-  check_stream_flags(a.dec.stream);
-  check_model_dir(a.dec.model_dir, a.dec.config.has_value());
-  if (a.dec.config) check_input_file(*a.dec.config, "--config");
-  if (a.tokenizer) check_input_dir(*a.tokenizer, "--tokenizer");
-  if (!a.dec.stream.trunk_dir.empty()) check_trunk_dir(a.dec.stream.trunk_dir);
-  if (a.history) check_writable(*a.history, "--history");
-  if (a.save_state) check_writable(*a.save_state, "--save-state");
-  const ThreadLimit threads(a.threads);
-  a.dec.stream.threads = threads.threads();
+}
 
-  // Diagnostics go to stderr; stdout carries the conversation. Under mpirun only rank 0's: the others'
-  // stdout stays closed (ranks::Session), and each holds and computes only its experts.
-  ranks::Comm& comm = ranks::world();
+// ---- paths, threads, config: the run context ----
+RunSpec run_spec(ChatArgs& a) {
+  RunSpec s{.dec = a.dec, .tokenizer = a.tokenizer, .threads = a.threads};
+  if (a.history) s.after_trunk.push_back({PathCheck::Kind::writable, "--history", *a.history});
+  if (a.save_state) s.after_trunk.push_back({PathCheck::Kind::writable, "--save-state", *a.save_state});
+  return s;
+}
+
+// ---- the model: tokenizer, history and weights ----
+// Diagnostics go to stderr; stdout carries the conversation. Under mpirun only rank 0's: the others'
+// stdout stays closed (ranks::Session), and each holds and computes only its experts.
+Decoder& load_model(ChatArgs& a, RunContext& ctx, ranks::Comm& comm,
+                    std::optional<ranks::RankExperts>& experts, std::optional<Decoder>& decoder,
+                    std::vector<text::ChatMessage>& history) {
   const bool lead = comm.rank() == 0;
-  std::optional<ranks::RankExperts> experts;
   if (comm.size() > 1) {
     experts.emplace(comm);
     a.dec.experts = &*experts;
@@ -510,19 +512,14 @@ int run_chat(ChatArgs& a) {
   std::fflush(stdout);
   const int conversation_fd = lead ? ::dup(STDOUT_FILENO) : -1;
   if (lead) ::dup2(STDERR_FILENO, STDOUT_FILENO);
-  io::ModelConfig cfg = load_model_config(a.dec.model_dir, a.dec.config);
-  std::printf("%s\n", cfg.summary().c_str());
-  std::optional<text::Tokenizer> tok;
-  std::vector<text::ChatMessage> history;
+  std::printf("%s\n", ctx.cfg.summary().c_str());
   a.dec.capacity = a.context;
   a.dec.expected_calls = a.max_reply;
-  std::optional<Decoder> decoder;
   ranks::on_every_rank(comm, "could not load its slice", [&] {
-    tok = model_tokenizer(a.dec.model_dir, a.tokenizer, cfg, "chat");
+    ctx.load_tokenizer("chat");
     if (a.history) history = text::load_history(*a.history);
-    decoder.emplace(a.dec, cfg);
+    decoder.emplace(a.dec, ctx.cfg);
   });
-  Decoder& dec = *decoder;
   std::printf("chat: %s, context %zu positions, replies up to %d tokens, thinking %s\n",
               describe_sampling(a.sampling).c_str(), a.context, a.max_reply,
               a.no_thinking ? "off" : (a.effort + (a.show_thinking ? ", shown" : ", hidden")).c_str());
@@ -531,10 +528,11 @@ int run_chat(ChatArgs& a) {
     ::dup2(conversation_fd, STDOUT_FILENO);
     ::close(conversation_fd);
   }
+  return *decoder;
+}
 
-  ChatSession session(a, dec, *tok);
-  session.restore(std::move(history));
-  session.run();
+// ---- after the conversation: --save-state, and how it ended ----
+int end_chat(const ChatArgs& a, Decoder& dec) {
   if (a.save_state) {
     const uint64_t bytes = dec.save(*a.save_state);
     std::fprintf(stderr, "wrote %s (%s)\n", a.save_state->c_str(), human_bytes(double(bytes)).c_str());
@@ -545,6 +543,20 @@ int run_chat(ChatArgs& a) {
     return interrupted_exit_code();
   }
   return 0;
+}
+
+int run_chat(ChatArgs& a) {
+  check_usage(a);
+  RunContext ctx(run_spec(a));
+  ranks::Comm& comm = ranks::world();
+  std::optional<ranks::RankExperts> experts;
+  std::optional<Decoder> decoder;
+  std::vector<text::ChatMessage> history;
+  Decoder& dec = load_model(a, ctx, comm, experts, decoder, history);
+  ChatSession session(a, dec, *ctx.tok);
+  session.restore(std::move(history));
+  session.run();
+  return end_chat(a, dec);
 }
 
 }  // namespace
