@@ -30,9 +30,8 @@
 #include "pipeline/ranks/rank_experts.hpp"
 #include "pipeline/run/batch_engine.hpp"
 #include "pipeline/run/decoder.hpp"
-#include "pipeline/run/model_tokenizer.hpp"
+#include "pipeline/run/run_context.hpp"
 #include "pipeline/run/streaming_run.hpp"
-#include "pipeline/run/thread_limit.hpp"
 #include "pipeline/serve/http.hpp"
 #include "pipeline/serve/rank_steps.hpp"
 #include "pipeline/serve/scheduler.hpp"
@@ -113,11 +112,10 @@ int follow_serve(const ServeArgs& a, const io::ModelConfig& cfg, ranks::Comm& co
   return 0;
 }
 
-int run_serve(ServeArgs a) {
-  ranks::Comm& comm = ranks::world();
-  const bool lead = comm.rank() == 0;
-  // stdout carries only the listening line (a script or test reads it); the load's prints go to
-  // stderr (under mpirun rank 0's alone: the others' stdout is closed, ranks::Session).
+// stdout carries only the listening line (a script or test reads it), on the stream returned; the
+// load's prints go to stderr (under mpirun rank 0's alone: the others' stdout is closed,
+// ranks::Session).
+FILE* split_stdout(bool lead) {
   std::fflush(stdout);
   FILE* announce = stdout;
   if (lead)
@@ -126,18 +124,13 @@ int run_serve(ServeArgs a) {
   // The prints to stdout now reach stderr's descriptor, line by line: each load line is there when
   // it is printed (stdio would buffer a file or a pipe in blocks, held until the process exits).
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  return announce;
+}
 
-  // Under mpirun every rank checks the command line, and a refusal is printed once (by rank 0,
-  // naming the rank): the ranks share one command line, but each has its own view of the paths.
-  PrefillPolicy prefill;
-  io::ModelConfig cfg;
-  std::optional<io::text::Tokenizer> tok;
-  ranks::on_every_rank(comm, "refused the command", [&] {
-    check_stream_flags(a.dec.stream);
-    check_model_dir(a.dec.model_dir, a.dec.config.has_value());
-    if (a.dec.config) check_input_file(*a.dec.config, "--config");
-    if (a.tokenizer) check_input_dir(*a.tokenizer, "--tokenizer");
-    if (!a.dec.stream.trunk_dir.empty()) check_trunk_dir(a.dec.stream.trunk_dir);
+// ---- paths, serve's own flags, threads, config: the run context ----
+RunSpec run_spec(ServeArgs& a, ranks::Comm& comm, PrefillPolicy& prefill) {
+  RunSpec s{.dec = a.dec, .tokenizer = a.tokenizer, .threads = a.threads};
+  s.checks = [&a, &comm, &prefill] {
     serve::check_host(a.host);
     prefill = PrefillPolicy{.mode = parse_prefill_mode(a.prefill, "--prefill"), .chunk = a.prefill_chunk};
     if (a.api_key && a.api_key->empty()) throw io::usage_error("--api-key: empty");
@@ -148,65 +141,51 @@ int run_serve(ServeArgs a) {
     if (a.context > kMaxPositions)
       throw io::usage_error(fmt::format("--context {}: more than the {} positions this build allows",
                                         a.context, kMaxPositions));
-    cfg = load_model_config(a.dec.model_dir, a.dec.config);
-    if (lead) tok = model_tokenizer(a.dec.model_dir, a.tokenizer, cfg, "serve");  // rank 0 serves text
-  });
-  // Every shard's header, read and checked on every rank (a truncated or corrupt shard, named, exit
-  // 1): a checkpoint that cannot load ends the command here, so the server never says it is
-  // listening. Under mpirun the refusal is the one a rank's failed load gives.
+  };
+  return s;
+}
+
+// ---- the model's files ----
+// Every shard's header, read and checked on every rank (a truncated or corrupt shard, named, exit
+// 1): a checkpoint that cannot load ends the command here, so the server never says it is
+// listening. Under mpirun the refusal is the one a rank's failed load gives.
+void check_shards(ServeArgs& a, const io::ModelConfig& cfg, ranks::Comm& comm) {
   std::optional<io::ShardSet> shards;
   ranks::on_every_rank(comm, "could not load its slice",
                        [&] { shards.emplace(io::ShardSet::open(a.dec.model_dir)); });
   a.dec.capacity = a.context;
   // One process: its plan is the scheduler's (several ranks plan each its own slice, as they load).
   if (comm.size() == 1) check_budget(a, cfg, *shards);
-  shards.reset();  // the scheduler's engine opens its own
-  const ThreadLimit threads(a.threads);
-  a.dec.stream.threads = threads.threads();
-  // Several ranks: each holds and computes only its experts (docs/distributed.md §6).
-  std::optional<ranks::RankExperts> experts;
-  if (comm.size() > 1) {
-    experts.emplace(comm);
-    a.dec.experts = &*experts;
-    a.dec.ranks = comm.size();
-    if (!lead) {
-      a.dec.stream.trace.clear();  // the graph's trace and DOT dump: rank 0's
-      a.dec.stream.graph_dot.clear();
-      return follow_serve(a, cfg, comm);
-    }
-  }
+  // the scheduler's engine opens its own shards
+}
 
-  std::printf("%s\n", cfg.summary().c_str());
-
-  StopSignals signals;
+// The model id clients name: --model-name, else MODEL_DIR's name.
+std::string model_name(const ServeArgs& a) {
   std::string name =
       a.model_name.value_or(std::filesystem::path(a.dec.model_dir).lexically_normal().filename());
   if (name.empty()) name = std::filesystem::path(a.dec.model_dir).lexically_normal().parent_path().filename();
-  serve::Server server(serve::ServerOptions{.host = a.host,
-                                            .port = uint16_t(a.port),
-                                            .api_key = a.api_key,
-                                            .max_body_bytes = a.max_body_kb * 1024,
-                                            .model = name,
-                                            .max_connections = a.max_connections,
-                                            .channel_bytes = 1 << 20,
-                                            .idle = millis(a.idle_seconds),
-                                            .read = millis(a.read_seconds),
-                                            .write = millis(a.write_seconds),
-                                            .cors_origin = a.cors,
-                                            .thinking = a.thinking == "on",
-                                            .max_reply = a.max_reply},
-                       *tok);
-  // Bound: the weights load now, on the scheduler's thread.
-  serve::Scheduler sched(serve::SchedulerOptions{.dec = a.dec,
-                                                 .max_seqs = a.max_seqs,
-                                                 .queue = a.queue,
-                                                 .prefill = prefill,
-                                                 .prompt_cache_bytes = prompt_cache_bytes(a.dec.stream),
-                                                 .ranks = comm.size() > 1 ? &comm : nullptr},
-                         cfg, *tok);
-  const std::string url = a.host.find(':') != std::string::npos
-                              ? fmt::format("http://[{}]:{}", a.host, server.port())
-                              : fmt::format("http://{}:{}", a.host, server.port());
+  return name;
+}
+
+serve::ServerOptions server_options(const ServeArgs& a, const std::string& name) {
+  return serve::ServerOptions{.host = a.host,
+                              .port = uint16_t(a.port),
+                              .api_key = a.api_key,
+                              .max_body_bytes = a.max_body_kb * 1024,
+                              .model = name,
+                              .max_connections = a.max_connections,
+                              .channel_bytes = 1 << 20,
+                              .idle = millis(a.idle_seconds),
+                              .read = millis(a.read_seconds),
+                              .write = millis(a.write_seconds),
+                              .cors_origin = a.cors,
+                              .thinking = a.thinking == "on",
+                              .max_reply = a.max_reply};
+}
+
+// The listening line on `announce`, then what is served on stderr.
+void announce_listening(const ServeArgs& a, ranks::Comm& comm, const std::string& name,
+                        const std::string& url, FILE* announce) {
   std::fprintf(announce, "listening on %s\n", url.c_str());
   std::fflush(announce);
   std::fprintf(stderr, "k3flow serve: model '%s' at %s, %d sequences of %zu positions, queue %d; loading\n",
@@ -219,7 +198,11 @@ int run_serve(ServeArgs a) {
                  "k3flow serve: rank 0 of %d (pid %d) serves; the other ranks follow its steps with their "
                  "experts. SIGTERM or SIGINT to this pid drains every rank\n",
                  comm.size(), int(::getpid()));
+}
 
+// Serves until a signal (or a failed load) stops it; the drain, on stderr.
+int serve_until_stopped(const ServeArgs& a, serve::Server& server, serve::Scheduler& sched,
+                        const StopSignals& signals) {
   int sig = 0;
   bool announced_ready = false;
   const serve::DrainReport drained = server.run(
@@ -248,6 +231,58 @@ int run_serve(ServeArgs a) {
       drained.in_flight - drained.cancelled, drained.cancelled, a.drain_seconds, drained.connections,
       drained.connections == 1 ? "" : "s");
   return 0;
+}
+
+// Rank 0 (or the only process): binds the port, then loads the model on the scheduler's thread.
+int serve_model(const ServeArgs& a, const RunContext& ctx, ranks::Comm& comm, const PrefillPolicy& prefill,
+                FILE* announce) {
+  std::printf("%s\n", ctx.cfg.summary().c_str());
+
+  StopSignals signals;
+  const std::string name = model_name(a);
+  serve::Server server(server_options(a, name), *ctx.tok);
+  // Bound: the weights load now, on the scheduler's thread.
+  serve::Scheduler sched(serve::SchedulerOptions{.dec = a.dec,
+                                                 .max_seqs = a.max_seqs,
+                                                 .queue = a.queue,
+                                                 .prefill = prefill,
+                                                 .prompt_cache_bytes = prompt_cache_bytes(a.dec.stream),
+                                                 .ranks = comm.size() > 1 ? &comm : nullptr},
+                         ctx.cfg, *ctx.tok);
+  const std::string url = a.host.find(':') != std::string::npos
+                              ? fmt::format("http://[{}]:{}", a.host, server.port())
+                              : fmt::format("http://{}:{}", a.host, server.port());
+  announce_listening(a, comm, name, url, announce);
+  return serve_until_stopped(a, server, sched, signals);
+}
+
+int run_serve(ServeArgs a) {
+  ranks::Comm& comm = ranks::world();
+  const bool lead = comm.rank() == 0;
+  FILE* announce = split_stdout(lead);
+
+  // Under mpirun every rank checks the command line, and a refusal is printed once (by rank 0,
+  // naming the rank): the ranks share one command line, but each has its own view of the paths.
+  PrefillPolicy prefill;
+  std::optional<RunContext> ctx;
+  ranks::on_every_rank(comm, "refused the command", [&] {
+    ctx.emplace(run_spec(a, comm, prefill));
+    if (lead) ctx->load_tokenizer("serve");  // rank 0 serves text
+  });
+  check_shards(a, ctx->cfg, comm);
+  // Several ranks: each holds and computes only its experts (docs/distributed.md §6).
+  std::optional<ranks::RankExperts> experts;
+  if (comm.size() > 1) {
+    experts.emplace(comm);
+    a.dec.experts = &*experts;
+    a.dec.ranks = comm.size();
+    if (!lead) {
+      a.dec.stream.trace.clear();  // the graph's trace and DOT dump: rank 0's
+      a.dec.stream.graph_dot.clear();
+      return follow_serve(a, ctx->cfg, comm);
+    }
+  }
+  return serve_model(a, *ctx, comm, prefill, announce);
 }
 
 }  // namespace
