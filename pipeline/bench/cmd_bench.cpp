@@ -37,17 +37,11 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cctype>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
-#include <memory>
 #include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "io/config.hpp"
@@ -59,11 +53,10 @@
 #include "pipeline/bench/bench_child.hpp"
 #include "pipeline/bench/bench_commands.hpp"
 #include "pipeline/bench/bench_report.hpp"
-#include "pipeline/bench/device_probe.hpp"
+#include "pipeline/bench/bench_strategies.hpp"
 #include "pipeline/graph/planner.hpp"
-#include "pipeline/graph/reader_options.hpp"
 #include "pipeline/graph/routing_trace.hpp"
-#include "pipeline/run/streaming_run.hpp"
+#include "pipeline/run/run_context.hpp"
 #include "pipeline/support/human_bytes.hpp"
 #include "pipeline/support/id_list.hpp"
 #include "pipeline/support/output_file.hpp"
@@ -75,25 +68,8 @@ namespace {
 namespace fs = std::filesystem;
 
 const std::vector<std::string> kStrategies = {"serial", "trunk", "overlap", "lookahead", "auto"};
-constexpr const char* kAllStrategiesList = "serial,trunk,overlap,lookahead,auto";
 // The reference engines' benchmark prompt (docs/engine.md §3.8); taken modulo a small synthetic vocab.
 const std::vector<int32_t> kDefaultIds = {1008, 10484, 318, 15383, 387};
-
-struct BenchArgs {
-  std::string model_dir, trunk_dir, trunk_b_dir, preset, strategies = kAllStrategiesList, ids, out_path,
-                                                         trace_dir;
-  bool json = false;
-  std::optional<double> mem_gb;
-  int gen = 8, repeat = 3, threads = 0;
-  std::string expert_policy;   // --expert-policy: passed to every streamed run
-  std::string routing_replay;  // --routing-replay TRACE: passed to every streamed run
-  std::string ring = "2";      // --ring N[,M...]: trunk ring slots of the streamed runs (one row each)
-  double probe_seconds = 1.5;
-  std::string batch;    // --batch 1,2,4,8: batched decode instead of the strategies (bench_batch.hpp)
-  int batch_child = 0;  // --batch-child B (hidden): this process is one of --batch's children
-  size_t join = 0, prefill_chunk = 0;  // --join N, --prefill-chunk C: a prompt joining (bench_batch.hpp)
-  std::string prefill = "inline,separate";
-};
 
 std::vector<std::string> parse_strategies(const std::string& text) {
   std::vector<std::string> out;
@@ -133,87 +109,22 @@ std::vector<int> parse_rings(const std::string& text) {
   return out;
 }
 
-// Whole-word flag in `generate --help` output ("--trace" does not match "--trace-dir").
-bool lists_flag(const std::string& help, const std::string& flag) {
-  for (size_t at = help.find(flag); at != std::string::npos; at = help.find(flag, at + 1)) {
-    const size_t end = at + flag.size();
-    const bool starts = at == 0 || help[at - 1] == ' ' || help[at - 1] == ',' || help[at - 1] == '\n';
-    const bool ends = end == help.size() || !(std::isalnum(static_cast<unsigned char>(help[end])) ||
-                                              help[end] == '-' || help[end] == '_');
-    if (starts && ends) return true;
-  }
-  return false;
-}
-
-std::string slurp(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  if (!f) throw io::runtime_error(fmt::format("{}: cannot read", p.string()));
-  return std::string(std::istreambuf_iterator<char>(f), {});
-}
-
 uint64_t gib_bytes(double gb) {
   if (!(gb > 0) || !std::isfinite(gb) || gb > 1e6)
     throw io::usage_error(fmt::format("--mem-gb {} is not a positive size in GiB", gb));
   return uint64_t(std::llround(gb * double(uint64_t{1} << 30)));
 }
 
-// Runs children, reduces each to a RunSample and holds every run to the first run's ids and logits.
-class Runner {
- public:
-  Runner(std::vector<std::string> base, int gen, ScratchDir& tmp)
-      : base_(std::move(base)), gen_(gen), tmp_(tmp) {}
-
-  // Throws runtime Error naming `label` when the child fails or its output differs from the
-  // reference run's.
-  RunSample run(const std::string& label, const std::vector<std::string>& extra,
-                const std::vector<fs::path>& cache_dirs) {
-    const fs::path report = tmp_ / "run.json", logits = tmp_ / "logits.bin";
-    std::error_code ec;
-    fs::remove(report, ec);
-    fs::remove(logits, ec);
-    std::vector<std::string> argv = base_;
-    argv.insert(argv.end(), {"--out", report.string(), "--dump-logits", logits.string()});
-    argv.insert(argv.end(), extra.begin(), extra.end());
-    for (const fs::path& d : cache_dirs) drop_file_cache(d);
-    const ChildRun c = run_child(argv, tmp_.path());
-    if (!c.ok()) throw io::runtime_error(fmt::format("{}: k3flow generate failed, {}", label, c.failure()));
-    const ChildReport rep = parse_child_report(slurp(report), label + " run report");
-    RunSample s = summarize_run(rep, parse_step_table(c.out), gen_, c.peak_rss_bytes);
-    const std::string lg = slurp(logits);
-    if (ref_label_.empty()) {
-      ref_label_ = label;
-      ref_ids_ = s.ids;
-      ref_logits_ = lg;
-    } else {
-      if (s.ids != ref_ids_)
-        throw io::runtime_error(fmt::format("{} emits different ids than {}: [{}] vs [{}]", label, ref_label_,
-                                            fmt::join(s.ids, ","), fmt::join(ref_ids_, ",")));
-      if (lg != ref_logits_) {
-        size_t at = 0;
-        while (at < lg.size() && at < ref_logits_.size() && lg[at] == ref_logits_[at]) ++at;
-        throw io::runtime_error(fmt::format(
-            "{}: step-0 logits are not byte-identical to {}'s ({} vs {} bytes, first difference in logit {})",
-            label, ref_label_, lg.size(), ref_logits_.size(), at / 4));
-      }
-    }
-    if (s.peak_rss_report > 0) {
-      const double a = double(s.peak_rss_os), b = double(s.peak_rss_report);
-      if (std::abs(a - b) > std::max(0.10 * std::max(a, b), 8.0 * (1 << 20)))
-        notes.push_back(fmt::format("{}: peak RSS from wait4 {} vs the report's {}", label, human_bytes(a),
-                                    human_bytes(b)));
-    }
-    return s;
+// The prompt: --ids, or the reference prompt modulo the vocabulary.
+std::vector<int32_t> prompt_ids(const BenchArgs& a, const io::ModelConfig& config) {
+  std::vector<int32_t> ids;
+  if (a.ids.empty()) {
+    for (int32_t id : kDefaultIds) ids.push_back(id % config.vocab);
+  } else {
+    ids = parse_id_list(a.ids, "--ids", config.vocab);
   }
-
-  std::vector<std::string> notes;
-
- private:
-  std::vector<std::string> base_;
-  int gen_;
-  ScratchDir& tmp_;
-  std::string ref_label_, ref_logits_;
-  std::vector<int32_t> ref_ids_;
-};
+  return ids;
+}
 
 // The JSON document to --out (atomically), then the text's `last_line` if any, then with --json the
 // document alone on stdout (the text went to stderr).
@@ -248,21 +159,14 @@ int run_batched(const BenchArgs& a) {
   b.mem_gb = a.mem_gb;
   b.gen = a.gen;
   b.repeat = a.repeat;
-  b.threads = a.threads;
   if (a.strategies != kAllStrategiesList) {
     const std::vector<std::string> s = parse_strategies(a.strategies);
     if (s.size() != 1) throw io::usage_error("bench --batch: give one --strategy (default auto)");
     b.strategy = s.front();
   }
-  const fs::path dir(a.model_dir);
-  if (!fs::exists(dir / "config.json"))
-    throw io::usage_error(fmt::format("MODEL_DIR: no config.json in {}", a.model_dir));
-  const io::ModelConfig config = io::load_config(dir / "config.json");
-  if (a.ids.empty()) {
-    for (int32_t id : kDefaultIds) b.ids.push_back(id % config.vocab);
-  } else {
-    b.ids = parse_id_list(a.ids, "--ids", config.vocab);
-  }
+  const RunContext ctx(ChildRunSpec{.model_dir = a.model_dir, .threads = a.threads});
+  b.threads = ctx.threads();
+  b.ids = prompt_ids(a, ctx.cfg);
   if (a.join > 0) {
     b.join = a.join;
     b.chunk = a.prefill_chunk;
@@ -286,13 +190,14 @@ int run_batched(const BenchArgs& a) {
   return 0;
 }
 
-int run_bench(const BenchArgs& a) {
-  // With --json stdout holds the JSON document alone; the progress and the table go to stderr.
-  std::FILE* txt = a.json ? stderr : stdout;
-  if (!a.batch.empty() || a.batch_child > 0) return run_batched(a);
-  // ---- usage checks ----
-  const std::vector<std::string> strategies = parse_strategies(a.strategies);
-  const std::vector<int> rings = parse_rings(a.ring);
+// ---- usage checks ----
+struct BenchUsage {
+  std::vector<std::string> strategies;
+  std::vector<int> rings;
+};
+
+BenchUsage check_usage(const BenchArgs& a) {
+  BenchUsage u{.strategies = parse_strategies(a.strategies), .rings = parse_rings(a.ring)};
   if (!a.out_path.empty()) check_writable(a.out_path, "--out");  // before any run
   if (a.preset.empty() && !a.mem_gb)
     throw io::usage_error("bench: give a budget: --mem-gb X or --preset NAME");
@@ -300,26 +205,11 @@ int run_bench(const BenchArgs& a) {
     check_input_file(a.routing_replay, "--routing-replay");
     read_routing_trace(a.routing_replay);  // a malformed trace is refused here, naming its offset
   }
-  const fs::path dir(a.model_dir);
-  if (!fs::exists(dir / "config.json"))
-    throw io::usage_error(fmt::format("MODEL_DIR: no config.json in {}", a.model_dir));
-  const io::ModelConfig config = io::load_config(dir / "config.json");
-  std::vector<int32_t> ids;
-  if (a.ids.empty()) {
-    for (int32_t id : kDefaultIds) ids.push_back(id % config.vocab);
-  } else {
-    ids = parse_id_list(a.ids, "--ids", config.vocab);
-  }
-  const std::string ids_text = fmt::format("{}", fmt::join(ids, ","));
+  return u;
+}
 
-  const io::ShardSet shards = io::ShardSet::open(dir);
-  std::optional<io::PackedTrunk> trunk, trunk_b;
-  if (!a.trunk_b_dir.empty() && a.trunk_dir.empty())
-    throw io::usage_error("--trunk-b: give --trunk too (the trunk it is compared with)");
-  if (!a.trunk_dir.empty()) trunk.emplace(io::PackedTrunk::open(a.trunk_dir, config.n_layers));
-  if (!a.trunk_b_dir.empty()) trunk_b.emplace(io::PackedTrunk::open(a.trunk_b_dir, config.n_layers));
-  const PlanInputs in =
-      plan_inputs(config, shards, trunk ? &*trunk : nullptr, ids.size() + size_t(a.gen) + 1);
+// ---- plan: the shards, the trunks, the budget, the plan every ring depth makes, the rows ----
+PlanBudget bench_budget(const BenchArgs& a, const PlanInputs& in) {
   PlanBudget pb;
   if (!a.preset.empty()) {
     pb.total = preset_budget(a.preset, in);
@@ -328,231 +218,133 @@ int run_bench(const BenchArgs& a) {
     pb.total = gib_bytes(*a.mem_gb);
     pb.source = fmt::format("--mem-gb {}", *a.mem_gb);
   }
+  return pb;
+}
+
+// The rows: every strategy at every ring depth, from --trunk and (with --trunk-b) from trunk B,
+// labelled by codec and (with several depths) by ring; A and B of one pair stay adjacent.
+std::vector<BenchRow> bench_rows(const BenchArgs& a, const BenchUsage& u, const BenchSetup& s) {
+  std::vector<BenchRow> rows;
+  std::string la = s.trunk ? io::codec::codec_name(s.trunk->codec()) : "",
+              lb = s.trunk_b ? io::codec::codec_name(s.trunk_b->codec()) : "";
+  if (s.trunk_b && la == lb) la = "a", lb = "b";
+  for (const std::string& st : u.strategies)
+    for (int ring : u.rings) {
+      const std::string base = u.rings.size() > 1 ? fmt::format("{}@ring{}", st, ring) : st;
+      rows.push_back(
+          BenchRow{st, s.trunk_b ? fmt::format("{}@{}", base, la) : base, a.trunk_dir, ring, base});
+      if (s.trunk_b) rows.push_back(BenchRow{st, fmt::format("{}@{}", base, lb), a.trunk_b_dir, ring, base});
+    }
+  return rows;
+}
+
+BenchSetup plan_bench(const BenchArgs& a, const BenchUsage& u, const io::ModelConfig& config,
+                      std::vector<int32_t> ids) {
+  BenchSetup s{.ids = std::move(ids), .shards = io::ShardSet::open(fs::path(a.model_dir))};
+  if (!a.trunk_b_dir.empty() && a.trunk_dir.empty())
+    throw io::usage_error("--trunk-b: give --trunk too (the trunk it is compared with)");
+  if (!a.trunk_dir.empty()) s.trunk.emplace(io::PackedTrunk::open(a.trunk_dir, config.n_layers));
+  if (!a.trunk_b_dir.empty()) s.trunk_b.emplace(io::PackedTrunk::open(a.trunk_b_dir, config.n_layers));
+  const PlanInputs in =
+      plan_inputs(config, s.shards, s.trunk ? &*s.trunk : nullptr, s.ids.size() + size_t(a.gen) + 1);
+  s.pb = bench_budget(a, in);
   // Every ring depth is planned: a budget below any one's floor is refused here (exit 2), and below
   // trunk B's (a compressed trunk's floor holds a decode slot too). The plan shown is the deepest
   // ring's, whose floor is the highest.
-  MemoryPlan plan;
-  for (int ring : rings) {
-    pb.ring_slots = ring;
-    MemoryPlan p = make_plan(in, pb);
-    if (trunk_b) make_plan(plan_inputs(config, shards, &*trunk_b, ids.size() + size_t(a.gen) + 1), pb);
-    if (plan.budget == 0 || p.floor > plan.floor) plan = std::move(p);
+  for (int ring : u.rings) {
+    s.pb.ring_slots = ring;
+    MemoryPlan p = make_plan(in, s.pb);
+    if (s.trunk_b)
+      make_plan(plan_inputs(config, s.shards, &*s.trunk_b, s.ids.size() + size_t(a.gen) + 1), s.pb);
+    if (s.plan.budget == 0 || p.floor > s.plan.floor) s.plan = std::move(p);
   }
-  // The rows: every strategy at every ring depth, from --trunk and (with --trunk-b) from trunk B,
-  // labelled by codec and (with several depths) by ring; A and B of one pair stay adjacent.
-  struct Row {
-    std::string strategy, label, trunk_dir;
-    int ring = 2;
-    std::string pair;  // the label without the trunk: what the A/B comparison calls the pair
-  };
-  std::vector<Row> rows;
-  {
-    std::string la = trunk ? io::codec::codec_name(trunk->codec()) : "",
-                lb = trunk_b ? io::codec::codec_name(trunk_b->codec()) : "";
-    if (trunk_b && la == lb) la = "a", lb = "b";
-    for (const std::string& st : strategies)
-      for (int ring : rings) {
-        const std::string base = rings.size() > 1 ? fmt::format("{}@ring{}", st, ring) : st;
-        rows.push_back(Row{st, trunk_b ? fmt::format("{}@{}", base, la) : base, a.trunk_dir, ring, base});
-        if (trunk_b) rows.push_back(Row{st, fmt::format("{}@{}", base, lb), a.trunk_b_dir, ring, base});
-      }
-  }
+  s.rows = bench_rows(a, u, s);
+  return s;
+}
 
-  // ---- what the child understands ----
+// ---- what the child understands ----
+BenchChild bench_child(const BenchArgs& a, const BenchUsage& u, const BenchSetup& s, const ScratchDir& tmp,
+                       BenchSummary& sum) {
+  BenchChild c;
   // Test hook: K3FLOW_BENCH_CHILD names a stand-in for `k3flow` (it is run as `<it> generate ...`).
   const auto stand_in = io::env::text(io::env::kBenchChild);
-  const fs::path exe = stand_in ? fs::path(*stand_in) : self_exe();
-  ScratchDir tmp("k3bench");
-  const ChildRun help = run_child({exe.string(), "generate", "--help"}, tmp.path());
+  c.exe = stand_in ? fs::path(*stand_in) : self_exe();
+  const ChildRun help = run_child({c.exe.string(), "generate", "--help"}, tmp.path());
   if (!help.ok()) throw io::runtime_error(fmt::format("k3flow generate --help failed, {}", help.failure()));
-  auto has = [&](const char* flag) { return lists_flag(help.out, flag); };
-  if (!a.trace_dir.empty() && !has("--trace"))
+  c.help = help.out;
+  if (!a.trace_dir.empty() && !c.has("--trace"))
     throw io::usage_error("--trace-dir: this k3flow generate has no --trace flag");
-  if (rings != std::vector<int>{2} && !has("--ring"))
+  if (u.rings != std::vector<int>{2} && !c.has("--ring"))
     throw io::usage_error("--ring: this k3flow generate has no --ring flag");
-  BenchSummary sum;
-  const bool use_preset = !a.preset.empty() && has("--preset");
+  c.use_preset = !a.preset.empty() && c.has("--preset");
   for (const char* f : {"--strategy", "--mem-gb", "--incremental"})
-    if (!has(f) && !(std::string(f) == "--mem-gb" && use_preset)) sum.child_missing_flags.emplace_back(f);
-  if (trunk && !has("--trunk")) sum.child_missing_flags.emplace_back("--trunk");
+    if (!c.has(f) && !(std::string(f) == "--mem-gb" && c.use_preset)) sum.child_missing_flags.emplace_back(f);
+  if (s.trunk && !c.has("--trunk")) sum.child_missing_flags.emplace_back("--trunk");
 
-  std::vector<std::string> base = {exe.string(), "generate", a.model_dir,          "--ids",
-                                   ids_text,     "--gen",    std::to_string(a.gen)};
-  if (has("--incremental")) base.emplace_back("--incremental");
-  if (a.threads > 0) base.insert(base.end(), {"--threads", std::to_string(a.threads)});
-  std::vector<fs::path> cache_dirs = {dir};
-  if (trunk) cache_dirs.emplace_back(a.trunk_dir);
-  if (trunk_b) cache_dirs.emplace_back(a.trunk_b_dir);
+  c.base = {
+      c.exe.string(), "generate",           a.model_dir, "--ids", fmt::format("{}", fmt::join(s.ids, ",")),
+      "--gen",        std::to_string(a.gen)};
+  if (c.has("--incremental")) c.base.emplace_back("--incremental");
+  if (a.threads > 0) c.base.insert(c.base.end(), {"--threads", std::to_string(a.threads)});
+  c.caches = {fs::path(a.model_dir)};
+  if (s.trunk) c.caches.emplace_back(a.trunk_dir);
+  if (s.trunk_b) c.caches.emplace_back(a.trunk_b_dir);
+  return c;
+}
 
+void print_header(const BenchArgs& a, const BenchUsage& u, const BenchSetup& s, const BenchChild& c,
+                  const BenchSummary& sum, std::FILE* txt) {
   const std::string ring_note =
-      rings.size() > 1 ? fmt::format(", each at ring {}", fmt::join(rings, ",")) : std::string();
+      u.rings.size() > 1 ? fmt::format(", each at ring {}", fmt::join(u.rings, ",")) : std::string();
   std::fprintf(txt,
                "bench: %s, budget %s (%s; plan floor %s), %zu prompt ids, %d tokens%s, %d repeat%s, "
                "strategies %s%s\n",
-               a.model_dir.c_str(), human_bytes(double(plan.budget)).c_str(), pb.source.c_str(),
-               human_bytes(double(plan.floor)).c_str(), ids.size(), a.gen,
-               has("--incremental") ? " incremental" : "", a.repeat, a.repeat == 1 ? "" : "s",
-               fmt::format("{}", fmt::join(strategies, ",")).c_str(), ring_note.c_str());
-  if (trunk_b)
+               a.model_dir.c_str(), human_bytes(double(s.plan.budget)).c_str(), s.pb.source.c_str(),
+               human_bytes(double(s.plan.floor)).c_str(), s.ids.size(), a.gen,
+               c.has("--incremental") ? " incremental" : "", a.repeat, a.repeat == 1 ? "" : "s",
+               fmt::format("{}", fmt::join(u.strategies, ",")).c_str(), ring_note.c_str());
+  if (s.trunk_b)
     std::fprintf(txt, "trunks: A %s (codec %s), B %s (codec %s), alternating in every round\n",
-                 a.trunk_dir.c_str(), io::codec::codec_name(trunk->codec()), a.trunk_b_dir.c_str(),
-                 io::codec::codec_name(trunk_b->codec()));
+                 a.trunk_dir.c_str(), io::codec::codec_name(s.trunk->codec()), a.trunk_b_dir.c_str(),
+                 io::codec::codec_name(s.trunk_b->codec()));
   if (!sum.child_missing_flags.empty())
     std::fprintf(txt,
                  "NOTE: this k3flow generate lacks %s: those flags are not passed, so the rows below do NOT "
                  "compare streaming strategies\n",
                  fmt::format("{}", fmt::join(sum.child_missing_flags, " ")).c_str());
   std::fflush(txt);
+}
 
-  // ---- 1. the device: its ceiling and the engine's settings, probed at the start of every round ----
-  const ProbePattern pattern = probe_pattern(config, shards, trunk ? &*trunk : nullptr);
-  CeilingOptions co;
-  co.seconds = a.probe_seconds * 2 / 3;
-  // The compute threads' CPU, quiet and beside the reads: as many spinners as the runs compute with.
-  co.cpu_threads = a.threads > 0 ? a.threads : int(std::max(1u, std::thread::hardware_concurrency()));
-  sum.cpu_threads = co.cpu_threads;
-  ProbeOptions po;
-  po.seconds = a.probe_seconds / 3;
-  po.trunk_reader = trunk_reader_options();
-  po.expert_reader = expert_reader_options(pattern.largest_expert_read());
-  std::vector<double> probe_trunk, probe_experts;
-  uint64_t probed = 0, probed_direct = 0;
-  // One probe per round, beside the runs it prices: a single probe at the start caught whatever the
-  // host's disk was doing in those seconds (on a shared VM the same pattern read at 1.97 and 2.63 GB/s
-  // minutes apart), and put efficiencies above 1 on the runs that came after a slow probe.
-  auto probe_round = [&](int r) {
-    co.seed = po.seed = uint64_t(r) + 1;
-    const CeilingResult ceiling = probe_ceiling(pattern, co);
-    const ProbeResult probe = probe_device(pattern, po);
-    if (r == 0) {
-      std::fprintf(txt, "%s%s", format_ceiling(ceiling).c_str(), format_probe(pattern, probe).c_str());
-    } else {
-      std::fprintf(
-          txt,
-          "  [%d/%d] %-10s ceiling %.3f GB/s sequential, %.3f random; engine settings: token pattern "
-          "%.3f GB/s, trunk %.3f, experts %.3f; CPU kept while reading %.3f (quiet %.3f)\n",
-          r + 1, a.repeat, "probe", ceiling.gbps(), ceiling.random.gbps(), probe.gbps(), probe.trunk.gbps(),
-          probe.experts.gbps(), ceiling.cpu_reading.share, ceiling.cpu_quiet.share);
-    }
-    std::fflush(txt);
-    sum.ceiling_gbps_samples.push_back(ceiling.gbps());
-    sum.ceiling_random_gbps_samples.push_back(ceiling.random.gbps());
-    sum.cpu_share_reading_samples.push_back(ceiling.cpu_reading.share);
-    sum.cpu_share_quiet_samples.push_back(ceiling.cpu_quiet.share);
-    sum.read_share_beside_samples.push_back(ceiling.read_share_beside());
-    sum.ceiling_queue_depth = ceiling.queue_depth;
-    sum.ceiling_chunk_bytes = ceiling.chunk_bytes;
-    sum.engine_probe_gbps_samples.push_back(probe.gbps());
-    probe_trunk.push_back(probe.trunk.gbps());
-    probe_experts.push_back(probe.experts.gbps());
-    probed += probe.mixed.bytes + probe.trunk.bytes + probe.experts.bytes + ceiling.sequential.bytes +
-              ceiling.random.bytes;
-    probed_direct += probe.mixed.direct_bytes + probe.trunk.direct_bytes + probe.experts.direct_bytes +
-                     ceiling.sequential.direct_bytes + ceiling.random.direct_bytes;
-  };
-
-  sum.model = a.model_dir;
-  sum.budget_bytes = plan.budget;
-  sum.budget_source = pb.source;
-  sum.gen = a.gen;
-  sum.repeat = a.repeat;
-  sum.threads = a.threads;
-  sum.prompt_ids = ids;
-
-  Runner runner(base, a.gen, tmp);
-
-  // ---- 2 + 3. each repeat: the resident run (compute time), then every strategy ----
-  // Rounds interleave everything, so slow drift of a shared machine lands on every row alike, and the
-  // compute figure is measured in the same minutes as the runs it is compared with.
-  uint64_t model_bytes = 0;
-  for (uint32_t s = 0; s < shards.shard_count(); ++s) model_bytes += shards.shard_size(s);
-  const uint64_t avail = available_memory_bytes();
-  // The same headroom rule generate applies before it decides to stream when given no budget.
-  bool resident = model_bytes + model_bytes / 8 + (uint64_t{256} << 20) <= avail;
-  if (!a.routing_replay.empty()) {
-    // A resident run cannot replay routing: its ids would differ from every replayed row's.
-    resident = false;
-    sum.routing_replay = a.routing_replay;
-    std::fprintf(txt,
-                 "routing replayed from %s: every run's MoE top-k is the trace's, so the ids and logits "
-                 "are not the model's (only the cache, the reads and the times mean anything); no resident "
-                 "run\n",
-                 a.routing_replay.c_str());
-  }
-  std::vector<double> cpu, cpu_wall;
-  if (!a.trace_dir.empty()) fs::create_directories(a.trace_dir);
-  std::vector<std::vector<RunSample>> samples(rows.size());
-  for (int r = 0; r < a.repeat; ++r) {
-    probe_round(r);
-    if (resident) {
-      const RunSample s = runner.run(fmt::format("resident (repeat {})", r + 1), {}, cache_dirs);
-      if (!s.strategy.empty() && s.strategy != "resident") {
-        std::fprintf(txt, "compute: generate without a budget ran '%s', not resident\n", s.strategy.c_str());
-        resident = false;
-      } else {
-        cpu.push_back(s.compute_per_token > 0 ? s.compute_per_token : s.s_per_token);
-        cpu_wall.push_back(s.s_per_token);
-        std::fprintf(txt, "  [%d/%d] %-10s %.4f s/token compute, weights resident (%s)\n", r + 1, a.repeat,
-                     "resident", cpu.back(), human_bytes(double(model_bytes)).c_str());
-      }
-    }
-    for (size_t k = 0; k < rows.size(); ++k) {
-      // with trunk B, the pair (A, B) of a strategy runs B first in every other round
-      const size_t i = trunk_b && r % 2 == 1 ? k ^ 1 : k;
-      const std::string& st = rows[i].strategy;
-      const std::string& label = rows[i].label;
-      std::vector<std::string> extra;
-      if (has("--strategy")) extra.insert(extra.end(), {"--strategy", st});
-      if (use_preset)
-        extra.insert(extra.end(), {"--preset", a.preset});
-      else if (has("--mem-gb"))
-        extra.insert(extra.end(),
-                     {"--mem-gb", a.mem_gb ? fmt::format("{}", *a.mem_gb)
-                                           : fmt::format("{}", double(plan.budget) / double(1 << 30))});
-      if (trunk && has("--trunk")) extra.insert(extra.end(), {"--trunk", rows[i].trunk_dir});
-      if (rows[i].ring != 2) extra.insert(extra.end(), {"--ring", std::to_string(rows[i].ring)});
-      if (!a.expert_policy.empty()) extra.insert(extra.end(), {"--expert-policy", a.expert_policy});
-      if (!a.routing_replay.empty()) extra.insert(extra.end(), {"--bench-routing-replay", a.routing_replay});
-      if (!a.trace_dir.empty())
-        extra.insert(
-            extra.end(),
-            {"--trace", (fs::path(a.trace_dir) / fmt::format("{}-r{}.json", label, r + 1)).string()});
-      const RunSample s =
-          runner.run(fmt::format("strategy '{}' (repeat {})", label, r + 1), extra, cache_dirs);
-      if (has("--strategy") && !s.strategy.empty() && s.strategy != st)
-        throw io::runtime_error(
-            fmt::format("strategy '{}' (repeat {}): the run reports strategy '{}'", st, r + 1, s.strategy));
-      std::fprintf(txt, "  [%d/%d] %-10s %.4f s/token over %d step%s, %s read/token, peak RSS %s\n", r + 1,
-                   a.repeat, label.c_str(), s.s_per_token, s.measured_steps, s.measured_steps == 1 ? "" : "s",
-                   human_bytes(s.bytes_per_token).c_str(), human_bytes(double(s.peak_rss_os)).c_str());
-      std::fflush(txt);
-      samples[i].push_back(s);
-    }
-  }
+// ---- report: the compute figure and the device's medians ----
+std::optional<double> compute_per_token(const BenchRounds& r, BenchSummary& sum, std::FILE* txt) {
   std::optional<double> t_cpu;
-  if (resident) {
-    t_cpu = median(cpu);
-    sum.t_cpu_source = fmt::format("resident run, median of {}", cpu.size());
+  if (r.resident) {
+    t_cpu = median(r.cpu);
+    sum.t_cpu_source = fmt::format("resident run, median of {}", r.cpu.size());
     std::fprintf(txt, "compute, weights resident (%s): %.4f s/token median, %.4f min (wall %.4f s/token)\n",
-                 human_bytes(double(model_bytes)).c_str(), *t_cpu, *std::min_element(cpu.begin(), cpu.end()),
-                 median(cpu_wall));
+                 human_bytes(double(r.model_bytes)).c_str(), *t_cpu,
+                 *std::min_element(r.cpu.begin(), r.cpu.end()), median(r.cpu_wall));
   } else {
     sum.t_cpu_source = "each strategy's compute busy time";
     std::fprintf(txt,
                  "compute: no resident measurement (the model is %s, %s available); T_cpu is each strategy's "
                  "own compute busy time\n",
-                 human_bytes(double(model_bytes)).c_str(), human_bytes(double(avail)).c_str());
+                 human_bytes(double(r.model_bytes)).c_str(), human_bytes(double(r.avail)).c_str());
   }
   sum.t_cpu_per_token = t_cpu;
+  return t_cpu;
+}
+
+void device_medians(const BenchRounds& r, BenchSummary& sum, std::FILE* txt) {
   sum.ceiling_gbps = median(sum.ceiling_gbps_samples);
   sum.ceiling_random_gbps = median(sum.ceiling_random_gbps_samples);
   sum.cpu_share_reading = median(sum.cpu_share_reading_samples);
   sum.cpu_share_quiet = median(sum.cpu_share_quiet_samples);
   sum.read_share_beside = median(sum.read_share_beside_samples);
   sum.engine_probe_gbps = median(sum.engine_probe_gbps_samples);
-  sum.engine_probe_trunk_gbps = median(probe_trunk);
-  sum.engine_probe_expert_gbps = median(probe_experts);
-  sum.device_direct_fraction = probed ? double(probed_direct) / double(probed) : 0.0;
+  sum.engine_probe_trunk_gbps = median(r.probe_trunk);
+  sum.engine_probe_expert_gbps = median(r.probe_experts);
+  sum.device_direct_fraction = r.probed ? double(r.probed_direct) / double(r.probed) : 0.0;
   const auto [gmin, gmax] =
       std::minmax_element(sum.ceiling_gbps_samples.begin(), sum.ceiling_gbps_samples.end());
   std::fprintf(
@@ -570,16 +362,24 @@ int run_bench(const BenchArgs& a) {
       "of %zu (device quiet: %.3f); the reads beside them: %.3f of the ceiling\n",
       sum.cpu_threads, sum.cpu_threads == 1 ? "" : "s", sum.cpu_share_reading,
       sum.cpu_share_reading_samples.size(), sum.cpu_share_quiet, sum.read_share_beside);
+}
 
-  // ---- 4. table, JSON, verdict ----
-  for (size_t i = 0; i < rows.size(); ++i) {
+// ---- 4. table, JSON, verdict ----
+// Every row's samples aggregated against the ceiling and the compute figure, then ranked.
+void aggregate_rows(const BenchSetup& s, const BenchRounds& r, std::optional<double> t_cpu,
+                    BenchSummary& sum) {
+  for (size_t i = 0; i < s.rows.size(); ++i) {
     sum.strategies.push_back(aggregate(
-        rows[i].label, samples[i], Ceiling{sum.ceiling_gbps, sum.ceiling_random_gbps, sum.cpu_share_reading},
-        t_cpu, plan.budget));
-    sum.strategies.back().ring = rows[i].ring;
+        s.rows[i].label, r.samples[i],
+        Ceiling{sum.ceiling_gbps, sum.ceiling_random_gbps, sum.cpu_share_reading}, t_cpu, s.plan.budget));
+    sum.strategies.back().ring = s.rows[i].ring;
   }
   rank(sum);
-  const RunSample& any = samples.front().front();
+}
+
+// The table, its legend and the NOTE lines about every run.
+void print_table(const BenchArgs& a, const BenchRounds& r, const BenchSummary& sum, std::FILE* txt) {
+  const RunSample& any = r.samples.front().front();
   std::fprintf(txt, "\n%s", bench_table(sum).c_str());
   std::string steps = "mean over all steps (with --gen 1 only step 0, the prefill, exists)";
   if (any.skipped_prefill)
@@ -609,37 +409,42 @@ int run_bench(const BenchArgs& a) {
     std::fprintf(
         txt, "NOTE: timing from the %s, bytes from %s (the child's report lacks the per-token fields)\n",
         any.timing_source.c_str(), any.bytes_source == "none" ? "nowhere (0)" : any.bytes_source.c_str());
-  for (const StrategyResult& r : sum.strategies)
-    if (r.overlap_efficiency > 1.0)
+  for (const StrategyResult& row : sum.strategies)
+    if (row.overlap_efficiency > 1.0)
       std::fprintf(txt,
                    "NOTE: %s read faster than the device ceiling's median (overlap %.3f > 1): the device's "
                    "rate drifted "
                    "during this bench; rerun on a quieter machine or with more --repeat\n",
-                   r.strategy.c_str(), r.overlap_efficiency);
-  if (trunk_b) {
-    std::fprintf(txt,
-                 "\ntrunk A (%s) vs trunk B (%s), per strategy: s/token median and min, bytes read per token "
-                 "(stored) and decoded by the decode stage, decode seconds per token (report totals / gen)\n",
-                 a.trunk_dir.c_str(), a.trunk_b_dir.c_str());
-    for (size_t i = 0; i + 1 < sum.strategies.size(); i += 2) {
-      const StrategyResult &ra = sum.strategies[i], &rb = sum.strategies[i + 1];
-      auto change = [](double x, double y) {
-        return x > 0 ? fmt::format("{:+.1f}%", 100.0 * (y / x - 1)) : "-";
-      };
-      std::fprintf(
-          txt,
-          "  %-10s s/token %.4f -> %.4f (%s), min %.4f -> %.4f (%s); read/token %s -> %s; decoded/token "
-          "%s -> %s; decode %.4f -> %.4f s/token\n",
-          rows[i].pair.c_str(), ra.s_per_token, rb.s_per_token,
-          change(ra.s_per_token, rb.s_per_token).c_str(), ra.s_per_token_min, rb.s_per_token_min,
-          change(ra.s_per_token_min, rb.s_per_token_min).c_str(), human_bytes(ra.bytes_per_token).c_str(),
-          human_bytes(rb.bytes_per_token).c_str(), human_bytes(ra.decoded_bytes_per_token).c_str(),
-          human_bytes(rb.decoded_bytes_per_token).c_str(), ra.decode_seconds_per_token,
-          rb.decode_seconds_per_token);
-    }
+                   row.strategy.c_str(), row.overlap_efficiency);
+}
+
+// --trunk-b: trunk A against trunk B, strategy by strategy.
+void compare_trunks(const BenchArgs& a, const BenchSetup& s, const BenchSummary& sum, std::FILE* txt) {
+  std::fprintf(txt,
+               "\ntrunk A (%s) vs trunk B (%s), per strategy: s/token median and min, bytes read per token "
+               "(stored) and decoded by the decode stage, decode seconds per token (report totals / gen)\n",
+               a.trunk_dir.c_str(), a.trunk_b_dir.c_str());
+  for (size_t i = 0; i + 1 < sum.strategies.size(); i += 2) {
+    const StrategyResult &ra = sum.strategies[i], &rb = sum.strategies[i + 1];
+    auto change = [](double x, double y) {
+      return x > 0 ? fmt::format("{:+.1f}%", 100.0 * (y / x - 1)) : "-";
+    };
+    std::fprintf(
+        txt,
+        "  %-10s s/token %.4f -> %.4f (%s), min %.4f -> %.4f (%s); read/token %s -> %s; decoded/token "
+        "%s -> %s; decode %.4f -> %.4f s/token\n",
+        s.rows[i].pair.c_str(), ra.s_per_token, rb.s_per_token,
+        change(ra.s_per_token, rb.s_per_token).c_str(), ra.s_per_token_min, rb.s_per_token_min,
+        change(ra.s_per_token_min, rb.s_per_token_min).c_str(), human_bytes(ra.bytes_per_token).c_str(),
+        human_bytes(rb.bytes_per_token).c_str(), human_bytes(ra.decoded_bytes_per_token).c_str(),
+        human_bytes(rb.decoded_bytes_per_token).c_str(), ra.decode_seconds_per_token,
+        rb.decode_seconds_per_token);
   }
-  for (const std::string& n : runner.notes) std::fprintf(txt, "NOTE: %s\n", n.c_str());
-  for (const Row& row : rows)
+}
+
+// The fastest row's flags for `k3flow generate`.
+void print_fastest(const BenchArgs& a, const BenchSetup& s, const BenchSummary& sum, std::FILE* txt) {
+  for (const BenchRow& row : s.rows)
     if (row.label == sum.best) {
       // what the row ran with, so the line can be pasted: budget, threads, strategy, ring, trunk
       std::string flags =
@@ -647,9 +452,38 @@ int run_bench(const BenchArgs& a) {
       if (a.threads > 0) flags += fmt::format(" --threads {}", a.threads);
       flags += fmt::format(" --strategy {}", row.strategy);
       if (row.ring != 2) flags += fmt::format(" --ring {}", row.ring);
-      if (trunk) flags += fmt::format(" --trunk {}", row.trunk_dir);
+      if (s.trunk) flags += fmt::format(" --trunk {}", row.trunk_dir);
       std::fprintf(txt, "fastest here: k3flow generate %s %s\n", a.model_dir.c_str(), flags.c_str());
     }
+}
+
+int run_bench(const BenchArgs& a) {
+  // With --json stdout holds the JSON document alone; the progress and the table go to stderr.
+  std::FILE* txt = a.json ? stderr : stdout;
+  if (!a.batch.empty() || a.batch_child > 0) return run_batched(a);
+  const BenchUsage u = check_usage(a);
+  const RunContext ctx(ChildRunSpec{.model_dir = a.model_dir, .threads = a.threads});
+  const BenchSetup s = plan_bench(a, u, ctx.cfg, prompt_ids(a, ctx.cfg));
+  ScratchDir tmp("k3bench");
+  BenchSummary sum;
+  const BenchChild child = bench_child(a, u, s, tmp, sum);
+  print_header(a, u, s, child, sum, txt);
+  sum.model = a.model_dir;
+  sum.budget_bytes = s.plan.budget;
+  sum.budget_source = s.pb.source;
+  sum.gen = a.gen;
+  sum.repeat = a.repeat;
+  sum.threads = ctx.threads();
+  sum.prompt_ids = s.ids;
+
+  BenchRounds rounds = run_rounds(a, ctx.cfg, s, child, tmp, sum, txt);
+  const std::optional<double> t_cpu = compute_per_token(rounds, sum, txt);
+  device_medians(rounds, sum, txt);
+  aggregate_rows(s, rounds, t_cpu, sum);
+  print_table(a, rounds, sum, txt);
+  if (s.trunk_b) compare_trunks(a, s, sum, txt);
+  for (const std::string& n : rounds.notes) std::fprintf(txt, "NOTE: %s\n", n.c_str());
+  print_fastest(a, s, sum, txt);
   write_results(a, bench_json(sum), txt, bench_last_line(sum));
   return 0;
 }
