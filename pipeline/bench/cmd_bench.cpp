@@ -476,7 +476,7 @@ int run_bench(const BenchArgs& a) {
   sum.threads = ctx.threads();
   sum.prompt_ids = s.ids;
 
-  BenchRounds rounds = run_rounds(a, ctx.cfg, s, child, tmp, sum, txt);
+  const BenchRounds rounds = run_rounds(a, ctx.cfg, s, child, tmp, sum, txt);
   const std::optional<double> t_cpu = compute_per_token(rounds, sum, txt);
   device_medians(rounds, sum, txt);
   aggregate_rows(s, rounds, t_cpu, sum);

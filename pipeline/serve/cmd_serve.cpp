@@ -148,7 +148,8 @@ RunSpec run_spec(ServeArgs& a, ranks::Comm& comm, PrefillPolicy& prefill) {
 // ---- the model's files ----
 // Every shard's header, read and checked on every rank (a truncated or corrupt shard, named, exit
 // 1): a checkpoint that cannot load ends the command here, so the server never says it is
-// listening. Under mpirun the refusal is the one a rank's failed load gives.
+// listening. Under mpirun the refusal is the one a rank's failed load gives. The shards close on
+// return: the scheduler's engine opens its own.
 void check_shards(ServeArgs& a, const io::ModelConfig& cfg, ranks::Comm& comm) {
   std::optional<io::ShardSet> shards;
   ranks::on_every_rank(comm, "could not load its slice",
@@ -156,7 +157,6 @@ void check_shards(ServeArgs& a, const io::ModelConfig& cfg, ranks::Comm& comm) {
   a.dec.capacity = a.context;
   // One process: its plan is the scheduler's (several ranks plan each its own slice, as they load).
   if (comm.size() == 1) check_budget(a, cfg, *shards);
-  // the scheduler's engine opens its own shards
 }
 
 // The model id clients name: --model-name, else MODEL_DIR's name.
