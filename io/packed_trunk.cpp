@@ -415,158 +415,223 @@ std::optional<DType> parse_dtype(std::string_view s) {
   return std::nullopt;
 }
 
-}  // namespace
+// What the checks of one trunk.json share: its path (every error is one line naming it) and the
+// trunk.bin it describes.
+struct TrunkJson {
+  const fs::path& path;
+  const fs::path& bin;
+  uint64_t bin_size;
 
-PackedTrunk PackedTrunk::open(const fs::path& dir, int expected_layers, File::Mode mode) {
-  const fs::path json = dir / "trunk.json", bin = dir / "trunk.bin";
-  auto bad = [&](const std::string& what) {
-    return runtime_error(fmt::format("trunk: {}: {}", json.string(), what));
-  };
-  if (!fs::exists(json))
-    throw runtime_error(
-        fmt::format("trunk: {}: missing (is {} a packed trunk?)", json.string(), dir.string()));
-
-  File jf = File::open_read(json, File::Mode::buffered);
-  simdjson::padded_string text(jf.size());
-  jf.read_exact(0, std::as_writable_bytes(std::span(text.data(), jf.size())));
-
-  PackedTrunk t(File::open_read(bin, mode));
-  t.json_path_ = json;
-  const uint64_t file_size = t.file_.size();
-
-  simdjson::dom::parser parser;
-  simdjson::dom::element doc;
-  if (auto err = parser.parse(text).get(doc))
-    throw bad(fmt::format("not valid JSON ({})", simdjson::error_message(err)));
-  auto get_u64 = [&](simdjson::dom::element e, const char* key, const std::string& where) -> uint64_t {
+  Error bad(const std::string& what) const {
+    return runtime_error(fmt::format("trunk: {}: {}", path.string(), what));
+  }
+  // `e[key]` as an unsigned integer; `where` names `e` in the error.
+  uint64_t u64(simdjson::dom::element e, const char* key, const std::string& where) const {
     uint64_t v;
     if (e[key].get_uint64().get(v))
       throw bad(fmt::format("{}: \"{}\" missing or not an unsigned integer", where, key));
     return v;
-  };
-  if (uint64_t a = get_u64(doc, "align", "top level"); a != kTrunkAlign)
-    throw bad(fmt::format("align is {}, this engine reads only {}-aligned trunks", a, kTrunkAlign));
-  if (std::string_view cs; !doc["codec"].get_string().get(cs)) {
-    const auto c = codec::parse_codec(cs);
-    if (!c) throw bad(fmt::format("unknown codec \"{}\" (this build reads none, exp4, exp3, huff)", cs));
-    t.codec_ = *c;
   }
-  const bool packed = t.codec_ != codec::Codec::none;
-  simdjson::dom::array layers;
-  if (doc["layers"].get_array().get(layers)) throw bad("\"layers\" missing or not an array");
-  if (expected_layers >= 0 && layers.size() != size_t(expected_layers))
-    throw bad(fmt::format("holds {} layers, the config has {}", layers.size(), expected_layers));
+};
 
-  for (simdjson::dom::element le : layers) {
-    TrunkLayer L;
-    L.layer = int(t.layers_.size());
-    const std::string where = fmt::format("layer {}", L.layer);
-    uint64_t idx;
-    if (!le["layer"].get_uint64().get(idx) && idx != uint64_t(L.layer))
-      throw bad(fmt::format("{} is listed as layer {}", where, idx));
-    L.file_off = get_u64(le, "file_off", where);
-    L.nbytes = get_u64(le, "nbytes", where);
-    if (L.file_off % kTrunkAlign || L.nbytes % kTrunkAlign || L.nbytes == 0)
-      throw bad(fmt::format("{}: file_off {} / nbytes {} not positive 4096-multiples", where, L.file_off,
-                            L.nbytes));
-    L.stored_bytes = L.compressed_bytes = L.nbytes;
-    if (packed) {
-      L.stored_bytes = get_u64(le, "stored_bytes", where);
-      L.compressed_bytes = get_u64(le, "compressed_bytes", where);
-      if (L.stored_bytes % kTrunkAlign || L.stored_bytes == 0 || L.compressed_bytes > L.stored_bytes ||
-          L.compressed_bytes < codec::kHeaderBytes || L.nbytes / 2 > L.compressed_bytes)
-        throw bad(
-            fmt::format("{}: stored_bytes {} / compressed_bytes {}: not a positive 4096-multiple holding "
-                        "a codec stream (which decodes to less than twice its size)",
-                        where, L.stored_bytes, L.compressed_bytes));
-    }
-    if (L.file_off > file_size || L.stored_bytes > file_size - L.file_off)  // no wrap-around
-      throw bad(fmt::format("{}: file_off {} + {} {} runs past the end of {} ({} bytes)", where, L.file_off,
-                            packed ? "stored_bytes" : "nbytes", L.stored_bytes, bin.string(), file_size));
-    std::string_view hex;
-    if (!le["xxh64"].get_string().get(hex)) {
-      auto [p, ec] = std::from_chars(hex.data(), hex.data() + hex.size(), L.xxh64, 16);
-      if (ec != std::errc() || p != hex.data() + hex.size() || hex.size() != 16)
-        throw bad(fmt::format("{}: xxh64 \"{}\" is not 16 hex digits", where, hex));
-      L.has_xxh64 = true;
-    }
-    simdjson::dom::object tensors;
-    if (le["tensors"].get_object().get(tensors)) throw bad(fmt::format("{}: \"tensors\" missing", where));
-    for (auto [key, te] : tensors) {
-      TrunkTensor tt;
-      tt.name = std::string(key);
-      const std::string tw = fmt::format("{}: tensor {}", where, tt.name);
-      tt.off = get_u64(te, "off", tw);
-      tt.nbytes = get_u64(te, "nbytes", tw);
-      std::string_view ds;
-      if (te["dtype"].get_string().get(ds)) throw bad(fmt::format("{}: dtype missing", tw));
-      auto d = parse_dtype(ds);
-      if (!d) throw bad(fmt::format("{}: unknown dtype {}", tw, ds));
-      tt.dtype = *d;
-      simdjson::dom::array shape;
-      if (!te["shape"].get_array().get(shape)) {
-        if (shape.size() > 4) throw bad(fmt::format("{}: rank {} > 4", tw, shape.size()));
-        uint64_t numel = 1;
-        for (simdjson::dom::element s : shape) {
-          uint64_t v;
-          if (s.get_uint64().get(v))
-            throw bad(fmt::format("{}: shape entries must be unsigned integers", tw));
-          tt.shape[tt.rank++] = v;
-          if (__builtin_mul_overflow(numel, v, &numel))
-            throw bad(fmt::format("{}: shape overflows 64 bits", tw));
-        }
-        uint64_t want = 0;
-        if (__builtin_mul_overflow(numel, uint64_t(dtype_size(tt.dtype)), &want) || want != tt.nbytes)
-          throw bad(
-              fmt::format("{}: nbytes {} != numel {} x {}", tw, tt.nbytes, numel, dtype_size(tt.dtype)));
-      }
-      if (tt.off > L.nbytes || tt.nbytes > L.nbytes - tt.off)
-        throw bad(fmt::format("{}: bytes [{}, {}) outside its layer ({} bytes)", tw, tt.off,
-                              tt.off + tt.nbytes, L.nbytes));
-      L.tensors.push_back(std::move(tt));
-    }
-    if (L.tensors.empty()) throw bad(fmt::format("{}: no tensors", where));
-    t.layers_.push_back(std::move(L));
+// trunk.json's text, after making sure the directory has one.
+simdjson::padded_string read_trunk_json(const fs::path& json, const fs::path& dir) {
+  if (!fs::exists(json))
+    throw runtime_error(
+        fmt::format("trunk: {}: missing (is {} a packed trunk?)", json.string(), dir.string()));
+  File jf = File::open_read(json, File::Mode::buffered);
+  simdjson::padded_string text(jf.size());
+  jf.read_exact(0, std::as_writable_bytes(std::span(text.data(), jf.size())));
+  return text;
+}
+
+// The top-level "align" (must be 4096) and "codec" (absent: none).
+codec::Codec read_align_and_codec(const TrunkJson& j, simdjson::dom::element doc) {
+  if (uint64_t a = j.u64(doc, "align", "top level"); a != kTrunkAlign)
+    throw j.bad(fmt::format("align is {}, this engine reads only {}-aligned trunks", a, kTrunkAlign));
+  std::string_view cs;
+  if (doc["codec"].get_string().get(cs)) return codec::Codec::none;
+  const auto c = codec::parse_codec(cs);
+  if (!c) throw j.bad(fmt::format("unknown codec \"{}\" (this build reads none, exp4, exp3, huff)", cs));
+  return *c;
+}
+
+// The "layers" array, holding `expected_layers` entries when that is >= 0.
+simdjson::dom::array layer_array(const TrunkJson& j, simdjson::dom::element doc, int expected_layers) {
+  simdjson::dom::array layers;
+  if (doc["layers"].get_array().get(layers)) throw j.bad("\"layers\" missing or not an array");
+  if (expected_layers >= 0 && layers.size() != size_t(expected_layers))
+    throw j.bad(fmt::format("holds {} layers, the config has {}", layers.size(), expected_layers));
+  return layers;
+}
+
+// Layer L's place in trunk.bin: file_off and nbytes (positive 4096-multiples) and, when `packed`,
+// stored_bytes and compressed_bytes (a codec stream's room and length); its stored bytes lie
+// inside the file.
+void read_layer_extent(const TrunkJson& j, simdjson::dom::element le, const std::string& where, bool packed,
+                       TrunkLayer& L) {
+  L.file_off = j.u64(le, "file_off", where);
+  L.nbytes = j.u64(le, "nbytes", where);
+  if (L.file_off % kTrunkAlign || L.nbytes % kTrunkAlign || L.nbytes == 0)
+    throw j.bad(
+        fmt::format("{}: file_off {} / nbytes {} not positive 4096-multiples", where, L.file_off, L.nbytes));
+  L.stored_bytes = L.compressed_bytes = L.nbytes;
+  if (packed) {
+    L.stored_bytes = j.u64(le, "stored_bytes", where);
+    L.compressed_bytes = j.u64(le, "compressed_bytes", where);
+    if (L.stored_bytes % kTrunkAlign || L.stored_bytes == 0 || L.compressed_bytes > L.stored_bytes ||
+        L.compressed_bytes < codec::kHeaderBytes || L.nbytes / 2 > L.compressed_bytes)
+      throw j.bad(
+          fmt::format("{}: stored_bytes {} / compressed_bytes {}: not a positive 4096-multiple holding "
+                      "a codec stream (which decodes to less than twice its size)",
+                      where, L.stored_bytes, L.compressed_bytes));
   }
-  if (simdjson::dom::element src; !doc["source"].get(src) && src.is_object()) {
-    // Takes a lookup's result as it is (or an element): converting a missing key's result to an
-    // element throws simdjson's own exception, which names neither the file nor the field.
-    auto hex64 = [&](auto e, const std::string& what) {
-      std::string_view hex;
-      uint64_t v = 0;
-      if (e.get_string().get(hex)) throw bad(fmt::format("source: {} is missing or not a string", what));
-      auto [p, ec] = std::from_chars(hex.data(), hex.data() + hex.size(), v, 16);
-      if (ec != std::errc() || p != hex.data() + hex.size() || hex.size() != 16)
-        throw bad(fmt::format("source: {} \"{}\" is not 16 hex digits", what, hex));
-      return v;
-    };
-    if (uint64_t sb = get_u64(src, "sample_bytes", "source"); sb != kTrunkSampleBytes)
-      throw bad(fmt::format("source: sample_bytes {} (this engine samples {})", sb, kTrunkSampleBytes));
-    simdjson::dom::array shards, samples;
-    if (src["shards"].get_array().get(shards) || src["layer_samples"].get_array().get(samples))
-      throw bad("source: \"shards\" or \"layer_samples\" missing");
-    for (simdjson::dom::element se : shards) {
-      TrunkSourceShard sh;
-      std::string_view file;
-      if (se["file"].get_string().get(file)) throw bad("source: a shard without \"file\"");
-      sh.file = std::string(file);
-      sh.bytes = get_u64(se, "bytes", "source shard " + sh.file);
-      sh.header_xxh64 = hex64(se["header_xxh64"], "shard " + sh.file + " header_xxh64");
-      t.source_.shards.push_back(std::move(sh));
-    }
-    for (simdjson::dom::element e : samples) t.source_.layer_samples.push_back(hex64(e, "layer_samples"));
-    if (t.source_.layer_samples.size() != t.layers_.size())
-      throw bad(fmt::format("source: {} layer_samples for {} layers", t.source_.layer_samples.size(),
-                            t.layers_.size()));
+  if (L.file_off > j.bin_size || L.stored_bytes > j.bin_size - L.file_off)  // no wrap-around
+    throw j.bad(fmt::format("{}: file_off {} + {} {} runs past the end of {} ({} bytes)", where, L.file_off,
+                            packed ? "stored_bytes" : "nbytes", L.stored_bytes, j.bin.string(), j.bin_size));
+}
+
+// A layer's optional "xxh64": 16 hex digits when present.
+void read_layer_xxh64(const TrunkJson& j, simdjson::dom::element le, const std::string& where,
+                      TrunkLayer& L) {
+  std::string_view hex;
+  if (le["xxh64"].get_string().get(hex)) return;
+  auto [p, ec] = std::from_chars(hex.data(), hex.data() + hex.size(), L.xxh64, 16);
+  if (ec != std::errc() || p != hex.data() + hex.size() || hex.size() != 16)
+    throw j.bad(fmt::format("{}: xxh64 \"{}\" is not 16 hex digits", where, hex));
+  L.has_xxh64 = true;
+}
+
+// A tensor's optional "shape": at most 4 unsigned entries whose product times the dtype's size
+// (no overflow) is the tensor's nbytes.
+void read_tensor_shape(const TrunkJson& j, simdjson::dom::element te, const std::string& tw,
+                       TrunkTensor& tt) {
+  simdjson::dom::array shape;
+  if (te["shape"].get_array().get(shape)) return;
+  if (shape.size() > 4) throw j.bad(fmt::format("{}: rank {} > 4", tw, shape.size()));
+  uint64_t numel = 1;
+  for (simdjson::dom::element s : shape) {
+    uint64_t v;
+    if (s.get_uint64().get(v)) throw j.bad(fmt::format("{}: shape entries must be unsigned integers", tw));
+    tt.shape[tt.rank++] = v;
+    if (__builtin_mul_overflow(numel, v, &numel)) throw j.bad(fmt::format("{}: shape overflows 64 bits", tw));
+  }
+  uint64_t want = 0;
+  if (__builtin_mul_overflow(numel, uint64_t(dtype_size(tt.dtype)), &want) || want != tt.nbytes)
+    throw j.bad(fmt::format("{}: nbytes {} != numel {} x {}", tw, tt.nbytes, numel, dtype_size(tt.dtype)));
+}
+
+// One entry of a layer's "tensors" (the layer `where`, `layer_bytes` long): its bytes inside the layer.
+TrunkTensor read_tensor(const TrunkJson& j, std::string_view key, simdjson::dom::element te,
+                        const std::string& where, uint64_t layer_bytes) {
+  TrunkTensor tt;
+  tt.name = std::string(key);
+  const std::string tw = fmt::format("{}: tensor {}", where, tt.name);
+  tt.off = j.u64(te, "off", tw);
+  tt.nbytes = j.u64(te, "nbytes", tw);
+  std::string_view ds;
+  if (te["dtype"].get_string().get(ds)) throw j.bad(fmt::format("{}: dtype missing", tw));
+  auto d = parse_dtype(ds);
+  if (!d) throw j.bad(fmt::format("{}: unknown dtype {}", tw, ds));
+  tt.dtype = *d;
+  read_tensor_shape(j, te, tw, tt);
+  if (tt.off > layer_bytes || tt.nbytes > layer_bytes - tt.off)
+    throw j.bad(fmt::format("{}: bytes [{}, {}) outside its layer ({} bytes)", tw, tt.off, tt.off + tt.nbytes,
+                            layer_bytes));
+  return tt;
+}
+
+// Entry `l` of "layers": its index (when given), extent, checksum and at least one tensor.
+TrunkLayer read_layer(const TrunkJson& j, simdjson::dom::element le, int l, bool packed) {
+  TrunkLayer L;
+  L.layer = l;
+  const std::string where = fmt::format("layer {}", L.layer);
+  uint64_t idx;
+  if (!le["layer"].get_uint64().get(idx) && idx != uint64_t(L.layer))
+    throw j.bad(fmt::format("{} is listed as layer {}", where, idx));
+  read_layer_extent(j, le, where, packed, L);
+  read_layer_xxh64(j, le, where, L);
+  simdjson::dom::object tensors;
+  if (le["tensors"].get_object().get(tensors)) throw j.bad(fmt::format("{}: \"tensors\" missing", where));
+  for (auto [key, te] : tensors) L.tensors.push_back(read_tensor(j, key, te, where, L.nbytes));
+  if (L.tensors.empty()) throw j.bad(fmt::format("{}: no tensors", where));
+  return L;
+}
+
+// 16 hex digits in "source". Takes a lookup's result as it is (or an element): converting a
+// missing key's result to an element throws simdjson's own exception, which names neither the
+// file nor the field.
+template <class Lookup>
+uint64_t source_hex64(const TrunkJson& j, Lookup e, const std::string& what) {
+  std::string_view hex;
+  uint64_t v = 0;
+  if (e.get_string().get(hex)) throw j.bad(fmt::format("source: {} is missing or not a string", what));
+  auto [p, ec] = std::from_chars(hex.data(), hex.data() + hex.size(), v, 16);
+  if (ec != std::errc() || p != hex.data() + hex.size() || hex.size() != 16)
+    throw j.bad(fmt::format("source: {} \"{}\" is not 16 hex digits", what, hex));
+  return v;
+}
+
+// The "source" object, when there is one: the sample size this engine uses, every shard, and one
+// layer sample per layer (`n_layers`).
+std::optional<TrunkSource> read_source(const TrunkJson& j, simdjson::dom::element doc, size_t n_layers) {
+  simdjson::dom::element src;
+  if (doc["source"].get(src) || !src.is_object()) return std::nullopt;
+  if (uint64_t sb = j.u64(src, "sample_bytes", "source"); sb != kTrunkSampleBytes)
+    throw j.bad(fmt::format("source: sample_bytes {} (this engine samples {})", sb, kTrunkSampleBytes));
+  simdjson::dom::array shards, samples;
+  if (src["shards"].get_array().get(shards) || src["layer_samples"].get_array().get(samples))
+    throw j.bad("source: \"shards\" or \"layer_samples\" missing");
+  TrunkSource out;
+  for (simdjson::dom::element se : shards) {
+    TrunkSourceShard sh;
+    std::string_view file;
+    if (se["file"].get_string().get(file)) throw j.bad("source: a shard without \"file\"");
+    sh.file = std::string(file);
+    sh.bytes = j.u64(se, "bytes", "source shard " + sh.file);
+    sh.header_xxh64 = source_hex64(j, se["header_xxh64"], "shard " + sh.file + " header_xxh64");
+    out.shards.push_back(std::move(sh));
+  }
+  for (simdjson::dom::element e : samples) out.layer_samples.push_back(source_hex64(j, e, "layer_samples"));
+  if (out.layer_samples.size() != n_layers)
+    throw j.bad(fmt::format("source: {} layer_samples for {} layers", out.layer_samples.size(), n_layers));
+  return out;
+}
+
+// No two layers share a byte of trunk.bin (each is already inside the file).
+void check_no_overlap(const TrunkJson& j, const std::vector<TrunkLayer>& layers) {
+  std::vector<const TrunkLayer*> by_off;
+  for (const TrunkLayer& L : layers) by_off.push_back(&L);
+  std::sort(by_off.begin(), by_off.end(), [](auto* a, auto* b) { return a->file_off < b->file_off; });
+  for (size_t i = 1; i < by_off.size(); ++i)  // both ends are <= the file's size: no wrap-around
+    if (by_off[i - 1]->file_off + by_off[i - 1]->stored_bytes > by_off[i]->file_off)
+      throw j.bad(fmt::format("layers {} and {} overlap in {}", by_off[i - 1]->layer, by_off[i]->layer,
+                              j.bin.string()));
+}
+
+}  // namespace
+
+PackedTrunk PackedTrunk::open(const fs::path& dir, int expected_layers, File::Mode mode) {
+  const fs::path json = dir / "trunk.json", bin = dir / "trunk.bin";
+  simdjson::padded_string text = read_trunk_json(json, dir);
+
+  PackedTrunk t(File::open_read(bin, mode));
+  t.json_path_ = json;
+  const TrunkJson j{json, bin, t.file_.size()};
+
+  simdjson::dom::parser parser;
+  simdjson::dom::element doc;
+  if (auto err = parser.parse(text).get(doc))
+    throw j.bad(fmt::format("not valid JSON ({})", simdjson::error_message(err)));
+  t.codec_ = read_align_and_codec(j, doc);
+  const bool packed = t.codec_ != codec::Codec::none;
+  for (simdjson::dom::element le : layer_array(j, doc, expected_layers))
+    t.layers_.push_back(read_layer(j, le, int(t.layers_.size()), packed));
+  if (std::optional<TrunkSource> src = read_source(j, doc, t.layers_.size())) {
+    t.source_ = std::move(*src);
     t.has_source_ = true;
   }
-  std::vector<const TrunkLayer*> by_off;
-  for (const TrunkLayer& L : t.layers_) by_off.push_back(&L);
-  std::sort(by_off.begin(), by_off.end(), [](auto* a, auto* b) { return a->file_off < b->file_off; });
-  for (size_t i = 1; i < by_off.size(); ++i)  // both ends are <= file_size: no wrap-around
-    if (by_off[i - 1]->file_off + by_off[i - 1]->stored_bytes > by_off[i]->file_off)
-      throw bad(fmt::format("layers {} and {} overlap in {}", by_off[i - 1]->layer, by_off[i]->layer,
-                            bin.string()));
+  check_no_overlap(j, t.layers_);
   t.loaded_ok_ = std::make_unique<std::atomic<bool>[]>(t.layers_.size());
   for (size_t i = 0; i < t.layers_.size(); ++i) t.loaded_ok_[i].store(false);
   return t;
