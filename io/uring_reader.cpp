@@ -282,150 +282,204 @@ struct UringReader::Impl {
 
   // ---- io_uring backend: this thread alone prepares, submits and reaps ----
 
-  void uring_loop() {
+  // What the io_uring thread keeps from one loop turn to the next; no other thread touches it.
+  struct UringState {
     std::deque<Job*> issuing;  // jobs with ops not yet handed out, FIFO
     std::deque<Op*> retry;     // ops to resubmit, before any new op
     unsigned inflight = 0;     // read SQEs in the kernel
     bool poll_armed = false;
     bool stop = false;
     // Adaptive depth: time and bytes of the intervals during which the reader was saturated.
-    bool saturated = false;
     double t_prev = now_seconds(), epoch_seconds = 0;
     uint64_t epoch_bytes = 0;
+  };
 
-    auto cancel_unread = [&] {
-      for (Job* j : issuing)
-        j->fail(ECANCELED, fmt::format("read cancelled: {}: reader shut down", j->req.file->path().string()));
-      for (Op* op : retry)
-        op->job->fail(ECANCELED, fmt::format("read cancelled: {}: reader shut down",
-                                             op->job->req.file->path().string()));
-    };
-    auto next_op = [&]() -> Op* {
-      while (!retry.empty()) {
-        Op* op = retry.front();
-        retry.pop_front();
-        if (op->job->error == 0) return op;
-        --op->job->outstanding;
-        if (op->job->finished()) finish(op->job);
-      }
-      while (!issuing.empty()) {
-        Job* j = issuing.front();
-        if (j->next < j->ops.size()) {
-          ++j->outstanding;
-          ++n_uring_chunks;
-          return &j->ops[j->next++];
-        }
-        issuing.pop_front();
-        j->queued = false;
-        if (j->finished()) finish(j);  // zero-length, or failed with nothing outstanding
-      }
-      return nullptr;
-    };
-    auto op_done = [&](Op* op) {
-      --op->job->outstanding;
-      if (op->job->finished()) finish(op->job);
-    };
-
+  // One turn: take new requests, issue reads up to the limit, wait for a completion, reap.
+  // Ends once the reader is stopping and nothing is in the kernel or left to issue.
+  void uring_loop() {
+    UringState s;
     for (;;) {
-      {
-        std::lock_guard lk(mu);
-        for (Job* j : pending) queue_job(issuing, j);
-        pending.clear();
-        stop = stopping;
-      }
-      if (stop) cancel_unread();
-      if (!poll_armed) {
-        io_uring_sqe* sqe = io_uring_get_sqe(&ring);
-        io_uring_prep_poll_add(sqe, wake_fd, POLLIN);
-        io_uring_sqe_set_data64(sqe, kWakeTag);
-        poll_armed = true;
-      }
+      take_pending(s);
+      if (s.stop) cancel_unread(s);
+      arm_wake_poll(s);
       const unsigned depth = tuner ? tuner->depth() : opt.queue_depth;
-      unsigned limit = depth;
-      if (opt.gated_depth > 0 && opt.gate && opt.gate->raised() && opt.gated_depth < depth) {
-        limit = opt.gated_depth;
-        ++n_gated_turns;
-      }
-      while (inflight < limit) {
-        Op* op = next_op();
-        if (!op) break;
-        io_uring_sqe* sqe = io_uring_get_sqe(&ring);
-        io_uring_prep_read(sqe, op->fd, op->dst, unsigned(op->len), op->off);
-        io_uring_sqe_set_data(sqe, op);
-        ++inflight;
-      }
-      if (inflight > peak_in_flight.load(std::memory_order_relaxed))
-        peak_in_flight.store(inflight, std::memory_order_relaxed);
-      if (stop && inflight == 0 && issuing.empty() && retry.empty()) break;
+      const unsigned limit = issue_limit(depth);
+      issue_reads(s, limit);
+      if (s.stop && s.inflight == 0 && s.issuing.empty() && s.retry.empty()) break;
       // Saturated: the depth, not the work, limits what is in flight (a gated turn says nothing
       // about the depth).
-      const bool more = !retry.empty() || issuing.size() > 1 ||
-                        (issuing.size() == 1 && issuing.front()->next < issuing.front()->ops.size());
-      saturated = tuner && limit == depth && inflight >= depth && more;
-      uint64_t reaped_bytes = 0;
+      const bool saturated = tuner && limit == depth && s.inflight >= depth && has_unissued(s);
+      submit_and_wait();
+      const uint64_t reaped_bytes = reap(s);
+      if (tuner) tune_depth(s, saturated, depth, reaped_bytes);
+    }
+  }
 
-      int r = io_uring_submit_and_wait(&ring, 1);
-      if (r < 0 && r != -EINTR && r != -EAGAIN && r != -EBUSY) {
-        std::fprintf(stderr, "k3flow: io_uring_submit_and_wait: %s\n", std::strerror(-r));
-        io_uring_cqe* cqe = nullptr;
-        io_uring_wait_cqe(&ring, &cqe);  // wait for anything at all rather than spin
-      }
+  // Moves the submitted requests into the issue queue (urgent ones ahead) and notes a shutdown.
+  void take_pending(UringState& s) {
+    std::lock_guard lk(mu);
+    for (Job* j : pending) queue_job(s.issuing, j);
+    pending.clear();
+    s.stop = stopping;
+  }
 
-      io_uring_cqe* cqe;
-      unsigned head, seen = 0;
-      io_uring_for_each_cqe(&ring, head, cqe) {
-        ++seen;
-        if (cqe->user_data == kWakeTag) {
-          uint64_t v;
-          [[maybe_unused]] ssize_t rd = read(wake_fd, &v, sizeof v);
-          poll_armed = false;
-          continue;
-        }
-        --inflight;
-        Op* op = static_cast<Op*>(io_uring_cqe_get_data(cqe));
-        int res = cqe->res;
-        if (res > 0) {
-          reaped_bytes += uint64_t(res);
-          n_uring_bytes += uint64_t(res);
-          if (op->direct) n_direct_bytes += uint64_t(res);
-          if (size_t(res) < op->len) {
-            advance(*op, size_t(res));
-            ++n_resubmissions;
-            retry.push_back(op);
-          } else {
-            op_done(op);
-          }
-        } else if (res == 0) {
-          op->job->fail(ENODATA, eof_error(*op));
-          op_done(op);
-        } else if (res == -EINTR || res == -EAGAIN) {
-          ++n_resubmissions;
-          retry.push_back(op);
-        } else if (res == -EINVAL && op->direct) {
-          to_buffered(*op);
-          ++n_resubmissions;
-          retry.push_back(op);
-        } else {
-          op->job->fail(-res, read_error(*op, -res));
-          op_done(op);
-        }
+  // Shutdown: every request with chunks not yet in the kernel fails with ECANCELED.
+  void cancel_unread(UringState& s) {
+    for (Job* j : s.issuing)
+      j->fail(ECANCELED, fmt::format("read cancelled: {}: reader shut down", j->req.file->path().string()));
+    for (Op* op : s.retry)
+      op->job->fail(ECANCELED,
+                    fmt::format("read cancelled: {}: reader shut down", op->job->req.file->path().string()));
+  }
+
+  // Keeps a poll on the eventfd in the ring, so submit() and shutdown end the wait for completions.
+  void arm_wake_poll(UringState& s) {
+    if (s.poll_armed) return;
+    io_uring_sqe* sqe = io_uring_get_sqe(&ring);
+    io_uring_prep_poll_add(sqe, wake_fd, POLLIN);
+    io_uring_sqe_set_data64(sqe, kWakeTag);
+    s.poll_armed = true;
+  }
+
+  // How many reads may be in flight this turn: `depth`, or the gated depth while a shared gate is
+  // raised (counted as a gated turn).
+  unsigned issue_limit(unsigned depth) {
+    if (opt.gated_depth > 0 && opt.gate && opt.gate->raised() && opt.gated_depth < depth) {
+      ++n_gated_turns;
+      return opt.gated_depth;
+    }
+    return depth;
+  }
+
+  // Prepares a read SQE per op until `limit` are in flight or nothing is left to issue.
+  void issue_reads(UringState& s, unsigned limit) {
+    while (s.inflight < limit) {
+      Op* op = next_op(s);
+      if (!op) break;
+      io_uring_sqe* sqe = io_uring_get_sqe(&ring);
+      io_uring_prep_read(sqe, op->fd, op->dst, unsigned(op->len), op->off);
+      io_uring_sqe_set_data(sqe, op);
+      ++s.inflight;
+    }
+    if (s.inflight > peak_in_flight.load(std::memory_order_relaxed))
+      peak_in_flight.store(s.inflight, std::memory_order_relaxed);
+  }
+
+  // The next op to issue: a retry first (unless its request has failed), then the next chunk of
+  // the issue queue. Finishes the requests this leaves with nothing outstanding; nullptr when
+  // there is nothing to issue.
+  Op* next_op(UringState& s) {
+    while (!s.retry.empty()) {
+      Op* op = s.retry.front();
+      s.retry.pop_front();
+      if (op->job->error == 0) return op;
+      op_done(op);
+    }
+    while (!s.issuing.empty()) {
+      Job* j = s.issuing.front();
+      if (j->next < j->ops.size()) {
+        ++j->outstanding;
+        ++n_uring_chunks;
+        return &j->ops[j->next++];
       }
-      io_uring_cq_advance(&ring, seen);
-      if (tuner) {
-        const double t = now_seconds();
-        if (saturated) {  // the wait that just ended began with the depth as the limit
-          epoch_seconds += t - t_prev;
-          epoch_bytes += reaped_bytes;
-        }
-        t_prev = t;
-        if (epoch_bytes >= std::max<uint64_t>(opt.epoch_bytes, 8 * uint64_t(depth) * opt.chunk_bytes)) {
-          tuner->on_epoch(epoch_bytes, epoch_seconds);
-          ++n_epochs;
-          cur_depth = tuner->depth();
-          epoch_bytes = 0;
-          epoch_seconds = 0;
-        }
+      s.issuing.pop_front();
+      j->queued = false;
+      if (j->finished()) finish(j);  // zero-length, or failed with nothing outstanding
+    }
+    return nullptr;
+  }
+
+  // More ops are ready than were issued: a retry, or a chunk not yet handed out.
+  static bool has_unissued(const UringState& s) {
+    return !s.retry.empty() || s.issuing.size() > 1 ||
+           (s.issuing.size() == 1 && s.issuing.front()->next < s.issuing.front()->ops.size());
+  }
+
+  // Hands the prepared SQEs to the kernel and waits for at least one completion.
+  void submit_and_wait() {
+    int r = io_uring_submit_and_wait(&ring, 1);
+    if (r < 0 && r != -EINTR && r != -EAGAIN && r != -EBUSY) {
+      std::fprintf(stderr, "k3flow: io_uring_submit_and_wait: %s\n", std::strerror(-r));
+      io_uring_cqe* cqe = nullptr;
+      io_uring_wait_cqe(&ring, &cqe);  // wait for anything at all rather than spin
+    }
+  }
+
+  // Reaps every completion in the ring: the wake-up poll (re-armed next turn) and reads. Returns
+  // the bytes the reads delivered.
+  uint64_t reap(UringState& s) {
+    uint64_t bytes = 0;
+    io_uring_cqe* cqe;
+    unsigned head, seen = 0;
+    io_uring_for_each_cqe(&ring, head, cqe) {
+      ++seen;
+      if (cqe->user_data == kWakeTag) {
+        uint64_t v;
+        [[maybe_unused]] ssize_t rd = read(wake_fd, &v, sizeof v);
+        s.poll_armed = false;
+        continue;
       }
+      --s.inflight;
+      bytes += read_done(s, static_cast<Op*>(io_uring_cqe_get_data(cqe)), cqe->res);
+    }
+    io_uring_cq_advance(&ring, seen);
+    return bytes;
+  }
+
+  // One read's completion (`res` as the kernel returned it). A short read resubmits the rest;
+  // -EINTR, -EAGAIN and an O_DIRECT refusal (-EINVAL) are retried, the last on the buffered
+  // descriptor; end of file and any other error fail the request. Returns the bytes delivered.
+  uint64_t read_done(UringState& s, Op* op, int res) {
+    if (res > 0) {
+      n_uring_bytes += uint64_t(res);
+      if (op->direct) n_direct_bytes += uint64_t(res);
+      if (size_t(res) < op->len) {
+        advance(*op, size_t(res));
+        ++n_resubmissions;
+        s.retry.push_back(op);
+      } else {
+        op_done(op);
+      }
+      return uint64_t(res);
+    }
+    if (res == 0) {
+      op->job->fail(ENODATA, eof_error(*op));
+      op_done(op);
+    } else if (res == -EINTR || res == -EAGAIN) {
+      ++n_resubmissions;
+      s.retry.push_back(op);
+    } else if (res == -EINVAL && op->direct) {
+      to_buffered(*op);
+      ++n_resubmissions;
+      s.retry.push_back(op);
+    } else {
+      op->job->fail(-res, read_error(*op, -res));
+      op_done(op);
+    }
+    return 0;
+  }
+
+  // An op that will not be issued again: its request finishes once nothing else of it is out.
+  void op_done(Op* op) {
+    --op->job->outstanding;
+    if (op->job->finished()) finish(op->job);
+  }
+
+  // Adaptive readers: a turn whose wait began `saturated` (the depth was the limit) adds its time
+  // and `reaped_bytes` to the epoch; a full epoch goes to the tuner, which may change the depth.
+  void tune_depth(UringState& s, bool saturated, unsigned depth, uint64_t reaped_bytes) {
+    const double t = now_seconds();
+    if (saturated) {
+      s.epoch_seconds += t - s.t_prev;
+      s.epoch_bytes += reaped_bytes;
+    }
+    s.t_prev = t;
+    if (s.epoch_bytes >= std::max<uint64_t>(opt.epoch_bytes, 8 * uint64_t(depth) * opt.chunk_bytes)) {
+      tuner->on_epoch(s.epoch_bytes, s.epoch_seconds);
+      ++n_epochs;
+      cur_depth = tuner->depth();
+      s.epoch_bytes = 0;
+      s.epoch_seconds = 0;
     }
   }
 
