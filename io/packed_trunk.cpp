@@ -601,6 +601,7 @@ std::optional<TrunkSource> read_source(const TrunkJson& j, simdjson::dom::elemen
 // No two layers share a byte of trunk.bin (each is already inside the file).
 void check_no_overlap(const TrunkJson& j, const std::vector<TrunkLayer>& layers) {
   std::vector<const TrunkLayer*> by_off;
+  by_off.reserve(layers.size());
   for (const TrunkLayer& L : layers) by_off.push_back(&L);
   std::sort(by_off.begin(), by_off.end(), [](auto* a, auto* b) { return a->file_off < b->file_off; });
   for (size_t i = 1; i < by_off.size(); ++i)  // both ends are <= the file's size: no wrap-around

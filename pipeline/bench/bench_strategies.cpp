@@ -217,8 +217,8 @@ std::vector<std::string> row_flags(const BenchArgs& a, const BenchSetup& s, cons
 // ---- 3. one row's run: a strategy decoding within the budget ----
 RunSample row_run(const BenchArgs& a, const BenchSetup& s, const BenchChild& child, Runner& runner,
                   const BenchRow& row, int r, std::FILE* txt) {
-  const RunSample sample = runner.run(fmt::format("strategy '{}' (repeat {})", row.label, r + 1),
-                                      row_flags(a, s, child, row, r), child.caches);
+  RunSample sample = runner.run(fmt::format("strategy '{}' (repeat {})", row.label, r + 1),
+                                row_flags(a, s, child, row, r), child.caches);
   if (child.has("--strategy") && !sample.strategy.empty() && sample.strategy != row.strategy)
     throw io::runtime_error(fmt::format("strategy '{}' (repeat {}): the run reports strategy '{}'",
                                         row.strategy, r + 1, sample.strategy));
