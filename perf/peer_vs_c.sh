@@ -10,9 +10,13 @@
 #   perf/peer_vs_c.sh C_ENGINE_DIR K3FLOW_BINARY [WORK_DIR]      (WORK_DIR default out/peer)
 #
 # WORK_DIR holds model/ and trunk/ as peer_profile.sh leaves them; the C engine's own packed trunk
-# goes to C_PACK (default C_ENGINE_DIR/pack, ~6.4 GB) and is written once if missing.
+# goes to C_PACK (default C_ENGINE_DIR/pack, ~6.4 GB) and is written once if missing. Before each
+# round `k3flow probe` measures the device's sequential read ceiling on k3flow's trunk (PROBE_SECONDS,
+# default 2), so every round's figures are read beside the disk they ran on.
 # Environment: ROUNDS (3), GEN (12), THREADS (2), MEM_GB (1.34, k3flow's budget in GiB), STRATEGY
-# (overlap), C_TRUNK_GB (0.51) and C_CACHE_GB (0.1) -- the C engine's two budgets, in 1e9 bytes --,
+# (overlap), K3_TRUNK (k3flow's packed trunk, default WORK_DIR/trunk; e.g. an exp3 one written by
+# `k3flow pack-trunk MODEL DIR --codec exp3`), PROBE_SECONDS (2),
+# C_TRUNK_GB (0.51) and C_CACHE_GB (0.1) -- the C engine's two budgets, in 1e9 bytes --,
 # C_PACK, OUT (WORK_DIR/peer-vs-c-<utc time>), C_ENV (environment assignments for the C engine's
 # runs only, e.g. C_ENV="OMP_WAIT_POLICY=passive"; default none).
 #
@@ -51,13 +55,14 @@ C_TRUNK_GB=${C_TRUNK_GB:-0.51}
 C_CACHE_GB=${C_CACHE_GB:-0.1}
 C_PACK=${C_PACK:-$CDIR/pack}
 C_ENV=${C_ENV:-}
+PROBE_SECONDS=${PROBE_SECONDS:-2}
 OUT=${OUT:-$WORK/peer-vs-c-$(date -u +%Y%m%dT%H%M%SZ)}
 # 16 prompt ids, the same as perf/peer_profile.sh.
 IDS=1008,10484,318,15383,387,2029,11,581,7245,9909,13,4711,300,25,1999,42
 
 CBIN=$CDIR/bin/k3
 MODEL=$WORK/model
-TRUNK=$WORK/trunk
+TRUNK=$(realpath "${K3_TRUNK:-$WORK/trunk}")
 [ -x "$CBIN" ] || { echo "peer_vs_c.sh: no C engine binary at $CBIN (make -C $CDIR bin/k3)" >&2; exit 2; }
 [ -x "$K3FLOW" ] || { echo "peer_vs_c.sh: no k3flow binary at $K3FLOW" >&2; exit 2; }
 [ -f "$MODEL/config.json" ] || { echo "peer_vs_c.sh: no checkpoint at $MODEL (run perf/peer_profile.sh $WORK)" >&2; exit 2; }
@@ -96,10 +101,20 @@ run_k3flow() {
   echo "$tag (k3flow): $(grep -m1 'tokens in' "$OUT/$tag.log")"
 }
 
+# The device's sequential read ceiling now (GB/s), from k3flow's own probe of its trunk.
+probe_device() {
+  local tag=$1
+  "$K3FLOW" probe "$MODEL" --trunk "$TRUNK" --seconds "$PROBE_SECONDS" --cpu-threads 0 --json \
+      > "$OUT/$tag.probe.json" 2> "$OUT/$tag.probe.log" \
+    || { echo "peer_vs_c.sh: k3flow probe failed, see $OUT/$tag.probe.log" >&2; exit 1; }
+  echo "$tag: device ceiling $(/usr/bin/python3 -c 'import json,sys; print(round(json.load(open(sys.argv[1]))["ceiling"]["sequential"]["gbps"], 2))' "$OUT/$tag.probe.json") GB/s sequential"
+}
+
 echo "C engine: ${C_ENV:+$C_ENV }$CBIN --trunk $C_PACK --trunk-gb $C_TRUNK_GB --cache-gb $C_CACHE_GB"
 echo "k3flow:   $K3FLOW --trunk $TRUNK --mem-gb $MEM_GB --strategy $STRATEGY"
 echo "$ROUNDS rounds, $GEN tokens, $THREADS threads; logs in $OUT"
 for r in $(seq 1 "$ROUNDS"); do
+  probe_device "r$r"
   run_c "c$r"
   run_k3flow "k$r"
 done
@@ -137,29 +152,33 @@ for r in range(1, rounds + 1):
         x = f(tag)
         x["engine"], x["tag"] = engine, tag
         x["cache"], x["load"] = pre(tag)
+        x["device"] = json.load(open(f"{out}/r{r}.probe.json"))["ceiling"]["sequential"]["gbps"]
         x["rss_gb"] = int(open(f"{out}/{tag}.time").read().split()[-1]) * 1024 / 1e9
         decode = x["step_s"][1:]
         x["s_tok"] = sum(decode) / len(decode) if decode else float("nan")
         x["prefill"] = x["step_s"][0] if x["step_s"] else float("nan")
         rows.append(x)
 
-print(f"\n{'run':<4} {'engine':<7} {'load1':>6} {'cache':>8} {'prefill s':>10} {'s/token':>8} "
+print(f"\n{'run':<4} {'engine':<7} {'load1':>6} {'device GB/s':>11} {'cache':>8} {'prefill s':>10} {'s/token':>8} "
       f"{'peak RSS GB':>12} {'(own)':>6} {'read GB':>8}  ids")
 ref = rows[0]["ids"]
 for x in rows:
     same = "same" if x["ids"] == ref else "DIFFERENT"
-    print(f"{x['tag']:<4} {x['engine']:<7} {x['load']:6.2f} {x['cache']:>8} {x['prefill']:10.2f} "
+    print(f"{x['tag']:<4} {x['engine']:<7} {x['load']:6.2f} {x['device']:11.2f} {x['cache']:>8} {x['prefill']:10.2f} "
           f"{x['s_tok']:8.3f} {x['rss_gb']:12.3f} {x['own_rss_gb']:6.2f} {x['read_gb']:8.2f}  {same}")
 print("ids:", " ".join(map(str, ref)))
 
-print(f"\n{'engine':<7} {'s/token min':>12} {'median':>8} {'peak RSS GB max':>16} {'load1 median':>13}")
+print(f"\n{'engine':<7} {'s/token min':>12} {'median':>8} {'peak RSS GB max':>16} {'load1 median':>13} "
+      f"{'read GB median':>15}")
 med = {}
 for engine in ("C", "k3flow"):
     xs = [x for x in rows if x["engine"] == engine]
     s = [x["s_tok"] for x in xs]
     med[engine] = statistics.median(s)
     print(f"{engine:<7} {min(s):12.3f} {med[engine]:8.3f} {max(x['rss_gb'] for x in xs):16.3f} "
-          f"{statistics.median(x['load'] for x in xs):13.2f}")
+          f"{statistics.median(x['load'] for x in xs):13.2f} {statistics.median(x['read_gb'] for x in xs):15.2f}")
+dev = [x["device"] for x in rows if x["engine"] == "C"]
+print(f"device ceiling over the rounds: {min(dev):.2f}-{max(dev):.2f} GB/s sequential (k3flow probe)")
 mins = {e: min(x["s_tok"] for x in rows if x["engine"] == e) for e in ("C", "k3flow")}
 print(f"k3flow/C s/token: {med['k3flow'] / med['C']:.3f} (medians), {mins['k3flow'] / mins['C']:.3f} (mins); "
       "issue 13 asks <= 0.7")
