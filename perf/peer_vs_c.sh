@@ -62,11 +62,11 @@ IDS=1008,10484,318,15383,387,2029,11,581,7245,9909,13,4711,300,25,1999,42
 
 CBIN=$CDIR/bin/k3
 MODEL=$WORK/model
-TRUNK=$(realpath "${K3_TRUNK:-$WORK/trunk}")
+TRUNK=$(realpath -m "${K3_TRUNK:-$WORK/trunk}")
 [ -x "$CBIN" ] || { echo "peer_vs_c.sh: no C engine binary at $CBIN (make -C $CDIR bin/k3)" >&2; exit 2; }
 [ -x "$K3FLOW" ] || { echo "peer_vs_c.sh: no k3flow binary at $K3FLOW" >&2; exit 2; }
 [ -f "$MODEL/config.json" ] || { echo "peer_vs_c.sh: no checkpoint at $MODEL (run perf/peer_profile.sh $WORK)" >&2; exit 2; }
-[ -f "$TRUNK/trunk.json" ] || { echo "peer_vs_c.sh: no k3flow trunk at $TRUNK (run perf/peer_profile.sh $WORK)" >&2; exit 2; }
+[ -f "$TRUNK/trunk.json" ] || { echo "peer_vs_c.sh: no k3flow trunk at $TRUNK (run perf/peer_profile.sh $WORK, or give K3_TRUNK a packed trunk)" >&2; exit 2; }
 [ -x /usr/bin/time ] || { echo "peer_vs_c.sh: /usr/bin/time is missing (apt-get install time)" >&2; exit 2; }
 if [ ! -f "$C_PACK/trunk.json" ]; then
   layers=$(/usr/bin/python3 -c 'import json,sys; c=json.load(open(sys.argv[1])); print(c.get("text_config", c)["num_hidden_layers"])' "$MODEL/config.json")
