@@ -105,9 +105,8 @@ std::vector<Isa> built_isas(Kernel kernel) {
   switch (kernel) {
     case Kernel::matmul:
     case Kernel::kda_step:
-      return {Isa::scalar, Isa::avx2, Isa::avx512};
     case Kernel::router:
-      return {Isa::scalar, Isa::avx2};
+      return {Isa::scalar, Isa::avx2, Isa::avx512};
   }
   return {Isa::scalar};
 }

@@ -17,7 +17,7 @@ void set_active_isa(Isa);           // for tests and benchmarks; must be support
 
 // The kernels with more than one body. Tests that run "every body" check with these that each body
 // this build contains really ran on a CPU that has it (a kernel may serve one set with another's
-// body: the router has no AVX-512 body), instead of trusting the loop over supported_isas().
+// body), instead of trusting the loop over supported_isas().
 enum class Kernel { matmul, kda_step, router };
 const char* kernel_name(Kernel);
 std::vector<Isa> built_isas(Kernel);    // the bodies compiled into this build, scalar first

@@ -15,16 +15,16 @@ namespace k3::kernels {
 
 namespace {
 
-inline double widen(float v) {
+double widen(float v) {
   return static_cast<double>(v);
 }
-inline double widen(uint16_t v) {
+double widen(uint16_t v) {
   return static_cast<double>(bf16_to_f32(v));
 }
 
-// Scalar body. Logits of experts [e0, e1): one sequential f64 accumulator per expert (NOT the
-// 16-lane tree). Eight experts run interleaved only so that their independent add chains overlap in the
-// pipeline; each chain still sees its own products in index order.
+// Scalar body. Logits of experts [e0, e1) for one input: one sequential f64 accumulator per expert
+// (NOT the 16-lane tree). Eight experts run interleaved only so that their independent add chains
+// overlap in the pipeline; each chain still sees its own products in index order.
 constexpr size_t kChains = 8;
 
 template <class T>
@@ -48,37 +48,45 @@ void score_experts(const T* w, size_t hidden, const float* x, size_t e0, size_t 
   }
 }
 
-void logits_f32(const float* w, size_t n, size_t hidden, const float* x, const double* xw, float* s) {
-  if (active_isa() == Isa::scalar) {
-    count_body_run(Kernel::router, Isa::scalar);
-    score_experts(w, hidden, x, 0, n, s);
-  } else {
-    count_body_run(Kernel::router, Isa::avx2);
-    detail::router_logits_f32_avx2(w, n, hidden, xw, s);  // serves AVX-512 machines too
-  }
-}
-
-void logits_bf16(const uint16_t* w, size_t n, size_t hidden, const float* x, const double* xw, float* s) {
-  if (active_isa() == Isa::scalar) {
-    count_body_run(Kernel::router, Isa::scalar);
-    score_experts(w, hidden, x, 0, n, s);
-  } else {
-    count_body_run(Kernel::router, Isa::avx2);
-    detail::router_logits_bf16_avx2(w, n, hidden, xw, s);
-  }
-}
-
-// Experts are independent: above 64 of them they are scored in parallel, never changing a bit.
+// Logits of the n experts at w for `tokens` inputs (x [tokens][hidden]; xw the same widened to
+// f64); input t's go to s[t * stride ...].
 template <class T>
-void score_all(const T* w, size_t n_experts, size_t hidden, const float* x, float* s) {
-  std::vector<double> xw(x, x + hidden);
+void logits(const T* w, size_t n, size_t hidden, const float* x, const double* xw, size_t tokens, float* s,
+            size_t stride) {
+  const Isa isa = active_isa();
+  count_body_run(Kernel::router, isa);
+  switch (isa) {
+    case Isa::avx512:
+      if constexpr (std::is_same_v<T, float>) {
+        detail::router_logits_f32_avx512(w, n, hidden, xw, tokens, s, stride);
+      } else {
+        detail::router_logits_bf16_avx512(w, n, hidden, xw, tokens, s, stride);
+      }
+      return;
+    case Isa::avx2:
+      if constexpr (std::is_same_v<T, float>) {
+        detail::router_logits_f32_avx2(w, n, hidden, xw, tokens, s, stride);
+      } else {
+        detail::router_logits_bf16_avx2(w, n, hidden, xw, tokens, s, stride);
+      }
+      return;
+    case Isa::scalar:
+      break;
+  }
+  for (size_t t = 0; t < tokens; ++t) score_experts(w, hidden, x + t * hidden, 0, n, s + t * stride);
+}
+
+// Experts are independent: above 64 of them they are scored in parallel, never changing a bit. Each
+// task reads its experts' gate rows once for every input.
+template <class T>
+void score_all(const T* w, size_t n_experts, size_t hidden, const float* x, size_t tokens, float* s) {
+  std::vector<double> xw(x, x + tokens * hidden);
   auto run = [&](size_t e0, size_t e1) {
-    if constexpr (std::is_same_v<T, float>) {
-      logits_f32(w + e0 * hidden, e1 - e0, hidden, x, xw.data(), s + e0);
-    } else {
-      logits_bf16(w + e0 * hidden, e1 - e0, hidden, x, xw.data(), s + e0);
+    logits(w + e0 * hidden, e1 - e0, hidden, x, xw.data(), tokens, s + e0, n_experts);
+    for (size_t t = 0; t < tokens; ++t) {
+      float* st = s + t * n_experts;
+      for (size_t e = e0; e < e1; ++e) st[e] = 1.0f / (1.0f + ::expf(-st[e]));
     }
-    for (size_t e = e0; e < e1; ++e) s[e] = 1.0f / (1.0f + ::expf(-s[e]));
   };
   if (n_experts <= 64) {
     run(0, n_experts);
@@ -88,21 +96,12 @@ void score_all(const T* w, size_t n_experts, size_t hidden, const float* x, floa
                     [&](const tbb::blocked_range<size_t>& r) { run(r.begin(), r.end()); });
 }
 
-}  // namespace
-
-void route(const DenseMatrix& gate, std::span<const float> x, std::span<const float> bias,
-           const RouterParams& p, std::span<float> scores, std::span<int32_t> idx, std::span<float> weight) {
-  size_t n = 0;
-  std::visit(
-      [&](const auto& g) {
-        n = g.rows;
-        score_all(g.data.data(), g.rows, g.cols, x.data(), scores.data());
-      },
-      gate);
-
-  // The bias steers SELECTION only; the weights are the unbiased sigmoids. A chosen expert's
-  // biased score becomes -inf, so no later pass (strict >, from -inf) can pick it again.
-  std::vector<float> c(n);
+// One input's top-k from its unbiased sigmoids. The bias steers SELECTION only; the weights are the
+// unbiased sigmoids. A chosen expert's biased score becomes -inf, so no later pass (strict >, from
+// -inf) can pick it again. c: n floats of scratch.
+void select(std::span<const float> scores, std::span<const float> bias, const RouterParams& p,
+            std::span<float> c, std::span<int32_t> idx, std::span<float> weight) {
+  const size_t n = scores.size();
   for (size_t e = 0; e < n; ++e) c[e] = scores[e] + (bias.empty() ? 0.0f : bias[e]);
   for (size_t j = 0; j < p.top_k; ++j) {
     float best = -std::numeric_limits<float>::infinity();
@@ -129,6 +128,29 @@ void route(const DenseMatrix& gate, std::span<const float> x, std::span<const fl
     for (size_t j = 0; j < p.top_k; ++j) weight[j] = weight[j] * inv;
   }
   for (size_t j = 0; j < p.top_k; ++j) weight[j] = weight[j] * p.routed_scale;
+}
+
+}  // namespace
+
+void route_rows(const DenseMatrix& gate, std::span<const float> x, size_t T, std::span<const float> bias,
+                const RouterParams& p, std::span<float> scores, std::span<int32_t> idx,
+                std::span<float> weight) {
+  size_t n = 0;
+  std::visit(
+      [&](const auto& g) {
+        n = g.rows;
+        score_all(g.data.data(), g.rows, g.cols, x.data(), T, scores.data());
+      },
+      gate);
+  std::vector<float> c(n);
+  for (size_t t = 0; t < T; ++t)
+    select(scores.subspan(t * n, n), bias, p, c, idx.subspan(t * p.top_k, p.top_k),
+           weight.subspan(t * p.top_k, p.top_k));
+}
+
+void route(const DenseMatrix& gate, std::span<const float> x, std::span<const float> bias,
+           const RouterParams& p, std::span<float> scores, std::span<int32_t> idx, std::span<float> weight) {
+  route_rows(gate, x, 1, bias, p, scores, idx, weight);
 }
 
 }  // namespace k3::kernels

@@ -21,4 +21,11 @@ struct RouterParams {
 void route(const DenseMatrix& gate, std::span<const float> x, std::span<const float> bias,
            const RouterParams& p, std::span<float> scores, std::span<int32_t> idx, std::span<float> weight);
 
+// T inputs at once (x [T][hidden]): the gate is read once for all of them (a batched step's rows,
+// a prompt's). scores: T * n_experts scratch (input t's sigmoids at [t * n_experts]); idx/weight:
+// [T][top_k]. Bit-identical to T calls of route.
+void route_rows(const DenseMatrix& gate, std::span<const float> x, size_t T, std::span<const float> bias,
+                const RouterParams& p, std::span<float> scores, std::span<int32_t> idx,
+                std::span<float> weight);
+
 }  // namespace k3::kernels

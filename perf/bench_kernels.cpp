@@ -33,6 +33,7 @@
 #include "kernels/kda.hpp"
 #include "kernels/matmul.hpp"
 #include "kernels/mxfp4.hpp"
+#include "kernels/router.hpp"
 
 namespace {
 
@@ -265,6 +266,60 @@ void BM_bf16_batch(benchmark::State& st) {
   st.counters["bitexact"] = std::memcmp(y_mm.data(), y_mv.data(), y_mm.size() * sizeof(float)) == 0 ? 1 : 0;
 }
 
+// ---- the router over B rows ------------------------------------------------------------------
+
+// One MoE layer's gate as the `wide` profile has it (512 experts x 2048, bf16: 2 MiB, L2-sized per
+// task): route_rows over B rows against B single-row routes, alternating inside each iteration,
+// every (row, top-k) index and weight checked equal. Any ISA: the single-row body is what every
+// step used before the rows were batched (one gate pass per row).
+void BM_router_rows(benchmark::State& st) {
+  const Isa isa = static_cast<Isa>(st.range(0));
+  const int threads = static_cast<int>(st.range(1));
+  const auto B = static_cast<size_t>(st.range(2));
+  constexpr size_t kExpertsR = 512, kHidden = 2048, kTop = 8;
+  std::vector<uint16_t> g(kExpertsR * kHidden);
+  std::vector<float> x(B * kHidden), bias(kExpertsR, 0.0f);
+  uint32_t s = 99;
+  for (auto& v : g) v = static_cast<uint16_t>(xorshift(s) >> 16) & 0xBCFF;  // |w| < 2^-2: unsaturated
+  for (auto& v : x) v = static_cast<float>(xorshift(s) >> 8) / 8388608.0f - 1.0f;
+  const Bf16Matrix gate{g, kExpertsR, kHidden};
+  const RouterParams p{kTop, true, 1.0f};
+  std::vector<float> sc_rows(B * kExpertsR), sc_one(kExpertsR), w_rows(B * kTop), w_one(B * kTop);
+  std::vector<int32_t> i_rows(B * kTop), i_one(B * kTop);
+  auto batched = [&] { route_rows(gate, x, B, bias, p, sc_rows, i_rows, w_rows); };
+  auto singles = [&] {
+    for (size_t t = 0; t < B; ++t)
+      route(gate, std::span<const float>(x).subspan(t * kHidden, kHidden), bias, p, sc_one,
+            std::span(i_one).subspan(t * kTop, kTop), std::span(w_one).subspan(t * kTop, kTop));
+  };
+  const Isa saved = active_isa();
+  set_active_isa(isa);
+  tbb::task_arena arena(threads);
+  arena.execute(batched);  // warm
+  auto timed = [&](auto& body) {
+    const auto t0 = Clock::now();
+    arena.execute(body);
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+  };
+  double best_rows = 1e30, best_one = 1e30, sum_rows = 0.0, sum_one = 0.0;
+  for (auto _ : st) {
+    const double a = timed(batched), b = timed(singles);
+    best_rows = a < best_rows ? a : best_rows;
+    best_one = b < best_one ? b : best_one;
+    sum_rows += a;
+    sum_one += b;
+  }
+  set_active_isa(saved);
+  st.SetLabel(std::string(isa_name(isa)) + " " + std::to_string(threads) + "t B=" + std::to_string(B));
+  if (st.iterations() == 0) return;
+  const double n = double(st.iterations());
+  st.counters["rows_us"] = sum_rows / n * 1e6;
+  st.counters["singles_us"] = sum_one / n * 1e6;
+  st.counters["vs_singles"] = best_rows / best_one;
+  st.counters["bitexact"] =
+      i_rows == i_one && std::memcmp(w_rows.data(), w_one.data(), w_one.size() * 4) == 0;
+}
+
 // ---- MXFP4 experts -------------------------------------------------------------------------
 
 constexpr size_t kLatent = 3584, kInter = 3072;
@@ -410,6 +465,14 @@ BENCHMARK(BM_bf16_batch)
     ->Apply([](benchmark::internal::Benchmark* b) {
       for (int t = 1; t <= kMaxThreads; ++t)
         for (int rows : {2, 4, 8}) b->Args({static_cast<int64_t>(best_isa()), t, rows});
+    })
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK(BM_router_rows)
+    ->Apply([](benchmark::internal::Benchmark* b) {
+      for (Isa isa : supported_isas())
+        for (int t = 1; t <= kMaxThreads; ++t)
+          for (int rows : {1, 8}) b->Args({static_cast<int64_t>(isa), t, rows});
     })
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();

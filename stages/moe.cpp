@@ -31,16 +31,18 @@ void glu_ffn(const Matrix& gate_w, const Matrix& up_w, const Matrix& down_w, con
 }  // namespace
 
 size_t route_scratch(const io::ModelConfig& c) {
-  return sz(c.n_experts);
+  return kRouteRows * sz(c.n_experts);
 }
 
 void route(const MoeWeights& w, const io::ModelConfig& c, std::span<const float> x, size_t T,
            std::span<int32_t> idx, std::span<float> weight, std::span<float> scratch) {
-  const size_t E = sz(c.hidden), k = sz(c.top_k);
+  const size_t E = sz(c.hidden), k = sz(c.top_k), n = sz(c.n_experts);
   const kernels::RouterParams p{k, c.moe_renormalize, c.routed_scale};
-  for (size_t t = 0; t < T; ++t)
-    kernels::route(w.router, x.subspan(t * E, E), w.bias, p, scratch.first(sz(c.n_experts)),
-                   idx.subspan(t * k, k), weight.subspan(t * k, k));
+  for (size_t t = 0; t < T; t += kRouteRows) {
+    const size_t r = std::min(kRouteRows, T - t);
+    kernels::route_rows(w.router, x.subspan(t * E, r * E), r, w.bias, p, scratch.first(r * n),
+                        idx.subspan(t * k, r * k), weight.subspan(t * k, r * k));
+  }
 }
 
 void moe_latent(const MoeWeights& w, std::span<const float> x, size_t T, std::span<float> z) {

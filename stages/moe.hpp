@@ -15,7 +15,9 @@ namespace k3::stages {
 
 // Router on the FULL-width post-normed input: idx/weight [T][top_k] in selection order (descending
 // biased score, ties -> lower expert). The bias steers selection only; weights are the unbiased
-// sigmoids, renormalised, times routed_scale. scratch: n_experts floats.
+// sigmoids, renormalised, times routed_scale. The rows are scored kRouteRows at a time, each gate
+// row read once for all of them (kernels::route_rows); scratch: route_scratch floats.
+inline constexpr size_t kRouteRows = 8;
 void route(const MoeWeights&, const io::ModelConfig&, std::span<const float> x, size_t T,
            std::span<int32_t> idx, std::span<float> weight, std::span<float> scratch);
 size_t route_scratch(const io::ModelConfig&);

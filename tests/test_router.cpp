@@ -170,3 +170,61 @@ TEST_CASE("router ties go to the lower expert index; all -inf/NaN selects expert
   CHECK(idx == std::vector<int32_t>{0, 0});
   CHECK(w == std::vector<float>{0.0f, 0.0f});
 }
+
+TEST_CASE("route_rows: T inputs in one pass over the gate give each input's single-row bits, every body") {
+  const k3::test::BodyCheck bodies{Kernel::router};
+  static tbb::global_control allow(tbb::global_control::max_allowed_parallelism, 8);
+  uint32_t seed = 0xBADC0DE;
+  // 131 experts: blocks of 32/16/8 experts, then 3 alone; 13 inputs: groups of 8, 4 and 1 (AVX-512),
+  // 4, 4, 4, 1 (AVX2); widths with and without an 8-element tail.
+  for (size_t E : {5, 131}) {
+    for (size_t n : {7, 257}) {
+      CAPTURE(E);
+      CAPTURE(n);
+      const size_t k = std::min<size_t>(3, E), T = 13;
+      std::vector<uint16_t> wb(E * n);
+      std::vector<float> wf(E * n), x(T * n), bias(E);
+      for (size_t i = 0; i < wb.size(); ++i) {
+        wb[i] = static_cast<uint16_t>(xorshift(seed) >> 16) & 0xBFFF;
+        wf[i] = bf16_to_f32(wb[i]);
+      }
+      for (auto& v : x) v = static_cast<float>(xorshift(seed) >> 8) / 8388608.0f - 1.0f;
+      for (auto& v : bias) v = (static_cast<float>(xorshift(seed) >> 8) / 8388608.0f - 1.0f) * 0.1f;
+      std::vector<int32_t> want_idx(T * k);
+      std::vector<float> want_w(T * k);
+      for (size_t t = 0; t < T; ++t) {
+        std::vector<int32_t> ri;
+        std::vector<float> rw;
+        reference_route(wf, E, n, std::vector<float>(x.begin() + t * n, x.begin() + (t + 1) * n), bias, k,
+                        true, 2.5f, ri, rw);
+        std::copy(ri.begin(), ri.end(), want_idx.begin() + t * k);
+        std::copy(rw.begin(), rw.end(), want_w.begin() + t * k);
+      }
+      const Isa saved = active_isa();
+      for (Isa isa : supported_isas()) {
+        set_active_isa(isa);
+        const std::string isa_s = isa_name(isa);
+        CAPTURE(isa_s);
+        for (int threads : {1, 2}) {
+          CAPTURE(threads);
+          tbb::task_arena arena(threads);
+          for (const DenseMatrix& g : {DenseMatrix(F32Matrix{wf, E, n}), DenseMatrix(Bf16Matrix{wb, E, n})}) {
+            for (size_t rows : {size_t{1}, size_t{2}, size_t{5}, T}) {
+              CAPTURE(rows);
+              std::vector<float> scores(rows * E), w(rows * k);
+              std::vector<int32_t> idx(rows * k);
+              arena.execute([&] {
+                route_rows(g, std::span(x).first(rows * n), rows, bias, RouterParams{k, true, 2.5f}, scores,
+                           idx, w);
+              });
+              CHECK(std::equal(idx.begin(), idx.end(), want_idx.begin()));
+              CHECK(std::memcmp(w.data(), want_w.data(), rows * k * sizeof(float)) == 0);
+            }
+          }
+        }
+      }
+      set_active_isa(saved);
+    }
+  }
+  bodies.check();
+}
