@@ -131,7 +131,9 @@ void attention_kda(const KdaWeights& w, const io::ModelConfig& c, std::span<cons
 
   const size_t hist = d.P * (d.K - 1);
   const float q_scale = kernels::kda_q_scale(d.D);
-  for (const KdaSegment& s : segs) {
+  // What carries a sequence's state, per segment. Segments share no state and write disjoint rows,
+  // so a batched pass runs them at once (each recurrence still splits its heads over the threads).
+  auto segment = [&](const KdaSegment& s) {
     KdaJournal* jr = s.state.journal;
     if (jr) {  // a verify pass: the state on entry (kda_rollback)
       if (s.rows > jr->capacity_rows || jr->before.size() != s.state.S.size() + s.state.conv.size())
@@ -172,6 +174,11 @@ void attention_kda(const KdaWeights& w, const io::ModelConfig& c, std::span<cons
     }
     kda_recur(c, s.state.S, rows(alpha), rows(k), rows(v), b.subspan(s.first_row * d.H, s.rows * d.H),
               rows(q), rows(o), s.rows);
+  };
+  if (segs.size() == 1) {
+    segment(segs[0]);
+  } else {
+    tbb::parallel_for(size_t{0}, segs.size(), [&](size_t i) { segment(segs[i]); });
   }
 
   // Head-wise RMSNorm FIRST, then the sigmoid output gate, then o_proj (all rows again).
