@@ -71,6 +71,24 @@ TEST_CASE("plan --max-seqs: the carried state of every sequence is planned, and 
   CHECK(four.out.find("x 4 sequences =") != std::string::npos);
   CHECK(four.out.find("MLA KV cache (64 positions x 4 sequences") != std::string::npos);
   CHECK(one.out.find("sequences") == std::string::npos);
+  // What the three other sequences displace, against the one-sequence plan printed above.
+  CHECK(one.out.find("against 1 sequence") == std::string::npos);
+  const auto pinned = [](const std::string& out) {
+    const size_t at = out.find("pinned trunk layers (");
+    return at == std::string::npos ? std::string("none")
+                                   : out.substr(at + 21, out.find(' ', at + 21) - at - 21);
+  };
+  const auto read = [](const std::string& out) {
+    const size_t at = out.find("trunk read per token: ");
+    REQUIRE(at != std::string::npos);
+    return out.substr(at + 22, out.find(" of ", at) - at - 22);
+  };
+  CHECK_MESSAGE(four.out.find(fmt::format("leaves {} of {} pinned trunk layers", pinned(four.out),
+                                          pinned(one.out))) != std::string::npos,
+                four.out);
+  CHECK_MESSAGE(four.out.find(fmt::format("trunk read per step {} -> {}\n", read(one.out), read(four.out))) !=
+                    std::string::npos,
+                four.out);
   const Run j1 = k3flow(fmt::format("plan {} --mem-gb 0.2 --context 64 --json", s.model));
   const Run j4 = k3flow(fmt::format("plan {} --mem-gb 0.2 --context 64 --max-seqs 4 --json", s.model));
   REQUIRE(j1.code == 0);

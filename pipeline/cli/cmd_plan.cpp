@@ -130,6 +130,25 @@ int run_rank_split(const PlanArgs& a) {
   return 0;
 }
 
+// What holding --max-seqs sequences costs against one at the same budget: the pinned trunk layers
+// and expert slots their state displaces, and the trunk bytes a step reads more because of it.
+std::string displaced_by_sequences(const PlanArgs& a, const WeightSources& src, const MemoryPlan& many) {
+  StreamFlags one_flags = a.flags;
+  one_flags.max_seqs = 1;
+  const MemoryPlan one = plan_run(one_flags, src, a.context, a.ring).plan;
+  const uint64_t state = uint64_t(many.max_seqs - 1) * (many.seq_kda_bytes + many.seq_kv_bytes);
+  const uint64_t slots_one = one.inflight_slots + one.lookahead_slots + one.cache_slots;
+  const uint64_t slots_many = many.inflight_slots + many.lookahead_slots + many.cache_slots;
+  return fmt::format(
+      "  against 1 sequence: the other {} sequences' state ({}) leaves {} of {} pinned trunk layers "
+      "({} pinned), expert slots {} -> {}; trunk read per step {} -> {}\n",
+      many.max_seqs - 1, human_bytes(state), many.pinned.size(), one.pinned.size(),
+      one.pinned.size() >= many.pinned.size()
+          ? fmt::format("{} fewer", one.pinned.size() - many.pinned.size())
+          : fmt::format("{} more", many.pinned.size() - one.pinned.size()),
+      slots_one, slots_many, human_bytes(one.streamed_bytes), human_bytes(many.streamed_bytes));
+}
+
 int run_plan(const PlanArgs& a) {
   if (a.ranks > 0) return run_rank_split(a);
   if (!a.flags.budget_given() && a.flags.trunk_dir.empty())
@@ -153,10 +172,12 @@ int run_plan(const PlanArgs& a) {
       WeightSources::open(config, shards, trunk ? &*trunk : nullptr, config.n_layers);
   const RunPlan run = plan_run(a.flags, *src, a.context, a.ring);
   for (const std::string& note : run.notes) fmt::print(stderr, "{}\n", note);
-  if (a.json)
+  if (a.json) {
     fmt::print("{}\n", plan_json(run.plan));
-  else
+  } else {
     fmt::print("{}", format_plan(run.plan));
+    if (a.flags.max_seqs > 1) fmt::print("{}", displaced_by_sequences(a, *src, run.plan));
+  }
   if (!a.routing_trace.empty() && !a.json)
     fmt::print("{}", expected_expert_reads(a, run.plan, src->expert_window_bytes()));
   return 0;
