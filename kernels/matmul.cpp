@@ -34,11 +34,11 @@ detail::MatmulBodies bodies() {
   return detail::matmul_bodies_scalar();
 }
 
-// The fused exp3 body (docs/codec.md, "Fused exp3 body"): AVX-512BW + VBMI2 only; elsewhere, and
-// when switched off, exp3 matrices take the tile path as exp4 ones do.
+// The fused exp3 body (docs/codec.md, "Fused exp3 body"): AVX-512BW + VBMI + VBMI2 only; elsewhere,
+// and when switched off, exp3 matrices take the tile path as exp4 ones do.
 bool cpu_has_vbmi2() {
   __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512vbmi2");
+  return __builtin_cpu_supports("avx512vbmi") && __builtin_cpu_supports("avx512vbmi2");
 }
 std::atomic<bool> g_exp3_direct{true};
 std::atomic<uint64_t> g_exp3_direct_runs{0}, g_exp3_direct_refused{0};

@@ -19,7 +19,7 @@ void matmul(const Matrix& w, std::span<const float> x, size_t tokens, std::span<
 float dot_row(const Matrix& w, size_t row, std::span<const float> x);
 
 // The fused exp3 body (docs/codec.md, "Fused exp3 body"): a CodedBf16Matrix over an exp3 source is
-// computed straight from the stored blocks when the active ISA is avx512 and the CPU has VBMI2
+// computed straight from the stored blocks when the active ISA is avx512 and the CPU has VBMI and VBMI2
 // (available), else by the tile path. set_exp3_direct(false) forces the tile path (tests and
 // benchmarks); exp3_direct_runs counts the tasks the body computed since the process started,
 // exp3_direct_refused those it gave back to the tile path (a malformed block's codes).

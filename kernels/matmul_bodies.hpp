@@ -33,7 +33,7 @@ MatmulBodies matmul_bodies_scalar();
 MatmulBodies matmul_bodies_avx2();
 MatmulBodies matmul_bodies_avx512();
 
-// The fused exp3 body (matmul_exp3_avx512.cpp, AVX-512BW + VBMI2): `rows` rows of `cols` values,
+// The fused exp3 body (matmul_exp3_avx512.cpp, AVX-512BW + VBMI + VBMI2): `rows` rows of `cols` values,
 // the first at value `first` of the exp3 array whose blocks [blocks, blocks + n_blocks) cover them,
 // straight from the stored bytes. false: a block's codes are malformed (its escapes run past its
 // list; nothing was read out of bounds) -- y may hold partial results, the caller decodes instead.

@@ -1,13 +1,15 @@
 // The fused exp3 matmul body (docs/codec.md, "Fused exp3 body"): the rows of a coded exp3 matrix
-// straight from the stored blocks (kernels::Exp3Block views), AVX-512BW + VBMI2. For each block of
-// rows, every row's next column chunk (kChunk values) is decoded into an L1 buffer -- a group of 64
-// values a step: the three code planes are the byte lanes' masks (three masked adds build the
-// exponents), the group's escapes are expanded into their lanes from the escape list in one
-// vpexpandb -- and the bf16 FMA body runs over the chunk with its accumulators carried to the next
-// chunk. A row is cut only at multiples of 16 of its own columns, so every §5.3 lane receives the
-// same products in the same order as the Bf16Matrix body (P = a0-3, a8-11, Q = a4-7, a12-15, then
-// reduce_pq and the sequential tail): the bits are Bf16Matrix's. Raw pointers and internal-linkage
-// helpers only (see matmul_bodies.hpp); this file alone is compiled with -mavx512vbmi2.
+// straight from the stored blocks (kernels::Exp3Block views), AVX-512BW + VBMI + VBMI2. For each
+// block of rows, every row's next column chunk (kChunk values) is decoded into an L1 buffer as
+// f32, a group of 64 values a step -- the three code planes are the byte lanes' masks (three masked
+// adds build the exponents), the group's escapes are expanded into their lanes from the escape
+// list (vpexpandb), and vpermt2b places each value's two bf16 bytes into the top of its f32 --
+// then the FMA body runs over the chunk (cvtps2pd straight from the buffer) with its accumulators
+// carried to the next chunk. A row is cut only at multiples of 16 of its own columns, and lane l
+// of the accumulators (A = a0..a7, B = a8..a15) receives w[i + l] * x[i + l] block by block in
+// order, then the §5.3 tree and the sequential tail: the bits are Bf16Matrix's. Raw pointers and
+// internal-linkage helpers only (see matmul_bodies.hpp); this file alone is compiled with
+// -mavx512vbmi -mavx512vbmi2 and runs only where the CPU has both (matmul.cpp).
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
@@ -30,6 +32,20 @@ constexpr size_t kChunk = 512;                // row values decoded per row and 
 constexpr size_t kBuf = kChunk + 2 * kGroup;  // a chunk widened to whole groups at both ends
 constexpr size_t kMaxTokens = 8;              // tokens per pass over the rows (more: another pass)
 constexpr size_t kAheadChunks = 2;            // the first block of rows: prefetch distance in chunks
+
+// vpermt2b indices: dword i of quarter q takes byte L[16q + i] into its byte 2, H[16q + i] into byte 3.
+struct F32Index {
+  alignas(64) uint8_t t[4][64];
+  constexpr F32Index() : t{} {
+    for (int q = 0; q < 4; ++q)
+      for (int i = 0; i < 16; ++i) {
+        t[q][4 * i + 2] = uint8_t(16 * q + i);
+        t[q][4 * i + 3] = uint8_t(64 + 16 * q + i);
+      }
+  }
+};
+constexpr F32Index kF32IndexTable{};
+constexpr const uint8_t (&kF32Index)[4][64] = kF32IndexTable.t;
 
 size_t min_size(size_t a, size_t b) {
   return a < b ? a : b;
@@ -60,40 +76,74 @@ size_t escapes_before(const Exp3Block& b, size_t g) {
   return k;
 }
 
-// Groups [g0, g1) of coded block b into out (64 values a group), k = the escapes before g0. false
-// when the escapes would run past the block's list (a malformed block: never read out of bounds).
-bool combine(const Exp3Block& b, size_t g0, size_t g1, size_t k, uint16_t* out, Cursor& cur) {
-  const __m512i vbase = _mm512_set1_epi8(static_cast<char>(b.base));
+// The bytes (L, H) = ((e & 1) << 7 | mantissa, sign | e >> 1) of a group's 64 values (bf16 =
+// H << 8 | L): the exponents from the code planes (three masked adds of the byte lanes) with the
+// escapes expanded into their lanes from esc (in order). `valid` masks the values a last partial
+// group has.
+struct GroupBytes {
+  __m512i L, H;
+};
+[[gnu::always_inline]] inline GroupBytes group_bytes(const uint8_t* sm, const uint8_t* pl, const uint8_t* esc,
+                                                     __m512i vbase, uint64_t valid, bool partial) {
   const __m512i one = _mm512_set1_epi8(1), two = _mm512_set1_epi8(2), four = _mm512_set1_epi8(4);
-  const __m512i m807f = _mm512_set1_epi16(static_cast<short>(0x807F));
-  const size_t full = b.n / kGroup;  // whole groups; a last partial group's values are masked
-  for (size_t g = g0; g < g1; ++g) {
-    const uint8_t* sm = b.sm + g * kGroup;
-    const uint8_t* pl = b.planes + g * kGroupBytes;
-    const uint64_t p0 = load_u64(pl), p1 = load_u64(pl + 8), p2 = load_u64(pl + 16);
-    const uint64_t valid = g < full ? ~uint64_t{0} : (uint64_t{1} << (b.n % kGroup)) - 1;
-    const uint64_t esc = p0 & p1 & p2 & valid;
-    const size_t n_esc = size_t(__builtin_popcountll(esc));
-    if (k + n_esc > b.n_esc) return false;
-    __m512i e = _mm512_mask_add_epi8(vbase, _cvtu64_mask64(p0), vbase, one);
-    e = _mm512_mask_add_epi8(e, _cvtu64_mask64(p1), e, two);
-    e = _mm512_mask_add_epi8(e, _cvtu64_mask64(p2), e, four);
-    e = _mm512_mask_expandloadu_epi8(e, _cvtu64_mask64(esc), b.esc + k);  // the escapes, in order
-    cur.g_last = g;
-    cur.k_last = k;
-    k += n_esc;
-    const __m512i s = g < full ? _mm512_loadu_si512(sm) : _mm512_maskz_loadu_epi8(_cvtu64_mask64(valid), sm);
-    uint16_t* o = out + (g - g0) * kGroup;
-    // bf16 = (sign-extended sm & 0x807F) | e << 7, 32 values at a time
-    const __m512i lo = _mm512_ternarylogic_epi32(
-        _mm512_cvtepi8_epi16(_mm512_castsi512_si256(s)), m807f,
-        _mm512_slli_epi16(_mm512_cvtepu8_epi16(_mm512_castsi512_si256(e)), 7), 0xEA);
-    const __m512i hi = _mm512_ternarylogic_epi32(
-        _mm512_cvtepi8_epi16(_mm512_extracti64x4_epi64(s, 1)), m807f,
-        _mm512_slli_epi16(_mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(e, 1)), 7), 0xEA);
-    _mm512_storeu_si512(o, lo);
-    _mm512_storeu_si512(o + 32, hi);
+  const __m512i hi_bit = _mm512_set1_epi8(static_cast<char>(0x80));
+  const uint64_t p0 = load_u64(pl), p1 = load_u64(pl + 8), p2 = load_u64(pl + 16);
+  __m512i e = _mm512_mask_add_epi8(vbase, _cvtu64_mask64(p0), vbase, one);
+  e = _mm512_mask_add_epi8(e, _cvtu64_mask64(p1), e, two);
+  e = _mm512_mask_add_epi8(e, _cvtu64_mask64(p2), e, four);
+  e = _mm512_mask_expandloadu_epi8(e, _cvtu64_mask64(p0 & p1 & p2 & valid), esc);  // the escapes, in order
+  const __m512i s = partial ? _mm512_maskz_loadu_epi8(_cvtu64_mask64(valid), sm) : _mm512_loadu_si512(sm);
+  // 16-bit shifts: each byte's own bit lands where the byte mask picks it
+  return {_mm512_ternarylogic_epi32(hi_bit, _mm512_slli_epi16(e, 7), s, 0xCA),   // hi_bit ? e<<7 : s
+          _mm512_ternarylogic_epi32(hi_bit, s, _mm512_srli_epi16(e, 1), 0xCA)};  // hi_bit ? s : e>>1
+}
+
+// Values 16q..16q+15 of a group as f32 (f32 = bf16 << 16): vpermt2b places L, H into bytes 2, 3 of
+// each dword and zeroes bytes 0, 1.
+[[gnu::always_inline]] inline __m512 quarter_f32(const GroupBytes& v, int q) {
+  return _mm512_castsi512_ps(_mm512_maskz_permutex2var_epi8(_cvtu64_mask64(0xCCCCCCCCCCCCCCCCull), v.L,
+                                                            _mm512_load_si512(kF32Index[q]), v.H));
+}
+
+// One group of 64 values into out as f32.
+[[gnu::always_inline]] inline void group_f32(const uint8_t* sm, const uint8_t* pl, const uint8_t* esc,
+                                             __m512i vbase, uint64_t valid, bool partial, float* out) {
+  const GroupBytes v = group_bytes(sm, pl, esc, vbase, valid, partial);
+#pragma GCC unroll 4
+  for (int q = 0; q < 4; ++q) _mm512_storeu_ps(out + 16 * q, quarter_f32(v, q));
+}
+
+// Groups [g0, g1) of coded block b into out (64 values a group), k = the escapes before g0.
+// false when the escapes would run past the block's list (a malformed block: never read out of
+// bounds).
+bool combine(const Exp3Block& b, size_t g0, size_t g1, size_t k, float* out, Cursor& cur) {
+  const __m512i vbase = _mm512_set1_epi8(static_cast<char>(b.base));
+  const uint8_t* const sm = b.sm;
+  const uint8_t* const planes = b.planes;
+  const uint8_t* const esc = b.esc;
+  const size_t n_esc = b.n_esc, full = b.n / kGroup;
+  const size_t g_full = g1 < full ? g1 : full;
+  size_t k_last = k, g = g0;
+  for (; g < g_full; ++g) {
+    const uint8_t* pl = planes + g * kGroupBytes;
+    const size_t ne = size_t(__builtin_popcountll(load_u64(pl) & load_u64(pl + 8) & load_u64(pl + 16)));
+    if (k + ne > n_esc) return false;
+    group_f32(sm + g * kGroup, pl, esc + k, vbase, ~uint64_t{0}, false, out + (g - g0) * kGroup);
+    k_last = k;
+    k += ne;
   }
+  if (g < g1) {  // the last block's partial group
+    const uint8_t* pl = planes + g * kGroupBytes;
+    const uint64_t valid = (uint64_t{1} << (b.n % kGroup)) - 1;
+    const size_t ne =
+        size_t(__builtin_popcountll(load_u64(pl) & load_u64(pl + 8) & load_u64(pl + 16) & valid));
+    if (k + ne > n_esc) return false;
+    group_f32(sm + g * kGroup, pl, esc + k, vbase, valid, true, out + (g - g0) * kGroup);
+    k_last = k;
+    k += ne;
+  }
+  cur.g_last = g1 - 1;
+  cur.k_last = k_last;
   cur.g_next = g1;
   cur.k_next = k;
   return true;
@@ -101,7 +151,7 @@ bool combine(const Exp3Block& b, size_t g0, size_t g1, size_t k, uint16_t* out, 
 
 // Values [lo, hi) of the array into out, value v at out[v - (lo & ~63)] (whole groups are decoded,
 // so up to 63 values on either side are written too). The cursor's block holds lo on entry.
-bool decode(Cursor& cur, uint64_t lo, uint64_t hi, uint16_t* out) {
+bool decode(Cursor& cur, uint64_t lo, uint64_t hi, float* out) {
   const uint64_t o0 = lo & ~uint64_t{kGroup - 1};
   while (lo < hi) {
     while (lo >= cur.blk->first + cur.blk->n) {
@@ -113,7 +163,11 @@ bool decode(Cursor& cur, uint64_t lo, uint64_t hi, uint16_t* out) {
     const uint64_t stop = hi < b.first + b.n ? hi : b.first + b.n;
     const size_t i0 = size_t(lo - b.first), i1 = size_t(stop - b.first);
     if (b.raw != nullptr) {
-      __builtin_memcpy(out + (lo - o0), b.raw + 2 * i0, 2 * (i1 - i0));
+      float* o = out + (lo - o0);
+      for (size_t i = i0; i < i1; ++i) {
+        const uint32_t bits = uint32_t(b.raw[2 * i] | b.raw[2 * i + 1] << 8) << 16;
+        __builtin_memcpy(o + (i - i0), &bits, 4);
+      }
     } else {
       const size_t g0 = i0 / kGroup, g1 = (i1 + kGroup - 1) / kGroup;
       const size_t k = g0 == cur.g_next ? cur.k_next : g0 == cur.g_last ? cur.k_last : escapes_before(b, g0);
@@ -124,87 +178,75 @@ bool decode(Cursor& cur, uint64_t lo, uint64_t hi, uint16_t* out) {
   return true;
 }
 
-// Prefetches the stored bytes of values [lo, hi) of the array (sign+mantissa bytes, planes, the
-// escape list's line near there; a raw block's values); `blk` follows lo as `Cursor::blk` does.
-void prefetch(const Exp3Block*& blk, const Exp3Block* end, uint64_t lo, uint64_t hi) {
+// Prefetches the stored bytes of values [lo, lo + kChunk) of the array: the sign+mantissa bytes and
+// planes of the block holding lo (what runs past its end is the next chunk's), and the escape
+// list's line about there (~2 % of values are escapes); a raw block's values. `blk` follows lo as
+// Cursor::blk does.
+[[gnu::always_inline]] inline void prefetch_chunk(const Exp3Block*& blk, const Exp3Block* end, uint64_t lo) {
+  while (blk != end && lo >= blk->first + blk->n) ++blk;
+  if (blk == end) return;
   auto line = [](const uint8_t* p) { _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0); };
-  while (lo < hi) {
-    while (blk != end && lo >= blk->first + blk->n) ++blk;
-    if (blk == end) return;
-    const Exp3Block& b = *blk;
-    const uint64_t stop = hi < b.first + b.n ? hi : b.first + b.n;
-    const size_t i0 = size_t(lo - b.first), i1 = size_t(stop - b.first);
-    if (b.raw != nullptr) {
-      for (size_t i = 2 * i0; i < 2 * i1; i += 64) line(b.raw + i);
-    } else {
-      for (size_t i = i0; i < i1; i += 64) line(b.sm + i);
-      for (size_t i = i0 / kGroup * kGroupBytes; i < (i1 + kGroup - 1) / kGroup * kGroupBytes; i += 64)
-        line(b.planes + i);
-      line(b.esc + size_t(uint64_t(b.n_esc) * i0 / b.n));
-    }
-    lo = stop;
+  const size_t i0 = size_t(lo - blk->first);
+  if (blk->raw != nullptr) {
+#pragma GCC unroll 16
+    for (size_t i = 0; i < 2 * kChunk; i += 64) line(blk->raw + 2 * i0 + i);
+    return;
   }
+#pragma GCC unroll 8
+  for (size_t i = 0; i < kChunk; i += 64) line(blk->sm + i0 + i);
+  const uint8_t* pl = blk->planes + i0 / kGroup * kGroupBytes;
+#pragma GCC unroll 4
+  for (size_t i = 0; i < kChunk / kGroup * kGroupBytes; i += 64) line(pl + i);
+  line(blk->esc + (i0 >> 5));
 }
 
-// bf16 widening as the Bf16Matrix body does it (see matmul_avx512.cpp): the sixteen §5.3 lanes are
-// held as P = a0-3, a8-11 and Q = a4-7, a12-15, and the tree pairs a_j with a_{j+4} first.
-[[gnu::always_inline]] inline double reduce_pq(__m512d P, __m512d Q) {
-  const __m256d U = _mm256_add_pd(_mm512_castpd512_pd256(P), _mm512_castpd512_pd256(Q));  // a_j + a_{j+4}
-  const __m256d V =
-      _mm256_add_pd(_mm512_extractf64x4_pd(P, 1), _mm512_extractf64x4_pd(Q, 1));  // a_{j+8} + a_{j+12}
-  const __m256d R = _mm256_add_pd(U, V);
+// A holds lanes a0..a7, B a8..a15 (natural order). The §5.3 tree pairs a_j with a_{j+4} first:
+// P = lo(A)+hi(A), Q = lo(B)+hi(B), R = P+Q (= b_j), then (R0+R1)+(R2+R3).
+[[gnu::always_inline]] inline double reduce16(__m512d A, __m512d B) {
+  const __m256d P = _mm256_add_pd(_mm512_castpd512_pd256(A), _mm512_extractf64x4_pd(A, 1));
+  const __m256d Q = _mm256_add_pd(_mm512_castpd512_pd256(B), _mm512_extractf64x4_pd(B, 1));
+  const __m256d R = _mm256_add_pd(P, Q);
   const __m128d lo = _mm256_castpd256_pd128(R);
   const __m128d hi = _mm256_extractf128_pd(R, 1);
-  return (_mm_cvtsd_f64(lo) + _mm_cvtsd_f64(_mm_unpackhi_pd(lo, lo))) +
-         (_mm_cvtsd_f64(hi) + _mm_cvtsd_f64(_mm_unpackhi_pd(hi, hi)));
+  const double r01 = _mm_cvtsd_f64(lo) + _mm_cvtsd_f64(_mm_unpackhi_pd(lo, lo));
+  const double r23 = _mm_cvtsd_f64(hi) + _mm_cvtsd_f64(_mm_unpackhi_pd(hi, hi));
+  return r01 + r23;
 }
 
-double bf16_at(const uint16_t* w, size_t i) {
-  const uint32_t bits = static_cast<uint32_t>(w[i]) << 16;
-  float f;
-  __builtin_memcpy(&f, &bits, sizeof f);
-  return static_cast<double>(f);
-}
-
-// `steps` blocks of 16 of NR decoded rows against NT inputs (x_stride apart), the accumulators
-// acc[r][t0 + t] = {P, Q} loaded before and stored after.
+// `steps` blocks of 16 of NR decoded rows (f32) against NT inputs (x_stride apart), the
+// accumulators acc[r][t0 + t] = {A, B} loaded before and stored after.
 template <int NR, int NT>
-[[gnu::always_inline]] inline void fma_chunk(const uint16_t* const* w, size_t steps, const double* x,
+[[gnu::always_inline]] inline void fma_chunk(const float* const* w, size_t steps, const double* x,
                                              size_t x_stride, __m512d (*acc)[kMaxTokens][2], size_t t0) {
-  __m512d P[NR][NT], Q[NR][NT];
+  __m512d A[NR][NT], B[NR][NT];
 #pragma GCC unroll 8
   for (int r = 0; r < NR; ++r) {
 #pragma GCC unroll 8
-    for (int t = 0; t < NT; ++t) P[r][t] = acc[r][t0 + t][0], Q[r][t] = acc[r][t0 + t][1];
+    for (int t = 0; t < NT; ++t) A[r][t] = acc[r][t0 + t][0], B[r][t] = acc[r][t0 + t][1];
   }
   for (size_t s = 0; s < steps; ++s) {
     const size_t i = 16 * s;
-    __m512d xp[NT], xq[NT];
+    __m512d x0[NT], x1[NT];
 #pragma GCC unroll 8
     for (int t = 0; t < NT; ++t) {
-      const __m512d X0 = _mm512_loadu_pd(x + t * x_stride + i);
-      const __m512d X1 = _mm512_loadu_pd(x + t * x_stride + i + 8);
-      xp[t] = _mm512_shuffle_f64x2(X0, X1, 0x44);  // x0-3, x8-11
-      xq[t] = _mm512_shuffle_f64x2(X0, X1, 0xEE);  // x4-7, x12-15
+      x0[t] = _mm512_loadu_pd(x + t * x_stride + i);
+      x1[t] = _mm512_loadu_pd(x + t * x_stride + i + 8);
     }
 #pragma GCC unroll 8
     for (int r = 0; r < NR; ++r) {
-      const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[r] + i));
-      const __m512d p =
-          _mm512_cvtps_pd(_mm256_castsi256_ps(_mm256_unpacklo_epi16(_mm256_setzero_si256(), raw)));
-      const __m512d q =
-          _mm512_cvtps_pd(_mm256_castsi256_ps(_mm256_unpackhi_epi16(_mm256_setzero_si256(), raw)));
+      const __m512d lo = _mm512_cvtps_pd(_mm256_loadu_ps(w[r] + i));
+      const __m512d hi = _mm512_cvtps_pd(_mm256_loadu_ps(w[r] + i + 8));
 #pragma GCC unroll 8
       for (int t = 0; t < NT; ++t) {
-        P[r][t] = _mm512_fmadd_pd(p, xp[t], P[r][t]);
-        Q[r][t] = _mm512_fmadd_pd(q, xq[t], Q[r][t]);
+        A[r][t] = _mm512_fmadd_pd(lo, x0[t], A[r][t]);
+        B[r][t] = _mm512_fmadd_pd(hi, x1[t], B[r][t]);
       }
     }
   }
 #pragma GCC unroll 8
   for (int r = 0; r < NR; ++r) {
 #pragma GCC unroll 8
-    for (int t = 0; t < NT; ++t) acc[r][t0 + t][0] = P[r][t], acc[r][t0 + t][1] = Q[r][t];
+    for (int t = 0; t < NT; ++t) acc[r][t0 + t][0] = A[r][t], acc[r][t0 + t][1] = B[r][t];
   }
 }
 
@@ -220,30 +262,29 @@ const Exp3Block* block_of(const Exp3Block* blocks, size_t n_blocks, uint64_t v) 
   return blocks + lo;
 }
 
-// NR rows (the first at value row0 of the array) against nt <= kMaxTokens inputs (x rows cols
-// apart); y[t * y_stride + r].
-// The coded bytes stream from DRAM: while a block of rows computes, each chunk step prefetches the
-// same chunk of the next block's rows (`ahead` rows further: a whole block of rows of lead); the
-// first block of a call (`cold`) prefetches its own rows kAheadChunks chunks ahead instead.
+// NR rows (the first at value row0 of the array, the call's rows ending at value `end`) against
+// nt <= kMaxTokens inputs (x rows cols apart); y[t * y_stride + r]. The coded bytes stream from
+// DRAM: each chunk step prefetches the same chunk of the next NR rows (a whole block of rows of
+// lead); the call's first block of rows (`cold`) also prefetches its own rows kAheadChunks chunks
+// ahead.
 template <int NR>
 bool rows_block(const Exp3Block* blocks, size_t n_blocks, uint64_t row0, size_t cols, const double* x,
                 size_t nt, float* y, size_t y_stride, uint64_t end, bool cold) {
-  alignas(64) uint16_t buf[NR][kBuf];
+  alignas(64) float buf[NR][kBuf];
   alignas(64) __m512d acc[NR][kMaxTokens][2];
   Cursor cur[NR];
   const Exp3Block* pf_next[NR];
   const Exp3Block* pf_own[NR];
   const Exp3Block* const blocks_end = blocks + n_blocks;
-  const uint16_t* w[NR];
+  const float* w[NR];
   for (int r = 0; r < NR; ++r) {
     cur[r].blk = block_of(blocks, n_blocks, row0 + size_t(r) * cols);
     pf_own[r] = cur[r].blk;
     pf_next[r] = block_of(blocks, n_blocks, min_size(row0 + size_t(r + NR) * cols, end));
     for (size_t t = 0; t < nt; ++t) acc[r][t][0] = acc[r][t][1] = _mm512_setzero_pd();
-    if (cold) {
-      const uint64_t lo = row0 + size_t(r) * cols;
-      prefetch(pf_own[r], blocks_end, lo, lo + min_size(kAheadChunks * kChunk, cols));
-    }
+    if (cold)
+      for (size_t c = 0; c < kAheadChunks * kChunk && c < cols; c += kChunk)
+        prefetch_chunk(pf_own[r], blocks_end, row0 + size_t(r) * cols + c);
   }
   const size_t full = cols / 16 * 16;
   size_t c0 = 0;
@@ -251,14 +292,10 @@ bool rows_block(const Exp3Block* blocks, size_t n_blocks, uint64_t row0, size_t 
     const size_t c1 = min_size(c0 + kChunk, cols);
     for (int r = 0; r < NR; ++r) {
       const uint64_t lo = row0 + size_t(r) * cols + c0;
-      if (cold) {
-        const size_t a0 = c0 + kAheadChunks * kChunk;
-        if (a0 < cols)
-          prefetch(pf_own[r], blocks_end, lo + kAheadChunks * kChunk,
-                   lo + min_size(kChunk, cols - a0) + kAheadChunks * kChunk);
-      }
+      if (cold && c0 + kAheadChunks * kChunk < cols)
+        prefetch_chunk(pf_own[r], blocks_end, lo + kAheadChunks * kChunk);
       const uint64_t nlo = lo + NR * cols;
-      if (nlo < end) prefetch(pf_next[r], blocks_end, nlo, nlo + (c1 - c0) < end ? nlo + (c1 - c0) : end);
+      if (nlo < end) prefetch_chunk(pf_next[r], blocks_end, nlo);
       if (!decode(cur[r], lo, lo + (c1 - c0), buf[r])) return false;
       w[r] = buf[r] + (lo & (kGroup - 1));
     }
@@ -275,17 +312,186 @@ bool rows_block(const Exp3Block* blocks, size_t n_blocks, uint64_t row0, size_t 
   // The tail [full, cols) lies in the last chunk (c0 <= full: c0 is a multiple of 16).
   for (int r = 0; r < NR; ++r) {
     for (size_t t = 0; t < nt; ++t) {
-      double a = reduce_pq(acc[r][t][0], acc[r][t][1]);
-      for (size_t i = full; i < cols; ++i) a = a + bf16_at(w[r], i - c0) * x[t * cols + i];
+      double a = reduce16(acc[r][t][0], acc[r][t][1]);
+      for (size_t i = full; i < cols; ++i) a = a + static_cast<double>(w[r][i - c0]) * x[t * cols + i];
       y[t * y_stride + size_t(r)] = static_cast<float>(a);
     }
   }
   return true;
 }
 
+// ---- one token, aligned rows: decoded in registers -------------------------------------------
+//
+// When cols is a multiple of 64 and the matrix starts at a multiple of 16, every row starts at the
+// same phase p (a multiple of 16) inside a code group, and row step s (its values 16s..16s+15) is
+// quarter (p / 16 + s) % 4 of a group. NR rows then walk their groups in lockstep: each group is
+// decoded into registers and its quarters go straight into cvtps2pd and the FMAs (no buffer). The
+// lanes are the natural ones (A = a0..a7, B = a8..a15), fed block by block in row order.
+
+constexpr size_t kAheadInRow = 256;  // prefetch distance in sign+mantissa bytes (best measured)
+
+// A row's position: block, group inside it, escapes before that group.
+struct RowPos {
+  const Exp3Block* b;
+  size_t g, k;
+};
+
+// Prefetches the first kAheadInRow values' bytes of group g of block b onwards (what a row about to
+// enter there reads first).
+[[gnu::always_inline]] inline void prefetch_start(const Exp3Block& b, size_t g) {
+  _mm_prefetch(reinterpret_cast<const char*>(b.sm + g * kGroup), _MM_HINT_T0);
+  for (size_t i = 64; i < kAheadInRow; i += 64)
+    _mm_prefetch(reinterpret_cast<const char*>(b.sm + g * kGroup + i), _MM_HINT_T0);
+  _mm_prefetch(reinterpret_cast<const char*>(b.planes + g * kGroupBytes), _MM_HINT_T0);
+  _mm_prefetch(reinterpret_cast<const char*>(b.planes + g * kGroupBytes + 64), _MM_HINT_T0);
+  _mm_prefetch(reinterpret_cast<const char*>(b.esc), _MM_HINT_T0);
+}
+
+// The row's next group as L, H bytes (then the position moves past it); prefetches kAheadInRow
+// values ahead in the row, into the next block (`end`: past the last block) when that is where
+// the row goes on. false: malformed (its escapes run past the block's list).
+[[gnu::always_inline]] inline bool next_group(RowPos& rp, const Exp3Block* end, GroupBytes& v) {
+  const Exp3Block& b = *rp.b;
+  const uint8_t* sm = b.sm + rp.g * kGroup;
+  const uint8_t* pl = b.planes + rp.g * kGroupBytes;
+  const size_t groups = b.n / kGroup;
+  _mm_prefetch(reinterpret_cast<const char*>(sm + kAheadInRow), _MM_HINT_T0);
+  _mm_prefetch(reinterpret_cast<const char*>(pl + kAheadInRow * 3 / 8), _MM_HINT_T0);
+  if (rp.g + kAheadInRow / kGroup == groups && rp.b + 1 != end) prefetch_start(rp.b[1], 0);
+  const size_t ne = size_t(__builtin_popcountll(load_u64(pl) & load_u64(pl + 8) & load_u64(pl + 16)));
+  if (rp.k + ne > b.n_esc) return false;
+  v = group_bytes(sm, pl, b.esc + rp.k, _mm512_set1_epi8(static_cast<char>(b.base)), ~uint64_t{0}, false);
+  rp.k += ne;
+  if (++rp.g == groups) {
+    ++rp.b;
+    rp.g = rp.k = 0;
+  }
+  return true;
+}
+
+// Quarter q of a decoded group (16 of the row's values) into the accumulators of NT inputs, x of
+// input t at xq + t * x_stride.
+template <int NT>
+[[gnu::always_inline]] inline void fma_quarter(const GroupBytes& v, int q, const double* xq, size_t x_stride,
+                                               __m512d* A, __m512d* B) {
+  const __m512 f = quarter_f32(v, q);
+  const __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(f)),
+                hi = _mm512_cvtps_pd(_mm512_extractf32x8_ps(f, 1));
+#pragma GCC unroll 2
+  for (int t = 0; t < NT; ++t) {
+    A[t] = _mm512_fmadd_pd(lo, _mm512_loadu_pd(xq + t * x_stride), A[t]);
+    B[t] = _mm512_fmadd_pd(hi, _mm512_loadu_pd(xq + t * x_stride + 8), B[t]);
+  }
+}
+
+// A row's first or last group, cut by the row's edge: quarters [q0, q1) only.
+template <int NT>
+[[gnu::noinline]] bool edge_group(RowPos& rp, const Exp3Block* end, int q0, int q1, const double* xg,
+                                  size_t x_stride, __m512d* A, __m512d* B) {
+  GroupBytes v;
+  if (!next_group(rp, end, v)) return false;
+  for (int q = q0; q < q1; ++q) fma_quarter<NT>(v, q, xg + 16 * q, x_stride, A, B);
+  return true;
+}
+
+// NR rows from value row0 (phase p = row0 % 64, a multiple of 16; cols % 64 == 0; no raw block)
+// against NT inputs (x rows cols apart); y[t * y_stride + r]. The call's rows end at value `end`.
+template <int NR, int NT>
+bool rows_inreg(const Exp3Block* blocks, size_t n_blocks, uint64_t row0, size_t cols, const double* x,
+                float* y, size_t y_stride, uint64_t end) {
+  const Exp3Block* const blocks_end = blocks + n_blocks;
+  RowPos rp[NR];
+  __m512d A[NR][NT], B[NR][NT];
+  const size_t p = size_t(row0 % kGroup);
+  for (int r = 0; r < NR; ++r) {
+    const uint64_t v = row0 + size_t(r) * cols;
+    rp[r].b = block_of(blocks, n_blocks, v);
+    rp[r].g = size_t(v - rp[r].b->first) / kGroup;
+    rp[r].k = escapes_before(*rp[r].b, rp[r].g);
+    for (int t = 0; t < NT; ++t) A[r][t] = B[r][t] = _mm512_setzero_pd();
+  }
+  // Row-relative groups G = 0..n_g-1 cover row values [64G - p, 64G - p + 64): quarter q of G is
+  // the row's step (64G + 16q - p) / 16 where that lies inside the row (x of quarter q: xg + 16q).
+  const size_t n_g = cols / kGroup + (p != 0);
+  size_t G = 0;
+  if (p != 0) {
+    for (int r = 0; r < NR; ++r)
+      if (!edge_group<NT>(rp[r], blocks_end, int(p / 16), 4, x - p, cols, A[r], B[r])) return false;
+    G = 1;
+  }
+  const size_t G_end = p != 0 ? n_g - 1 : n_g;
+  // Halfway, the next NR rows' first bytes are prefetched (their first groups would start cold).
+  const size_t G_next = G + (G_end - G) / 2;
+  for (; G < G_end; ++G) {
+    const double* xg = x + G * kGroup - p;
+    if (G == G_next)
+      for (int r = 0; r < NR; ++r) {
+        const uint64_t v = row0 + size_t(r + NR) * cols;
+        if (v >= end) break;
+        const Exp3Block* b = block_of(blocks, n_blocks, v);
+        prefetch_start(*b, size_t(v - b->first) / kGroup);
+      }
+#pragma GCC unroll 8
+    for (int r = 0; r < NR; ++r) {
+      GroupBytes v;
+      if (!next_group(rp[r], blocks_end, v)) return false;
+#pragma GCC unroll 4
+      for (int q = 0; q < 4; ++q) fma_quarter<NT>(v, q, xg + 16 * q, cols, A[r], B[r]);
+    }
+  }
+  if (p != 0) {
+    for (int r = 0; r < NR; ++r)
+      if (!edge_group<NT>(rp[r], blocks_end, 0, int(p / 16), x + G * kGroup - p, cols, A[r], B[r]))
+        return false;
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < NR; ++r) {
+#pragma GCC unroll 2
+    for (int t = 0; t < NT; ++t)
+      y[size_t(t) * y_stride + size_t(r)] = static_cast<float>(reduce16(A[r][t], B[r][t]));
+  }
+  return true;
+}
+
+// Whether rows_inreg takes rows [first, end) of cols values: widths of whole groups, a start at a
+// multiple of 16, all blocks coded (raw blocks: the chunk path), and the rows' groups whole (only
+// a stream's last block can end inside a group).
+bool inreg_fits(const Exp3Block* blocks, size_t n_blocks, uint64_t first, uint64_t end, size_t cols) {
+  const Exp3Block& last = blocks[n_blocks - 1];
+  if (cols % kGroup != 0 || first % 16 != 0 || end > last.first + last.n / kGroup * kGroup) return false;
+  for (size_t i = 0; i < n_blocks; ++i)
+    if (blocks[i].raw != nullptr) return false;
+  return true;
+}
+
 bool exp3_rows(const Exp3Block* blocks, size_t n_blocks, uint64_t first, size_t rows, size_t cols,
                const double* x, size_t tokens, float* y, size_t y_stride) {
   if (cols == 0 || n_blocks == 0) return false;
+  // One or two inputs, rows of whole groups: decoded in registers. More inputs: the chunk path
+  // (each chunk decoded once for all of them).
+  if (const uint64_t end = first + rows * cols;
+      tokens <= 2 && inreg_fits(blocks, n_blocks, first, end, cols)) {
+    size_t r = 0;
+    if (tokens == 1) {
+      for (; r + 8 <= rows; r += 8)
+        if (!rows_inreg<8, 1>(blocks, n_blocks, first + r * cols, cols, x, y + r, y_stride, end))
+          return false;
+      for (; r + 4 <= rows; r += 4)
+        if (!rows_inreg<4, 1>(blocks, n_blocks, first + r * cols, cols, x, y + r, y_stride, end))
+          return false;
+      for (; r < rows; ++r)
+        if (!rows_inreg<1, 1>(blocks, n_blocks, first + r * cols, cols, x, y + r, y_stride, end))
+          return false;
+    } else {
+      for (; r + 4 <= rows; r += 4)
+        if (!rows_inreg<4, 2>(blocks, n_blocks, first + r * cols, cols, x, y + r, y_stride, end))
+          return false;
+      for (; r < rows; ++r)
+        if (!rows_inreg<1, 2>(blocks, n_blocks, first + r * cols, cols, x, y + r, y_stride, end))
+          return false;
+    }
+    return true;
+  }
   for (size_t t = 0; t < tokens; t += kMaxTokens) {
     const size_t nt = min_size(kMaxTokens, tokens - t);
     const double* xt = x + t * cols;
