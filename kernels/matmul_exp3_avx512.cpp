@@ -1,15 +1,20 @@
 // The fused exp3 matmul body (docs/codec.md, "Fused exp3 body"): the rows of a coded exp3 matrix
-// straight from the stored blocks (kernels::Exp3Block views), AVX-512BW + VBMI + VBMI2. For each
-// block of rows, every row's next column chunk (kChunk values) is decoded into an L1 buffer as
-// f32, a group of 64 values a step -- the three code planes are the byte lanes' masks (three masked
-// adds build the exponents), the group's escapes are expanded into their lanes from the escape
-// list (vpexpandb), and vpermt2b places each value's two bf16 bytes into the top of its f32 --
-// then the FMA body runs over the chunk (cvtps2pd straight from the buffer) with its accumulators
-// carried to the next chunk. A row is cut only at multiples of 16 of its own columns, and lane l
-// of the accumulators (A = a0..a7, B = a8..a15) receives w[i + l] * x[i + l] block by block in
-// order, then the §5.3 tree and the sequential tail: the bits are Bf16Matrix's. Raw pointers and
-// internal-linkage helpers only (see matmul_bodies.hpp); this file alone is compiled with
-// -mavx512vbmi -mavx512vbmi2 and runs only where the CPU has both (matmul.cpp).
+// straight from the stored blocks (kernels::Exp3Block views), AVX-512BW + VBMI + VBMI2. A group of
+// 64 values decodes in a few instructions: the three code planes are the byte lanes' masks (three
+// masked adds build the exponents) and the group's escapes are expanded into their lanes from the
+// escape list (one vpexpandb). Two ways to feed the FMAs, both bit-identical to the Bf16Matrix
+// body (every §5.3 lane receives w[i + l] * x[i + l] block by block in the row's order, then the
+// fixed tree and the sequential tail):
+// - in registers (one or two inputs, rows of whole groups starting at a multiple of 16: every real
+//   tensor): NR rows walk their groups in lockstep, vpermt2b places each value's two bf16 bytes in
+//   the top of an f32 and the quarters go straight to cvtps2pd and the FMAs (lanes A = a0..a7,
+//   B = a8..a15);
+// - in chunks (anything else, and 3+ inputs so each value is decoded once for all of them): each
+//   row's next kChunk values are decoded as bf16 into an L1 buffer and the Bf16Matrix body's
+//   arithmetic (P = a0-3, a8-11, Q = a4-7, a12-15) runs over the chunk with its accumulators
+//   carried to the next chunk; a row is cut only at multiples of 16 of its own columns.
+// Raw pointers and internal-linkage helpers only (see matmul_bodies.hpp); this file alone is
+// compiled with -mavx512vbmi -mavx512vbmi2 and runs only where the CPU has both (matmul.cpp).
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
@@ -28,7 +33,7 @@ namespace {
 
 constexpr size_t kGroup = 64;                 // values per code group (three plane words)
 constexpr size_t kGroupBytes = 24;            // the group's plane words
-constexpr size_t kChunk = 512;                // row values decoded per row and step (a multiple of 64)
+constexpr size_t kChunk = 512;                // chunk path: values decoded per row and step (x 64)
 constexpr size_t kBuf = kChunk + 2 * kGroup;  // a chunk widened to whole groups at both ends
 constexpr size_t kMaxTokens = 8;              // tokens per pass over the rows (more: another pass)
 constexpr size_t kAheadChunks = 2;            // the first block of rows: prefetch distance in chunks
@@ -105,18 +110,32 @@ struct GroupBytes {
                                                             _mm512_load_si512(kF32Index[q]), v.H));
 }
 
-// One group of 64 values into out as f32.
-[[gnu::always_inline]] inline void group_f32(const uint8_t* sm, const uint8_t* pl, const uint8_t* esc,
-                                             __m512i vbase, uint64_t valid, bool partial, float* out) {
-  const GroupBytes v = group_bytes(sm, pl, esc, vbase, valid, partial);
-#pragma GCC unroll 4
-  for (int q = 0; q < 4; ++q) _mm512_storeu_ps(out + 16 * q, quarter_f32(v, q));
+// One group of 64 values into out as bf16 (the chunk path: bf16 = (sign-extended sm & 0x807F) |
+// e << 7, 32 values at a time).
+[[gnu::always_inline]] inline void group_bf16(const uint8_t* sm, const uint8_t* pl, const uint8_t* esc,
+                                              __m512i vbase, uint64_t valid, bool partial, uint16_t* out) {
+  const __m512i one = _mm512_set1_epi8(1), two = _mm512_set1_epi8(2), four = _mm512_set1_epi8(4);
+  const __m512i m807f = _mm512_set1_epi16(static_cast<short>(0x807F));
+  const uint64_t p0 = load_u64(pl), p1 = load_u64(pl + 8), p2 = load_u64(pl + 16);
+  __m512i e = _mm512_mask_add_epi8(vbase, _cvtu64_mask64(p0), vbase, one);
+  e = _mm512_mask_add_epi8(e, _cvtu64_mask64(p1), e, two);
+  e = _mm512_mask_add_epi8(e, _cvtu64_mask64(p2), e, four);
+  e = _mm512_mask_expandloadu_epi8(e, _cvtu64_mask64(p0 & p1 & p2 & valid), esc);  // the escapes, in order
+  const __m512i s = partial ? _mm512_maskz_loadu_epi8(_cvtu64_mask64(valid), sm) : _mm512_loadu_si512(sm);
+  const __m512i lo = _mm512_ternarylogic_epi32(
+      _mm512_cvtepi8_epi16(_mm512_castsi512_si256(s)), m807f,
+      _mm512_slli_epi16(_mm512_cvtepu8_epi16(_mm512_castsi512_si256(e)), 7), 0xEA);  // (a & b) | c
+  const __m512i hi = _mm512_ternarylogic_epi32(
+      _mm512_cvtepi8_epi16(_mm512_extracti64x4_epi64(s, 1)), m807f,
+      _mm512_slli_epi16(_mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(e, 1)), 7), 0xEA);
+  _mm512_storeu_si512(out, lo);
+  _mm512_storeu_si512(out + 32, hi);
 }
 
 // Groups [g0, g1) of coded block b into out (64 values a group), k = the escapes before g0.
 // false when the escapes would run past the block's list (a malformed block: never read out of
 // bounds).
-bool combine(const Exp3Block& b, size_t g0, size_t g1, size_t k, float* out, Cursor& cur) {
+bool combine(const Exp3Block& b, size_t g0, size_t g1, size_t k, uint16_t* out, Cursor& cur) {
   const __m512i vbase = _mm512_set1_epi8(static_cast<char>(b.base));
   const uint8_t* const sm = b.sm;
   const uint8_t* const planes = b.planes;
@@ -128,7 +147,7 @@ bool combine(const Exp3Block& b, size_t g0, size_t g1, size_t k, float* out, Cur
     const uint8_t* pl = planes + g * kGroupBytes;
     const size_t ne = size_t(__builtin_popcountll(load_u64(pl) & load_u64(pl + 8) & load_u64(pl + 16)));
     if (k + ne > n_esc) return false;
-    group_f32(sm + g * kGroup, pl, esc + k, vbase, ~uint64_t{0}, false, out + (g - g0) * kGroup);
+    group_bf16(sm + g * kGroup, pl, esc + k, vbase, ~uint64_t{0}, false, out + (g - g0) * kGroup);
     k_last = k;
     k += ne;
   }
@@ -138,7 +157,7 @@ bool combine(const Exp3Block& b, size_t g0, size_t g1, size_t k, float* out, Cur
     const size_t ne =
         size_t(__builtin_popcountll(load_u64(pl) & load_u64(pl + 8) & load_u64(pl + 16) & valid));
     if (k + ne > n_esc) return false;
-    group_f32(sm + g * kGroup, pl, esc + k, vbase, valid, true, out + (g - g0) * kGroup);
+    group_bf16(sm + g * kGroup, pl, esc + k, vbase, valid, true, out + (g - g0) * kGroup);
     k_last = k;
     k += ne;
   }
@@ -151,7 +170,7 @@ bool combine(const Exp3Block& b, size_t g0, size_t g1, size_t k, float* out, Cur
 
 // Values [lo, hi) of the array into out, value v at out[v - (lo & ~63)] (whole groups are decoded,
 // so up to 63 values on either side are written too). The cursor's block holds lo on entry.
-bool decode(Cursor& cur, uint64_t lo, uint64_t hi, float* out) {
+bool decode(Cursor& cur, uint64_t lo, uint64_t hi, uint16_t* out) {
   const uint64_t o0 = lo & ~uint64_t{kGroup - 1};
   while (lo < hi) {
     while (lo >= cur.blk->first + cur.blk->n) {
@@ -163,11 +182,7 @@ bool decode(Cursor& cur, uint64_t lo, uint64_t hi, float* out) {
     const uint64_t stop = hi < b.first + b.n ? hi : b.first + b.n;
     const size_t i0 = size_t(lo - b.first), i1 = size_t(stop - b.first);
     if (b.raw != nullptr) {
-      float* o = out + (lo - o0);
-      for (size_t i = i0; i < i1; ++i) {
-        const uint32_t bits = uint32_t(b.raw[2 * i] | b.raw[2 * i + 1] << 8) << 16;
-        __builtin_memcpy(o + (i - i0), &bits, 4);
-      }
+      __builtin_memcpy(out + (lo - o0), b.raw + 2 * i0, 2 * (i1 - i0));
     } else {
       const size_t g0 = i0 / kGroup, g1 = (i1 + kGroup - 1) / kGroup;
       const size_t k = g0 == cur.g_next ? cur.k_next : g0 == cur.g_last ? cur.k_last : escapes_before(b, g0);
@@ -178,11 +193,17 @@ bool decode(Cursor& cur, uint64_t lo, uint64_t hi, float* out) {
   return true;
 }
 
+// About where the escapes of block b's value i are in its list (escapes spread evenly; a block
+// that is not a power of two long, only a stream's last, is over-estimated up to twice).
+[[gnu::always_inline]] inline const uint8_t* esc_near(const Exp3Block& b, size_t i) {
+  return b.esc + ((uint64_t{b.n_esc} * i) >> (63 - __builtin_clzll(b.n)));
+}
+
 // Prefetches the stored bytes of values [lo, lo + kChunk) of the array: the sign+mantissa bytes and
 // planes of the block holding lo (what runs past its end is the next chunk's), and the escape
-// list's line about there (~2 % of values are escapes); a raw block's values. `blk` follows lo as
+// list's lines about there; a raw block's values. `blk` follows lo as
 // Cursor::blk does.
-[[gnu::always_inline]] inline void prefetch_chunk(const Exp3Block*& blk, const Exp3Block* end, uint64_t lo) {
+[[gnu::noinline]] void prefetch_chunk(const Exp3Block*& blk, const Exp3Block* end, uint64_t lo) {
   while (blk != end && lo >= blk->first + blk->n) ++blk;
   if (blk == end) return;
   auto line = [](const uint8_t* p) { _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0); };
@@ -197,7 +218,7 @@ bool decode(Cursor& cur, uint64_t lo, uint64_t hi, float* out) {
   const uint8_t* pl = blk->planes + i0 / kGroup * kGroupBytes;
 #pragma GCC unroll 4
   for (size_t i = 0; i < kChunk / kGroup * kGroupBytes; i += 64) line(pl + i);
-  line(blk->esc + (i0 >> 5));
+  for (const uint8_t *e = esc_near(*blk, i0), *e1 = esc_near(*blk, i0 + kChunk); e <= e1; e += 64) line(e);
 }
 
 // A holds lanes a0..a7, B a8..a15 (natural order). The §5.3 tree pairs a_j with a_{j+4} first:
@@ -213,40 +234,67 @@ bool decode(Cursor& cur, uint64_t lo, uint64_t hi, float* out) {
   return r01 + r23;
 }
 
-// `steps` blocks of 16 of NR decoded rows (f32) against NT inputs (x_stride apart), the
-// accumulators acc[r][t0 + t] = {A, B} loaded before and stored after.
+// The chunk path's bf16 body, as the Bf16Matrix one (matmul_avx512.cpp): interleaving each 16-bit
+// weight above a zero word widens it to f32, landing elements 0-3, 8-11 in one register and 4-7,
+// 12-15 in the other, so the sixteen lanes are held as P = a0-3, a8-11 and Q = a4-7, a12-15, x is
+// regrouped to match, and the tree still pairs a_j with a_{j+4} first.
+[[gnu::always_inline]] inline double reduce_pq(__m512d P, __m512d Q) {
+  const __m256d U = _mm256_add_pd(_mm512_castpd512_pd256(P), _mm512_castpd512_pd256(Q));  // a_j + a_{j+4}
+  const __m256d V =
+      _mm256_add_pd(_mm512_extractf64x4_pd(P, 1), _mm512_extractf64x4_pd(Q, 1));  // a_{j+8} + a_{j+12}
+  const __m256d R = _mm256_add_pd(U, V);
+  const __m128d lo = _mm256_castpd256_pd128(R);
+  const __m128d hi = _mm256_extractf128_pd(R, 1);
+  return (_mm_cvtsd_f64(lo) + _mm_cvtsd_f64(_mm_unpackhi_pd(lo, lo))) +
+         (_mm_cvtsd_f64(hi) + _mm_cvtsd_f64(_mm_unpackhi_pd(hi, hi)));
+}
+
+double bf16_at(const uint16_t* w, size_t i) {
+  const uint32_t bits = static_cast<uint32_t>(w[i]) << 16;
+  float f;
+  __builtin_memcpy(&f, &bits, sizeof f);
+  return static_cast<double>(f);
+}
+
+// `steps` blocks of 16 of NR decoded rows against NT inputs (x_stride apart), the accumulators
+// acc[r][t0 + t] = {P, Q} loaded before and stored after.
 template <int NR, int NT>
-[[gnu::always_inline]] inline void fma_chunk(const float* const* w, size_t steps, const double* x,
+[[gnu::always_inline]] inline void fma_chunk(const uint16_t* const* w, size_t steps, const double* x,
                                              size_t x_stride, __m512d (*acc)[kMaxTokens][2], size_t t0) {
-  __m512d A[NR][NT], B[NR][NT];
+  __m512d P[NR][NT], Q[NR][NT];
 #pragma GCC unroll 8
   for (int r = 0; r < NR; ++r) {
 #pragma GCC unroll 8
-    for (int t = 0; t < NT; ++t) A[r][t] = acc[r][t0 + t][0], B[r][t] = acc[r][t0 + t][1];
+    for (int t = 0; t < NT; ++t) P[r][t] = acc[r][t0 + t][0], Q[r][t] = acc[r][t0 + t][1];
   }
   for (size_t s = 0; s < steps; ++s) {
     const size_t i = 16 * s;
-    __m512d x0[NT], x1[NT];
+    __m512d xp[NT], xq[NT];
 #pragma GCC unroll 8
     for (int t = 0; t < NT; ++t) {
-      x0[t] = _mm512_loadu_pd(x + t * x_stride + i);
-      x1[t] = _mm512_loadu_pd(x + t * x_stride + i + 8);
+      const __m512d X0 = _mm512_loadu_pd(x + t * x_stride + i);
+      const __m512d X1 = _mm512_loadu_pd(x + t * x_stride + i + 8);
+      xp[t] = _mm512_shuffle_f64x2(X0, X1, 0x44);  // x0-3, x8-11
+      xq[t] = _mm512_shuffle_f64x2(X0, X1, 0xEE);  // x4-7, x12-15
     }
 #pragma GCC unroll 8
     for (int r = 0; r < NR; ++r) {
-      const __m512d lo = _mm512_cvtps_pd(_mm256_loadu_ps(w[r] + i));
-      const __m512d hi = _mm512_cvtps_pd(_mm256_loadu_ps(w[r] + i + 8));
+      const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[r] + i));
+      const __m512d p =
+          _mm512_cvtps_pd(_mm256_castsi256_ps(_mm256_unpacklo_epi16(_mm256_setzero_si256(), raw)));
+      const __m512d q =
+          _mm512_cvtps_pd(_mm256_castsi256_ps(_mm256_unpackhi_epi16(_mm256_setzero_si256(), raw)));
 #pragma GCC unroll 8
       for (int t = 0; t < NT; ++t) {
-        A[r][t] = _mm512_fmadd_pd(lo, x0[t], A[r][t]);
-        B[r][t] = _mm512_fmadd_pd(hi, x1[t], B[r][t]);
+        P[r][t] = _mm512_fmadd_pd(p, xp[t], P[r][t]);
+        Q[r][t] = _mm512_fmadd_pd(q, xq[t], Q[r][t]);
       }
     }
   }
 #pragma GCC unroll 8
   for (int r = 0; r < NR; ++r) {
 #pragma GCC unroll 8
-    for (int t = 0; t < NT; ++t) acc[r][t0 + t][0] = A[r][t], acc[r][t0 + t][1] = B[r][t];
+    for (int t = 0; t < NT; ++t) acc[r][t0 + t][0] = P[r][t], acc[r][t0 + t][1] = Q[r][t];
   }
 }
 
@@ -270,13 +318,13 @@ const Exp3Block* block_of(const Exp3Block* blocks, size_t n_blocks, uint64_t v) 
 template <int NR>
 bool rows_block(const Exp3Block* blocks, size_t n_blocks, uint64_t row0, size_t cols, const double* x,
                 size_t nt, float* y, size_t y_stride, uint64_t end, bool cold) {
-  alignas(64) float buf[NR][kBuf];
+  alignas(64) uint16_t buf[NR][kBuf];
   alignas(64) __m512d acc[NR][kMaxTokens][2];
   Cursor cur[NR];
   const Exp3Block* pf_next[NR];
   const Exp3Block* pf_own[NR];
   const Exp3Block* const blocks_end = blocks + n_blocks;
-  const float* w[NR];
+  const uint16_t* w[NR];
   for (int r = 0; r < NR; ++r) {
     cur[r].blk = block_of(blocks, n_blocks, row0 + size_t(r) * cols);
     pf_own[r] = cur[r].blk;
@@ -312,8 +360,8 @@ bool rows_block(const Exp3Block* blocks, size_t n_blocks, uint64_t row0, size_t 
   // The tail [full, cols) lies in the last chunk (c0 <= full: c0 is a multiple of 16).
   for (int r = 0; r < NR; ++r) {
     for (size_t t = 0; t < nt; ++t) {
-      double a = reduce16(acc[r][t][0], acc[r][t][1]);
-      for (size_t i = full; i < cols; ++i) a = a + static_cast<double>(w[r][i - c0]) * x[t * cols + i];
+      double a = reduce_pq(acc[r][t][0], acc[r][t][1]);
+      for (size_t i = full; i < cols; ++i) a = a + bf16_at(w[r], i - c0) * x[t * cols + i];
       y[t * y_stride + size_t(r)] = static_cast<float>(a);
     }
   }
@@ -344,7 +392,7 @@ struct RowPos {
     _mm_prefetch(reinterpret_cast<const char*>(b.sm + g * kGroup + i), _MM_HINT_T0);
   _mm_prefetch(reinterpret_cast<const char*>(b.planes + g * kGroupBytes), _MM_HINT_T0);
   _mm_prefetch(reinterpret_cast<const char*>(b.planes + g * kGroupBytes + 64), _MM_HINT_T0);
-  _mm_prefetch(reinterpret_cast<const char*>(b.esc), _MM_HINT_T0);
+  _mm_prefetch(reinterpret_cast<const char*>(esc_near(b, g * kGroup)), _MM_HINT_T0);
 }
 
 // The row's next group as L, H bytes (then the position moves past it); prefetches kAheadInRow
@@ -357,6 +405,7 @@ struct RowPos {
   const size_t groups = b.n / kGroup;
   _mm_prefetch(reinterpret_cast<const char*>(sm + kAheadInRow), _MM_HINT_T0);
   _mm_prefetch(reinterpret_cast<const char*>(pl + kAheadInRow * 3 / 8), _MM_HINT_T0);
+  _mm_prefetch(reinterpret_cast<const char*>(b.esc + rp.k + 64), _MM_HINT_T0);  // ~40 groups' escapes a line
   if (rp.g + kAheadInRow / kGroup == groups && rp.b + 1 != end) prefetch_start(rp.b[1], 0);
   const size_t ne = size_t(__builtin_popcountll(load_u64(pl) & load_u64(pl + 8) & load_u64(pl + 16)));
   if (rp.k + ne > b.n_esc) return false;
