@@ -378,44 +378,60 @@ bool rows_block(const Exp3Block* blocks, size_t n_blocks, uint64_t row0, size_t 
 
 constexpr size_t kAheadInRow = 256;  // prefetch distance in sign+mantissa bytes (best measured)
 
-// A row's position: block, group inside it, escapes before that group.
-struct RowPos {
-  const Exp3Block* b;
-  size_t g, k;
-};
-
 // Prefetches the first kAheadInRow values' bytes of group g of block b onwards (what a row about to
 // enter there reads first).
 [[gnu::always_inline]] inline void prefetch_start(const Exp3Block& b, size_t g) {
-  _mm_prefetch(reinterpret_cast<const char*>(b.sm + g * kGroup), _MM_HINT_T0);
-  for (size_t i = 64; i < kAheadInRow; i += 64)
+  for (size_t i = 0; i < kAheadInRow; i += 64)
     _mm_prefetch(reinterpret_cast<const char*>(b.sm + g * kGroup + i), _MM_HINT_T0);
   _mm_prefetch(reinterpret_cast<const char*>(b.planes + g * kGroupBytes), _MM_HINT_T0);
   _mm_prefetch(reinterpret_cast<const char*>(b.planes + g * kGroupBytes + 64), _MM_HINT_T0);
   _mm_prefetch(reinterpret_cast<const char*>(esc_near(b, g * kGroup)), _MM_HINT_T0);
 }
 
-// The row's next group as L, H bytes (then the position moves past it); prefetches kAheadInRow
-// values ahead in the row, into the next block (`end`: past the last block) when that is where
-// the row goes on. false: malformed (its escapes run past the block's list).
-[[gnu::always_inline]] inline bool next_group(RowPos& rp, const Exp3Block* end, GroupBytes& v) {
+// A row's place: its block, the group inside it, the escapes before that group.
+struct RowPos {
+  const Exp3Block* b;
+  size_t g, k;
+};
+
+// A row inside one block for a segment: the segment's first group (sign+mantissa bytes, planes),
+// its next escape, the list's end (the escapes must stay under it), the block's base.
+struct SegRow {
+  const uint8_t *sm, *pl, *esc, *esc_end;
+  uint8_t base;
+};
+
+SegRow seg_row(const RowPos& rp) {
   const Exp3Block& b = *rp.b;
-  const uint8_t* sm = b.sm + rp.g * kGroup;
-  const uint8_t* pl = b.planes + rp.g * kGroupBytes;
-  const size_t groups = b.n / kGroup;
+  return {b.sm + rp.g * kGroup, b.planes + rp.g * kGroupBytes, b.esc + rp.k, b.esc + b.n_esc, b.base};
+}
+
+// Group j of the segment as L, H bytes (prefetching kAheadInRow values ahead), its escapes
+// consumed. false: malformed (its escapes run past the block's list).
+[[gnu::always_inline]] inline bool seg_group(SegRow& sr, size_t j, GroupBytes& v) {
+  const uint8_t* sm = sr.sm + j * kGroup;
+  const uint8_t* pl = sr.pl + j * kGroupBytes;
   _mm_prefetch(reinterpret_cast<const char*>(sm + kAheadInRow), _MM_HINT_T0);
   _mm_prefetch(reinterpret_cast<const char*>(pl + kAheadInRow * 3 / 8), _MM_HINT_T0);
-  _mm_prefetch(reinterpret_cast<const char*>(b.esc + rp.k + 64), _MM_HINT_T0);  // ~40 groups' escapes a line
-  if (rp.g + kAheadInRow / kGroup == groups && rp.b + 1 != end) prefetch_start(rp.b[1], 0);
+  _mm_prefetch(reinterpret_cast<const char*>(sr.esc + 64), _MM_HINT_T0);  // ~40 groups' escapes a line
   const size_t ne = size_t(__builtin_popcountll(load_u64(pl) & load_u64(pl + 8) & load_u64(pl + 16)));
-  if (rp.k + ne > b.n_esc) return false;
-  v = group_bytes(sm, pl, b.esc + rp.k, _mm512_set1_epi8(static_cast<char>(b.base)), ~uint64_t{0}, false);
-  rp.k += ne;
-  if (++rp.g == groups) {
+  if (sr.esc + ne > sr.esc_end) return false;
+  v = group_bytes(sm, pl, sr.esc, _mm512_set1_epi8(static_cast<char>(sr.base)), ~uint64_t{0}, false);
+  sr.esc += ne;
+  return true;
+}
+
+// Moves the row n groups on (n <= the groups left in its block, escapes now at esc); into the next
+// block when it gets to the end, prefetching the start of the block after that one.
+[[gnu::always_inline]] inline void row_advance(RowPos& rp, size_t n, const uint8_t* esc,
+                                               const Exp3Block* end) {
+  rp.g += n;
+  rp.k = size_t(esc - rp.b->esc);
+  if (rp.g == rp.b->n / kGroup) {
     ++rp.b;
     rp.g = rp.k = 0;
+    if (rp.b + 1 < end) prefetch_start(rp.b[1], 0);
   }
-  return true;
 }
 
 // Quarter q of a decoded group (16 of the row's values) into the accumulators of NT inputs, x of
@@ -437,14 +453,18 @@ template <int NT>
 template <int NT>
 [[gnu::noinline]] bool edge_group(RowPos& rp, const Exp3Block* end, int q0, int q1, const double* xg,
                                   size_t x_stride, __m512d* A, __m512d* B) {
+  SegRow sr = seg_row(rp);
   GroupBytes v;
-  if (!next_group(rp, end, v)) return false;
+  if (!seg_group(sr, 0, v)) return false;
   for (int q = q0; q < q1; ++q) fma_quarter<NT>(v, q, xg + 16 * q, x_stride, A, B);
+  row_advance(rp, 1, sr.esc, end);
   return true;
 }
 
 // NR rows from value row0 (phase p = row0 % 64, a multiple of 16; cols % 64 == 0; no raw block)
 // against NT inputs (x rows cols apart); y[t * y_stride + r]. The call's rows end at value `end`.
+// The rows walk their groups in segments in which none of them crosses a block edge, so one group
+// counter serves all of them (measured ~15 % faster than each row checking its own edge).
 template <int NR, int NT>
 bool rows_inreg(const Exp3Block* blocks, size_t n_blocks, uint64_t row0, size_t cols, const double* x,
                 float* y, size_t y_stride, uint64_t end) {
@@ -457,6 +477,8 @@ bool rows_inreg(const Exp3Block* blocks, size_t n_blocks, uint64_t row0, size_t 
     rp[r].b = block_of(blocks, n_blocks, v);
     rp[r].g = size_t(v - rp[r].b->first) / kGroup;
     rp[r].k = escapes_before(*rp[r].b, rp[r].g);
+    prefetch_start(*rp[r].b, rp[r].g);
+    if (rp[r].b + 1 < blocks_end) prefetch_start(rp[r].b[1], 0);
     for (int t = 0; t < NT; ++t) A[r][t] = B[r][t] = _mm512_setzero_pd();
   }
   // Row-relative groups G = 0..n_g-1 cover row values [64G - p, 64G - p + 64): quarter q of G is
@@ -469,24 +491,33 @@ bool rows_inreg(const Exp3Block* blocks, size_t n_blocks, uint64_t row0, size_t 
     G = 1;
   }
   const size_t G_end = p != 0 ? n_g - 1 : n_g;
-  // Halfway, the next NR rows' first bytes are prefetched (their first groups would start cold).
-  const size_t G_next = G + (G_end - G) / 2;
-  for (; G < G_end; ++G) {
-    const double* xg = x + G * kGroup - p;
-    if (G == G_next)
+  bool next_fetched = false;  // the next NR rows' first bytes, prefetched halfway
+  while (G < G_end) {
+    size_t seg = G_end - G;
+    for (int r = 0; r < NR; ++r) seg = min_size(seg, rp[r].b->n / kGroup - rp[r].g);
+    if (!next_fetched && G + seg > (G_end + G) / 2) {
+      next_fetched = true;
       for (int r = 0; r < NR; ++r) {
         const uint64_t v = row0 + size_t(r + NR) * cols;
         if (v >= end) break;
         const Exp3Block* b = block_of(blocks, n_blocks, v);
         prefetch_start(*b, size_t(v - b->first) / kGroup);
       }
-#pragma GCC unroll 8
-    for (int r = 0; r < NR; ++r) {
-      GroupBytes v;
-      if (!next_group(rp[r], blocks_end, v)) return false;
-#pragma GCC unroll 4
-      for (int q = 0; q < 4; ++q) fma_quarter<NT>(v, q, xg + 16 * q, cols, A[r], B[r]);
     }
+    SegRow sr[NR];
+    for (int r = 0; r < NR; ++r) sr[r] = seg_row(rp[r]);
+    for (size_t j = 0; j < seg; ++j) {
+      const double* xg = x + (G + j) * kGroup - p;
+#pragma GCC unroll 8
+      for (int r = 0; r < NR; ++r) {
+        GroupBytes v;
+        if (!seg_group(sr[r], j, v)) return false;
+#pragma GCC unroll 4
+        for (int q = 0; q < 4; ++q) fma_quarter<NT>(v, q, xg + 16 * q, cols, A[r], B[r]);
+      }
+    }
+    for (int r = 0; r < NR; ++r) row_advance(rp[r], seg, sr[r].esc, blocks_end);
+    G += seg;
   }
   if (p != 0) {
     for (int r = 0; r < NR; ++r)
