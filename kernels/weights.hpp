@@ -63,7 +63,9 @@ class Bf16Source {
 
 // A bf16 matrix held coded (docs/codec.md, "Fused decode"): values [first, first + rows * cols) of
 // `src`. The matmuls decode each task's rows into a cache-resident tile right before the bf16 body
-// reads them, so the results are Bf16Matrix's bits and the decoded matrix is never written out.
+// reads them, so the results are Bf16Matrix's bits and the decoded matrix is never written out; an
+// exp3 source on AVX-512 with VBMI2 is multiplied straight from its blocks instead (exp3_blocks,
+// docs/codec.md "Fused exp3 body"), with the same bits.
 struct CodedBf16Matrix {
   const Bf16Source* src = nullptr;
   uint64_t first = 0;
