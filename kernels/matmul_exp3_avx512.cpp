@@ -449,14 +449,15 @@ template <int NT>
   }
 }
 
-// A row's first or last group, cut by the row's edge: quarters [q0, q1) only.
+// A row's first or last group, cut by the row's edge: quarters [q0, q1) only, x of quarter q0 at
+// xq0.
 template <int NT>
-[[gnu::noinline]] bool edge_group(RowPos& rp, const Exp3Block* end, int q0, int q1, const double* xg,
+[[gnu::noinline]] bool edge_group(RowPos& rp, const Exp3Block* end, int q0, int q1, const double* xq0,
                                   size_t x_stride, __m512d* A, __m512d* B) {
   SegRow sr = seg_row(rp);
   GroupBytes v;
   if (!seg_group(sr, 0, v)) return false;
-  for (int q = q0; q < q1; ++q) fma_quarter<NT>(v, q, xg + 16 * q, x_stride, A, B);
+  for (int q = q0; q < q1; ++q) fma_quarter<NT>(v, q, xq0 + 16 * (q - q0), x_stride, A, B);
   row_advance(rp, 1, sr.esc, end);
   return true;
 }
@@ -482,12 +483,12 @@ bool rows_inreg(const Exp3Block* blocks, size_t n_blocks, uint64_t row0, size_t 
     for (int t = 0; t < NT; ++t) A[r][t] = B[r][t] = _mm512_setzero_pd();
   }
   // Row-relative groups G = 0..n_g-1 cover row values [64G - p, 64G - p + 64): quarter q of G is
-  // the row's step (64G + 16q - p) / 16 where that lies inside the row (x of quarter q: xg + 16q).
+  // the row's step (64G + 16q - p) / 16 where that lies inside the row (its x: x + 64G + 16q - p).
   const size_t n_g = cols / kGroup + (p != 0);
   size_t G = 0;
   if (p != 0) {
     for (int r = 0; r < NR; ++r)
-      if (!edge_group<NT>(rp[r], blocks_end, int(p / 16), 4, x - p, cols, A[r], B[r])) return false;
+      if (!edge_group<NT>(rp[r], blocks_end, int(p / 16), 4, x, cols, A[r], B[r])) return false;
     G = 1;
   }
   const size_t G_end = p != 0 ? n_g - 1 : n_g;
@@ -507,7 +508,7 @@ bool rows_inreg(const Exp3Block* blocks, size_t n_blocks, uint64_t row0, size_t 
     SegRow sr[NR];
     for (int r = 0; r < NR; ++r) sr[r] = seg_row(rp[r]);
     for (size_t j = 0; j < seg; ++j) {
-      const double* xg = x + (G + j) * kGroup - p;
+      const double* xg = x + ((G + j) * kGroup - p);
 #pragma GCC unroll 8
       for (int r = 0; r < NR; ++r) {
         GroupBytes v;
@@ -521,7 +522,7 @@ bool rows_inreg(const Exp3Block* blocks, size_t n_blocks, uint64_t row0, size_t 
   }
   if (p != 0) {
     for (int r = 0; r < NR; ++r)
-      if (!edge_group<NT>(rp[r], blocks_end, 0, int(p / 16), x + G * kGroup - p, cols, A[r], B[r]))
+      if (!edge_group<NT>(rp[r], blocks_end, 0, int(p / 16), x + (G * kGroup - p), cols, A[r], B[r]))
         return false;
   }
 #pragma GCC unroll 8
