@@ -4,6 +4,7 @@
 #include <tbb/parallel_for.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <vector>
 
@@ -33,6 +34,21 @@ detail::MatmulBodies bodies() {
   return detail::matmul_bodies_scalar();
 }
 
+// The fused exp3 body (docs/codec.md, "Fused exp3 body"): AVX-512BW + VBMI + VBMI2 only; elsewhere,
+// and when switched off, exp3 matrices take the tile path as exp4 ones do.
+bool cpu_has_vbmi2() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512vbmi") && __builtin_cpu_supports("avx512vbmi2");
+}
+std::atomic<bool> g_exp3_direct{true};
+std::atomic<uint64_t> g_exp3_direct_runs{0}, g_exp3_direct_refused{0};
+
+detail::Exp3Rows exp3_body() {
+  static const bool has = isa_supported(Isa::avx512) && cpu_has_vbmi2();
+  if (!has || active_isa() != Isa::avx512 || !g_exp3_direct.load(std::memory_order_relaxed)) return nullptr;
+  return detail::matmul_exp3_avx512();
+}
+
 // Rows go to threads in whole blocks, so the bodies' multi-row paths stay in use.
 constexpr size_t kRowBlock = 8;
 
@@ -54,6 +70,7 @@ void for_rows(size_t rows, size_t cols, const Body& body, size_t min_task = 3276
 void run(const Matrix& w, const double* xw, size_t tokens, float* y, size_t y_stride, size_t r0, size_t r1,
          bool parallel) {
   const detail::MatmulBodies b = bodies();
+  const detail::Exp3Rows exp3 = std::holds_alternative<CodedBf16Matrix>(w) ? exp3_body() : nullptr;
   std::visit(
       [&](const auto& m) {
         using M = std::decay_t<decltype(m)>;
@@ -64,6 +81,19 @@ void run(const Matrix& w, const double* xw, size_t tokens, float* y, size_t y_st
           } else if constexpr (std::is_same_v<M, Bf16Matrix>) {
             b.bf16(m.data.data() + a * m.cols, e - a, m.cols, xw, tokens, yr, y_stride);
           } else if constexpr (std::is_same_v<M, CodedBf16Matrix>) {
+            // exp3 with the fused body: straight from the stored blocks (a malformed block: the tile
+            // path below, whose decode reports it).
+            if (exp3 != nullptr) {
+              thread_local std::vector<Exp3Block> blocks;
+              const uint64_t v0 = m.first + a * m.cols;
+              if (m.src->exp3_blocks(v0, (e - a) * m.cols, blocks)) {
+                if (exp3(blocks.data(), blocks.size(), v0, e - a, m.cols, xw, tokens, yr, y_stride)) {
+                  g_exp3_direct_runs.fetch_add(1, std::memory_order_relaxed);
+                  return;
+                }
+                g_exp3_direct_refused.fetch_add(1, std::memory_order_relaxed);
+              }
+            }
             // The rows' values decoded into this thread's tile, then the bf16 body over it: each row's
             // dot product reads the same values in the same order, so the bits are Bf16Matrix's.
             thread_local std::vector<uint16_t> tile;
@@ -78,7 +108,8 @@ void run(const Matrix& w, const double* xw, size_t tokens, float* y, size_t y_st
         };
         if (parallel) {
           // coded: tiles of 64k-128k weights (128-256 KiB decoded, 16-32 exp4 or exp3 blocks), which stay in
-          // L2; a block cut by a tile's edge is decoded by both tiles
+          // L2; a block cut by a tile's edge is decoded by both tiles (the fused exp3 body takes the same
+          // tasks: larger ones measured no faster)
           for_rows(m.rows, m.cols, body, std::is_same_v<M, CodedBf16Matrix> ? 131072 : 32768);
         } else {
           body(r0, r1);
@@ -109,6 +140,19 @@ float dot_row(const Matrix& w, size_t row, std::span<const float> x) {
   float out = 0.0f;
   run(w, xw.data(), 1, &out, 1, row, row + 1, false);
   return out;
+}
+
+bool exp3_direct_available() {
+  return isa_supported(Isa::avx512) && cpu_has_vbmi2();
+}
+void set_exp3_direct(bool on) {
+  g_exp3_direct.store(on, std::memory_order_relaxed);
+}
+uint64_t exp3_direct_runs() {
+  return g_exp3_direct_runs.load(std::memory_order_relaxed);
+}
+uint64_t exp3_direct_refused() {
+  return g_exp3_direct_refused.load(std::memory_order_relaxed);
 }
 
 float e8m0_to_f32(uint8_t b) {

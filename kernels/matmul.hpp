@@ -18,4 +18,14 @@ void matmul(const Matrix& w, std::span<const float> x, size_t tokens, std::span<
 // One output row, for tests and the router-free callers: exactly what matvec writes to y[row].
 float dot_row(const Matrix& w, size_t row, std::span<const float> x);
 
+// The fused exp3 body (docs/codec.md, "Fused exp3 body"): a CodedBf16Matrix over an exp3 source is
+// computed straight from the stored blocks when the active ISA is avx512 and the CPU has VBMI and VBMI2
+// (available), else by the tile path. set_exp3_direct(false) forces the tile path (tests and
+// benchmarks); exp3_direct_runs counts the tasks the body computed since the process started,
+// exp3_direct_refused those it gave back to the tile path (a malformed block's codes).
+bool exp3_direct_available();
+void set_exp3_direct(bool on);
+uint64_t exp3_direct_runs();
+uint64_t exp3_direct_refused();
+
 }  // namespace k3::kernels

@@ -9,6 +9,10 @@
 #include <cstddef>
 #include <cstdint>
 
+namespace k3::kernels {
+struct Exp3Block;
+}
+
 namespace k3::kernels::detail {
 
 using F32Rows = void (*)(const float* w, size_t rows, size_t cols, const double* x, size_t tokens, float* y,
@@ -28,5 +32,13 @@ struct MatmulBodies {
 MatmulBodies matmul_bodies_scalar();
 MatmulBodies matmul_bodies_avx2();
 MatmulBodies matmul_bodies_avx512();
+
+// The fused exp3 body (matmul_exp3_avx512.cpp, AVX-512BW + VBMI + VBMI2): `rows` rows of `cols` values,
+// the first at value `first` of the exp3 array whose blocks [blocks, blocks + n_blocks) cover them,
+// straight from the stored bytes. false: a block's codes are malformed (its escapes run past its
+// list; nothing was read out of bounds) -- y may hold partial results, the caller decodes instead.
+using Exp3Rows = bool (*)(const Exp3Block* blocks, size_t n_blocks, uint64_t first, size_t rows, size_t cols,
+                          const double* x, size_t tokens, float* y, size_t y_stride);
+Exp3Rows matmul_exp3_avx512();
 
 }  // namespace k3::kernels::detail

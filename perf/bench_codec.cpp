@@ -226,15 +226,17 @@ double process_cpu_seconds() {
 }
 
 // The fused decode (docs/codec.md, "Fused decode"): y = W x over the data set as an 8192 x 4096 bf16
-// matrix (64 MiB, larger than the LLC), on `threads` oneTBB threads, five ways:
+// matrix (64 MiB, larger than the LLC), on `threads` oneTBB threads, six ways:
 //   0 plain:  Bf16Matrix over the decoded bytes (a raw trunk's matvec);
 //   1 staged: decode the whole exp4 matrix (the decode stage), then the plain matvec (before fusion);
 //   2 fused:  CodedBf16Matrix over the exp4 stream, decoded tile by tile inside the matvec;
-//   3, 4:     1 and 2 over the exp3 stream.
+//   3, 4:     1 and 2 over the exp3 stream (4: the fused exp3 body where the CPU has it,
+//             docs/codec.md "Fused exp3 body");
+//   5:        4 with the fused exp3 body switched off (the exp3 tile path).
 // bytes_per_second = decoded matrix bytes per second of wall time; cpu_GBps = per second of the
-// process's CPU time (all threads). All give the same bits (bitexact = 1).
-void BM_matvec(benchmark::State& st) {
-  const int s = int(st.range(0)), mode = int(st.range(1)), threads = int(st.range(2));
+// process's CPU time (all threads). All give the same bits (bitexact = 1). BM_matmul: the same for
+// `tokens` inputs (a batched decode step), modes 0, 2, 4, 5.
+void matmul_bench(benchmark::State& st, int s, int mode, int threads, size_t tokens) {
   const auto& raw = raw_of(s);
   if (raw.empty()) {
     st.SkipWithError("no --trunk=DIR");
@@ -247,16 +249,17 @@ void BM_matvec(benchmark::State& st) {
   std::vector<uint16_t> w(rows * cols);
   std::memcpy(w.data(), raw.data(), w.size() * 2);
   std::vector<std::byte> staged(raw.size());
-  std::vector<float> x(cols), y(rows), want(rows);
-  for (size_t i = 0; i < cols; ++i) x[i] = float(i % 17) * 0.125f - 1.0f;
+  std::vector<float> x(cols * tokens), y(rows * tokens), want(rows * tokens);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = float(i % 17) * 0.125f - 1.0f;
   namespace kn = k3::kernels;
-  kn::matvec(kn::Bf16Matrix{w, rows, cols}, x, want);
+  kn::matmul(kn::Bf16Matrix{w, rows, cols}, x, tokens, want);
   const kn::CodedBf16Matrix coded{.src = &stream, .first = 0, .rows = rows, .cols = cols};
+  kn::set_exp3_direct(mode != 5);
   const double cpu0 = process_cpu_seconds();
   for (auto _ : st) {
     if (mode == 0) {
-      kn::matvec(kn::Bf16Matrix{w, rows, cols}, x, y);
-    } else if (mode == 1 || mode == 3) {
+      kn::matmul(kn::Bf16Matrix{w, rows, cols}, x, tokens, y);
+    } else if (tokens == 1 && (mode == 1 || mode == 3)) {
       tbb::parallel_for(tbb::blocked_range<uint32_t>(0, stream.n_blocks(), 16),
                         [&](const tbb::blocked_range<uint32_t>& b) {
                           stream.decode_blocks(b.begin(), b.end(), staged, false);
@@ -264,18 +267,27 @@ void BM_matvec(benchmark::State& st) {
       kn::matvec(kn::Bf16Matrix{{reinterpret_cast<const uint16_t*>(staged.data()), rows * cols}, rows, cols},
                  x, y);
     } else {
-      kn::matvec(coded, x, y);
+      kn::matmul(coded, x, tokens, y);
     }
     benchmark::ClobberMemory();
   }
+  kn::set_exp3_direct(true);
   const double cpu = process_cpu_seconds() - cpu0;
   const double bytes = double(st.iterations()) * double(rows * cols * 2);
   st.SetBytesProcessed(int64_t(bytes));
   st.counters["cpu_GBps"] = bytes / cpu / 1e9;
   st.counters["bitexact"] = std::memcmp(y.data(), want.data(), y.size() * 4) == 0 ? 1 : 0;
-  static const char* modes[] = {"plain", "staged", "fused", "staged-exp3", "fused-exp3"};
+  static const char* modes[] = {"plain", "staged", "fused", "staged-exp3", "fused-exp3", "tile-exp3"};
   st.SetLabel(std::string(set_name(s)) + "/" + modes[mode] + "/" +
               k3::kernels::isa_name(k3::kernels::active_isa()));
+}
+
+void BM_matvec(benchmark::State& st) {
+  matmul_bench(st, int(st.range(0)), int(st.range(1)), int(st.range(2)), 1);
+}
+
+void BM_matmul(benchmark::State& st) {
+  matmul_bench(st, int(st.range(0)), int(st.range(1)), int(st.range(2)), size_t(st.range(3)));
 }
 
 void decode_args(benchmark::internal::Benchmark* b) {
@@ -301,7 +313,11 @@ BENCHMARK(BM_decode)
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_matvec)
-    ->ArgsProduct({{normal, trunk}, {0, 1, 2, 3, 4}, {1, 2}})
+    ->ArgsProduct({{normal, trunk}, {0, 1, 2, 3, 4, 5}, {1, 2}})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_matmul)
+    ->ArgsProduct({{trunk}, {0, 2, 4, 5}, {1, 2}, {2, 4, 8}})
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_encode)

@@ -1,6 +1,7 @@
 // io/codec: lossless round trips for every bf16 bit pattern and weight-like data, every decode
 // body against scalar, and corrupted streams refused by block and byte offset.
 #include <doctest/doctest.h>
+#include <tbb/global_control.h>
 
 #include <algorithm>
 #include <bit>
@@ -434,4 +435,139 @@ TEST_CASE("a CodedBf16Matrix multiplies to the Bf16Matrix bits") {
     CHECK(kernels::dot_row(coded, 123, x) == kernels::dot_row(plain, 123, x));
   }
   kernels::set_active_isa(was);
+}
+
+namespace {
+
+void put_bf16(std::vector<std::byte>& img, size_t i, uint16_t v) {
+  std::memcpy(img.data() + 2 * i, &v, 2);
+}
+
+// Weight-like values for the fused exp3 body, with: block 1 of random bits (no exponent 255, so the
+// products stay finite: coding cannot shrink it, it is stored raw), block 2 half escapes (values
+// far outside the window), and zeros (escapes: the window sits near exponent 120) on the first
+// and last value of every third group.
+std::vector<std::byte> exp3_image(size_t n_values, uint32_t bv, uint32_t seed) {
+  auto img = weights(2 * n_values, seed);
+  std::mt19937 rng(seed);
+  const size_t n_blocks = n_values / bv;
+  for (size_t i = bv; i < 2 * size_t(bv) && n_blocks > 1; ++i) {
+    auto v = uint16_t(rng());
+    if ((v & 0x7F80) == 0x7F80) v &= 0xBFFF;
+    put_bf16(img, i, v);
+  }
+  for (size_t i = 2 * size_t(bv); i < 3 * size_t(bv) && n_blocks > 2; ++i)
+    if (rng() % 2) put_bf16(img, i, uint16_t((rng() % 2) << 15 | (20 + rng() % 200) << 7 | (rng() & 0x7F)));
+  for (size_t g = 0; g * 64 + 63 < n_values; g += 3) {
+    put_bf16(img, g * 64, 0);
+    put_bf16(img, g * 64 + 63, 0x8000);
+  }
+  return img;
+}
+
+}  // namespace
+
+// The fused exp3 body (docs/codec.md, "Fused exp3 body"): straight from the stored blocks, the
+// Bf16Matrix bits for rows that start mid-block and mid-group, widths that are not multiples of
+// 16 or 64, rows spanning many blocks, raw-stored blocks and escapes (first and last value of a
+// group, half a block), 1..9 tokens, 1 and 2 threads, every ISA (the others take the tile path).
+TEST_CASE("the fused exp3 body multiplies to the Bf16Matrix bits") {
+  struct Shape {
+    uint32_t bv;
+    size_t rows, cols, lead;
+  };
+  const kernels::Isa was = kernels::active_isa();
+  const uint64_t runs0 = kernels::exp3_direct_runs(), refused0 = kernels::exp3_direct_refused();
+  bool saw_raw = false, saw_many = false, saw_edges = false;
+  // (one token, whole groups and a start at a multiple of 16: the in-register body, phases 0, 16, 48, 32)
+  for (const Shape sh :
+       {Shape{1024, 150, 1000, 777}, Shape{4096, 70, 4096, 0}, Shape{1024, 100, 2112, 208},
+        Shape{64, 13, 128, 240}, Shape{4096, 20, 2048, 4128}, Shape{64, 67, 600, 1}, Shape{1024, 9, 13, 3}}) {
+    CAPTURE(sh.bv);
+    CAPTURE(sh.cols);
+    CAPTURE(sh.lead);
+    const size_t n = sh.lead + sh.rows * sh.cols + 100;
+    const auto image = exp3_image(n, sh.bv, uint32_t(sh.cols));
+    const auto enc = codec::encode(image, {.codec = Codec::exp3, .block_values = sh.bv});
+    const codec::Stream st = codec::Stream::parse(enc, "t");
+    std::vector<kernels::Exp3Block> blocks;
+    REQUIRE(st.exp3_blocks(sh.lead, sh.rows * sh.cols, blocks));
+    for (const auto& b : blocks) {  // what the image is for, inside the matrix
+      saw_raw |= b.raw != nullptr;
+      saw_many |= b.raw == nullptr && b.n_esc > b.n / 3;
+      for (size_t g = 0; b.raw == nullptr && g < b.n / 64; ++g) {
+        uint64_t p[3];
+        std::memcpy(p, b.planes + 24 * g, 24);
+        saw_edges |= ((p[0] & p[1] & p[2]) >> 63 & 1) && ((p[0] & p[1] & p[2]) & 1);
+      }
+    }
+    std::vector<uint16_t> w(sh.rows * sh.cols);
+    std::memcpy(w.data(), image.data() + 2 * sh.lead, w.size() * 2);
+    const kernels::Bf16Matrix plain{w, sh.rows, sh.cols};
+    const kernels::CodedBf16Matrix coded{.src = &st, .first = sh.lead, .rows = sh.rows, .cols = sh.cols};
+    std::mt19937 rng(5);
+    std::normal_distribution<float> nd(0.f, 1.f);
+    std::vector<float> x(9 * sh.cols);
+    for (float& v : x) v = nd(rng);
+    for (kernels::Isa isa : kernels::supported_isas()) {
+      CAPTURE(kernels::isa_name(isa));
+      kernels::set_active_isa(isa);
+      for (int threads : {1, 2}) {
+        CAPTURE(threads);
+        tbb::global_control gc(tbb::global_control::max_allowed_parallelism, size_t(threads));
+        for (size_t t = 1; t <= 9; ++t) {
+          CAPTURE(t);
+          std::vector<float> want(t * sh.rows), got(t * sh.rows, -1.f);
+          kernels::matmul(plain, std::span(x).first(t * sh.cols), t, want);
+          kernels::matmul(coded, std::span(x).first(t * sh.cols), t, got);
+          CHECK(std::memcmp(want.data(), got.data(), want.size() * 4) == 0);
+        }
+      }
+      const float a = kernels::dot_row(coded, sh.rows - 1, x), b = kernels::dot_row(plain, sh.rows - 1, x);
+      CHECK(std::memcmp(&a, &b, 4) == 0);
+    }
+  }
+  kernels::set_active_isa(was);
+  CHECK(saw_raw);
+  CHECK(saw_many);
+  CHECK(saw_edges);
+  CHECK(kernels::exp3_direct_refused() == refused0);  // every task computed by the body it went to
+  if (kernels::exp3_direct_available()) {
+    CHECK(kernels::exp3_direct_runs() > runs0);
+  } else {
+    MESSAGE("the fused exp3 body needs AVX-512 VBMI and VBMI2, which this CPU lacks: only the tile path ran");
+  }
+}
+
+// A block whose planes code one escape more than its list holds: the fused body stops before
+// reading past the list and the tile path refuses the block.
+TEST_CASE("the fused exp3 body never reads past a malformed block's escape list") {
+  const size_t rows = 8, cols = 1024;
+  auto image = weights(2 * rows * cols, 31);
+  auto enc = codec::encode(image, {.codec = Codec::exp3, .block_values = 1024});
+  {
+    const codec::Stream st = codec::Stream::parse(enc, "t");
+    std::vector<kernels::Exp3Block> blocks;
+    REQUIRE(st.exp3_blocks(3 * cols, cols, blocks));
+    REQUIRE(blocks.size() == 1);
+    REQUIRE(blocks[0].raw == nullptr);
+    const size_t at = size_t(blocks[0].planes - reinterpret_cast<const uint8_t*>(enc.data()));
+    uint64_t p[3];
+    std::memcpy(p, enc.data() + at, 24);
+    const uint64_t plain_value = ~(p[0] & p[1] & p[2]) & -~(p[0] & p[1] & p[2]);  // lowest non-escape
+    for (uint64_t& word : p) word |= plain_value;
+    std::memcpy(enc.data() + at, p, 24);
+  }
+  const codec::Stream st = codec::Stream::parse(enc, "t");
+  const kernels::CodedBf16Matrix coded{.src = &st, .first = 0, .rows = rows, .cols = cols};
+  std::vector<float> x(cols, 1.f), y(rows);
+  const kernels::Isa was = kernels::active_isa();
+  const uint64_t refused0 = kernels::exp3_direct_refused();
+  for (kernels::Isa isa : kernels::supported_isas()) {
+    CAPTURE(kernels::isa_name(isa));
+    kernels::set_active_isa(isa);
+    CHECK_THROWS_AS(kernels::matvec(coded, x, y), Error);
+  }
+  kernels::set_active_isa(was);
+  if (kernels::exp3_direct_available()) CHECK(kernels::exp3_direct_refused() > refused0);
 }

@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "kernels/weights.hpp"
+
 namespace k3::io::codec::detail {
 
 // A malformed block: what is wrong and the byte offset inside the block's stored bytes.
@@ -27,6 +29,9 @@ constexpr size_t kExp3GroupBytes = 24;
 size_t exp3_code_bytes(size_t n);
 void exp3_encode_block(const uint16_t* v, size_t n, std::vector<std::byte>& out);
 void exp3_decode_block(const std::byte* blk, size_t size, size_t n, uint16_t* out);
+// The block's parts (sm, planes, esc, base, n_esc) into v, its header validated as
+// exp3_decode_block does (not the codes themselves); false when malformed.
+bool exp3_view_block(const std::byte* blk, size_t size, size_t n, kernels::Exp3Block& v);
 
 // huff block: n_sym-1 u8, 0 u8, 0 u16, bits_bytes u32, (sym u8, len u8)[n_sym], sm[n], bits.
 void huff_encode_block(const uint16_t* v, size_t n, std::vector<std::byte>& out);

@@ -269,6 +269,34 @@ void Stream::decode_values(uint64_t first, uint64_t count, uint16_t* out) const 
   }
 }
 
+bool Stream::exp3_blocks(uint64_t first, uint64_t count, std::vector<kernels::Exp3Block>& out) const {
+  out.clear();
+  const uint64_t n_values = raw_bytes_ / 2;
+  if (codec_ != Codec::exp3 || first > n_values || count > n_values - first) return false;
+  if (count == 0) return true;
+  const uint32_t b0 = uint32_t(first / block_values_), b1 = uint32_t((first + count - 1) / block_values_);
+  for (uint32_t b = b0; b <= b1; ++b) {
+    const std::byte* entry = bytes_.data() + kHeaderBytes + size_t(b) * kIndexEntryBytes;
+    const uint64_t start = b ? rd_u64(entry - kIndexEntryBytes) : 0, stop = rd_u64(entry);
+    const std::byte* blk = bytes_.data() + data_off_ + start;
+    const size_t size = size_t(stop - start);
+    kernels::Exp3Block v;
+    v.first = uint64_t(b) * block_values_;
+    const size_t n = size_t(std::min<uint64_t>(block_values_, n_values - v.first));
+    v.n = uint32_t(n);
+    if (size >= 2 && std::to_integer<uint8_t>(blk[1]) == kRawBlockKind) {
+      if (size != kRawBlockHead + 2 * n || blk[0] != std::byte{0} || blk[2] != std::byte{0} ||
+          blk[3] != std::byte{0})
+        return false;
+      v.raw = reinterpret_cast<const uint8_t*>(blk + kRawBlockHead);
+    } else if (!detail::exp3_view_block(blk, size, n, v)) {
+      return false;
+    }
+    out.push_back(v);
+  }
+  return true;
+}
+
 std::vector<std::byte> decode(std::span<const std::byte> stream, std::string what) {
   const Stream s = Stream::parse(stream, std::move(what));
   std::vector<std::byte> out(size_t(s.raw_bytes()));

@@ -91,6 +91,9 @@ class Stream final : public kernels::Bf16Source {
   // into out, block checks not verified: the fused matvec's tiles (kernels::CodedBf16Matrix). A
   // block the range cuts is decoded whole into a scratch and the part asked for copied. Thread-safe.
   void decode_values(uint64_t first, uint64_t count, uint16_t* out) const override;
+  // exp3: views of the blocks holding values [first, first + count) for the fused exp3 body (no
+  // check verified, every block header validated; false for another codec or a malformed header).
+  bool exp3_blocks(uint64_t first, uint64_t count, std::vector<kernels::Exp3Block>& out) const override;
 
  private:
   void decode_block(uint32_t b, uint16_t* out, bool verify) const;

@@ -106,6 +106,20 @@ void exp3_combine_scalar(const uint8_t* sm, const uint8_t* codes, uint8_t base, 
   }
 }
 
+bool exp3_view_block(const std::byte* blk, size_t size, size_t n, kernels::Exp3Block& v) {
+  const auto* p = reinterpret_cast<const uint8_t*>(blk);
+  if (size < kExp3BlockHead || p[0] > kExp3MaxBase || p[1] != 0) return false;
+  const size_t n_esc = size_t(p[2]) | (size_t(p[3]) << 8);
+  if (n_esc > n || kExp3BlockHead + n + exp3_code_bytes(n) + n_esc != size) return false;
+  v.n_esc = uint32_t(n_esc);
+  v.base = p[0];
+  v.sm = p + kExp3BlockHead;
+  v.planes = v.sm + n;
+  v.esc = v.planes + exp3_code_bytes(n);
+  v.raw = nullptr;
+  return true;
+}
+
 void exp3_decode_block(const std::byte* blk, size_t size, size_t n, uint16_t* out) {
   const auto* p = reinterpret_cast<const uint8_t*>(blk);
   if (size < kExp3BlockHead)
