@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/matmul_avx512_tree.hpp"
 #include "kernels/matmul_bodies.hpp"
 
 namespace k3::kernels::detail {
@@ -33,19 +34,6 @@ struct F32Load {
   double at(size_t i) const { return static_cast<double>(w[i]); }
   void prefetch(size_t i) const { _mm_prefetch(reinterpret_cast<const char*>(w + i), _MM_HINT_T0); }
 };
-
-// A holds lanes a0..a7, B holds a8..a15. The §5.3 tree pairs a_j with a_{j+4} first:
-// P = lo(A)+hi(A), Q = lo(B)+hi(B), R = P+Q (= b_j), then (R0+R1)+(R2+R3). Not A+B first.
-[[gnu::always_inline]] inline double reduce16(__m512d A, __m512d B) {
-  const __m256d P = _mm256_add_pd(_mm512_castpd512_pd256(A), _mm512_extractf64x4_pd(A, 1));
-  const __m256d Q = _mm256_add_pd(_mm512_castpd512_pd256(B), _mm512_extractf64x4_pd(B, 1));
-  const __m256d R = _mm256_add_pd(P, Q);
-  const __m128d lo = _mm256_castpd256_pd128(R);
-  const __m128d hi = _mm256_extractf128_pd(R, 1);
-  const double r01 = _mm_cvtsd_f64(lo) + _mm_cvtsd_f64(_mm_unpackhi_pd(lo, lo));
-  const double r23 = _mm_cvtsd_f64(hi) + _mm_cvtsd_f64(_mm_unpackhi_pd(hi, hi));
-  return r01 + r23;
-}
 
 // NR rows (loaders) against one input: independent accumulators interleave the FMA chains.
 template <int NR, class Load>
@@ -131,24 +119,6 @@ void f32_rows(const float* w, size_t rows, size_t cols, const double* x, size_t 
 // in one register and 4-7, 12-15 in the other. So the sixteen §5.3 lanes are held as
 // P = a0-3, a8-11 and Q = a4-7, a12-15, fed block by block in order, x is regrouped to match, and
 // the tree still pairs a_j with a_{j+4} first (see reduce_pq).
-[[gnu::always_inline]] inline double reduce_pq(__m512d P, __m512d Q) {
-  const __m256d U = _mm256_add_pd(_mm512_castpd512_pd256(P), _mm512_castpd512_pd256(Q));  // a_j + a_{j+4}
-  const __m256d V =
-      _mm256_add_pd(_mm512_extractf64x4_pd(P, 1), _mm512_extractf64x4_pd(Q, 1));  // a_{j+8} + a_{j+12}
-  const __m256d R = _mm256_add_pd(U, V);
-  const __m128d lo = _mm256_castpd256_pd128(R);
-  const __m128d hi = _mm256_extractf128_pd(R, 1);
-  return (_mm_cvtsd_f64(lo) + _mm_cvtsd_f64(_mm_unpackhi_pd(lo, lo))) +
-         (_mm_cvtsd_f64(hi) + _mm_cvtsd_f64(_mm_unpackhi_pd(hi, hi)));
-}
-
-double bf16_at(const uint16_t* w, size_t i) {
-  const uint32_t bits = static_cast<uint32_t>(w[i]) << 16;
-  float f;
-  __builtin_memcpy(&f, &bits, sizeof f);
-  return static_cast<double>(f);
-}
-
 // NR rows (n apart) against NT inputs (x_stride apart); y[t * y_stride + r].
 template <int NR, int NT>
 void bf16_block(const uint16_t* w, size_t n, const double* x, size_t x_stride, float* y, size_t y_stride) {

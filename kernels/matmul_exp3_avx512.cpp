@@ -24,6 +24,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/matmul_avx512_tree.hpp"
 #include "kernels/matmul_bodies.hpp"
 #include "kernels/weights.hpp"
 
@@ -81,23 +82,33 @@ size_t escapes_before(const Exp3Block& b, size_t g) {
   return k;
 }
 
-// The bytes (L, H) = ((e & 1) << 7 | mantissa, sign | e >> 1) of a group's 64 values (bf16 =
-// H << 8 | L): the exponents from the code planes (three masked adds of the byte lanes) with the
-// escapes expanded into their lanes from esc (in order). `valid` masks the values a last partial
-// group has.
-struct GroupBytes {
-  __m512i L, H;
+// A group's exponent bytes e (three masked adds of the code planes onto the base, then the escapes
+// expanded into their lanes from esc, in order) and its sign+mantissa bytes s. `valid` masks the
+// values a last partial group has.
+struct GroupCodes {
+  __m512i e, s;
 };
-[[gnu::always_inline]] inline GroupBytes group_bytes(const uint8_t* sm, const uint8_t* pl, const uint8_t* esc,
+[[gnu::always_inline]] inline GroupCodes group_codes(const uint8_t* sm, const uint8_t* pl, const uint8_t* esc,
                                                      __m512i vbase, uint64_t valid, bool partial) {
   const __m512i one = _mm512_set1_epi8(1), two = _mm512_set1_epi8(2), four = _mm512_set1_epi8(4);
-  const __m512i hi_bit = _mm512_set1_epi8(static_cast<char>(0x80));
   const uint64_t p0 = load_u64(pl), p1 = load_u64(pl + 8), p2 = load_u64(pl + 16);
   __m512i e = _mm512_mask_add_epi8(vbase, _cvtu64_mask64(p0), vbase, one);
   e = _mm512_mask_add_epi8(e, _cvtu64_mask64(p1), e, two);
   e = _mm512_mask_add_epi8(e, _cvtu64_mask64(p2), e, four);
   e = _mm512_mask_expandloadu_epi8(e, _cvtu64_mask64(p0 & p1 & p2 & valid), esc);  // the escapes, in order
-  const __m512i s = partial ? _mm512_maskz_loadu_epi8(_cvtu64_mask64(valid), sm) : _mm512_loadu_si512(sm);
+  return {e, partial ? _mm512_maskz_loadu_epi8(_cvtu64_mask64(valid), sm) : _mm512_loadu_si512(sm)};
+}
+
+// The bytes (L, H) = ((e & 1) << 7 | mantissa, sign | e >> 1) of a group's 64 values (bf16 =
+// H << 8 | L), from group_codes.
+struct GroupBytes {
+  __m512i L, H;
+};
+[[gnu::always_inline]] inline GroupBytes group_bytes(const uint8_t* sm, const uint8_t* pl, const uint8_t* esc,
+                                                     __m512i vbase, uint64_t valid, bool partial) {
+  const __m512i hi_bit = _mm512_set1_epi8(static_cast<char>(0x80));
+  const GroupCodes c = group_codes(sm, pl, esc, vbase, valid, partial);
+  const __m512i e = c.e, s = c.s;
   // 16-bit shifts: each byte's own bit lands where the byte mask picks it
   return {_mm512_ternarylogic_epi32(hi_bit, _mm512_slli_epi16(e, 7), s, 0xCA),   // hi_bit ? e<<7 : s
           _mm512_ternarylogic_epi32(hi_bit, s, _mm512_srli_epi16(e, 1), 0xCA)};  // hi_bit ? s : e>>1
@@ -114,14 +125,9 @@ struct GroupBytes {
 // e << 7, 32 values at a time).
 [[gnu::always_inline]] inline void group_bf16(const uint8_t* sm, const uint8_t* pl, const uint8_t* esc,
                                               __m512i vbase, uint64_t valid, bool partial, uint16_t* out) {
-  const __m512i one = _mm512_set1_epi8(1), two = _mm512_set1_epi8(2), four = _mm512_set1_epi8(4);
   const __m512i m807f = _mm512_set1_epi16(static_cast<short>(0x807F));
-  const uint64_t p0 = load_u64(pl), p1 = load_u64(pl + 8), p2 = load_u64(pl + 16);
-  __m512i e = _mm512_mask_add_epi8(vbase, _cvtu64_mask64(p0), vbase, one);
-  e = _mm512_mask_add_epi8(e, _cvtu64_mask64(p1), e, two);
-  e = _mm512_mask_add_epi8(e, _cvtu64_mask64(p2), e, four);
-  e = _mm512_mask_expandloadu_epi8(e, _cvtu64_mask64(p0 & p1 & p2 & valid), esc);  // the escapes, in order
-  const __m512i s = partial ? _mm512_maskz_loadu_epi8(_cvtu64_mask64(valid), sm) : _mm512_loadu_si512(sm);
+  const GroupCodes c = group_codes(sm, pl, esc, vbase, valid, partial);
+  const __m512i e = c.e, s = c.s;
   const __m512i lo = _mm512_ternarylogic_epi32(
       _mm512_cvtepi8_epi16(_mm512_castsi512_si256(s)), m807f,
       _mm512_slli_epi16(_mm512_cvtepu8_epi16(_mm512_castsi512_si256(e)), 7), 0xEA);  // (a & b) | c
@@ -219,41 +225,6 @@ bool decode(Cursor& cur, uint64_t lo, uint64_t hi, uint16_t* out) {
 #pragma GCC unroll 4
   for (size_t i = 0; i < kChunk / kGroup * kGroupBytes; i += 64) line(pl + i);
   for (const uint8_t *e = esc_near(*blk, i0), *e1 = esc_near(*blk, i0 + kChunk); e <= e1; e += 64) line(e);
-}
-
-// A holds lanes a0..a7, B a8..a15 (natural order). The §5.3 tree pairs a_j with a_{j+4} first:
-// P = lo(A)+hi(A), Q = lo(B)+hi(B), R = P+Q (= b_j), then (R0+R1)+(R2+R3).
-[[gnu::always_inline]] inline double reduce16(__m512d A, __m512d B) {
-  const __m256d P = _mm256_add_pd(_mm512_castpd512_pd256(A), _mm512_extractf64x4_pd(A, 1));
-  const __m256d Q = _mm256_add_pd(_mm512_castpd512_pd256(B), _mm512_extractf64x4_pd(B, 1));
-  const __m256d R = _mm256_add_pd(P, Q);
-  const __m128d lo = _mm256_castpd256_pd128(R);
-  const __m128d hi = _mm256_extractf128_pd(R, 1);
-  const double r01 = _mm_cvtsd_f64(lo) + _mm_cvtsd_f64(_mm_unpackhi_pd(lo, lo));
-  const double r23 = _mm_cvtsd_f64(hi) + _mm_cvtsd_f64(_mm_unpackhi_pd(hi, hi));
-  return r01 + r23;
-}
-
-// The chunk path's bf16 body, as the Bf16Matrix one (matmul_avx512.cpp): interleaving each 16-bit
-// weight above a zero word widens it to f32, landing elements 0-3, 8-11 in one register and 4-7,
-// 12-15 in the other, so the sixteen lanes are held as P = a0-3, a8-11 and Q = a4-7, a12-15, x is
-// regrouped to match, and the tree still pairs a_j with a_{j+4} first.
-[[gnu::always_inline]] inline double reduce_pq(__m512d P, __m512d Q) {
-  const __m256d U = _mm256_add_pd(_mm512_castpd512_pd256(P), _mm512_castpd512_pd256(Q));  // a_j + a_{j+4}
-  const __m256d V =
-      _mm256_add_pd(_mm512_extractf64x4_pd(P, 1), _mm512_extractf64x4_pd(Q, 1));  // a_{j+8} + a_{j+12}
-  const __m256d R = _mm256_add_pd(U, V);
-  const __m128d lo = _mm256_castpd256_pd128(R);
-  const __m128d hi = _mm256_extractf128_pd(R, 1);
-  return (_mm_cvtsd_f64(lo) + _mm_cvtsd_f64(_mm_unpackhi_pd(lo, lo))) +
-         (_mm_cvtsd_f64(hi) + _mm_cvtsd_f64(_mm_unpackhi_pd(hi, hi)));
-}
-
-double bf16_at(const uint16_t* w, size_t i) {
-  const uint32_t bits = static_cast<uint32_t>(w[i]) << 16;
-  float f;
-  __builtin_memcpy(&f, &bits, sizeof f);
-  return static_cast<double>(f);
 }
 
 // `steps` blocks of 16 of NR decoded rows against NT inputs (x_stride apart), the accumulators

@@ -224,6 +224,14 @@ void BM_f32_matvec(benchmark::State& st) {
 // neighbour's burst lands on both. vs_matvecs = the matmul's best time / the B matvecs' best: the
 // share of B matvecs' time a batched projection costs (1 = no gain; 1/B = B rows for the price of
 // one). bitexact: every row equal (memcmp) to its matvec.
+// Wall seconds of one call of body inside arena.
+template <class Body>
+double seconds_in(tbb::task_arena& arena, Body& body) {
+  const auto t0 = Clock::now();
+  arena.execute(body);
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
 void BM_bf16_batch(benchmark::State& st) {
   const Isa isa = static_cast<Isa>(st.range(0));
   const int threads = static_cast<int>(st.range(1));
@@ -244,11 +252,7 @@ void BM_bf16_batch(benchmark::State& st) {
   set_active_isa(isa);
   tbb::task_arena arena(threads);
   arena.execute(batched);  // warm
-  auto timed = [&](auto& body) {
-    const auto t0 = Clock::now();
-    arena.execute(body);
-    return std::chrono::duration<double>(Clock::now() - t0).count();
-  };
+  auto timed = [&](auto& body) { return seconds_in(arena, body); };
   double best_mm = 1e30, best_mv = 1e30, sum_mm = 0.0;
   for (auto _ : st) {
     const double a = timed(batched), b = timed(singles);
@@ -296,11 +300,7 @@ void BM_router_rows(benchmark::State& st) {
   set_active_isa(isa);
   tbb::task_arena arena(threads);
   arena.execute(batched);  // warm
-  auto timed = [&](auto& body) {
-    const auto t0 = Clock::now();
-    arena.execute(body);
-    return std::chrono::duration<double>(Clock::now() - t0).count();
-  };
+  auto timed = [&](auto& body) { return seconds_in(arena, body); };
   double best_rows = 1e30, best_one = 1e30, sum_rows = 0.0, sum_one = 0.0;
   for (auto _ : st) {
     const double a = timed(batched), b = timed(singles);
