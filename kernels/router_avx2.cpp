@@ -51,12 +51,7 @@ void block(const T* w, size_t hidden, const double* x, float* logit, size_t ls) 
       double a[8];
       _mm256_storeu_pd(a, acc[g][t][0]);
       _mm256_storeu_pd(a + 4, acc[g][t][1]);
-      for (int e = 0; e < 8; ++e) {
-        const T* row = w + (g * 8 + e) * hidden;
-        for (size_t i = full; i < hidden; ++i)
-          a[e] = a[e] + widen_one(row[i]) * x[t * hidden + i];  // the chain goes on
-        logit[t * ls + g * 8 + e] = static_cast<float>(a[e]);
-      }
+      finish_chains(a, w + g * 8 * hidden, hidden, full, x + t * hidden, logit + t * ls + g * 8);
     }
   }
 }

@@ -1,6 +1,7 @@
 // Included only by the router's ISA translation units (router_avx2.cpp, router_avx512.cpp), each of
 // which compiles its own copy (internal linkage): eight gate rows read eight elements at a time and
-// transposed in registers, so v[k] holds element i + k of rows 0..7, widened exactly to f32.
+// transposed in registers, so v[k] holds element i + k of rows 0..7, widened exactly to f32; and the
+// scalar parts both bodies share (the chains' tails, experts left over from the blocks of eight).
 #pragma once
 #include <immintrin.h>
 
@@ -67,6 +68,17 @@ inline double widen_one(uint16_t v) {
   float f;
   __builtin_memcpy(&f, &bits, sizeof f);
   return static_cast<double>(f);
+}
+
+// A block of eight experts' chains a[0..8) after the SIMD part (elements [0, full) of the rows at w):
+// each chain goes on sequentially over the tail elements of its row, then is rounded to its logit.
+template <class T>
+void finish_chains(double a[8], const T* w, size_t hidden, size_t full, const double* x, float* logit) {
+  for (int e = 0; e < 8; ++e) {
+    const T* row = w + size_t(e) * hidden;
+    for (size_t i = full; i < hidden; ++i) a[e] = a[e] + widen_one(row[i]) * x[i];
+    logit[e] = static_cast<float>(a[e]);
+  }
 }
 
 // Experts [e0, n) one at a time (fewer than a block of eight remain): the plain sequential chains.
