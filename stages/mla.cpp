@@ -117,14 +117,15 @@ void attention_mla(const MlaWeights& w, const io::ModelConfig& c, std::span<cons
       std::copy_n(kvb.begin() + s.first_row * kvr, s.rows * kvr, s.cache.kv.begin() + s.cached * kvr);
   }
 
-  // The only part that mixes rows: each segment attends over its own cache.
+  // The only part that mixes rows: each segment attends over its own cache. One parallel region
+  // over the heads covers every segment (a head's task walks the segments in order, reusing its
+  // probs rows), so a batch's sequences do not each pay a fork and a join.
   const float scale = 1.0f / std::sqrt(static_cast<float>(d.qh));  // over the full qk_nope+qk_rope width
-  for (const MlaSegment& seg : segs) {
-    const MlaCache& cache = seg.cache;
-    const size_t n_pos = seg.cached + seg.rows;
-    tbb::parallel_for(size_t{0}, d.nh, [&](size_t h) {
-      std::span<float> scores = probs_all.subspan(2 * h * n_pos, n_pos);
-      std::span<float> probs = probs_all.subspan((2 * h + 1) * n_pos, n_pos);
+  tbb::parallel_for(size_t{0}, d.nh, [&](size_t h) {
+    std::span<float> scores = probs_all.subspan(2 * h * n_max, n_max);
+    std::span<float> probs = probs_all.subspan((2 * h + 1) * n_max, n_max);
+    for (const MlaSegment& seg : segs) {
+      const MlaCache& cache = seg.cache;
       for (size_t t = 0; t < seg.rows; ++t) {
         const size_t p = seg.cached + t, r = seg.first_row + t;  // causal: keys 0..p
         const std::span<const float> q = Q.subspan((r * d.nh + h) * d.qh, d.qh);
@@ -139,8 +140,8 @@ void attention_mla(const MlaWeights& w, const io::ModelConfig& c, std::span<cons
         for (size_t s = 0; s <= p; ++s)
           kernels::axpy(probs[s], cache.kv.subspan((s * d.nh + h) * d.kvd + d.nope, d.vh), oh);
       }
-    });
-  }
+    }
+  });
 
   // Output gate BEFORE o_proj, no norm (all rows again).
   if (w.g) {
