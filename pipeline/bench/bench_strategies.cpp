@@ -108,7 +108,7 @@ class DeviceProbes {
     sum.cpu_threads = co_.cpu_threads;
     po_.seconds = a.probe_seconds / 3;
     po_.trunk_reader = trunk_reader_options();
-    po_.expert_reader = expert_reader_options(pattern_.largest_expert_read());
+    po_.expert_reader = expert_reader_options(pattern_.largest_expert_read(), 1);
   }
 
   // One probe per round, beside the runs it prices: a single probe at the start caught whatever the

@@ -94,7 +94,7 @@ int run_probe(const ProbeArgs& a) {
   ProbeOptions po;
   po.seconds = a.seconds / 3;
   po.trunk_reader = trunk_reader_options();
-  po.expert_reader = expert_reader_options(pattern.largest_expert_read());
+  po.expert_reader = expert_reader_options(pattern.largest_expert_read(), 1);
   const ProbeResult engine = probe_device(pattern, po);
   const double ratio = ceiling.gbps() > 0 ? engine.gbps() / ceiling.gbps() : 0.0;
   const double trunk_ratio = ceiling.gbps() > 0 ? engine.trunk.gbps() / ceiling.gbps() : 0.0;

@@ -164,7 +164,7 @@ struct StreamingModel::Impl {
         graph_owner(graph_in(arena)),
         flow_graph(*graph_owner),
         trunk_reader(trunk_reader_options()),
-        expert_reader(expert_reader_options(s.expert_window_bytes())) {
+        expert_reader(expert_reader_options(s.expert_window_bytes(), p.max_seqs)) {
     head = src.load_head();
     if (src.has_experts()) {
       const uint64_t slots = p.inflight_slots + p.lookahead_slots + p.cache_slots;

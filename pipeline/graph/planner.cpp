@@ -628,7 +628,7 @@ std::string format_plan(const MemoryPlan& p) {
       t.gated_depth ? fmt::format(", {} while an expert read the layer waits for is out", t.gated_depth)
                     : "");
   if (p.expert_slot_bytes) {
-    const io::UringReader::Options e = expert_reader_options(p.expert_slot_bytes);
+    const io::UringReader::Options e = expert_reader_options(p.expert_slot_bytes, p.max_seqs);
     s += fmt::format("  expert reads: {} x {} chunks in flight, landing in the expert slots\n", e.queue_depth,
                      human_bytes(double(e.chunk_bytes)));
   }

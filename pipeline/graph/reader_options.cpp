@@ -40,11 +40,15 @@ io::UringReader::Options trunk_reader_options() {
 // Expert reads complete in order, about one expert in flight at a time: with a batch of 8 experts
 // all in flight at once they shared the device and landed together at the end, so "compute each
 // expert as it lands" computed nothing early (medium synthetic checkpoint at 1 GiB, overlap: 0.069 ->
-// 0.060 s/token). Four chunks of a quarter expert each keep the device queue non-empty. Urgent
-// (demand) reads raise the gate the trunk reader yields to.
-io::UringReader::Options expert_reader_options(uint64_t expert_bytes) {
+// 0.060 s/token). Four chunks of a quarter expert each keep the device queue non-empty. A batched
+// step is different: its B rows route ~B experts a layer, all wanted at once, and one expert in
+// flight at a time left a B = 8 step of `wide` waiting on its 45 MiB of experts a step; four chunks
+// per sequence, up to 16, made that step 4-5 % shorter on a 7 GB/s device, while 16 at B = 1 made
+// B = 1 ~4 % slower (docs/performance.md, "A batch of rows"). Urgent (demand) reads raise the gate
+// the trunk reader yields to.
+io::UringReader::Options expert_reader_options(uint64_t expert_bytes, int max_seqs) {
   io::UringReader::Options o;
-  o.queue_depth = 4;
+  o.queue_depth = 4 * unsigned(std::clamp(max_seqs, 1, 4));
   o.chunk_bytes = std::clamp<size_t>(io::align_up(expert_bytes / 4, io::kDirectAlign), size_t{256} << 10,
                                      size_t{8} << 20);
   if (int qd = io::env::integer_or_zero(io::env::kExpertQd)) o.queue_depth = unsigned(qd);

@@ -13,7 +13,9 @@
 namespace k3::pipeline {
 
 io::UringReader::Options trunk_reader_options();
-io::UringReader::Options expert_reader_options(uint64_t expert_bytes);
+// max_seqs: the most sequences a step carries (MemoryPlan::max_seqs). A step of B rows routes up to
+// B x top_k experts a layer, so the window deepens with B (reader_options.cpp).
+io::UringReader::Options expert_reader_options(uint64_t expert_bytes, int max_seqs);
 
 // The gate the expert reader's urgent reads raise and the trunk reader yields to (one per process).
 std::shared_ptr<io::UrgentGate> urgent_gate();
