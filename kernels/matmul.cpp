@@ -66,10 +66,10 @@ void for_rows(size_t rows, size_t cols, const Body& body, size_t min_task = 3276
   });
 }
 
-// Rows [r0, r1) (all rows, split over threads, when `parallel`); y[t * y_stride + (r - r0)].
-void run(const Matrix& w, const double* xw, size_t tokens, float* y, size_t y_stride, size_t r0, size_t r1,
-         bool parallel) {
-  const detail::MatmulBodies b = bodies();
+// Rows [r0, r1) (all rows, split over threads, when `parallel`); y[t * y_stride + (r - r0)]. pq_x: xw
+// is in the P/Q layout (widen_pq), for b.bf16_pq; only with a Bf16Matrix.
+void run(const detail::MatmulBodies& b, const Matrix& w, const double* xw, bool pq_x, size_t tokens, float* y,
+         size_t y_stride, size_t r0, size_t r1, bool parallel) {
   const detail::Exp3Rows exp3 = std::holds_alternative<CodedBf16Matrix>(w) ? exp3_body() : nullptr;
   std::visit(
       [&](const auto& m) {
@@ -79,7 +79,7 @@ void run(const Matrix& w, const double* xw, size_t tokens, float* y, size_t y_st
           if constexpr (std::is_same_v<M, F32Matrix>) {
             b.f32(m.data.data() + a * m.cols, e - a, m.cols, xw, tokens, yr, y_stride);
           } else if constexpr (std::is_same_v<M, Bf16Matrix>) {
-            b.bf16(m.data.data() + a * m.cols, e - a, m.cols, xw, tokens, yr, y_stride);
+            (pq_x ? b.bf16_pq : b.bf16)(m.data.data() + a * m.cols, e - a, m.cols, xw, tokens, yr, y_stride);
           } else if constexpr (std::is_same_v<M, CodedBf16Matrix>) {
             // exp3 with the fused body: straight from the stored blocks (a malformed block: the tile
             // path below, whose decode reports it).
@@ -124,6 +124,27 @@ std::vector<double> widen(std::span<const float> x) {
   return xw;
 }
 
+// `tokens` rows of `cols`, widened with each full block of 16 columns regrouped into the AVX-512 bf16
+// body's lanes (x0-3, x8-11, then x4-7, x12-15; MatmulBodies::bf16_pq) and the columns past the last
+// full block in place. The same values, moved: no bit of any product changes.
+std::vector<double> widen_pq(std::span<const float> x, size_t tokens, size_t cols) {
+  std::vector<double> xw(tokens * cols);
+  const size_t full = cols / 16 * 16;
+  for (size_t t = 0; t < tokens; ++t) {
+    const float* in = x.data() + t * cols;
+    double* out = xw.data() + t * cols;
+    for (size_t i = 0; i < full; i += 16)
+      for (size_t j = 0; j < 4; ++j) {
+        out[i + j] = in[i + j];
+        out[i + 4 + j] = in[i + 8 + j];
+        out[i + 8 + j] = in[i + 4 + j];
+        out[i + 12 + j] = in[i + 12 + j];
+      }
+    for (size_t i = full; i < cols; ++i) out[i] = in[i];
+  }
+  return xw;
+}
+
 }  // namespace
 
 void matvec(const Matrix& w, std::span<const float> x, std::span<float> y) {
@@ -131,14 +152,18 @@ void matvec(const Matrix& w, std::span<const float> x, std::span<float> y) {
 }
 
 void matmul(const Matrix& w, std::span<const float> x, size_t tokens, std::span<float> y) {
-  const std::vector<double> xw = widen(x.first(tokens * cols_of(w)));
-  run(w, xw.data(), tokens, y.data(), rows_of(w), 0, rows_of(w), true);
+  const detail::MatmulBodies b = bodies();
+  const size_t cols = cols_of(w);
+  const bool pq_x = tokens > 1 && b.bf16_pq != nullptr && std::holds_alternative<Bf16Matrix>(w);
+  const std::vector<double> xw =
+      pq_x ? widen_pq(x.first(tokens * cols), tokens, cols) : widen(x.first(tokens * cols));
+  run(b, w, xw.data(), pq_x, tokens, y.data(), rows_of(w), 0, rows_of(w), true);
 }
 
 float dot_row(const Matrix& w, size_t row, std::span<const float> x) {
   const std::vector<double> xw = widen(x.first(cols_of(w)));
   float out = 0.0f;
-  run(w, xw.data(), 1, &out, 1, row, row + 1, false);
+  run(bodies(), w, xw.data(), false, 1, &out, 1, row, row + 1, false);
   return out;
 }
 
@@ -240,7 +265,7 @@ void mxfp4_dot_rows(const uint8_t* packed, const uint8_t* scales, size_t rows, s
 }  // namespace
 
 MatmulBodies matmul_bodies_scalar() {
-  return {f32_dot_rows, bf16_dot_rows, mxfp4_dot_rows};
+  return {f32_dot_rows, bf16_dot_rows, mxfp4_dot_rows, nullptr};
 }
 
 }  // namespace detail

@@ -324,7 +324,7 @@ void mxfp4_rows(const uint8_t* packed, const uint8_t* scales, size_t rows, size_
 }  // namespace
 
 MatmulBodies matmul_bodies_avx2() {
-  return {f32_rows, bf16_rows, mxfp4_rows};
+  return {f32_rows, bf16_rows, mxfp4_rows, nullptr};
 }
 
 }  // namespace k3::kernels::detail

@@ -118,9 +118,11 @@ void f32_rows(const float* w, size_t rows, size_t cols, const double* x, size_t 
 // unpack works per 128-bit lane) widens it to f32 in one instruction, but lands elements 0-3, 8-11
 // in one register and 4-7, 12-15 in the other. So the sixteen §5.3 lanes are held as
 // P = a0-3, a8-11 and Q = a4-7, a12-15, fed block by block in order, x is regrouped to match, and
-// the tree still pairs a_j with a_{j+4} first (see reduce_pq).
+// the tree still pairs a_j with a_{j+4} first (see reduce_pq). With kPqX the caller widened x
+// already regrouped (widen_pq in kernels/matmul.cpp: each full block of 16 stored as P then Q), so
+// the body loads P and Q as they are instead of shuffling every block for every block of rows.
 // NR rows (n apart) against NT inputs (x_stride apart); y[t * y_stride + r].
-template <int NR, int NT>
+template <int NR, int NT, bool kPqX>
 void bf16_block(const uint16_t* w, size_t n, const double* x, size_t x_stride, float* y, size_t y_stride) {
   __m512d P[NR][NT], Q[NR][NT];
 #pragma GCC unroll 8
@@ -135,8 +137,13 @@ void bf16_block(const uint16_t* w, size_t n, const double* x, size_t x_stride, f
     for (int t = 0; t < NT; ++t) {
       const __m512d X0 = _mm512_loadu_pd(x + t * x_stride + i);
       const __m512d X1 = _mm512_loadu_pd(x + t * x_stride + i + 8);
-      xp[t] = _mm512_shuffle_f64x2(X0, X1, 0x44);  // x0-3, x8-11
-      xq[t] = _mm512_shuffle_f64x2(X0, X1, 0xEE);  // x4-7, x12-15
+      if constexpr (kPqX) {
+        xp[t] = X0;
+        xq[t] = X1;
+      } else {
+        xp[t] = _mm512_shuffle_f64x2(X0, X1, 0x44);  // x0-3, x8-11
+        xq[t] = _mm512_shuffle_f64x2(X0, X1, 0xEE);  // x4-7, x12-15
+      }
     }
 #pragma GCC unroll 8
     for (int r = 0; r < NR; ++r) {
@@ -159,9 +166,35 @@ void bf16_block(const uint16_t* w, size_t n, const double* x, size_t x_stride, f
 #pragma GCC unroll 8
     for (int t = 0; t < NT; ++t) {
       double acc = reduce_pq(P[r][t], Q[r][t]);
+      // the columns past the last full block: in natural order in both layouts
       for (size_t i = full; i < n; ++i) acc = acc + bf16_at(w + r * n, i) * x[t * x_stride + i];
       y[t * y_stride + r] = static_cast<float>(acc);
     }
+  }
+}
+
+// Several tokens (a batched decode step, a prefill): four rows against two inputs at a time. Each
+// input's row block is reused from L1/L2 for every input, and the x loads are shared by four rows;
+// one row against four inputs re-read the whole x from L2 for every weight row and ran no faster
+// than one matvec per token (5 bf16 4096x4096 matrices, 8 tokens: ~2x faster this way). Every
+// (row, input) pair keeps its own accumulators, so the bits are the one-row ones.
+template <bool kPqX>
+void bf16_tokens(const uint16_t* w, size_t rows, size_t cols, const double* x, size_t tokens, float* y,
+                 size_t y_stride) {
+  size_t r = 0;
+  for (; r + 4 <= rows; r += 4) {
+    size_t t = 0;
+    for (; t + 2 <= tokens; t += 2)
+      bf16_block<4, 2, kPqX>(w + r * cols, cols, x + t * cols, cols, y + t * y_stride + r, y_stride);
+    for (; t < tokens; ++t)
+      bf16_block<4, 1, kPqX>(w + r * cols, cols, x + t * cols, cols, y + t * y_stride + r, y_stride);
+  }
+  for (; r < rows; ++r) {
+    size_t t = 0;
+    for (; t + 2 <= tokens; t += 2)
+      bf16_block<1, 2, kPqX>(w + r * cols, cols, x + t * cols, cols, y + t * y_stride + r, y_stride);
+    for (; t < tokens; ++t)
+      bf16_block<1, 1, kPqX>(w + r * cols, cols, x + t * cols, cols, y + t * y_stride + r, y_stride);
   }
 }
 
@@ -171,31 +204,20 @@ void bf16_rows(const uint16_t* w, size_t rows, size_t cols, const double* x, siz
     size_t r = 0;
     // Eight rows in flight: eight weight streams keep DRAM busy and 16 independent chains hide the
     // FMA latency (measured ~20% over four rows when streaming).
-    for (; r + 8 <= rows; r += 8) bf16_block<8, 1>(w + r * cols, cols, x, cols, y + r, y_stride);
-    for (; r + 4 <= rows; r += 4) bf16_block<4, 1>(w + r * cols, cols, x, cols, y + r, y_stride);
-    for (; r < rows; ++r) bf16_block<1, 1>(w + r * cols, cols, x, cols, y + r, y_stride);
+    for (; r + 8 <= rows; r += 8) bf16_block<8, 1, false>(w + r * cols, cols, x, cols, y + r, y_stride);
+    for (; r + 4 <= rows; r += 4) bf16_block<4, 1, false>(w + r * cols, cols, x, cols, y + r, y_stride);
+    for (; r < rows; ++r) bf16_block<1, 1, false>(w + r * cols, cols, x, cols, y + r, y_stride);
     return;
   }
-  // Several tokens (a batched decode step, a prefill): four rows against two inputs at a time. Each
-  // input's row block is reused from L1/L2 for every input, and the x loads are shared by four rows;
-  // one row against four inputs re-read the whole x from L2 for every weight row and ran no faster
-  // than one matvec per token (5 bf16 4096x4096 matrices, 8 tokens: ~2x faster this way). Every
-  // (row, input) pair keeps its own accumulators, so the bits are the one-row ones.
-  size_t r = 0;
-  for (; r + 4 <= rows; r += 4) {
-    size_t t = 0;
-    for (; t + 2 <= tokens; t += 2)
-      bf16_block<4, 2>(w + r * cols, cols, x + t * cols, cols, y + t * y_stride + r, y_stride);
-    for (; t < tokens; ++t)
-      bf16_block<4, 1>(w + r * cols, cols, x + t * cols, cols, y + t * y_stride + r, y_stride);
-  }
-  for (; r < rows; ++r) {
-    size_t t = 0;
-    for (; t + 2 <= tokens; t += 2)
-      bf16_block<1, 2>(w + r * cols, cols, x + t * cols, cols, y + t * y_stride + r, y_stride);
-    for (; t < tokens; ++t)
-      bf16_block<1, 1>(w + r * cols, cols, x + t * cols, cols, y + t * y_stride + r, y_stride);
-  }
+  bf16_tokens<false>(w, rows, cols, x, tokens, y, y_stride);
+}
+
+// x widened in the P/Q layout (MatmulBodies::bf16_pq): the shuffles of every block of 16 were ~4 of
+// the ~20 non-FMA instructions per 16 FMAs of the 4 x 2 block; without them a B = 8 matmul ran
+// ~15 % faster (docs/performance.md, "A batch of rows").
+void bf16_rows_pq(const uint16_t* w, size_t rows, size_t cols, const double* x, size_t tokens, float* y,
+                  size_t y_stride) {
+  bf16_tokens<true>(w, rows, cols, x, tokens, y, y_stride);
 }
 
 // ---- MXFP4 ----------------------------------------------------------------------------------
@@ -408,7 +430,7 @@ void mxfp4_rows(const uint8_t* packed, const uint8_t* scales, size_t rows, size_
 }  // namespace
 
 MatmulBodies matmul_bodies_avx512() {
-  return {f32_rows, bf16_rows, mxfp4_rows};
+  return {f32_rows, bf16_rows, mxfp4_rows, bf16_rows_pq};
 }
 
 }  // namespace k3::kernels::detail

@@ -27,6 +27,10 @@ struct MatmulBodies {
   F32Rows f32;
   Bf16Rows bf16;
   Mxfp4Rows mxfp4;
+  // Optional (nullptr: none), for tokens > 1: a bf16 body reading x widened in the AVX-512 bodies'
+  // P/Q lane order -- each full block of 16 columns stored as x0-3, x8-11, x4-7, x12-15, the columns
+  // past the last full block as they are (kernels/matmul.cpp, widen_pq). Same bits as `bf16`.
+  Bf16Rows bf16_pq = nullptr;
 };
 
 MatmulBodies matmul_bodies_scalar();
