@@ -35,8 +35,9 @@ inline constexpr Var kTrunkMaxQd{"K3FLOW_TRUNK_MAX_QD", Kind::setting,
                                  "K3FLOW_TRUNK_QD: a fixed depth)"};
 inline constexpr Var kTrunkGatedQd{"K3FLOW_TRUNK_GATED_QD", Kind::setting,
                                    "the trunk reader's depth while an urgent expert read is out"};
-inline constexpr Var kExpertQd{"K3FLOW_EXPERT_QD", Kind::setting,
-                               "expert reader queue depth (default 4 a sequence, up to 16)"};
+inline constexpr Var kExpertQd{
+    "K3FLOW_EXPERT_QD", Kind::setting,
+    "expert reader queue depth (default 4, adaptive up to 4 a sequence in a batched run; set: fixed)"};
 inline constexpr Var kExpertChunkKb{"K3FLOW_EXPERT_CHUNK_KB", Kind::setting,
                                     "expert reader chunk size in KiB (default a quarter expert)"};
 inline constexpr Var kNoHuge{"K3_NOHUGE", Kind::setting,

@@ -629,7 +629,9 @@ std::string format_plan(const MemoryPlan& p) {
                     : "");
   if (p.expert_slot_bytes) {
     const io::UringReader::Options e = expert_reader_options(p.expert_slot_bytes, p.max_seqs);
-    s += fmt::format("  expert reads: {} x {} chunks in flight, landing in the expert slots\n", e.queue_depth,
+    s += fmt::format("  expert reads: {}{} x {} chunks in flight, landing in the expert slots\n",
+                     e.queue_depth,
+                     e.max_depth > e.queue_depth ? fmt::format("-{} (adaptive)", e.max_depth) : "",
                      human_bytes(double(e.chunk_bytes)));
   }
   return s;

@@ -42,16 +42,26 @@ io::UringReader::Options trunk_reader_options() {
 // expert as it lands" computed nothing early (medium synthetic checkpoint at 1 GiB, overlap: 0.069 ->
 // 0.060 s/token). Four chunks of a quarter expert each keep the device queue non-empty. A batched
 // step is different: its B rows route ~B experts a layer, all wanted at once, and one expert in
-// flight at a time left a B = 8 step of `wide` waiting on its 45 MiB of experts a step; four chunks
-// per sequence, up to 16, made that step 4-5 % shorter on a 7 GB/s device, while 16 at B = 1 made
-// B = 1 ~4 % slower (docs/performance.md, "A batch of rows"). Urgent (demand) reads raise the gate
-// the trunk reader yields to.
+// flight at a time left a B = 8 step of `wide` waiting on its 45 MiB of experts a step; 16 chunks
+// made that step 4-5 % shorter on a 7 GB/s device, while 16 at B = 1 made B = 1 ~3 % slower
+// (docs/performance.md, "A batch of rows"). So a reader for max_seqs > 1 is adaptive between 4 and
+// 4 per sequence (up to 16): it deepens only while queued experts keep it saturated and the deeper
+// window reads faster (io::DepthTuner), so a server's one active sequence keeps 4. Its epochs are
+// short (16 MiB: a B = 8 step of `wide` reads 45 MiB of experts) so it adapts within a few steps.
+// Urgent (demand) reads raise the gate the trunk reader yields to.
 io::UringReader::Options expert_reader_options(uint64_t expert_bytes, int max_seqs) {
   io::UringReader::Options o;
-  o.queue_depth = 4 * unsigned(std::clamp(max_seqs, 1, 4));
+  o.queue_depth = 4;
+  if (const unsigned deepest = 4 * unsigned(std::clamp(max_seqs, 1, 4)); deepest > o.queue_depth) {
+    o.max_depth = deepest;
+    o.epoch_bytes = uint64_t{16} << 20;
+  }
   o.chunk_bytes = std::clamp<size_t>(io::align_up(expert_bytes / 4, io::kDirectAlign), size_t{256} << 10,
                                      size_t{8} << 20);
-  if (int qd = io::env::integer_or_zero(io::env::kExpertQd)) o.queue_depth = unsigned(qd);
+  if (int qd = io::env::integer_or_zero(io::env::kExpertQd)) {
+    o.queue_depth = unsigned(qd);  // a fixed depth
+    o.max_depth = 0;
+  }
   if (int kb = io::env::integer_or_zero(io::env::kExpertChunkKb)) o.chunk_bytes = size_t(kb) << 10;
   o.gate = urgent_gate();
   o.raises_gate = true;

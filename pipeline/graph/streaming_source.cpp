@@ -260,7 +260,9 @@ PlanInputs plan_inputs(const io::ModelConfig& c, const io::ShardSet& shards, con
   const io::UringReader::Options trunk_opts = trunk_reader_options();
   const uint64_t trunk_ring =
       io::UringReader::ring_bytes(std::max(trunk_opts.queue_depth, trunk_opts.max_depth));
-  const uint64_t expert_ring = io::UringReader::ring_bytes(expert_reader_options(0, int(S)).queue_depth);
+  const io::UringReader::Options expert_opts = expert_reader_options(0, int(S));
+  const uint64_t expert_ring =
+      io::UringReader::ring_bytes(std::max(expert_opts.queue_depth, expert_opts.max_depth));
   in.resident = {
       {rows ? "lm_head + head vectors (embedding rows read per id)" : "embedding + lm_head + head vectors", 1,
        head_bytes, head_bytes},
