@@ -183,7 +183,7 @@ void bf16_tokens(const uint16_t* w, size_t rows, size_t cols, const double* x, s
                  size_t y_stride) {
   // With x already in P/Q order, inputs three at a time, then in pairs (3k + 1 inputs end in two pairs,
   // not a single one): 24 accumulators, 6 x and 2 widened weight registers, and the widening of each
-  // weight shared by three inputs instead of two. B = 8: ~+15 % over pairs only (docs/performance.md).
+  // weight shared by three inputs instead of two. B = 8: ~+13 % over pairs only (docs/performance.md).
   // The shuffling layout keeps pairs: its x regrouping needs the registers a third input would take.
   size_t triples = 0;
   if constexpr (kPqX) {
@@ -225,7 +225,7 @@ void bf16_rows(const uint16_t* w, size_t rows, size_t cols, const double* x, siz
 
 // x widened in the P/Q layout (MatmulBodies::bf16_pq): the shuffles of every block of 16 were ~4 of
 // the ~20 non-FMA instructions per 16 FMAs of the 4 x 2 block; without them a B = 8 matmul ran
-// ~15 % faster (docs/performance.md, "A batch of rows").
+// ~10 % faster, and the freed registers hold a third input (docs/performance.md, "A batch of rows").
 void bf16_rows_pq(const uint16_t* w, size_t rows, size_t cols, const double* x, size_t tokens, float* y,
                   size_t y_stride) {
   bf16_tokens<true>(w, rows, cols, x, tokens, y, y_stride);
