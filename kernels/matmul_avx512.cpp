@@ -23,6 +23,11 @@ namespace {
 
 // Elements ahead of the current block to prefetch; the rows stream from DRAM once per matvec.
 constexpr size_t kPrefetchAhead = 256;
+// With several inputs a block of rows is passed once per group of inputs, and the first pass takes
+// the weights from DRAM while computing three inputs per weight: each block takes ~3x a matvec's
+// time, so 256 elements ahead no longer cover the DRAM latency. 512 ran a B = 8 matmul 3-5 % faster
+// (1024, or an extra L2 prefetch of the next block of rows, were slower; docs/performance.md).
+constexpr size_t kPrefetchAheadBatch = 512;
 
 // Elements i..i+7 and i+8..i+15 of a row, widened exactly to f64.
 struct F32Load {
@@ -148,7 +153,8 @@ void bf16_block(const uint16_t* w, size_t n, const double* x, size_t x_stride, f
 #pragma GCC unroll 8
     for (int r = 0; r < NR; ++r) {
       const uint16_t* wr = w + r * n + i;
-      _mm_prefetch(reinterpret_cast<const char*>(wr + kPrefetchAhead), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(wr + (NT > 1 ? kPrefetchAheadBatch : kPrefetchAhead)),
+                   _MM_HINT_T0);
       const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wr));
       const __m512d p =
           _mm512_cvtps_pd(_mm256_castsi256_ps(_mm256_unpacklo_epi16(_mm256_setzero_si256(), raw)));
