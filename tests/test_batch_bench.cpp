@@ -3,7 +3,8 @@
 // engine per child, and a child with 4 sequences on a checkpoint over 3x its budget keeps its peak
 // RSS (wait4) under the budget; every sequence emits the ids it emits in a batch of one. `bench
 // --batch B --join N` compares the prefill modes for a prompt joining B - 1 decoding sequences, with
-// the same ids in every mode. Both write their results as JSON with --json / --out.
+// the same ids in every mode. Both write their results as JSON with --json / --out; `--batch
+// --trace-dir` a Chrome trace per run whose compute spans carry the rows of the batched step.
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 #include <simdjson.h>
@@ -146,14 +147,15 @@ TEST_CASE("bench --batch child: 4 sequences on a checkpoint over 3x the budget s
   CHECK(t4 < 2 * t1);
 }
 
-TEST_CASE("bench --batch: the table, every batch size, the same ids, its JSON; bad lists refused") {
+TEST_CASE(
+    "bench --batch: the table, every batch size, the same ids, its JSON, its traces; bad lists refused") {
   Small& s = small();
   TempDir d;
-  const std::string out = d / "batch.json";
+  const std::string out = d / "batch.json", traces = d / "traces";
   // --json: the JSON alone on stdout, the text on stderr; --out: the same document in a file.
   const Run r = k3flow(fmt::format("bench {} --mem-gb 0.09 --gen 3 --ids 7,8,9 --repeat 1 --batch 1,2 --json "
-                                   "--out {}",
-                                   s.model, out),
+                                   "--out {} --trace-dir {}",
+                                   s.model, out, traces),
                        "", 300);
   REQUIRE_MESSAGE(r.code == 0, r.err);
   CHECK(r.err.find("agg tok/s med") != std::string::npos);
@@ -174,6 +176,29 @@ TEST_CASE("bench --batch: the table, every batch size, the same ids, its JSON; b
     CHECK(simdjson::dom::array(row["s_per_step_runs"]).size() == 1);
     CHECK(uint64_t(row["peak_rss_bytes"]) > 0);
   }
+  // --trace-dir: each child's Chrome trace, whose compute spans carry the rows of the step (B).
+  for (int64_t B : {1, 2}) {
+    const std::string text = k3::test::slurp(fmt::format("{}/batch-b{}-r1.json", traces, B));
+    simdjson::dom::element trace;
+    REQUIRE_MESSAGE(parser.parse(text).get(trace) == simdjson::SUCCESS, text.substr(0, 200));
+    size_t attention = 0, wrong_rows = 0;
+    for (simdjson::dom::element e : simdjson::dom::array(trace["traceEvents"])) {
+      std::string_view name;
+      if (e["name"].get(name) != simdjson::SUCCESS || name != "attention") continue;
+      ++attention;
+      int64_t fed = 0, token = -1;
+      CHECK(e["args"]["token"].get(token) == simdjson::SUCCESS);
+      // the prefill step (call 0) feeds the B prompts' 3 ids each, a decode step one id a sequence
+      if (e["args"]["rows"].get(fed) != simdjson::SUCCESS || fed != (token == 0 ? 3 * B : B)) ++wrong_rows;
+    }
+    CHECK(attention > 0);
+    CHECK(wrong_rows == 0);
+  }
+  CHECK(r.err.find("traces: " + traces) != std::string::npos);
+  CHECK(k3flow(fmt::format("bench {} --mem-gb 0.09 --batch 1 --trace-dir {}", s.model, out)).code == 2);
+  CHECK(
+      k3flow(fmt::format("bench {} --mem-gb 0.09 --batch 2 --join 8 --trace-dir {}", s.model, traces)).code ==
+      2);
   CHECK(k3flow(fmt::format("bench {} --mem-gb 0.09 --batch 1 --out {}", s.model, d / "none/x.json")).code ==
         2);
   CHECK(k3flow(fmt::format("bench {} --mem-gb 0.09 --batch 2,1", s.model)).code == 2);

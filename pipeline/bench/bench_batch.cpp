@@ -16,6 +16,7 @@
 #include "io/json_text.hpp"
 #include "kernels/argmax.hpp"
 #include "pipeline/bench/bench_child.hpp"
+#include "pipeline/graph/trace.hpp"
 #include "pipeline/run/batch_engine.hpp"
 #include "pipeline/run/decoder.hpp"
 #include "pipeline/run/thread_limit.hpp"
@@ -97,11 +98,13 @@ DecoderOptions child_options(const BatchBenchArgs& a, size_t capacity, const Thr
   o.stream.preset = a.preset;
   if (a.mem_gb) o.stream.mem_gb = *a.mem_gb;
   if (o.stream.budget_given()) o.stream.strategy = a.strategy;
+  o.stream.trace = a.trace;  // the engine records its stages' spans; written by run_batch_child
   return o;
 }
 
-// `k3flow bench MODEL --batch-child B` with the bench's prompt, budget and threads.
-std::vector<std::string> child_argv(const BatchBenchArgs& a, int B) {
+// `k3flow bench MODEL --batch-child B` with the bench's prompt, budget and threads (and, with
+// --trace-dir, the trace file of repeat `r`, counted from 1).
+std::vector<std::string> child_argv(const BatchBenchArgs& a, int B, int r = 0) {
   std::vector<std::string> argv = {
       self_exe().string(),   "bench",           a.model_dir,
       "--batch-child",       std::to_string(B), "--gen",
@@ -113,6 +116,9 @@ std::vector<std::string> child_argv(const BatchBenchArgs& a, int B) {
     argv.insert(argv.end(), {"--preset", a.preset});
   if (!a.trunk_dir.empty()) argv.insert(argv.end(), {"--trunk", a.trunk_dir});
   if (a.threads > 0) argv.insert(argv.end(), {"--threads", std::to_string(a.threads)});
+  if (!a.trace_dir.empty() && r > 0)
+    argv.insert(argv.end(), {"--batch-trace",
+                             (fs::path(a.trace_dir) / fmt::format("batch-b{}-r{}.json", B, r)).string()});
   return argv;
 }
 
@@ -192,6 +198,11 @@ int run_batch_child(const BatchBenchArgs& a, int B) {
   }
   const double decode = seconds_since(t0);
   const StreamTotals after = totals();
+  if (!a.trace.empty()) {  // the prefill step and every decode step
+    Trace::disable();
+    Trace::write(a.trace);
+    std::printf("wrote %s (Chrome trace, %zu events)\n", a.trace.c_str(), Trace::event_count());
+  }
   std::string ids;
   for (size_t q = 0; q < n; ++q) ids += fmt::format("{}{}", q ? "/" : "", fmt::join(out[q], ","));
   std::printf("\nBATCH b=%d decode_steps=%d decode_s=%.6f prefill_s=%.6f trunk=%llu experts=%llu ids=%s\n", B,
@@ -222,7 +233,7 @@ int run_batch_bench(const BatchBenchArgs& a, const std::vector<int>& batches, st
       const int B = batches[i];
       const std::string label = fmt::format("batch {} (repeat {})", B, r + 1);
       for (const fs::path& d : cache_dirs) drop_file_cache(d);
-      const ChildRun c = run_child(child_argv(a, B), tmp.path());
+      const ChildRun c = run_child(child_argv(a, B, r + 1), tmp.path());
       if (!c.ok())
         throw io::runtime_error(fmt::format("{}: the batched child failed, {}", label, c.failure()));
       BatchSample s = parse_batch_line(c.out, label);
@@ -301,6 +312,11 @@ int run_batch_bench(const BatchBenchArgs& a, const std::vector<int>& batches, st
       "s/token = s/step; aggregate tokens/s = B / s/step; the last column: aggregate over B=%d's; peak RSS "
       "from wait4; every sequence emitted the same ids at every B\n",
       a.gen - 1, a.repeat, a.repeat == 1 ? "" : "s", batches.front());
+  if (!a.trace_dir.empty())
+    std::fprintf(txt,
+                 "traces: %s/batch-b<B>-r<repeat>.json, one per run (Chrome trace: open in Perfetto; every "
+                 "compute span says its layer, forward call and rows)\n",
+                 a.trace_dir.c_str());
   return 0;
 }
 

@@ -41,6 +41,9 @@ struct BatchBenchArgs {
   size_t join = 0;
   std::vector<PrefillPolicy::Mode> modes;
   size_t chunk = 0;
+  // --trace-dir DIR: every child writes DIR/batch-b<B>-r<repeat>.json (the plain --batch bench);
+  // `trace`: this child's file.
+  std::string trace_dir, trace;
 };
 
 // Decode steps the running sequences take before the joiner arrives.

@@ -32,8 +32,9 @@ struct BenchArgs {
   std::string routing_replay;  // --routing-replay TRACE: passed to every streamed run
   std::string ring = "2";      // --ring N[,M...]: trunk ring slots of the streamed runs (one row each)
   double probe_seconds = 1.5;
-  std::string batch;    // --batch 1,2,4,8: batched decode instead of the strategies (bench_batch.hpp)
-  int batch_child = 0;  // --batch-child B (hidden): this process is one of --batch's children
+  std::string batch;        // --batch 1,2,4,8: batched decode instead of the strategies (bench_batch.hpp)
+  int batch_child = 0;      // --batch-child B (hidden): this process is one of --batch's children
+  std::string batch_trace;  // --batch-trace FILE (hidden): that child's Chrome trace (--batch --trace-dir)
   size_t join = 0, prefill_chunk = 0;  // --join N, --prefill-chunk C: a prompt joining (bench_batch.hpp)
   std::string prefill = "inline,separate";
 };

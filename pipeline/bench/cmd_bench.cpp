@@ -145,13 +145,22 @@ void write_results(const BenchArgs& a, const std::string& doc, std::FILE* txt,
 int run_batched(const BenchArgs& a) {
   if (a.preset.empty() && !a.mem_gb)
     throw io::usage_error("bench --batch: give a budget: --mem-gb X or --preset NAME");
-  if (!a.trace_dir.empty() || parse_rings(a.ring) != std::vector<int>{2})
-    throw io::usage_error("bench --batch: --trace-dir and --ring are not supported with --batch");
+  if (parse_rings(a.ring) != std::vector<int>{2})
+    throw io::usage_error("bench --batch: --ring is not supported with --batch");
+  if (a.join > 0 && !a.trace_dir.empty())
+    throw io::usage_error("bench --batch --join: --trace-dir is not supported with --join");
   if (a.batch_child > 0 && (a.json || !a.out_path.empty()))
     throw io::usage_error("bench --batch-child: --json and --out belong to the parent bench");
   if (!a.out_path.empty()) check_writable(a.out_path, "--out");  // before any run
   std::FILE* txt = a.json ? stderr : stdout;
   if (!a.routing_replay.empty()) throw io::usage_error("bench --batch: --routing-replay is not supported");
+  if (!a.trace_dir.empty() && a.batch_child == 0) {  // before any run
+    std::error_code ec;
+    fs::create_directories(a.trace_dir, ec);
+    if (ec || !fs::is_directory(a.trace_dir))
+      throw io::usage_error(fmt::format("--trace-dir {}: cannot create the directory ({})", a.trace_dir,
+                                        ec ? ec.message() : "a file is in the way"));
+  }
   BatchBenchArgs b;
   b.model_dir = a.model_dir;
   b.trunk_dir = a.trunk_dir;
@@ -159,6 +168,8 @@ int run_batched(const BenchArgs& a) {
   b.mem_gb = a.mem_gb;
   b.gen = a.gen;
   b.repeat = a.repeat;
+  b.trace_dir = a.trace_dir;
+  b.trace = a.batch_trace;
   if (a.strategies != kAllStrategiesList) {
     const std::vector<std::string> s = parse_strategies(a.strategies);
     if (s.size() != 1) throw io::usage_error("bench --batch: give one --strategy (default auto)");
@@ -531,7 +542,8 @@ Action add_bench(CLI::App& sub) {
   sub.add_option("--out", a->out_path, "write the results as one JSON object to FILE (atomically)");
   sub.add_flag("--json", a->json, "print the results as one JSON object on stdout (the text goes to stderr)");
   sub.add_option("--trace-dir", a->trace_dir,
-                 "pass --trace DIR/<strategy>-r<repeat>.json to every strategy run");
+                 "pass --trace DIR/<strategy>-r<repeat>.json to every strategy run (with --batch: "
+                 "DIR/batch-b<B>-r<repeat>.json, every stage's span with the rows it computed)");
   sub.add_option(
          "--probe-seconds", a->probe_seconds,
          "time per round spent measuring the device: 2/3 its ceiling, 1/3 the engine's reader settings")
@@ -555,6 +567,7 @@ Action add_bench(CLI::App& sub) {
   sub.add_option("--batch-child", a->batch_child, "(internal) one --batch run, in this process")
       ->group("")
       ->check(CLI::Range(1, 256));
+  sub.add_option("--batch-trace", a->batch_trace, "(internal) the --batch child's Chrome trace")->group("");
   return [a] { return run_bench(*a); };
 }
 

@@ -239,6 +239,12 @@ struct StreamingModel::Impl {
     a.token = calls_done.load(std::memory_order_relaxed);
     return a;
   }
+  // A compute span's arguments with the rows it computed (a batched step: one per sequence fed).
+  TraceArgs args_rows(size_t rows, int layer, int64_t expert = -1, int64_t slot = -1) const {
+    TraceArgs a = args(layer, expert, slot);
+    a.rows = int64_t(rows);
+    return a;
+  }
 
   uint64_t key(Visit v) const { return visit_key(v, n_layers); }
   // lookahead and auto run the lookahead graph (auto switches its prefetch per step).

@@ -125,7 +125,7 @@ void StreamingModel::Impl::attention_body(const GatedLayer& in, Outputs<kAttenti
   StepState& S = step(r.visit);
   const int l = r.visit.layer;
   bool done = false;
-  run_node(kAttention, true, args(l, -1, r.slot.index), [&] {
+  run_node(kAttention, true, args_rows(S.T, l, -1, r.slot.index), [&] {
     S.cur = StepState::Current{l, r.slot, &trunk.holder(l, r.slot.index).w};
     S.layer_segs = stages::layer_segments(S.segs, l);
     stages::layer_attention(*S.cur.w, cfg, S.buf.P, S.T, *S.buf.B, S.layer_segs, S.buf.x, S.buf.attn_sc);
@@ -142,7 +142,7 @@ void StreamingModel::Impl::attention_body(const GatedLayer& in, Outputs<kAttenti
 void StreamingModel::Impl::dense_ffn_body(const DenseGo& m, Outputs<kDenseFfn>& out) {
   StepState& S = step(m.visit);
   bool done = false;
-  run_node(kDenseFfn, true, args(S.cur.layer), [&] {
+  run_node(kDenseFfn, true, args_rows(S.T, S.cur.layer), [&] {
     stages::dense_ffn(std::get<stages::DenseFfnWeights>(S.cur.w->ffn), cfg, S.buf.x, S.T, S.buf.a,
                       S.buf.dense_sc);
     stages::layer_ffn_add(S.buf.P, S.buf.a.first(S.T * hidden));
@@ -158,7 +158,7 @@ void StreamingModel::Impl::router_body(const RouteGo& m, Outputs<kRouter>& out) 
   StepState& S = step(m.visit);
   const bool ser = strategy == Strategy::serial, la = lookahead_graph();
   bool done = false;
-  run_node(kRouter, true, args(S.cur.layer), [&] {
+  run_node(kRouter, true, args_rows(S.T, S.cur.layer), [&] {
     const auto& mw = std::get<stages::MoeWeights>(S.cur.w->ffn);
     const size_t T = S.T;
     stages::route(mw, cfg, S.buf.x, T, std::span(S.buf.idx).first(T * top_k), S.buf.weight.first(T * top_k),
@@ -248,7 +248,7 @@ void StreamingModel::Impl::expert_landed_body(const ExpertLanded& m, Outputs<kEx
 void StreamingModel::Impl::shared_body(const SharedGo& m, Outputs<kShared>& out) {
   StepState& S = step(m.visit);
   bool fetch = false, last_piece = false, done = false;
-  run_node(kShared, true, args(S.cur.layer), [&] {
+  run_node(kShared, true, args_rows(S.T, S.cur.layer), [&] {
     const auto& mw = std::get<stages::MoeWeights>(S.cur.w->ffn);
     const size_t T = S.T;
     stages::moe_latent(mw, S.buf.x, T, S.buf.z);
@@ -269,15 +269,16 @@ void StreamingModel::Impl::expert_compute_body(const GatedExpert& in, Outputs<kE
   StepState& S = step(x.visit);
   const size_t gi = size_t(x.group);
   bool retry = false;
-  run_node(kExpertCompute, true, args(S.moe.layer(), S.moe.expert(gi), x.slot), [&] {
-    std::span<const uint32_t> rows = S.moe.rows(gi);
-    std::span<float> sc =
-        S.buf.apply_sc.subspan(S.moe.apply_offset(gi), stages::expert_apply_scratch(cfg, rows.size()));
-    stages::expert_apply(cache->weights(x.slot), cfg, S.buf.z, rows, S.buf.eout, sc);
-    cache->release(x.slot);
-    retry = S.moe.computed();
-    if (S.moe.piece_done()) port<ComputeOut::last_piece>(out).try_put(PieceDone{x.visit});
-  });
+  run_node(
+      kExpertCompute, true, args_rows(S.moe.rows(gi).size(), S.moe.layer(), S.moe.expert(gi), x.slot), [&] {
+        std::span<const uint32_t> rows = S.moe.rows(gi);
+        std::span<float> sc =
+            S.buf.apply_sc.subspan(S.moe.apply_offset(gi), stages::expert_apply_scratch(cfg, rows.size()));
+        stages::expert_apply(cache->weights(x.slot), cfg, S.buf.z, rows, S.buf.eout, sc);
+        cache->release(x.slot);
+        retry = S.moe.computed();
+        if (S.moe.piece_done()) port<ComputeOut::last_piece>(out).try_put(PieceDone{x.visit});
+      });
   if (retry)
     port<ComputeOut::retry>(out).try_put(FetchGo{x.visit});  // after the span, as the read follows it
 }
@@ -329,7 +330,7 @@ void StreamingModel::Impl::exchange_body(const PieceDone& m, Outputs<kExchange>&
 void StreamingModel::Impl::combine_body(const PieceDone& m, Outputs<kCombine>& out) {
   StepState& S = step(m.visit);
   bool done = false;
-  run_node(kCombine, true, args(S.cur.layer), [&] {
+  run_node(kCombine, true, args_rows(S.T, S.cur.layer), [&] {
     const size_t T = S.T;
     stages::moe_combine(std::get<stages::MoeWeights>(S.cur.w->ffn), cfg, S.buf.weight.first(T * top_k),
                         S.buf.eout, S.buf.shared, T, S.buf.a, S.buf.combine_sc);
@@ -389,7 +390,7 @@ void StreamingModel::Impl::layer_done_body(const LayerDone& m, Outputs<kLayerDon
 
 void StreamingModel::Impl::head_body(const HeadGo& m) {
   StepState& S = step(m.visit);
-  run_node(kHead, true, args(-1), [&] {
+  run_node(kHead, true, args_rows(S.T, -1), [&] {
     const stages::HeadWeights& hw = head->w;
     const size_t n_out = S.head_all ? S.T : S.segs.size();
     if (S.head_all) {  // every row, as stages::forward's HeadAt::all
