@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <stdexcept>
 #include <vector>
 
 #include "kernels/dispatch.hpp"
@@ -66,56 +67,63 @@ void for_rows(size_t rows, size_t cols, const Body& body, size_t min_task = 3276
   });
 }
 
-// Rows [r0, r1) (all rows, split over threads, when `parallel`); y[t * y_stride + (r - r0)]. pq_x: xw
-// is in the P/Q layout (widen_pq), for b.bf16_pq; only with a Bf16Matrix.
-void run(const detail::MatmulBodies& b, const Matrix& w, const double* xw, bool pq_x, size_t tokens, float* y,
-         size_t y_stride, size_t r0, size_t r1, bool parallel) {
-  const detail::Exp3Rows exp3 = std::holds_alternative<CodedBf16Matrix>(w) ? exp3_body() : nullptr;
+// The weights a task takes at least: a coded matrix's tiles of 64k-128k weights (128-256 KiB decoded,
+// 16-32 exp4 or exp3 blocks) stay in L2, and a block cut by a tile's edge is decoded by both tiles
+// (the fused exp3 body takes the same tasks: larger ones measured no faster).
+size_t min_task(const Matrix& w) {
+  return std::holds_alternative<CodedBf16Matrix>(w) ? 131072 : 32768;
+}
+
+// Rows [a, e) of w into y[t * y_stride + (r - r0)]. pq_x: xw is in the P/Q layout (widen_pq), for
+// b.bf16_pq; only with a Bf16Matrix.
+void rows_of_matrix(const detail::MatmulBodies& b, const Matrix& w, const double* xw, bool pq_x,
+                    size_t tokens, float* y, size_t y_stride, size_t r0, size_t a, size_t e) {
   std::visit(
       [&](const auto& m) {
         using M = std::decay_t<decltype(m)>;
-        auto body = [&](size_t a, size_t e) {
-          float* yr = y + (a - r0);
-          if constexpr (std::is_same_v<M, F32Matrix>) {
-            b.f32(m.data.data() + a * m.cols, e - a, m.cols, xw, tokens, yr, y_stride);
-          } else if constexpr (std::is_same_v<M, Bf16Matrix>) {
-            (pq_x ? b.bf16_pq : b.bf16)(m.data.data() + a * m.cols, e - a, m.cols, xw, tokens, yr, y_stride);
-          } else if constexpr (std::is_same_v<M, CodedBf16Matrix>) {
-            // exp3 with the fused body: straight from the stored blocks (a malformed block: the tile
-            // path below, whose decode reports it).
-            if (exp3 != nullptr) {
-              thread_local std::vector<Exp3Block> blocks;
-              const uint64_t v0 = m.first + a * m.cols;
-              if (m.src->exp3_blocks(v0, (e - a) * m.cols, blocks)) {
-                if (exp3(blocks.data(), blocks.size(), v0, e - a, m.cols, xw, tokens, yr, y_stride)) {
-                  g_exp3_direct_runs.fetch_add(1, std::memory_order_relaxed);
-                  return;
-                }
-                g_exp3_direct_refused.fetch_add(1, std::memory_order_relaxed);
+        float* yr = y + (a - r0);
+        if constexpr (std::is_same_v<M, F32Matrix>) {
+          b.f32(m.data.data() + a * m.cols, e - a, m.cols, xw, tokens, yr, y_stride);
+        } else if constexpr (std::is_same_v<M, Bf16Matrix>) {
+          (pq_x ? b.bf16_pq : b.bf16)(m.data.data() + a * m.cols, e - a, m.cols, xw, tokens, yr, y_stride);
+        } else if constexpr (std::is_same_v<M, CodedBf16Matrix>) {
+          // exp3 with the fused body: straight from the stored blocks (a malformed block: the tile
+          // path below, whose decode reports it).
+          if (const detail::Exp3Rows exp3 = exp3_body(); exp3 != nullptr) {
+            thread_local std::vector<Exp3Block> blocks;
+            const uint64_t v0 = m.first + a * m.cols;
+            if (m.src->exp3_blocks(v0, (e - a) * m.cols, blocks)) {
+              if (exp3(blocks.data(), blocks.size(), v0, e - a, m.cols, xw, tokens, yr, y_stride)) {
+                g_exp3_direct_runs.fetch_add(1, std::memory_order_relaxed);
+                return;
               }
+              g_exp3_direct_refused.fetch_add(1, std::memory_order_relaxed);
             }
-            // The rows' values decoded into this thread's tile, then the bf16 body over it: each row's
-            // dot product reads the same values in the same order, so the bits are Bf16Matrix's.
-            thread_local std::vector<uint16_t> tile;
-            const size_t count = (e - a) * m.cols;
-            if (tile.size() < count) tile.resize(count);
-            m.src->decode_values(m.first + a * m.cols, count, tile.data());
-            b.bf16(tile.data(), e - a, m.cols, xw, tokens, yr, y_stride);
-          } else {
-            b.mxfp4(m.packed.data() + a * mxfp4_packed_cols(m.cols),
-                    m.scales.data() + a * mxfp4_scale_cols(m.cols), e - a, m.cols, xw, tokens, yr, y_stride);
           }
-        };
-        if (parallel) {
-          // coded: tiles of 64k-128k weights (128-256 KiB decoded, 16-32 exp4 or exp3 blocks), which stay in
-          // L2; a block cut by a tile's edge is decoded by both tiles (the fused exp3 body takes the same
-          // tasks: larger ones measured no faster)
-          for_rows(m.rows, m.cols, body, std::is_same_v<M, CodedBf16Matrix> ? 131072 : 32768);
+          // The rows' values decoded into this thread's tile, then the bf16 body over it: each row's
+          // dot product reads the same values in the same order, so the bits are Bf16Matrix's.
+          thread_local std::vector<uint16_t> tile;
+          const size_t count = (e - a) * m.cols;
+          if (tile.size() < count) tile.resize(count);
+          m.src->decode_values(m.first + a * m.cols, count, tile.data());
+          b.bf16(tile.data(), e - a, m.cols, xw, tokens, yr, y_stride);
         } else {
-          body(r0, r1);
+          b.mxfp4(m.packed.data() + a * mxfp4_packed_cols(m.cols),
+                  m.scales.data() + a * mxfp4_scale_cols(m.cols), e - a, m.cols, xw, tokens, yr, y_stride);
         }
       },
       w);
+}
+
+// Rows [r0, r1) (all rows, split over threads, when `parallel`); y[t * y_stride + (r - r0)].
+void run(const detail::MatmulBodies& b, const Matrix& w, const double* xw, bool pq_x, size_t tokens, float* y,
+         size_t y_stride, size_t r0, size_t r1, bool parallel) {
+  auto body = [&](size_t a, size_t e) { rows_of_matrix(b, w, xw, pq_x, tokens, y, y_stride, r0, a, e); };
+  if (parallel) {
+    for_rows(rows_of(w), cols_of(w), body, min_task(w));
+  } else {
+    body(r0, r1);
+  }
 }
 
 std::vector<double> widen(std::span<const float> x) {
@@ -158,6 +166,58 @@ void matmul(const Matrix& w, std::span<const float> x, size_t tokens, std::span<
   const std::vector<double> xw =
       pq_x ? widen_pq(x.first(tokens * cols), tokens, cols) : widen(x.first(tokens * cols));
   run(b, w, xw.data(), pq_x, tokens, y.data(), rows_of(w), 0, rows_of(w), true);
+}
+
+void matmul_many(std::span<const MatmulOut> outs, std::span<const float> x, size_t tokens) {
+  if (outs.empty()) return;
+  const size_t cols = cols_of(*outs[0].w);
+  if (x.size() < tokens * cols) throw std::invalid_argument("matmul_many: x is smaller than tokens x cols");
+  const detail::MatmulBodies b = bodies();
+  bool any_pq = false, any_plain = false;
+  for (const MatmulOut& o : outs) {
+    if (cols_of(*o.w) != cols) throw std::invalid_argument("matmul_many: the matrices' widths differ");
+    if (o.y.size() < tokens * rows_of(*o.w))
+      throw std::invalid_argument("matmul_many: an output is too small");
+    const bool pq = tokens > 1 && b.bf16_pq != nullptr && std::holds_alternative<Bf16Matrix>(*o.w);
+    (pq ? any_pq : any_plain) = true;
+  }
+  // x widened once per layout any matrix needs, as matmul widens it for that matrix.
+  const std::span<const float> xs = x.first(tokens * cols);
+  const std::vector<double> xw_pq = any_pq ? widen_pq(xs, tokens, cols) : std::vector<double>();
+  const std::vector<double> xw = any_plain ? widen(xs) : std::vector<double>();
+
+  // Tasks: (matrix, rows [a, e)). A matrix of at most kParallelRows rows is one task, as matmul runs
+  // it serially; a larger one is cut into whole row blocks of at least min_task weights. The tasks
+  // then go to the threads as one range (consecutive tasks together), never changing a row's bits.
+  struct Task {
+    uint32_t out;
+    size_t a, e;
+  };
+  std::vector<Task> tasks;
+  size_t all_rows = 0;
+  for (size_t i = 0; i < outs.size(); ++i) {
+    const size_t rows = rows_of(*outs[i].w);
+    all_rows += rows;
+    const size_t step =
+        rows <= kParallelRows
+            ? rows
+            : kRowBlock * std::max<size_t>(1, min_task(*outs[i].w) / kRowBlock / std::max<size_t>(cols, 1));
+    for (size_t a = 0; a < rows; a += step) tasks.push_back({uint32_t(i), a, std::min(rows, a + step)});
+  }
+  auto run_tasks = [&](size_t t0, size_t t1) {
+    for (size_t t = t0; t < t1; ++t) {
+      const MatmulOut& o = outs[tasks[t].out];
+      const bool pq = tokens > 1 && b.bf16_pq != nullptr && std::holds_alternative<Bf16Matrix>(*o.w);
+      rows_of_matrix(b, *o.w, pq ? xw_pq.data() : xw.data(), pq, tokens, o.y.data(), rows_of(*o.w), 0,
+                     tasks[t].a, tasks[t].e);
+    }
+  };
+  if (all_rows <= kParallelRows) {
+    run_tasks(0, tasks.size());
+    return;
+  }
+  tbb::parallel_for(tbb::blocked_range<size_t>(0, tasks.size()),
+                    [&](const tbb::blocked_range<size_t>& r) { run_tasks(r.begin(), r.end()); });
 }
 
 float dot_row(const Matrix& w, size_t row, std::span<const float> x) {

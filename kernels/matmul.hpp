@@ -15,6 +15,16 @@ void matvec(const Matrix& w, std::span<const float> x, std::span<float> y);
 // Bit-identical to calling matvec per token.
 void matmul(const Matrix& w, std::span<const float> x, size_t tokens, std::span<float> y);
 
+// Several matrices of the same width over the same x (a layer's projections of its input): one
+// widening of x and one parallel pass over all their rows, instead of a fork and join per matrix.
+// y of each is [tokens][rows of its w]. Bit-identical to one matmul per matrix. Throws
+// std::invalid_argument when the widths differ or an output is too small.
+struct MatmulOut {
+  const Matrix* w;
+  std::span<float> y;
+};
+void matmul_many(std::span<const MatmulOut> outs, std::span<const float> x, size_t tokens);
+
 // One output row, for tests and the router-free callers: exactly what matvec writes to y[row].
 float dot_row(const Matrix& w, size_t row, std::span<const float> x);
 

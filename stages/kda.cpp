@@ -120,13 +120,12 @@ void attention_kda(const KdaWeights& w, const io::ModelConfig& c, std::span<cons
   // Projections over ALL the pass's rows, one pass over each weight. kernels::matmul computes row
   // t's dot products exactly as a one-row matvec (each row has its own accumulators with the same
   // lane/tree order, kernels/matmul*.cpp; tests/test_matmul.cpp checks every body), so a row's
-  // bits never depend on which other rows share the pass.
-  kernels::matmul(w.q, x, T, q_raw);
-  kernels::matmul(w.k, x, T, k_raw);
-  kernels::matmul(w.v, x, T, v_raw);
-  kernels::matmul(w.g, x, T, gate);
-  kernels::matmul(w.b, x, T, b);
-  kernels::matmul(w.f_a, x, T, fa);  // rank-D bottleneck shared by all heads, no activation
+  // bits never depend on which other rows share the pass. The six projections of x go in one
+  // parallel pass (matmul_many: one widening of x, one fork and join).
+  const kernels::MatmulOut of_x[] = {
+      {&w.q, q_raw}, {&w.k, k_raw}, {&w.v, v_raw},
+      {&w.g, gate},  {&w.b, b},     {&w.f_a, fa}};  // f_a: rank-D bottleneck shared by all heads
+  kernels::matmul_many(of_x, x, T);
   kernels::matmul(w.f_b, fa, T, z);
 
   const size_t hist = d.P * (d.K - 1);

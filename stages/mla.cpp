@@ -87,12 +87,14 @@ void attention_mla(const MlaWeights& w, const io::ModelConfig& c, std::span<cons
   // Row-wise projections over ALL the pass's rows. kernels::matmul computes row t's dot products
   // exactly as a one-row matvec (own accumulators, same lane/tree order: kernels/matmul*.cpp,
   // tests/test_matmul.cpp), so a row's bits never depend on the other rows of the pass.
-  kernels::matmul(w.q_a, x, T, cq);
+  // q_a and kv_a in one parallel pass over x (the gate's output shares `work` with kv_b's, so it
+  // waits until after the attention).
+  const kernels::MatmulOut of_x[] = {{&w.q_a, cq}, {&w.kv_a, ckv}};  // ckv: [latent, k_rope]
+  kernels::matmul_many(of_x, x, T);
   for (size_t t = 0; t < T; ++t)
     kernels::rmsnorm_inplace(cq.subspan(t * d.q_lora, d.q_lora), w.q_a_norm, c.rms_eps);
   kernels::matmul(w.q_b, cq, T, Q);  // per head [q_nope, q_rope]
 
-  kernels::matmul(w.kv_a, x, T, ckv);  // [latent, k_rope]
   for (size_t t = 0; t < T; ++t) {
     const std::span<float> row = ckv.subspan(t * (d.kv_lora + d.rope), d.kv_lora + d.rope);
     // Only the latent part is normed; the rope slot goes to the cache as it is (below).

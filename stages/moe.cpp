@@ -22,8 +22,8 @@ void glu_ffn(const Matrix& gate_w, const Matrix& up_w, const Matrix& down_w, con
              std::span<float> scratch) {
   Carver cut(scratch);
   std::span<float> g = cut.take(T * inter), u = cut.take(T * inter), a = cut.take(T * inter);
-  kernels::matmul(gate_w, x, T, g);
-  kernels::matmul(up_w, x, T, u);
+  const kernels::MatmulOut of_x[] = {{&gate_w, g}, {&up_w, u}};  // one parallel pass over x
+  kernels::matmul_many(of_x, x, T);
   // SiTU: the sigmoid takes the RAW gate; tanh caps beta1 (gate) and beta2 (up).
   kernels::situ_glu(g, u, c.situ_beta, c.situ_linear_beta, a);
   kernels::matmul(down_w, a, T, out.first(T * kernels::rows_of(down_w)));

@@ -9,6 +9,7 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -320,6 +321,52 @@ TEST_CASE("MXFP4 matmul: every body and thread count equals the §5.4 reference"
     }
   }
   bodies.check();
+}
+
+TEST_CASE("matmul_many: a layer's projections of one x in one pass equal one matmul each, every body") {
+  const k3::test::BodyCheck bodies{Kernel::matmul};
+  Rng rng{0x5EED};
+  for (size_t cols : {17, 64, 257, 1040}) {
+    for (size_t tokens : {1, 3, 8}) {
+      CAPTURE(cols);
+      CAPTURE(tokens);
+      // bf16 over 64 rows (parallel), f32 of 3 rows (serial alone), MXFP4 of 70, bf16 of exactly 64.
+      const auto b1 = bf16_patterns(rng, 129 * cols), b2 = bf16_patterns(rng, 64 * cols);
+      std::vector<float> f(3 * cols);
+      for (float& v : f) v = rng.unit();
+      const size_t pc = mxfp4_packed_cols(cols), sc = mxfp4_scale_cols(cols);
+      std::vector<uint8_t> packed(70 * pc), scales(70 * sc);
+      for (auto& b : packed) b = static_cast<uint8_t>(rng.next() >> 24);
+      for (auto& b : scales) b = static_cast<uint8_t>(112 + rng.next() % 32);
+      const Matrix ms[] = {Bf16Matrix{b1, 129, cols}, F32Matrix{f, 3, cols},
+                           Mxfp4Matrix{packed, scales, 70, cols}, Bf16Matrix{b2, 64, cols}};
+      const auto x = inputs(rng, tokens * cols);
+      std::vector<float> want;
+      for (const Matrix& m : ms) {
+        std::vector<float> y(tokens * rows_of(m));
+        matmul(m, x, tokens, y);
+        want.insert(want.end(), y.begin(), y.end());
+      }
+      every_body_and_thread_count(want, [&](std::vector<float>& y) {
+        std::vector<MatmulOut> outs;
+        size_t at = 0;
+        for (const Matrix& m : ms) {
+          outs.push_back({&m, std::span(y).subspan(at, tokens * rows_of(m))});
+          at += tokens * rows_of(m);
+        }
+        matmul_many(outs, x, tokens);
+      });
+    }
+  }
+  bodies.check();
+  // Widths that differ, or an output too small: refused, nothing computed.
+  const auto b = bf16_patterns(rng, 8 * 16);
+  const Matrix a{Bf16Matrix{b, 8, 16}}, c{Bf16Matrix{b, 16, 8}};
+  std::vector<float> x(16, 1.0f), y1(8), y2(16);
+  const MatmulOut differ[] = {{&a, y1}, {&c, y2}};
+  CHECK_THROWS_AS(matmul_many(differ, x, 1), std::invalid_argument);
+  const MatmulOut small[] = {{&a, std::span(y1).first(7)}};
+  CHECK_THROWS_AS(matmul_many(small, x, 1), std::invalid_argument);
 }
 
 TEST_CASE("MXFP4: a scale byte of 255 skips its group even against inf / NaN inputs") {
