@@ -126,6 +126,12 @@ void run(const detail::MatmulBodies& b, const Matrix& w, const double* xw, bool 
   }
 }
 
+// Whether a matrix's rows take x widened in the P/Q layout (widen_pq, MatmulBodies::bf16_pq): a
+// plain bf16 matrix against several tokens, where the active ISA has that body.
+bool pq_layout(const detail::MatmulBodies& b, const Matrix& w, size_t tokens) {
+  return tokens > 1 && b.bf16_pq != nullptr && std::holds_alternative<Bf16Matrix>(w);
+}
+
 std::vector<double> widen(std::span<const float> x) {
   std::vector<double> xw(x.size());
   for (size_t i = 0; i < x.size(); ++i) xw[i] = static_cast<double>(x[i]);
@@ -162,7 +168,7 @@ void matvec(const Matrix& w, std::span<const float> x, std::span<float> y) {
 void matmul(const Matrix& w, std::span<const float> x, size_t tokens, std::span<float> y) {
   const detail::MatmulBodies b = bodies();
   const size_t cols = cols_of(w);
-  const bool pq_x = tokens > 1 && b.bf16_pq != nullptr && std::holds_alternative<Bf16Matrix>(w);
+  const bool pq_x = pq_layout(b, w, tokens);
   const std::vector<double> xw =
       pq_x ? widen_pq(x.first(tokens * cols), tokens, cols) : widen(x.first(tokens * cols));
   run(b, w, xw.data(), pq_x, tokens, y.data(), rows_of(w), 0, rows_of(w), true);
@@ -178,8 +184,7 @@ void matmul_many(std::span<const MatmulOut> outs, std::span<const float> x, size
     if (cols_of(*o.w) != cols) throw std::invalid_argument("matmul_many: the matrices' widths differ");
     if (o.y.size() < tokens * rows_of(*o.w))
       throw std::invalid_argument("matmul_many: an output is too small");
-    const bool pq = tokens > 1 && b.bf16_pq != nullptr && std::holds_alternative<Bf16Matrix>(*o.w);
-    (pq ? any_pq : any_plain) = true;
+    (pq_layout(b, *o.w, tokens) ? any_pq : any_plain) = true;
   }
   // x widened once per layout any matrix needs, as matmul widens it for that matrix.
   const std::span<const float> xs = x.first(tokens * cols);
@@ -207,7 +212,7 @@ void matmul_many(std::span<const MatmulOut> outs, std::span<const float> x, size
   auto run_tasks = [&](size_t t0, size_t t1) {
     for (size_t t = t0; t < t1; ++t) {
       const MatmulOut& o = outs[tasks[t].out];
-      const bool pq = tokens > 1 && b.bf16_pq != nullptr && std::holds_alternative<Bf16Matrix>(*o.w);
+      const bool pq = pq_layout(b, *o.w, tokens);
       rows_of_matrix(b, *o.w, pq ? xw_pq.data() : xw.data(), pq, tokens, o.y.data(), rows_of(*o.w), 0,
                      tasks[t].a, tasks[t].e);
     }

@@ -167,7 +167,9 @@ std::vector<int> parse_batch_list(const std::string& text) {
 int run_batch_child(const BatchBenchArgs& a, int B) {
   const ThreadLimit threads(a.threads);
   const io::ModelConfig cfg = load_model_config(a.model_dir, std::nullopt);
-  BatchEngine eng(child_options(a, a.ids.size() + size_t(a.gen) + 1, threads), cfg, B);
+  // optional: ended before the trace is written, so every read the trace starts also ends in it.
+  std::optional<BatchEngine> eng(std::in_place, child_options(a, a.ids.size() + size_t(a.gen) + 1, threads),
+                                 cfg, B);
 
   const size_t V = size_t(cfg.vocab), n = size_t(B);
   std::vector<std::vector<int32_t>> prompts(n), out(n);
@@ -176,7 +178,7 @@ int run_batch_child(const BatchBenchArgs& a, int B) {
   std::vector<std::vector<float>> logits(n, std::vector<float>(V));
   std::vector<int32_t> next(n);
   std::vector<BatchEngine::Row> rows(n);
-  const auto totals = [&] { return eng.stream() ? eng.stream()->totals() : StreamTotals{}; };
+  const auto totals = [&] { return eng->stream() ? eng->stream()->totals() : StreamTotals{}; };
   const auto take = [&] {
     for (size_t q = 0; q < n; ++q) {
       next[q] = int32_t(kernels::argmax(logits[q]));
@@ -186,18 +188,19 @@ int run_batch_child(const BatchBenchArgs& a, int B) {
 
   for (size_t q = 0; q < n; ++q) rows[q] = {int(q), prompts[q], logits[q]};
   Clock::time_point t0 = Clock::now();
-  eng.step(rows);
+  eng->step(rows);
   const double prefill = seconds_since(t0);
   take();
   const StreamTotals before = totals();
   t0 = Clock::now();
   for (int step = 1; step < a.gen; ++step) {
     for (size_t q = 0; q < n; ++q) rows[q] = {int(q), std::span<const int32_t>(&next[q], 1), logits[q]};
-    eng.step(rows);
+    eng->step(rows);
     take();
   }
   const double decode = seconds_since(t0);
   const StreamTotals after = totals();
+  eng.reset();             // waits for the reads still in flight (the expert lookahead)
   if (!a.trace.empty()) {  // the prefill step and every decode step
     Trace::disable();
     Trace::write(a.trace);
