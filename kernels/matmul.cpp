@@ -53,18 +53,24 @@ detail::Exp3Rows exp3_body() {
 // Rows go to threads in whole blocks, so the bodies' multi-row paths stay in use.
 constexpr size_t kRowBlock = 8;
 
-// `min_task` weights a task at least (a coded matrix: larger tiles, fewer blocks cut at their edges).
+// Row blocks a task takes so that it holds at least `min_weights` weights of `cols`-wide rows.
+size_t blocks_per_task(size_t cols, size_t min_weights) {
+  return std::max<size_t>(1, min_weights / kRowBlock / std::max<size_t>(cols, 1));
+}
+
+// Rows in tasks of at least `min_weights` weights (a coded matrix: larger tiles, fewer blocks cut
+// at their edges); serial up to kParallelRows rows.
 template <class Body>
-void for_rows(size_t rows, size_t cols, const Body& body, size_t min_task = 32768) {
+void for_rows(size_t rows, size_t cols, const Body& body, size_t min_weights) {
   if (rows <= kParallelRows) {
     body(0, rows);
     return;
   }
   const size_t blocks = (rows + kRowBlock - 1) / kRowBlock;
-  const size_t grain = std::max<size_t>(1, min_task / kRowBlock / std::max<size_t>(cols, 1));
-  tbb::parallel_for(tbb::blocked_range<size_t>(0, blocks, grain), [&](const tbb::blocked_range<size_t>& r) {
-    body(r.begin() * kRowBlock, std::min(r.end() * kRowBlock, rows));
-  });
+  tbb::parallel_for(tbb::blocked_range<size_t>(0, blocks, blocks_per_task(cols, min_weights)),
+                    [&](const tbb::blocked_range<size_t>& r) {
+                      body(r.begin() * kRowBlock, std::min(r.end() * kRowBlock, rows));
+                    });
 }
 
 // The weights a task takes at least: a coded matrix's tiles of 64k-128k weights (128-256 KiB decoded,
@@ -204,9 +210,7 @@ void matmul_many(std::span<const MatmulOut> outs, std::span<const float> x, size
     const size_t rows = rows_of(*outs[i].w);
     all_rows += rows;
     const size_t step =
-        rows <= kParallelRows
-            ? rows
-            : kRowBlock * std::max<size_t>(1, min_task(*outs[i].w) / kRowBlock / std::max<size_t>(cols, 1));
+        rows <= kParallelRows ? rows : kRowBlock * blocks_per_task(cols, min_task(*outs[i].w));
     for (size_t a = 0; a < rows; a += step) tasks.push_back({uint32_t(i), a, std::min(rows, a + step)});
   }
   auto run_tasks = [&](size_t t0, size_t t1) {

@@ -330,7 +330,7 @@ TEST_CASE("matmul_many: a layer's projections of one x in one pass equal one mat
     for (size_t tokens : {1, 3, 8}) {
       CAPTURE(cols);
       CAPTURE(tokens);
-      // bf16 over 64 rows (parallel), f32 of 3 rows (serial alone), MXFP4 of 70, bf16 of exactly 64.
+      // bf16 of 129 rows (parallel), f32 of 3 rows (serial alone), MXFP4 of 70, bf16 of exactly 64.
       const auto b1 = bf16_patterns(rng, 129 * cols), b2 = bf16_patterns(rng, 64 * cols);
       std::vector<float> f(3 * cols);
       for (float& v : f) v = rng.unit();
