@@ -18,7 +18,9 @@
 # `k3flow pack-trunk MODEL DIR --codec exp3`), PROBE_SECONDS (2),
 # C_TRUNK_GB (0.51) and C_CACHE_GB (0.1) -- the C engine's two budgets, in 1e9 bytes --,
 # C_PACK, OUT (WORK_DIR/peer-vs-c-<utc time>), C_ENV (environment assignments for the C engine's
-# runs only, e.g. C_ENV="OMP_WAIT_POLICY=passive"; default none).
+# runs only, e.g. C_ENV="OMP_WAIT_POLICY=passive"; default none), READ_CAP (bytes a second: every
+# run and probe reads the disk under WORK_DIR/model through perf/read_cap.sh at that cap, a slow
+# device on demand -- keep C_PACK on the same disk; needs root; default none, the device as it is).
 #
 # On a host whose 2 cores carry other tenants' load, the C engine's libgomp threads spin while they
 # wait (OMP_WAIT_POLICY unset: 2 compute threads plus its 4 expert-read threads) and lose the cores
@@ -55,6 +57,7 @@ C_TRUNK_GB=${C_TRUNK_GB:-0.51}
 C_CACHE_GB=${C_CACHE_GB:-0.1}
 C_PACK=${C_PACK:-$CDIR/pack}
 C_ENV=${C_ENV:-}
+READ_CAP=${READ_CAP:-}
 PROBE_SECONDS=${PROBE_SECONDS:-2}
 OUT=${OUT:-$WORK/peer-vs-c-$(date -u +%Y%m%dT%H%M%SZ)}
 # 16 prompt ids, the same as perf/peer_profile.sh.
@@ -72,6 +75,9 @@ if [ ! -f "$C_PACK/trunk.json" ]; then
   layers=$(/usr/bin/python3 -c 'import json,sys; c=json.load(open(sys.argv[1])); print(c.get("text_config", c)["num_hidden_layers"])' "$MODEL/config.json")
   python3 "$CDIR/tools/pack_trunk.py" "$MODEL" "$C_PACK" "$layers"
 fi
+# With READ_CAP, each engine and probe runs under the capped disk (perf/read_cap.sh checks the cap).
+CAP=()
+[ -z "$READ_CAP" ] || CAP=("$(dirname "$(realpath "$0")")/read_cap.sh" "$READ_CAP" "$MODEL" --)
 mkdir -p "$OUT"
 
 # Every run starts from a cold page cache; both engines read with O_DIRECT anyway, but the
@@ -84,7 +90,7 @@ run_c() {  # $1 = run tag
   local tag=$1
   echo "$(drop_cache) $(cut -d' ' -f1 /proc/loadavg)" > "$OUT/$tag.pre"
   # shellcheck disable=SC2086  # C_ENV is a list of NAME=VALUE words
-  ( cd "$OUT" && /usr/bin/time -o "$tag.time" -f %M env $C_ENV "$CBIN" "$MODEL" --trunk "$C_PACK" \
+  ( cd "$OUT" && /usr/bin/time -o "$tag.time" -f %M "${CAP[@]}" env $C_ENV "$CBIN" "$MODEL" --trunk "$C_PACK" \
       --trunk-gb "$C_TRUNK_GB" --cache-gb "$C_CACHE_GB" --threads "$THREADS" --incremental \
       --ids "$IDS" --gen "$GEN" --out "$tag.json" > "$tag.log" 2>&1 ) \
     || { echo "peer_vs_c.sh: C engine failed, see $OUT/$tag.log" >&2; exit 1; }
@@ -94,7 +100,7 @@ run_c() {  # $1 = run tag
 run_k3flow() {
   local tag=$1
   echo "$(drop_cache) $(cut -d' ' -f1 /proc/loadavg)" > "$OUT/$tag.pre"
-  /usr/bin/time -o "$OUT/$tag.time" -f %M "$K3FLOW" generate "$MODEL" --trunk "$TRUNK" \
+  /usr/bin/time -o "$OUT/$tag.time" -f %M "${CAP[@]}" "$K3FLOW" generate "$MODEL" --trunk "$TRUNK" \
       --mem-gb "$MEM_GB" --threads "$THREADS" --ids "$IDS" --gen "$GEN" --strategy "$STRATEGY" \
       --no-progress --out "$OUT/$tag.json" > "$OUT/$tag.log" 2>&1 \
     || { echo "peer_vs_c.sh: k3flow failed, see $OUT/$tag.log" >&2; exit 1; }
@@ -104,7 +110,7 @@ run_k3flow() {
 # The device's sequential read ceiling now (GB/s), from k3flow's own probe of its trunk.
 probe_device() {
   local tag=$1
-  "$K3FLOW" probe "$MODEL" --trunk "$TRUNK" --seconds "$PROBE_SECONDS" --cpu-threads 0 --json \
+  "${CAP[@]}" "$K3FLOW" probe "$MODEL" --trunk "$TRUNK" --seconds "$PROBE_SECONDS" --cpu-threads 0 --json \
       > "$OUT/$tag.probe.json" 2> "$OUT/$tag.probe.log" \
     || { echo "peer_vs_c.sh: k3flow probe failed, see $OUT/$tag.probe.log" >&2; exit 1; }
   echo "$tag: device ceiling $(/usr/bin/python3 -c 'import json,sys; print(round(json.load(open(sys.argv[1]))["ceiling"]["sequential"]["gbps"], 2))' "$OUT/$tag.probe.json") GB/s sequential"
@@ -113,6 +119,7 @@ probe_device() {
 echo "C engine: ${C_ENV:+$C_ENV }$CBIN --trunk $C_PACK --trunk-gb $C_TRUNK_GB --cache-gb $C_CACHE_GB"
 echo "k3flow:   $K3FLOW --trunk $TRUNK --mem-gb $MEM_GB --strategy $STRATEGY"
 echo "$ROUNDS rounds, $GEN tokens, $THREADS threads; logs in $OUT"
+[ -z "$READ_CAP" ] || echo "reads capped at $READ_CAP bytes/s (perf/read_cap.sh)" | tee "$OUT/read_cap"
 for r in $(seq 1 "$ROUNDS"); do
   probe_device "r$r"
   run_c "c$r"
@@ -120,7 +127,7 @@ for r in $(seq 1 "$ROUNDS"); do
 done
 
 /usr/bin/python3 - "$OUT" "$ROUNDS" <<'PY'
-import json, re, statistics, sys
+import json, os, re, statistics, sys
 out, rounds = sys.argv[1], int(sys.argv[2])
 
 def pre(tag):
@@ -178,7 +185,9 @@ for engine in ("C", "k3flow"):
     print(f"{engine:<7} {min(s):12.3f} {med[engine]:8.3f} {max(x['rss_gb'] for x in xs):16.3f} "
           f"{statistics.median(x['load'] for x in xs):13.2f} {statistics.median(x['read_gb'] for x in xs):15.2f}")
 dev = [x["device"] for x in rows if x["engine"] == "C"]
-print(f"device ceiling over the rounds: {min(dev):.2f}-{max(dev):.2f} GB/s sequential (k3flow probe)")
+cap = f"{out}/read_cap"
+cap = f", reads capped at {int(open(cap).read().split()[3]) / 1e9:.2f} GB/s" if os.path.exists(cap) else ""
+print(f"device ceiling over the rounds: {min(dev):.2f}-{max(dev):.2f} GB/s sequential (k3flow probe){cap}")
 mins = {e: min(x["s_tok"] for x in rows if x["engine"] == e) for e in ("C", "k3flow")}
 print(f"k3flow/C s/token: {med['k3flow'] / med['C']:.3f} (medians), {mins['k3flow'] / mins['C']:.3f} (mins); "
       "issue 13 asks <= 0.7")
