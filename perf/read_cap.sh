@@ -6,6 +6,8 @@
 # PATH is any file or folder on the device to cap (the checkpoint, a packed trunk); the cap applies
 # to the whole disk under it, to COMMAND and every process it starts, and to O_DIRECT reads from
 # io_uring as well as buffered ones (the kernel's block throttle counts the bios themselves).
+# Checked on a plain virtio disk; under LVM, RAID or dm-crypt the cap goes on the disk below the
+# volume, where the throttle may not see the volume's reads -- check with `k3flow probe` under it.
 # Needs root and a cgroup hierarchy with the block-I/O controller: cgroup v1's blkio
 # (blkio.throttle.read_bps_device) or cgroup v2's io (io.max rbps=). The cgroup, k3flow-read-cap,
 # is left in place and rewritten by the next run; `rmdir` it when no process is in it any more.
