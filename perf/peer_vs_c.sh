@@ -119,7 +119,10 @@ probe_device() {
 echo "C engine: ${C_ENV:+$C_ENV }$CBIN --trunk $C_PACK --trunk-gb $C_TRUNK_GB --cache-gb $C_CACHE_GB"
 echo "k3flow:   $K3FLOW --trunk $TRUNK --mem-gb $MEM_GB --strategy $STRATEGY"
 echo "$ROUNDS rounds, $GEN tokens, $THREADS threads; logs in $OUT"
-[ -z "$READ_CAP" ] || echo "reads capped at $READ_CAP bytes/s (perf/read_cap.sh)" | tee "$OUT/read_cap"
+if [ -n "$READ_CAP" ]; then
+  echo "$READ_CAP" > "$OUT/read_cap"
+  echo "reads capped at $READ_CAP bytes/s (perf/read_cap.sh)"
+fi
 for r in $(seq 1 "$ROUNDS"); do
   probe_device "r$r"
   run_c "c$r"
@@ -186,7 +189,7 @@ for engine in ("C", "k3flow"):
           f"{statistics.median(x['load'] for x in xs):13.2f} {statistics.median(x['read_gb'] for x in xs):15.2f}")
 dev = [x["device"] for x in rows if x["engine"] == "C"]
 cap = f"{out}/read_cap"
-cap = f", reads capped at {int(open(cap).read().split()[3]) / 1e9:.2f} GB/s" if os.path.exists(cap) else ""
+cap = f", reads capped at {int(open(cap).read()) / 1e9:.2f} GB/s" if os.path.exists(cap) else ""
 print(f"device ceiling over the rounds: {min(dev):.2f}-{max(dev):.2f} GB/s sequential (k3flow probe){cap}")
 mins = {e: min(x["s_tok"] for x in rows if x["engine"] == e) for e in ("C", "k3flow")}
 print(f"k3flow/C s/token: {med['k3flow'] / med['C']:.3f} (medians), {mins['k3flow'] / mins['C']:.3f} (mins); "
